@@ -1,0 +1,121 @@
+"""The `tinyt` command line. Thin: parse, call one library function, print.
+
+Torch and the other heavy modules are imported inside the verb that needs them, so
+`tinyt --help` is instant and works on a torch-free install.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tinyt.errors import TinytError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="tinyt: train a small Transformer, export it to ONNX, run it fast.")
+
+DEFAULT_CKPT = Path("artifacts/checkpoint")
+
+
+@app.command()
+def presets() -> None:
+    """List the model presets and their shapes."""
+    from tinyt.config import DEFAULT_PRESET, PRESETS
+
+    for name, kw in PRESETS.items():
+        mark = " (default)" if name == DEFAULT_PRESET else ""
+        typer.echo(f"{name}{mark}: model {kw['model']}  train {kw['train']}")
+
+
+@app.command()
+def train(
+    out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = DEFAULT_CKPT,
+    preset: Annotated[str, typer.Option(help="Named preset: test, demo, article.")] = "demo",
+    data: Annotated[Optional[Path], typer.Option(
+        help="Text file or directory (classifier: a directory with one subdirectory per "
+             "label). Default: the Python standard library's source.")] = None,
+    task: Annotated[str, typer.Option(help="causal_lm or classifier.")] = "causal_lm",
+    tokenizer: Annotated[Optional[str], typer.Option(help="bpe or byte.")] = None,
+    max_steps: Annotated[Optional[int], typer.Option()] = None,
+    batch_size: Annotated[Optional[int], typer.Option()] = None,
+    learning_rate: Annotated[Optional[float], typer.Option("--lr")] = None,
+    n_layer: Annotated[Optional[int], typer.Option()] = None,
+    n_head: Annotated[Optional[int], typer.Option()] = None,
+    n_embd: Annotated[Optional[int], typer.Option()] = None,
+    block_size: Annotated[Optional[int], typer.Option()] = None,
+    vocab_size: Annotated[Optional[int], typer.Option()] = None,
+    pos_encoding: Annotated[Optional[str], typer.Option(help="learned or sinusoidal.")] = None,
+    dropout: Annotated[Optional[float], typer.Option()] = None,
+    eval_interval: Annotated[Optional[int], typer.Option()] = None,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu or cuda.")] = None,
+    resume: Annotated[bool, typer.Option(
+        help="Continue the run saved in --out with its saved settings.")] = False,
+    stop_after: Annotated[Optional[int], typer.Option(
+        help="Stop after this step, leaving a checkpoint to --resume.")] = None,
+) -> None:
+    """Train a causal LM (default) or a classifier; torchrun runs it data-parallel."""
+    from tinyt import data as D
+    from tinyt.config import preset as get_preset
+    from tinyt.train import train as run_training
+
+    overrides = dict(
+        tokenizer=tokenizer, max_steps=max_steps, batch_size=batch_size,
+        learning_rate=learning_rate, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+        block_size=block_size, vocab_size=vocab_size, pos_encoding=pos_encoding,
+        dropout=dropout, eval_interval=eval_interval, seed=seed, device=device,
+    )
+    given = sorted(k for k, v in overrides.items() if v is not None)
+    if resume and given:
+        raise TinytError(f"--resume continues the saved run with its saved settings; "
+                         f"drop {', '.join('--' + k.replace('_', '-') for k in given)}")
+    num_labels = len(D.classification_labels(data)) if task == "classifier" else 0
+    model_cfg, train_cfg = get_preset(preset, task=task, num_labels=num_labels, **overrides)
+    run_training(model_cfg, train_cfg, out, data=None if data is None else str(data),
+                 resume=resume, stop_after=stop_after, log=lambda s: typer.echo(s, err=True))
+    typer.echo(f"checkpoint: {out}")
+
+
+@app.command()
+def sample(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory.")] = DEFAULT_CKPT,
+    prompt: Annotated[str, typer.Option(help="Text to continue.")] = "def ",
+    max_new_tokens: Annotated[int, typer.Option()] = 200,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.8,
+    top_k: Annotated[Optional[int], typer.Option()] = 50,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Continue a prompt with the PyTorch model (KV cache), for a quick look at a checkpoint."""
+    from tinyt.sampling import sample_text
+
+    typer.echo(sample_text(checkpoint, prompt, max_new_tokens=max_new_tokens,
+                           temperature=temperature, top_k=top_k, seed=seed))
+
+
+@app.command("import-nanogpt")
+def import_nanogpt(
+    ckpt_pt: Annotated[Path, typer.Argument(help="nanoGPT's ckpt.pt (as its train.py writes).")],
+    out: Annotated[Path, typer.Argument(help="tinyt checkpoint directory to write.")],
+    tokenizer: Annotated[str, typer.Option(
+        help="tokenizer.json matching the model's vocabulary, or 'byte' for tinyt's "
+             "256-byte tokenizer.")] = ...,
+) -> None:
+    """Import a nanoGPT checkpoint (loaded with weights_only=True) as a tinyt checkpoint."""
+    from tinyt.nanogpt import import_nanogpt as run_import
+
+    path = run_import(ckpt_pt, out, tokenizer=tokenizer)
+    typer.echo(f"checkpoint: {path}")
+
+
+def main() -> None:
+    try:
+        app()
+    except TinytError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Model and training configuration: frozen, validated dataclasses and named presets.
+
+Torch-free: the runtime reads these on machines that have no torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tinyt.errors import ConfigError
+
+POS_ENCODINGS = ("learned", "sinusoidal")
+TASKS = ("causal_lm", "classifier")
+TOKENIZER_KINDS = ("bpe", "byte")
+DEVICES = ("cpu", "cuda")
+
+
+def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class _JsonMixin:
+    """JSON round trip for a flat frozen dataclass; unknown keys are an error, not ignored."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown {cls.__name__} field(s) {unknown}; allowed fields: {sorted(known)}"
+            )
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{cls.__name__} JSON is malformed: {e}") from None
+        return cls.from_dict(data)
+
+
+@dataclass(frozen=True)
+class ModelConfig(_JsonMixin):
+    """Shape of a TinyTransformer. Validated on construction; errors name the bad field."""
+
+    block_size: int = 128  # longest sequence (positions) the model handles
+    vocab_size: int = 4096
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
+    pos_encoding: str = "learned"
+    tie_weights: bool = True  # lm_head shares the token-embedding matrix
+    task: str = "causal_lm"
+    num_labels: int = 0  # classifier only
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            v = getattr(self, name)
+            _require(_is_int(v) and v >= 1, name, v, "must be an integer >= 1")
+        _require(self.vocab_size >= 2, "vocab_size", self.vocab_size, "must be >= 2")
+        _require(
+            self.n_embd % self.n_head == 0,
+            "n_embd",
+            self.n_embd,
+            f"must be divisible by n_head={self.n_head} (head_dim = n_embd / n_head)",
+        )
+        if self.pos_encoding == "sinusoidal":
+            _require(
+                self.n_embd % 2 == 0, "n_embd", self.n_embd, "must be even for sinusoidal positions"
+            )
+        _require(
+            _is_number(self.dropout) and 0.0 <= self.dropout < 1.0,
+            "dropout",
+            self.dropout,
+            "must be a number in [0, 1)",
+        )
+        _require(isinstance(self.bias, bool), "bias", self.bias, "must be true or false")
+        _require(
+            self.pos_encoding in POS_ENCODINGS, "pos_encoding", self.pos_encoding,
+            f"allowed: {', '.join(POS_ENCODINGS)}",
+        )
+        _require(
+            isinstance(self.tie_weights, bool), "tie_weights", self.tie_weights,
+            "must be true or false",
+        )
+        _require(self.task in TASKS, "task", self.task, f"allowed: {', '.join(TASKS)}")
+        if self.task == "classifier":
+            _require(
+                _is_int(self.num_labels) and self.num_labels >= 2, "num_labels", self.num_labels,
+                "a classifier needs an integer >= 2",
+            )
+        else:
+            _require(
+                self.num_labels == 0, "num_labels", self.num_labels,
+                "must be 0 for task='causal_lm' (labels belong to the classifier)",
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+@dataclass(frozen=True)
+class TrainConfig(_JsonMixin):
+    """How to train. The learning rate warms up linearly, then decays by a cosine to min_lr."""
+
+    max_steps: int = 1000
+    batch_size: int = 32  # global batch, split across data-parallel ranks
+    learning_rate: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.1  # matrices (dim >= 2) only; biases and LayerNorm gains are not
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # max global grad norm; 0 disables
+    eval_interval: int = 100  # steps between validation (and checkpoint) passes
+    eval_batches: int = 8
+    seed: int = 1337
+    tokenizer: str = "bpe"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "eval_interval", "eval_batches"):
+            v = getattr(self, name)
+            _require(_is_int(v) and v >= 1, name, v, "must be an integer >= 1")
+        for name in ("warmup_steps", "seed"):
+            v = getattr(self, name)
+            _require(_is_int(v) and v >= 0, name, v, "must be an integer >= 0")
+        for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            _require(_is_number(v) and v >= 0, name, v, "must be a number >= 0")
+        _require(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
+        _require(
+            self.min_lr <= self.learning_rate, "min_lr", self.min_lr,
+            f"must be <= learning_rate={self.learning_rate}",
+        )
+        for name in ("beta1", "beta2"):
+            v = getattr(self, name)
+            _require(_is_number(v) and 0 <= v < 1, name, v, "must be a number in [0, 1)")
+        _require(
+            self.tokenizer in TOKENIZER_KINDS, "tokenizer", self.tokenizer,
+            f"allowed: {', '.join(TOKENIZER_KINDS)}",
+        )
+        _require(self.device in DEVICES, "device", self.device, f"allowed: {', '.join(DEVICES)}")
+
+
+# Presets: keyword arguments for ModelConfig and TrainConfig. vocab_size is the tokenizer's
+# target size; the trained tokenizer's actual size is what the model gets.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # Seconds on a CPU; for tests and smoke runs.
+    "test": {
+        "model": dict(block_size=32, vocab_size=512, n_layer=2, n_head=2, n_embd=32),
+        "train": dict(max_steps=20, batch_size=8, warmup_steps=2, eval_interval=10,
+                      eval_batches=2),
+    },
+    # The default: trains in about 5 minutes on 2 CPU cores and writes recognisable Python.
+    "demo": {
+        "model": dict(block_size=128, vocab_size=4096, n_layer=4, n_head=4, n_embd=128),
+        "train": dict(max_steps=1200, batch_size=32, warmup_steps=60, eval_interval=200,
+                      eval_batches=16),
+    },
+    # The shape of the seed article's model (4 layers, 4 heads, 768 wide). Slow on a CPU.
+    "article": {
+        "model": dict(block_size=256, vocab_size=8192, n_layer=4, n_head=4, n_embd=768),
+        "train": dict(max_steps=2000, batch_size=16, learning_rate=6e-4, min_lr=6e-5,
+                      warmup_steps=100, eval_interval=250, eval_batches=16),
+    },
+}
+DEFAULT_PRESET = "demo"
+
+
+def preset(name: str, **overrides: Any) -> tuple[ModelConfig, TrainConfig]:
+    """The named preset's (ModelConfig, TrainConfig); overrides go to whichever owns the key."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}")
+    model_kw = dict(PRESETS[name]["model"])
+    train_kw = dict(PRESETS[name]["train"])
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in model_fields:
+            model_kw[key] = value
+        elif key in train_fields:
+            train_kw[key] = value
+        else:
+            raise ConfigError(
+                f"unknown setting {key!r}; allowed: {sorted(model_fields | train_fields)}"
+            )
+    return ModelConfig(**model_kw), TrainConfig(**train_kw)
+
+
+__all__ = ["ModelConfig", "TrainConfig", "PRESETS", "DEFAULT_PRESET", "preset"]

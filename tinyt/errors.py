@@ -1,0 +1,18 @@
+"""Exception types. Every error tinyt raises on bad input is one of these, with a message that
+names the bad value, what is allowed, and what to do."""
+
+
+class TinytError(Exception):
+    """Base class of tinyt's documented errors."""
+
+
+class ConfigError(TinytError, ValueError):
+    """A configuration value is invalid."""
+
+
+class DataError(TinytError, ValueError):
+    """A corpus or data set is missing, empty or unusable."""
+
+
+class CheckpointError(TinytError, ValueError):
+    """A checkpoint directory or an imported checkpoint file is missing, corrupt or mismatched."""

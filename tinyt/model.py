@@ -1,0 +1,253 @@
+"""TinyTransformer: a GPT-style decoder-only LM with a KV cache, and an encoder classifier.
+
+Parameter names follow nanoGPT / GPT-2 (`transformer.h.0.attn.c_attn.weight`, `lm_head`), so
+checkpoints map across by name and ONNX node names read like the PyTorch modules.
+
+The forwards are export-clean: no branches on tensor values, no asserts on dynamic sizes, and
+the only Python branches are on which optional inputs were given, which is fixed per graph.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tinyt.config import ModelConfig
+from tinyt.errors import ConfigError
+
+KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: (key, value), (B, nh, S, hs)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention on scaled_dot_product_attention, with an optional KV cache."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, mask, past, is_causal: bool):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # (B, nh, P+T, hs)
+            v = torch.cat([past[1], v], dim=2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = SelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, mask, past, is_causal: bool):
+        a, present = self.attn(self.ln_1(x), mask, past, is_causal)
+        x = x + a
+        x = x + self.mlp(self.ln_2(x))
+        return x, present
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sin/cos position encoding (Vaswani et al.), computed from position ids."""
+
+    def __init__(self, n_embd: int):
+        super().__init__()
+        inv_freq = torch.exp(torch.arange(0, n_embd, 2).float() * (-math.log(10000.0) / n_embd))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (C/2,)
+
+    def forward(self, position_ids):
+        angles = position_ids.unsqueeze(-1).float() * self.inv_freq  # (B, T, C/2)
+        return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (B, T, C)
+
+
+class Trunk(nn.Module):
+    """Token + position embeddings, the blocks, and the final LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        if cfg.pos_encoding == "learned":
+            self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        else:
+            self.wpe = SinusoidalPositions(cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, input_ids, position_ids, mask, past_key_values, is_causal: bool):
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        presents = []
+        for i, block in enumerate(self.h):
+            past = None if past_key_values is None else past_key_values[i]
+            x, present = block(x, mask, past, is_causal)
+            presents.append(present)
+        return self.ln_f(x), tuple(presents)
+
+
+def _init_weights(model: nn.Module, n_layer: int) -> None:
+    """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer)."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+
+def positions_from_mask(attention_mask, T: int):
+    """Position of each of the last T tokens counting only unmasked ones, so left padding
+    does not shift positions: (B, T) int64."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+
+
+class TinyTransformer(nn.Module):
+    """Decoder-only causal LM. forward returns logits at every position and the KV cache."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.task != "causal_lm":
+            raise ConfigError(f"TinyTransformer needs task='causal_lm', got {cfg.task!r}")
+        self.config = cfg
+        self.transformer = Trunk(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        _init_weights(self, cfg.n_layer)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.transformer.wte.weight  # one Parameter, two uses
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
+        """input_ids (B, T); attention_mask (B, P+T) of 1 = token, 0 = padding; position_ids
+        (B, T); past_key_values: per layer (key, value) of (B, nh, P, hs).
+        Returns logits (B, T, vocab) and the present cache, per layer (B, nh, P+T, hs)."""
+        B, T = input_ids.shape
+        P = 0 if past_key_values is None else past_key_values[0][0].shape[2]
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = torch.arange(P, P + T, device=input_ids.device).unsqueeze(0)
+            else:
+                position_ids = positions_from_mask(attention_mask, T)
+        mask = None
+        if attention_mask is not None or past_key_values is not None:
+            mask = self._mask(attention_mask, P, T, input_ids.device)
+        # Without a cache or padding, SDPA's own causal path is the fast one (training).
+        x, presents = self.transformer(input_ids, position_ids, mask, past_key_values,
+                                       is_causal=mask is None)
+        return self.lm_head(x), presents  # (B, T, vocab)
+
+    @staticmethod
+    def _mask(attention_mask, P, T, device):
+        # Query i sits at absolute position P+i and sees key j when j <= P+i and j is not
+        # padding. Each query also sees itself, so a padding row is never fully masked
+        # (SDPA returns NaN for those); real tokens never see padding either way.
+        k_idx = torch.arange(P + T, device=device)
+        q_idx = torch.arange(T, device=device) + P
+        causal = k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)  # (T, P+T)
+        if attention_mask is None:
+            return causal.unsqueeze(0).unsqueeze(0)  # (1, 1, T, P+T)
+        keep = attention_mask.bool().unsqueeze(1).unsqueeze(2)  # (B, 1, 1, P+T)
+        diag = k_idx.unsqueeze(0) == q_idx.unsqueeze(1)  # (T, P+T)
+        return causal & (keep | diag)  # (B, 1, T, P+T)
+
+    def num_parameters(self) -> int:
+        """Unique parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+class TinyClassifier(nn.Module):
+    """Encoder classifier: the same blocks with bidirectional attention over non-padding
+    tokens, masked mean pooling, and a linear head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.task != "classifier":
+            raise ConfigError(f"TinyClassifier needs task='classifier', got {cfg.task!r}")
+        self.config = cfg
+        self.transformer = Trunk(cfg)
+        self.classifier = nn.Linear(cfg.n_embd, cfg.num_labels, bias=True)
+        _init_weights(self, cfg.n_layer)
+
+    def forward(self, input_ids, attention_mask=None):
+        """input_ids (B, T); attention_mask (B, T), 1 = token. Returns logits (B, num_labels)."""
+        B, T = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        position_ids = positions_from_mask(attention_mask, T)
+        keep = attention_mask.bool()
+        idx = torch.arange(T, device=input_ids.device)
+        diag = idx.unsqueeze(0) == idx.unsqueeze(1)  # (T, T): keeps padding rows non-empty
+        mask = keep.unsqueeze(1).unsqueeze(2) | diag  # (B, 1, T, T)
+        x, _ = self.transformer(input_ids, position_ids, mask, None, is_causal=False)
+        m = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, C)
+        return self.classifier(pooled)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    return TinyTransformer(cfg) if cfg.task == "causal_lm" else TinyClassifier(cfg)
+
+
+@torch.no_grad()
+def generate(model: TinyTransformer, input_ids: torch.Tensor, max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: int | None = None, eos_id: int | None = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample with the KV cache: one prefill, then one token per step. temperature=0 is greedy.
+    Stops at eos_id (batch 1) or when the sequence reaches block_size: positions past the
+    model's block_size were never trained, so it does not go there."""
+    B, T = input_ids.shape
+    block = model.config.block_size
+    if T < 1 or T > block:
+        raise ValueError(f"prompt length {T} is outside 1..block_size={block}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+    steps = min(max_new_tokens, block - T)
+    out = input_ids
+    logits, cache = model(input_ids)
+    for _ in range(steps):
+        last = logits[:, -1, :]  # (B, vocab)
+        if temperature == 0:
+            nxt = last.argmax(dim=-1, keepdim=True)
+        else:
+            last = last / temperature
+            if top_k is not None:
+                kth = torch.topk(last, min(top_k, last.size(-1))).values[:, -1:]
+                last = last.masked_fill(last < kth, float("-inf"))
+            nxt = torch.multinomial(F.softmax(last, dim=-1), 1, generator=generator)
+        out = torch.cat([out, nxt], dim=1)
+        if eos_id is not None and B == 1 and int(nxt) == eos_id:
+            break
+        logits, cache = model(nxt, past_key_values=cache)
+    return out

@@ -1,0 +1,129 @@
+"""Byte-level tokenizers saved as a standard Hugging Face `tokenizer.json` (torch-free).
+
+Two kinds, one file format:
+- `bpe`: byte-level BPE trained on the corpus (GPT-2's scheme), vocab size configurable;
+- `byte`: the 256 bytes themselves (token id == byte value), no merges.
+Both end with one special token, `<|endoftext|>`, used as document separator, EOS and pad.
+Any UTF-8 text round-trips exactly: encode never drops or normalises a byte.
+"""
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from tinyt.errors import ConfigError, DataError
+
+EOS_TOKEN = "<|endoftext|>"
+MIN_BPE_VOCAB = 257  # 256 bytes + <|endoftext|>
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from each byte to a printable character."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, codes)}
+
+
+def _byte_level_parts(tok: HFTokenizer) -> None:
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+
+
+class Tokenizer:
+    """A thin wrapper over a Hugging Face tokenizer with tinyt's conventions."""
+
+    def __init__(self, hf: HFTokenizer):
+        self.hf = hf
+        self.eos_id: int | None = hf.token_to_id(EOS_TOKEN)
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def byte_level(cls) -> "Tokenizer":
+        """The plain 256-byte tokenizer: id == byte value, then <|endoftext|> = 256."""
+        table = bytes_to_unicode()
+        vocab = {table[b]: b for b in range(256)}
+        hf = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+        _byte_level_parts(hf)
+        hf.add_special_tokens([EOS_TOKEN])
+        return cls(hf)
+
+    @classmethod
+    def train_bpe(cls, texts: Iterable[str], vocab_size: int) -> "Tokenizer":
+        """Train byte-level BPE on `texts`; the result has at most `vocab_size` tokens."""
+        if not isinstance(vocab_size, int) or vocab_size < MIN_BPE_VOCAB:
+            raise ConfigError(
+                f"vocab_size={vocab_size!r} is too small for byte-level BPE: it needs at least "
+                f"{MIN_BPE_VOCAB} (256 bytes + {EOS_TOKEN}); use tokenizer='byte' for bytes only"
+            )
+        hf = HFTokenizer(models.BPE())
+        _byte_level_parts(hf)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOS_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        hf.train_from_iterator(texts, trainer=trainer)
+        return cls(hf)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"tokenizer file {path} does not exist")
+        try:
+            return cls(HFTokenizer.from_file(str(path)))
+        except Exception as e:  # the Rust parser raises a bare Exception
+            raise DataError(f"tokenizer file {path} is not a valid tokenizer.json: {e}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        self.hf.save(str(path))
+
+    # -- use -------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_byte_lengths(self) -> np.ndarray:
+        """UTF-8 bytes each token stands for (0 for special tokens); for nats-per-byte."""
+        inverse = {c: b for b, c in bytes_to_unicode().items()}
+        special = {t.content for t in self.hf.get_added_tokens_decoder().values()}
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        for token, idx in self.hf.get_vocab(with_added_tokens=True).items():
+            if token in special:
+                continue
+            if all(c in inverse for c in token):
+                lengths[idx] = len(token)  # one byte-level character per byte
+            else:  # not a byte-level vocabulary: measure the decoded text
+                lengths[idx] = len(self.hf.decode([idx]).encode("utf-8"))
+        return lengths
+
+    def to_json_dict(self) -> dict:
+        return json.loads(self.hf.to_str())

@@ -1,0 +1,323 @@
+"""Training: AdamW (decay on matrices only), linear warmup + cosine decay, gradient clipping,
+periodic validation and checkpointing, exact resume, and data parallelism under torchrun.
+
+Batches are a pure function of (seed, step) (see `tinyt.data.lm_batch`), so a resumed run and a
+data-parallel run see exactly the batches of one straight single-process run: under DDP each
+rank takes its slice of the same global batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from tinyt import data as D
+from tinyt.checkpoint import (TrainState, has_train_state, load_checkpoint, load_train_state,
+                              save_checkpoint)
+from tinyt.config import ModelConfig, TrainConfig
+from tinyt.errors import ConfigError, DataError
+from tinyt.model import build_model
+from tinyt.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class _Dist:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def _dist_setup(device: str) -> _Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return _Dist()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return _Dist(dist.get_rank(), dist.get_world_size())
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to learning_rate, then cosine decay to min_lr at max_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.learning_rate * (step + 1) / cfg.warmup_steps
+    if cfg.max_steps <= cfg.warmup_steps:
+        return cfg.learning_rate
+    progress = (step - cfg.warmup_steps) / (cfg.max_steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (dim >= 2) and none on biases and LayerNorm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
+
+
+class _LMTask:
+    """Next-token prediction on a flat token stream."""
+
+    def __init__(self, tok: Tokenizer, corpus: D.Corpus, cfg: ModelConfig):
+        self.block = cfg.block_size
+        self.train = D.encode_documents(tok, corpus.train)
+        self.val = D.encode_documents(tok, corpus.val)
+        D.check_lm_tokens(self.train, self.block, "train")
+        D.check_lm_tokens(self.val, self.block, "validation")
+        self.byte_len = torch.from_numpy(tok.token_byte_lengths())
+        self.tokens_per_example = self.block
+
+    def batch(self, seed: int, step: int, size: int):
+        x, y = D.lm_batch(self.train, self.block, size, seed, step)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    @staticmethod
+    def loss(model, batch, reduction: str = "mean"):
+        x, y = batch
+        logits, _ = model(x)
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction=reduction)
+
+    @torch.no_grad()
+    def evaluate(self, model, count: int, size: int, device) -> dict[str, float]:
+        x, y = D.lm_eval_windows(self.val, self.block, count)
+        nats, tokens, nbytes = 0.0, 0, 0
+        for i in range(0, count, size):
+            xb, yb = torch.from_numpy(x[i:i + size]), torch.from_numpy(y[i:i + size])
+            nats += float(self.loss(model, (xb.to(device), yb.to(device)), "sum"))
+            tokens += yb.numel()
+            nbytes += int(self.byte_len[yb].sum())
+        return {"val_loss": nats / tokens, "val_nats_per_byte": nats / max(nbytes, 1)}
+
+
+class _ClassifierTask:
+    """Which label a snippet has; batches padded on the right with an attention mask."""
+
+    def __init__(self, tok: Tokenizer, data: D.ClassificationData, cfg: ModelConfig):
+        self.pad = tok.eos_id if tok.eos_id is not None else 0
+        self.block = cfg.block_size
+        self.train = [(ids[:self.block], y) for ids, y in self._encode(tok, data.train)]
+        self.val = [(ids[:self.block], y) for ids, y in self._encode(tok, data.val)]
+        self.tokens_per_example = float(np.mean([len(ids) for ids, _ in self.train]))
+
+    @staticmethod
+    def _encode(tok, examples):
+        ids = tok.encode_batch([t for t, _ in examples])
+        return [(i, y) for i, (_, y) in zip(ids, examples) if i]
+
+    def _collate(self, examples):
+        T = max(len(ids) for ids, _ in examples)
+        x = torch.full((len(examples), T), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(examples), T), dtype=torch.long)
+        for row, (ids, _) in enumerate(examples):
+            x[row, :len(ids)] = torch.tensor(ids)
+            mask[row, :len(ids)] = 1
+        return x, mask, torch.tensor([y for _, y in examples])
+
+    def batch(self, seed: int, step: int, size: int):
+        rng = np.random.default_rng([seed, step])
+        return self._collate([self.train[i] for i in rng.integers(0, len(self.train), size)])
+
+    @staticmethod
+    def loss(model, batch, reduction: str = "mean"):
+        x, mask, y = batch
+        return F.cross_entropy(model(x, mask), y, reduction=reduction)
+
+    @torch.no_grad()
+    def evaluate(self, model, count: int, size: int, device) -> dict[str, float]:
+        nats, correct = 0.0, 0
+        for i in range(0, len(self.val), size):
+            x, mask, y = (t.to(device) for t in self._collate(self.val[i:i + size]))
+            logits = model(x, mask)
+            nats += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(-1) == y).sum())
+        return {"val_loss": nats / len(self.val), "val_accuracy": correct / len(self.val)}
+
+
+def _slice(batch, rank: int, world: int):
+    """This rank's equal share of a global batch (every tensor split along dim 0)."""
+    n = batch[0].shape[0] // world
+    return tuple(t[rank * n:(rank + 1) * n] for t in batch)
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' was requested but torch sees no CUDA device; "
+                          "available: cpu")
+    return torch.device(name)
+
+
+def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: str | Path, *,
+          data: str | None = None, resume: bool = False, stop_after: int | None = None,
+          log: Callable[[str], None] = print) -> Path:
+    """Train a model and write its checkpoint directory to `out` (also every eval_interval).
+
+    resume=True continues the run saved in `out` with its saved configuration and data path.
+    stop_after=K stops after step K as an interruption would, leaving a resumable checkpoint.
+    """
+    out = Path(out)
+    run: dict[str, Any] = {"data": None if data is None else str(Path(data).resolve())}
+    if resume:
+        ckpt = load_checkpoint(out)  # clear errors for a missing or corrupt directory
+        if not has_train_state(out):
+            raise ConfigError(f"{out} holds no resumable run (train_state files are missing)")
+        model_cfg, tok = ckpt.config, ckpt.tokenizer
+        saved = {"data": ckpt.meta.get("run", {}).get("data")}
+        if data is not None and saved != run:
+            raise ConfigError(f"--data {data} differs from the resumed run's data "
+                              f"{saved['data'] or '(built-in corpus)'}; a resume reuses its data")
+        run = saved
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"output directory {out} is not empty; pass --resume to continue the "
+                          "run saved there, or choose a new --out")
+    dd = _dist_setup(train_cfg.device)
+    if train_cfg.batch_size % dd.world:
+        raise ConfigError(f"batch_size={train_cfg.batch_size} must be divisible by the "
+                          f"{dd.world} data-parallel processes")
+    device = _device(train_cfg.device)
+    labels = None
+    if model_cfg.task == "classifier":
+        cdata = D.load_classification(run["data"])
+        labels = cdata.labels
+        if model_cfg.num_labels != len(labels):
+            model_cfg = dataclasses.replace(model_cfg, num_labels=len(labels))
+    else:
+        corpus = D.load_corpus(run["data"])
+        if dd.main:
+            log(corpus.describe())
+    if not resume:
+        tok = _make_tokenizer(train_cfg, model_cfg, corpus.train if labels is None
+                              else [t for t, _ in cdata.train], dd)
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=tok.vocab_size)
+    task = _LMTask(tok, corpus, model_cfg) if labels is None else _ClassifierTask(tok, cdata, model_cfg)
+
+    torch.manual_seed(train_cfg.seed)  # same initial weights on every rank
+    model = build_model(model_cfg).to(device)
+    optimizer = make_optimizer(model, train_cfg)
+    step, history = 0, []
+    if resume:
+        model.load_state_dict(ckpt.model.state_dict())
+        step, train_cfg, history = load_train_state(out, model, optimizer)
+        if dd.main:
+            log(f"resuming {out} at step {step} of {train_cfg.max_steps}")
+    ddp_model = model
+    if dd.world > 1:
+        ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+    if dd.main:
+        log(f"model: {model.num_parameters():,} parameters, {model_cfg.to_dict()}")
+
+    def checkpoint(metrics: dict[str, Any]) -> None:
+        if dd.main:
+            meta = {**metrics, "parameters": model.num_parameters()}
+            save_checkpoint(out, model, tok, labels=labels, metrics=meta, run=run,
+                            state=TrainState(step, train_cfg, optimizer, history))
+
+    last_stop = train_cfg.max_steps if stop_after is None else min(stop_after, train_cfg.max_steps)
+    bar = _progress(step, train_cfg.max_steps, enabled=dd.main)
+    t_train, examples_done, loss_ema = 0.0, 0, None
+    model.train()
+    try:
+        while step < last_stop:
+            t0 = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, train_cfg)
+            batch = task.batch(train_cfg.seed, step, train_cfg.batch_size)
+            local = tuple(t.to(device) for t in _slice(batch, dd.rank, dd.world))
+            loss = task.loss(ddp_model, local)
+            loss.backward()
+            if train_cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            t_train += time.perf_counter() - t0
+            examples_done += train_cfg.batch_size
+            loss_ema = float(loss) if loss_ema is None else 0.9 * loss_ema + 0.1 * float(loss)
+            tokens_per_s = examples_done * task.tokens_per_example / t_train
+            bar.update(step, loss_ema, tokens_per_s)
+            if step % train_cfg.eval_interval == 0 or step == last_stop:
+                metrics = {"step": step, "train_loss": loss_ema, "tokens_per_s": tokens_per_s,
+                           "train_seconds": t_train}
+                if dd.main:
+                    model.eval()
+                    metrics.update(task.evaluate(model, train_cfg.eval_batches * train_cfg.batch_size,
+                                                 train_cfg.batch_size, device))
+                    model.train()
+                    history.append(metrics)
+                    bar.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                        for k, v in metrics.items()))
+                checkpoint(metrics)
+                if dd.world > 1:
+                    dist.barrier()
+    except KeyboardInterrupt:
+        bar.close()
+        saved = history[-1]["step"] if history else None
+        log(f"interrupted at step {step}; " + (
+            f"the checkpoint in {out} holds step {saved}: continue with --resume"
+            if saved else "no checkpoint was written yet"))
+        raise
+    bar.close()
+    model.eval()
+    return out
+
+
+def _make_tokenizer(train_cfg: TrainConfig, model_cfg: ModelConfig, texts: list[str],
+                    dd: _Dist) -> Tokenizer:
+    """Rank 0 trains the tokenizer; the others receive it, so every rank has the same one."""
+    payload = [None]
+    if dd.main:
+        tok = (Tokenizer.byte_level() if train_cfg.tokenizer == "byte"
+               else Tokenizer.train_bpe(texts, model_cfg.vocab_size))
+        payload = [tok.hf.to_str()]
+    if dd.world > 1:
+        dist.broadcast_object_list(payload, src=0)
+    if not dd.main:
+        from tokenizers import Tokenizer as HFTokenizer
+        tok = Tokenizer(HFTokenizer.from_str(payload[0]))
+    if tok.vocab_size < 2:
+        raise DataError("the trained tokenizer has fewer than 2 tokens; the corpus is too small")
+    return tok
+
+
+class _progress:
+    """A one-line progress bar on stderr (a line per 10% when stderr is not a terminal)."""
+
+    def __init__(self, start: int, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+        self.tty = sys.stderr.isatty()
+        self.next_mark = start + max(total // 10, 1)
+        self.t0 = time.perf_counter()
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if not self.enabled:
+            return
+        line = (f"step {step}/{self.total} [{'#' * (20 * step // self.total):<20}] "
+                f"loss {loss:.3f}  {tokens_per_s:,.0f} tok/s  {time.perf_counter() - self.t0:.0f}s")
+        if self.tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        elif step >= self.next_mark or step == self.total:
+            print(line, file=sys.stderr, flush=True)
+            self.next_mark = step + max(self.total // 10, 1)
+
+    def write(self, text: str) -> None:
+        if self.enabled:
+            print(("\n" if self.tty else "") + text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr, flush=True)
