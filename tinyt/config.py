@@ -178,9 +178,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # The default: trains in about 5 minutes on 2 CPU cores and writes recognisable Python.
     "demo": {
-        "model": dict(block_size=128, vocab_size=4096, n_layer=4, n_head=4, n_embd=128),
-        "train": dict(max_steps=1200, batch_size=32, warmup_steps=60, eval_interval=200,
-                      eval_batches=16),
+        "model": dict(block_size=128, vocab_size=2048, n_layer=4, n_head=4, n_embd=128),
+        "train": dict(max_steps=600, batch_size=32, warmup_steps=30, eval_interval=100,
+                      eval_batches=8),
     },
     # The shape of the seed article's model (4 layers, 4 heads, 768 wide). Slow on a CPU.
     "article": {

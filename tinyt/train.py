@@ -247,7 +247,8 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: str | Path, *,
             step += 1
             t_train += time.perf_counter() - t0
             examples_done += train_cfg.batch_size
-            loss_ema = float(loss) if loss_ema is None else 0.9 * loss_ema + 0.1 * float(loss)
+            value = float(loss.detach())
+            loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
             tokens_per_s = examples_done * task.tokens_per_example / t_train
             bar.update(step, loss_ema, tokens_per_s)
             if step % train_cfg.eval_interval == 0 or step == last_stop:

@@ -1,0 +1,98 @@
+import pickle
+
+import pytest
+import torch
+
+from nanogpt_reference import GPT, GPTConfig
+from tinyt.checkpoint import load_checkpoint
+from tinyt.errors import CheckpointError
+from tinyt.nanogpt import import_nanogpt
+from tinyt.tokenizer import Tokenizer
+
+IMPORT_TOL = 1e-5  # imported tinyt model vs nanoGPT's architecture, logits max abs diff
+
+
+def nanogpt_ckpt(path, *, compiled=False, bias=True, extra_key=None, vocab=320):
+    torch.manual_seed(0)
+    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=24, bias=bias, vocab_size=vocab,
+                dropout=0.0)
+    model = GPT(GPTConfig(**args))
+    sd = model.state_dict()
+    if compiled:
+        sd = {"_orig_mod." + k: v for k, v in sd.items()}
+    if extra_key:
+        sd[extra_key] = torch.zeros(3)
+    # What nanoGPT's train.py saves (optimizer state and run config included).
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.save({"model": sd, "optimizer": opt.state_dict(), "model_args": args,
+                "iter_num": 250, "best_val_loss": torch.tensor(1.25),
+                "config": {"batch_size": 12, "dataset": "shakespeare_char", "compile": compiled}},
+               path)
+    return model.eval()
+
+
+@pytest.mark.parametrize("compiled,bias", [(False, True), (True, False)])
+def test_import_matches_nanogpt_logits(tmp_path, compiled, bias):
+    ref = nanogpt_ckpt(tmp_path / "ckpt.pt", compiled=compiled, bias=bias)
+    out = import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "tinyt", tokenizer="byte")
+    ck = load_checkpoint(out)
+    assert ck.config.tie_weights and ck.config.pos_encoding == "learned"
+    assert ck.config.bias == bias and ck.config.vocab_size == 320
+    assert ck.meta["metrics"]["iter_num"] == 250
+    x = torch.randint(0, 320, (3, 24))
+    with torch.no_grad():
+        expected = ref(x)
+        got, _ = ck.model(x)
+    assert got.shape == expected.shape
+    worst = (got - expected).abs().max().item()
+    assert worst <= IMPORT_TOL, f"logits differ by {worst:.3g}"
+
+
+def test_unexpected_keys_are_named(tmp_path):
+    nanogpt_ckpt(tmp_path / "ckpt.pt", extra_key="transformer.h.0.attn.rotary.freq")
+    with pytest.raises(CheckpointError, match=r"unexpected \['transformer.h.0.attn.rotary.freq'\]"):
+        import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "out", tokenizer="byte")
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_larger_than_vocab(tmp_path, corpus_dir):
+    nanogpt_ckpt(tmp_path / "ckpt.pt", vocab=200)
+    with pytest.raises(CheckpointError, match="tokenizer has 257 tokens but the model's vocab"):
+        import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "out", tokenizer="byte")
+    texts = [p.read_text() for p in corpus_dir.iterdir()]
+    tok_path = tmp_path / "tok.json"
+    Tokenizer.train_bpe(texts, 300).save(tok_path)
+    nanogpt_ckpt(tmp_path / "ckpt.pt", vocab=320)
+    ck = load_checkpoint(import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "ok",
+                                        tokenizer=str(tok_path)))
+    assert ck.tokenizer.vocab_size <= 300
+
+
+def test_arbitrary_pickles_are_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("owned",))
+
+    with open(tmp_path / "evil.pt", "wb") as f:
+        pickle.dump({"model": Evil(), "model_args": {}}, f)
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        import_nanogpt(tmp_path / "evil.pt", tmp_path / "out", tokenizer="byte")
+
+
+def test_not_a_nanogpt_file(tmp_path):
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="expected a dict with 'model' and 'model_args'"):
+        import_nanogpt(tmp_path / "other.pt", tmp_path / "out", tokenizer="byte")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        import_nanogpt(tmp_path / "missing.pt", tmp_path / "out", tokenizer="byte")
+
+
+def test_bad_model_args(tmp_path):
+    torch.save({"model": {}, "model_args": {"n_layer": 2, "n_head": 3, "n_embd": 32,
+                                            "block_size": 8, "vocab_size": 300}},
+               tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match="n_embd=32 is invalid: must be divisible"):
+        import_nanogpt(tmp_path / "bad.pt", tmp_path / "out", tokenizer="byte")
+    torch.save({"model": {}, "model_args": {"n_layer": 2}}, tmp_path / "few.pt")
+    with pytest.raises(CheckpointError, match="missing \\['n_head'"):
+        import_nanogpt(tmp_path / "few.pt", tmp_path / "out", tokenizer="byte")

@@ -1,0 +1,66 @@
+"""The ONNX I/O contract, as data (torch-free). Exporter, verifier, runtime and benchmarks all
+read the names, dtypes and symbolic axes from here. Names follow Hugging Face Optimum's, so
+its ORTModelForCausalLM and similar loops understand tinyt's graphs.
+
+    decoder:    input_ids [B, S], attention_mask [B, P+S], position_ids [B, S],
+                past_key_values.{i}.key/.value [B, nh, P, hs]
+             -> logits [B, S, vocab], present.{i}.key/.value [B, nh, P+S, hs]
+    classifier: input_ids [B, S], attention_mask [B, S] -> logits [B, num_labels]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tinyt.config import ModelConfig
+
+BATCH = "batch_size"
+SEQ = "sequence_length"
+PAST = "past_sequence_length"
+TOTAL = "past_sequence_length + sequence_length"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: tuple[str | int, ...]  # a str is a symbolic axis
+
+
+def past_names(n_layer: int) -> list[str]:
+    return [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+
+
+def present_names(n_layer: int) -> list[str]:
+    return [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+
+
+def decoder_inputs(cfg: ModelConfig, *, with_past: bool = True,
+                   kv_dtype: str = "float32") -> list[TensorSpec]:
+    if not with_past:
+        return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
+                TensorSpec("attention_mask", "int64", (BATCH, SEQ))]
+    kv = (BATCH, cfg.n_head, PAST, cfg.head_dim)
+    return [
+        TensorSpec("input_ids", "int64", (BATCH, SEQ)),
+        TensorSpec("attention_mask", "int64", (BATCH, TOTAL)),
+        TensorSpec("position_ids", "int64", (BATCH, SEQ)),
+        *(TensorSpec(n, kv_dtype, kv) for n in past_names(cfg.n_layer)),
+    ]
+
+
+def decoder_outputs(cfg: ModelConfig, *, with_past: bool = True,
+                    kv_dtype: str = "float32") -> list[TensorSpec]:
+    logits = TensorSpec("logits", "float32", (BATCH, SEQ, cfg.vocab_size))
+    if not with_past:
+        return [logits]
+    kv = (BATCH, cfg.n_head, TOTAL, cfg.head_dim)
+    return [logits, *(TensorSpec(n, kv_dtype, kv) for n in present_names(cfg.n_layer))]
+
+
+def classifier_inputs(cfg: ModelConfig) -> list[TensorSpec]:
+    return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
+            TensorSpec("attention_mask", "int64", (BATCH, SEQ))]
+
+
+def classifier_outputs(cfg: ModelConfig) -> list[TensorSpec]:
+    return [TensorSpec("logits", "float32", (BATCH, cfg.num_labels))]
