@@ -59,7 +59,6 @@ def train(
     """Train a causal LM (default) or a classifier; torchrun runs it data-parallel."""
     from tinyt import data as D
     from tinyt.config import preset as get_preset
-    from tinyt.train import train as run_training
 
     overrides = dict(
         tokenizer=tokenizer, max_steps=max_steps, batch_size=batch_size,
@@ -73,6 +72,8 @@ def train(
                          f"drop {', '.join('--' + k.replace('_', '-') for k in given)}")
     num_labels = len(D.classification_labels(data)) if task == "classifier" else 0
     model_cfg, train_cfg = get_preset(preset, task=task, num_labels=num_labels, **overrides)
+    from tinyt.train import train as run_training  # torch: only once the settings are valid
+
     run_training(model_cfg, train_cfg, out, data=None if data is None else str(data),
                  resume=resume, stop_after=stop_after, log=lambda s: typer.echo(s, err=True))
     typer.echo(f"checkpoint: {out}")
@@ -107,6 +108,46 @@ def import_nanogpt(
 
     path = run_import(ckpt_pt, out, tokenizer=tokenizer)
     typer.echo(f"checkpoint: {path}")
+
+
+@app.command("export")
+def export_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    out: Annotated[Path, typer.Argument(help="ONNX artifact directory to write.")],
+    opset: Annotated[int, typer.Option(help="ONNX opset to write.")] = 18,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="Causal LM without KV cache I/O (input_ids, attention_mask -> "
+                           "logits).")] = False,
+) -> None:
+    """Export a checkpoint to ONNX (KV-cache decoder, no-cache decoder, or classifier)."""
+    from tinyt.export import export_onnx
+
+    typer.echo(f"onnx: {export_onnx(checkpoint, out, opset=opset, with_past=not no_cache)}")
+
+
+@app.command()
+def verify(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    onnx_dir: Annotated[Path, typer.Argument(help="ONNX artifact directory.")],
+    report: Annotated[Optional[Path], typer.Option(
+        help="JSON report path (default: ONNX_DIR/../NAME-verify.json).")] = None,
+) -> None:
+    """Compare ONNX Runtime with PyTorch on a grid of shapes and greedy generation; exits 1 on
+    a mismatch, naming the worst case."""
+    from tinyt.export import verify as run_verify
+
+    report = report or onnx_dir.parent / f"{onnx_dir.name}-verify.json"
+    result = run_verify(checkpoint, onnx_dir, report_path=report)
+    for name, worst in result["worst"].items():
+        typer.echo(f"{name:28s} max abs diff {worst['max_abs']:.2e}  (worst at {worst['case']})")
+    for g in result["generation"]:
+        typer.echo(f"greedy {g['tokens']:3d} tokens from {g['prompt']!r}: "
+                   f"{'identical' if g['identical'] else 'DIFFERENT'}")
+    typer.echo(f"report: {report}")
+    if not result["passed"]:
+        typer.echo("FAILED: " + "; ".join(result["failures"]), err=True)
+        raise typer.Exit(1)
+    typer.echo("passed")
 
 
 def main() -> None:

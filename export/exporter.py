@@ -1,0 +1,205 @@
+"""ONNX export: checkpoint directory in, artifact directory out.
+
+    checkpoint/ ──load──▶ wrapper (flat I/O, contract names) ──torch.onnx.export(dynamo)──▶
+        name symbolic axes after the contract ──check_model(full_check)──▶ onnx/ + manifest
+
+The dynamo exporter is used, not the TorchScript one: it keeps every contract axis symbolic,
+stores the tied embedding / lm_head matrix once (TorchScript's constant folding stores it
+twice), and its graphs are the ones onnxscript's ORT fusions rewrite (see README, "Exporter
+choice", and benchmarks/compare_exporters.py for the measurement).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+import torch.nn as nn
+from torch.export import Dim
+
+from tinyt import __version__, contract
+from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
+from tinyt.config import ModelConfig
+from tinyt.errors import TinytError
+from tinyt.fsutil import atomic_dir, sha256_file, write_json
+from tinyt.manifest import io_spec, write_manifest
+
+DEFAULT_OPSET = 18
+MIN_OPSET = 18  # torch's dynamo exporter (onnxscript torchlib) writes opset 18 and later
+ONNX_FILE = "model.onnx"
+GRAPHS = ("decoder_with_past", "decoder", "classifier")
+# Example sizes: >= 2 and distinct, so no axis can be specialised to a constant.
+EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
+
+
+class ExportError(TinytError, ValueError):
+    """The export cannot be done as asked."""
+
+
+class DecoderWithPast(nn.Module):
+    """Flat I/O in contract order: one graph for prefill (past length 0) and decode."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, past):
+        pairs = tuple((past[2 * i], past[2 * i + 1]) for i in range(len(past) // 2))
+        logits, present = self.model(input_ids, attention_mask, position_ids, pairs)
+        return (logits, *(t for kv in present for t in kv))
+
+
+class Decoder(nn.Module):
+    """No cache: input_ids, attention_mask -> logits (positions come from the mask)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids, attention_mask)[0]
+
+
+def graph_kind(cfg: ModelConfig, with_past: bool) -> str:
+    if cfg.task == "classifier":
+        return "classifier"
+    return "decoder_with_past" if with_past else "decoder"
+
+
+def contract_for(cfg: ModelConfig, kind: str):
+    """(inputs, outputs) TensorSpecs of a graph kind."""
+    if kind == "classifier":
+        return contract.classifier_inputs(cfg), contract.classifier_outputs(cfg)
+    with_past = kind == "decoder_with_past"
+    return (contract.decoder_inputs(cfg, with_past=with_past),
+            contract.decoder_outputs(cfg, with_past=with_past))
+
+
+def _example(cfg: ModelConfig, kind: str):
+    """Example kwargs and their dynamic shapes for the exporter."""
+    B, S, P = EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (B, S), generator=g)
+    dyn = Dim.DYNAMIC
+    if kind != "decoder_with_past":
+        return ({"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)},
+                {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn}})
+    past = [torch.randn(B, cfg.n_head, P, cfg.head_dim, generator=g)
+            for _ in range(2 * cfg.n_layer)]
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones(B, P + S, dtype=torch.long),
+              "position_ids": torch.arange(P, P + S).repeat(B, 1), "past": past}
+    shapes = {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn},
+              "position_ids": {0: dyn, 1: dyn}, "past": [{0: dyn, 2: dyn}] * len(past)}
+    return kwargs, shapes
+
+
+def _name_axes(proto: onnx.ModelProto, inputs, outputs) -> None:
+    """Give the graph's symbolic I/O axes the contract's names (torch writes s0, s1, ...)."""
+    rename: dict[str, str] = {}
+    values = {v.name: v for v in [*proto.graph.input, *proto.graph.output]}
+    for spec in [*inputs, *outputs]:
+        dims = values[spec.name].type.tensor_type.shape.dim
+        if len(dims) != len(spec.shape):
+            raise ExportError(f"exported {spec.name} has rank {len(dims)}, the contract says "
+                              f"{len(spec.shape)}")
+        for dim, want in zip(dims, spec.shape):
+            if isinstance(want, str):
+                if not dim.dim_param:
+                    raise ExportError(f"axis {want!r} of {spec.name} was specialised to "
+                                      f"{dim.dim_value} during export; it must stay symbolic")
+                rename.setdefault(dim.dim_param, want)
+                dim.dim_param = want
+            elif dim.dim_value != want:
+                raise ExportError(f"{spec.name} has size {dim.dim_value or dim.dim_param} where "
+                                  f"the contract fixes {want}")
+    for v in proto.graph.value_info:  # keep intermediate shapes consistent with the I/O names
+        for dim in v.type.tensor_type.shape.dim:
+            if dim.dim_param in rename:
+                dim.dim_param = rename[dim.dim_param]
+
+
+def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
+    """config.json: Hugging Face gpt2 keys (so Optimum loads the LM) plus a `tinyt` block."""
+    eos = tokenizer.eos_id
+    tinyt_block = {"model": cfg.to_dict(), "graph": kind, "labels": labels,
+                   "tinyt_version": __version__}
+    if kind == "classifier":
+        return {"model_type": "tinyt-classifier", "num_labels": cfg.num_labels,
+                "id2label": {str(i): n for i, n in enumerate(labels)},
+                "label2id": {n: i for i, n in enumerate(labels)},
+                "pad_token_id": eos, "tinyt": tinyt_block}
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_layer": cfg.n_layer,
+        "n_inner": 4 * cfg.n_embd, "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.block_size, "n_ctx": cfg.block_size,
+        "activation_function": "gelu", "layer_norm_epsilon": 1e-5,
+        "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,
+        "tie_word_embeddings": cfg.tie_weights, "use_cache": kind == "decoder_with_past",
+        "tinyt": tinyt_block,
+    }
+
+
+def _check_opset(opset: int) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    if not isinstance(opset, int) or not MIN_OPSET <= opset <= newest:
+        raise ExportError(f"opset={opset!r} cannot be written here: allowed {MIN_OPSET}..{newest} "
+                          f"(torch's dynamo exporter starts at {MIN_OPSET}; onnx "
+                          f"{onnx.__version__} knows up to {newest})")
+
+
+def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                opset: int = DEFAULT_OPSET, with_past: bool = True) -> Path:
+    """Export a checkpoint to an ONNX artifact directory (written atomically); returns it.
+
+    Causal LMs get one decoder graph with a KV cache (with_past=True) or a no-cache graph;
+    classifiers get input_ids, attention_mask -> logits."""
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    if out_dir.resolve() == checkpoint_dir.resolve():
+        raise ExportError(f"the output directory {out_dir} is the checkpoint itself; choose "
+                          "another: a stage never writes over its input")
+    _check_opset(opset)
+    ckpt = load_checkpoint(checkpoint_dir)
+    cfg = ckpt.config
+    kind = graph_kind(cfg, with_past)
+    wrapper = {"decoder_with_past": DecoderWithPast, "decoder": Decoder,
+               "classifier": lambda m: m}[kind](ckpt.model).eval()
+    inputs, outputs = contract_for(cfg, kind)
+    kwargs, shapes = _example(cfg, kind)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the exporter's progress chatter, not our concern
+        program = torch.onnx.export(
+            wrapper, args=(), kwargs=kwargs, dynamo=True, dynamic_shapes=shapes,
+            opset_version=opset, input_names=[t.name for t in inputs],
+            output_names=[t.name for t in outputs], external_data=False, verbose=False,
+        )
+    proto = program.model_proto
+    _name_axes(proto, inputs, outputs)
+    proto.producer_name, proto.producer_version = "tinyt", __version__
+    onnx.checker.check_model(proto, full_check=True)
+    with atomic_dir(out_dir) as tmp:
+        onnx.save_model(proto, str(tmp / ONNX_FILE))
+        ckpt.tokenizer.save(tmp / "tokenizer.json")
+        write_json(tmp / "config.json", hf_config(cfg, ckpt.tokenizer, ckpt.labels, kind))
+        eos = ckpt.tokenizer.eos_id
+        write_json(tmp / "generation_config.json", {
+            "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,
+            "max_length": cfg.block_size, "do_sample": False})
+        write_manifest(tmp, stage="export", source={
+            "kind": "checkpoint", "path": str(checkpoint_dir.resolve()),
+            "sha256": {f: sha256_file(checkpoint_dir / f) for f in (MODEL_FILE, CONFIG_FILE)},
+        }, options={"opset": opset, "with_past": with_past}, extra={
+            "graph": kind, "opset": opset, "io": io_spec(inputs, outputs),
+            "exporter": "torch.onnx.export(dynamo=True)",
+            "versions": {"torch": torch.__version__, "onnx": onnx.__version__,
+                         "tinyt": __version__, "python": platform.python_version()},
+        })
+    return out_dir
+
+
+def read_artifact_config(directory: str | os.PathLike) -> dict:
+    return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))

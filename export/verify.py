@@ -1,0 +1,204 @@
+"""Verification: PyTorch vs ONNX Runtime on a grid of shapes, and greedy generation.
+
+For each (batch, sequence, past length) case and each input source (random ids, real corpus
+text, a left-padded batch), both run the same inputs (a past cache made by PyTorch from the
+same prefix) and every output is compared: max abs diff, max rel diff, and for logits top-1
+agreement. Then greedy generation from several prompts must give identical tokens.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from tinyt import data as D
+from tinyt.checkpoint import load_checkpoint
+from tinyt.config import ModelConfig
+from tinyt.fsutil import write_json
+from tinyt.manifest import check_manifest
+from tinyt.errors import TinytError
+from tinyt.model import generate
+
+from .exporter import ONNX_FILE, contract_for
+
+FP32_LOGITS_ATOL = 1e-4  # max abs diff of logits, fp32 export vs PyTorch
+FP32_KV_ATOL = 1e-4  # max abs diff of present keys/values
+GEN_TOKENS = 64  # greedy tokens per prompt (capped by block_size)
+PROMPTS = ("def ", "import os\n", "class Config:\n    def __init__(self", "    return ")
+
+
+class VerificationError(TinytError, ValueError):
+    """The artifact cannot be verified against this checkpoint (wrong model, wrong I/O)."""
+
+
+def _tolerance(output: str) -> float:
+    return FP32_LOGITS_ATOL if output == "logits" else FP32_KV_ATOL
+
+
+def cpu_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _cases(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int]]:
+    """(batch, seq, past) grid: sequence 1 and block_size, past 0 and block_size - 1."""
+    T = cfg.block_size
+    seqs = sorted({1, min(7, T), T})
+    pasts = sorted({0, min(9, T - 1), T - 1}) if kind == "decoder_with_past" else [0]
+    return [(b, s, p) for b in (1, 3) for s in seqs for p in pasts if s + p <= T]
+
+
+def _corpus_tokens(tokenizer) -> np.ndarray | None:
+    """The built-in corpus' validation split in this tokenizer (None if unavailable)."""
+    try:
+        corpus = D.load_corpus()
+    except TinytError:
+        return None
+    return D.encode_documents(tokenizer, corpus.val[:8]).astype(np.int64)
+
+
+def _ids(rng, vocab: int, corpus, b: int, n: int, source: str) -> np.ndarray:
+    if source == "corpus" and corpus is not None and len(corpus) > n + 1:
+        starts = rng.integers(0, len(corpus) - n, size=b)
+        return np.stack([corpus[s:s + n] for s in starts])
+    return rng.integers(0, vocab, size=(b, n), dtype=np.int64)
+
+
+def _compare(name: str, ours: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    if ours.shape != ref.shape:
+        return {"shape_mismatch": [list(ours.shape), list(ref.shape)], "max_abs": float("inf")}
+    diff = np.abs(ours.astype(np.float64) - ref.astype(np.float64))
+    out = {"max_abs": float(diff.max(initial=0.0)),
+           "max_rel": float((diff / (np.abs(ref) + 1e-6)).max(initial=0.0))}
+    if name == "logits":
+        out["top1_agreement"] = float((ours.argmax(-1) == ref.argmax(-1)).mean())
+    return out
+
+
+def _torch_run(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
+    """PyTorch outputs for the same feeds, as numpy, in contract order."""
+    t = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    with torch.no_grad():
+        if kind == "classifier":
+            return [model(t["input_ids"], t["attention_mask"]).numpy()]
+        if kind == "decoder":
+            return [model(t["input_ids"], t["attention_mask"])[0].numpy()]
+        past = tuple((t[f"past_key_values.{i}.key"], t[f"past_key_values.{i}.value"])
+                     for i in range(n_layer))
+        logits, present = model(t["input_ids"], t["attention_mask"], t["position_ids"], past)
+    return [logits.numpy(), *(x.numpy() for kv in present for x in kv)]
+
+
+def _feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: int,
+           pad: int) -> dict[str, np.ndarray]:
+    """Inputs for one case; ids holds past_len prefix tokens then the new ones. `pad` leading
+    positions of row 0 are padding."""
+    B, N = ids.shape
+    mask = np.ones((B, N), dtype=np.int64)
+    mask[0, :pad] = 0
+    if kind != "decoder_with_past":
+        return {"input_ids": ids, "attention_mask": mask}
+    position_ids = np.clip(mask.cumsum(-1) - 1, 0, None)
+    empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
+    past = {f"past_key_values.{i}.{kv}": empty for i in range(cfg.n_layer) for kv in ("key", "value")}
+    if past_len:
+        with torch.no_grad():
+            _, cache = model(torch.from_numpy(ids[:, :past_len]),
+                             torch.from_numpy(mask[:, :past_len]),
+                             torch.from_numpy(position_ids[:, :past_len]))
+        past = {f"past_key_values.{i}.{kv}": cache[i][j].numpy()
+                for i in range(cfg.n_layer) for j, kv in enumerate(("key", "value"))}
+    return {"input_ids": ids[:, past_len:], "attention_mask": mask,
+            "position_ids": position_ids[:, past_len:], **past}
+
+
+def _ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int) -> list[int]:
+    """Greedy decoding through the ONNX graph (with its KV cache when it has one)."""
+    ids = list(prompt)
+    if kind == "decoder":
+        for _ in range(steps):
+            x = np.asarray([ids], dtype=np.int64)
+            logits = sess.run(["logits"], {"input_ids": x, "attention_mask": np.ones_like(x)})[0]
+            ids.append(int(logits[0, -1].argmax()))
+        return ids[len(prompt):]
+    feeds = _feeds(None, cfg, kind, np.asarray([ids], dtype=np.int64), 0, 0)
+    names = [o.name for o in sess.get_outputs()]
+    for _ in range(steps):
+        outs = sess.run(names, feeds)
+        nxt = int(outs[0][0, -1].argmax())
+        ids.append(nxt)
+        total = feeds["attention_mask"].shape[1] + 1
+        feeds = {"input_ids": np.asarray([[nxt]], dtype=np.int64),
+                 "attention_mask": np.ones((1, total), dtype=np.int64),
+                 "position_ids": np.asarray([[total - 1]], dtype=np.int64),
+                 **{n.replace("present", "past_key_values"): v for n, v in zip(names[1:], outs[1:])}}
+    return ids[len(prompt):]
+
+
+def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
+           report_path: str | os.PathLike | None = None, seed: int = 0,
+           gen_tokens: int = GEN_TOKENS) -> dict[str, Any]:
+    """Compare an exported artifact with its checkpoint; returns the report (`passed`)."""
+    onnx_dir = Path(onnx_dir)
+    manifest = check_manifest(onnx_dir)  # a tampered or truncated file is refused here
+    kind = manifest.get("graph")
+    ckpt = load_checkpoint(checkpoint_dir)
+    cfg, model = ckpt.config, ckpt.model
+    inputs, outputs = contract_for(cfg, kind)
+    sess = cpu_session(onnx_dir / ONNX_FILE)
+    got_in = [i.name for i in sess.get_inputs()]
+    if got_in != [t.name for t in inputs]:
+        raise VerificationError(f"{onnx_dir / ONNX_FILE} inputs {got_in} do not match the "
+                                f"checkpoint's contract {[t.name for t in inputs]}")
+    out_names = [t.name for t in outputs]
+    rng = np.random.default_rng(seed)
+    corpus = _corpus_tokens(ckpt.tokenizer)
+    cases = []
+    for (b, s, p) in _cases(cfg, kind):
+        for source in ("random", "corpus", "left-padded"):
+            if source == "left-padded" and (b < 2 or s + p < 4):
+                continue
+            ids = _ids(rng, cfg.vocab_size, corpus, b, p + s,
+                       "corpus" if source != "random" else "random")
+            pad = (p + s) // 2 if source == "left-padded" else 0
+            feeds = _feeds(model, cfg, kind, ids, p, pad)
+            ours = sess.run(out_names, feeds)
+            ref = _torch_run(model, kind, feeds, cfg.n_layer)
+            if pad and kind != "classifier":  # logits at padding are unspecified: skip them
+                keep = max(pad - p, 0)
+                ours[0], ref[0] = ours[0][:, keep:], ref[0][:, keep:]
+            result = {n: _compare(n, o, r) for n, o, r in zip(out_names, ours, ref)}
+            cases.append({"batch": b, "sequence": s, "past": p, "inputs": source,
+                          "outputs": result})
+    worst = {}
+    for name in out_names:
+        case = max(cases, key=lambda c: c["outputs"][name]["max_abs"])
+        worst[name] = {"max_abs": case["outputs"][name]["max_abs"],
+                       "case": {k: case[k] for k in ("batch", "sequence", "past", "inputs")}}
+    failures = [f"{n}: max abs diff {w['max_abs']:.3g} > {_tolerance(n)} at {w['case']}"
+                for n, w in worst.items() if not w["max_abs"] <= _tolerance(n)]
+    generation = []
+    if kind != "classifier":
+        for text in PROMPTS:
+            prompt = ckpt.tokenizer.encode(text)[: cfg.block_size - 1]
+            steps = min(gen_tokens, cfg.block_size - len(prompt))
+            ref = generate(model, torch.tensor([prompt]), steps, temperature=0)[0, len(prompt):]
+            ours = _ort_greedy(sess, cfg, kind, prompt, steps)
+            same = ours == ref.tolist()
+            generation.append({"prompt": text, "tokens": steps, "identical": same,
+                               "torch": ref.tolist(), "onnxruntime": ours})
+            if not same:
+                failures.append(f"greedy generation differs for prompt {text!r}")
+    report = {"passed": not failures, "failures": failures, "graph": kind,
+              "tolerances": {"logits_max_abs": FP32_LOGITS_ATOL, "present_max_abs": FP32_KV_ATOL},
+              "worst": worst, "cases": cases, "generation": generation,
+              "checkpoint": str(Path(checkpoint_dir).resolve()), "onnx": str(onnx_dir.resolve())}
+    if report_path is not None:
+        write_json(report_path, report)
+    return report

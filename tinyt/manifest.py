@@ -1,0 +1,73 @@
+"""manifest.json: what an artifact directory holds and where it came from (torch-free).
+
+    {"format": "tinyt-artifact", "stage": "export", "files": {"model.onnx": {"sha256", "bytes"}},
+     "opset": 18, "io": {"inputs": [...], "outputs": [...]}, "options": {...},
+     "versions": {...}, "source": {"path", "kind", "sha256" | "manifest"}}
+
+Every file of the directory is listed with its sha256; `check_manifest` refuses a directory
+whose files do not match, naming the file.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from tinyt.errors import TinytError
+from tinyt.fsutil import sha256_file, write_json
+
+MANIFEST = "manifest.json"
+FORMAT = "tinyt-artifact"
+
+
+class ManifestError(TinytError, ValueError):
+    """An artifact directory does not match its manifest (tampered, truncated or incomplete)."""
+
+
+def io_spec(inputs: Iterable, outputs: Iterable) -> dict[str, list[dict[str, Any]]]:
+    """The I/O contract (TensorSpecs from tinyt.contract) as JSON-ready data."""
+    return {"inputs": [asdict(t) for t in inputs], "outputs": [asdict(t) for t in outputs]}
+
+
+def write_manifest(directory: Path, *, stage: str, source: dict[str, Any],
+                   options: dict[str, Any], extra: dict[str, Any] | None = None) -> dict:
+    """Hash every file already in `directory` and write manifest.json beside them."""
+    files = {
+        p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST
+    }
+    manifest = {"format": FORMAT, "stage": stage, "files": files, "source": source,
+                "options": options, **(extra or {})}
+    write_json(directory / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{directory} has no {MANIFEST}: it is not a tinyt artifact directory "
+                            "(made by 'tinyt export' or a later stage)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path} is not valid JSON: {e}") from None
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        raise ManifestError(f"{path} is not a tinyt artifact manifest")
+    return manifest
+
+
+def check_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest, after checking every listed file exists with its recorded sha256."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    for name, entry in manifest["files"].items():
+        path = directory / name
+        if not path.is_file():
+            raise ManifestError(f"{path} is listed in {MANIFEST} but missing")
+        if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
+            raise ManifestError(
+                f"{path} does not match its sha256 in {MANIFEST}: the file was changed or "
+                "truncated after the stage wrote it; re-run the stage that made it"
+            )
+    return manifest
