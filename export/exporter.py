@@ -10,6 +10,7 @@ choice", and benchmarks/compare_exporters.py for the measurement).
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import platform
@@ -122,6 +123,39 @@ def _name_axes(proto: onnx.ModelProto, inputs, outputs) -> None:
                 dim.dim_param = rename[dim.dim_param]
 
 
+def module_path(names: list[str]) -> str:
+    """['transformer', 'h', '0', 'attn'] -> 'transformer/h.0/attn' (indices join their list)."""
+    parts: list[str] = []
+    for s in filter(None, names):
+        if s.isdigit() and parts:
+            parts[-1] += f".{s}"
+        else:
+            parts.append(s)
+    return "/".join(parts)
+
+
+def _tidy_nodes(proto: onnx.ModelProto, wrapped: bool) -> None:
+    """Name each node after the PyTorch module it came from, `/transformer/h.0/attn/c_attn/
+    MatMul`, and drop the exporter's per-node metadata (stack traces with local paths, FX
+    dumps): it is most of a small model's graph bytes and says nothing a deployment needs."""
+    seen: dict[str, int] = {}
+    for node in proto.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        try:
+            scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
+        except (ValueError, SyntaxError):
+            scopes = []
+        # scopes: ['', 'model.transformer', 'model.transformer.h.0', ..., aten op]; the one
+        # before the op is the innermost module's qualified name.
+        module = scopes[-2] if len(scopes) >= 2 and "hook" not in scopes[-2] else ""
+        if wrapped:
+            module = module.removeprefix("model").removeprefix(".")
+        base = "/" + "/".join(filter(None, [module_path(module.split(".")), node.op_type]))
+        seen[base] = seen.get(base, -1) + 1
+        node.name = base if seen[base] == 0 else f"{base}_{seen[base]}"
+        del node.metadata_props[:]
+
+
 def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
     """config.json: Hugging Face gpt2 keys (so Optimum loads the LM) plus a `tinyt` block."""
     eos = tokenizer.eos_id
@@ -179,6 +213,7 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
         )
     proto = program.model_proto
     _name_axes(proto, inputs, outputs)
+    _tidy_nodes(proto, wrapped=kind != "classifier")
     proto.producer_name, proto.producer_version = "tinyt", __version__
     onnx.checker.check_model(proto, full_check=True)
     with atomic_dir(out_dir) as tmp:
