@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Create .venv and install tinyt with the extras given (default: cpu,export,dev).
+# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum).
 # torch==2.13.0 goes in first: its CPU wheel lies on the project's machines, while a bare
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-cpu,export,dev}"
+extras="${1:-cpu,export,dev,optimum}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 case ",$extras," in
-  *,torch,*|*,export,*|*,dev,*) "${pip[@]}" "torch==2.13.0" ;;
+  *,torch,*|*,export,*|*,dev,*|*,optimum,*) "${pip[@]}" "torch==2.13.0" ;;
 esac
 "${pip[@]}" -e ".[${extras}]"
 .venv/bin/python -c "import tinyt; print('tinyt', tinyt.__version__, 'installed in .venv')"

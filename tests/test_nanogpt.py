@@ -68,6 +68,7 @@ def test_tokenizer_larger_than_vocab(tmp_path, corpus_dir):
     assert ck.tokenizer.vocab_size <= 300
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_arbitrary_pickles_are_refused(tmp_path):
     class Evil:
         def __reduce__(self):
