@@ -27,11 +27,12 @@ from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
-from tinyt.manifest import io_spec, write_manifest
+from tinyt.manifest import check_output_dir, io_spec, write_manifest
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 18  # torch's dynamo exporter (onnxscript torchlib) writes opset 18 and later
 ONNX_FILE = "model.onnx"
+MAX_FILE_BYTES = 2 * 1024**3  # protobuf's limit on one serialized message
 GRAPHS = ("decoder_with_past", "decoder", "classifier")
 # Example sizes: >= 2 and distinct, so no axis can be specialised to a constant.
 EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
@@ -193,12 +194,13 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     Causal LMs get one decoder graph with a KV cache (with_past=True) or a no-cache graph;
     classifiers get input_ids, attention_mask -> logits."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
-    if out_dir.resolve() == checkpoint_dir.resolve():
-        raise ExportError(f"the output directory {out_dir} is the checkpoint itself; choose "
-                          "another: a stage never writes over its input")
+    check_output_dir(checkpoint_dir, out_dir)
     _check_opset(opset)
     ckpt = load_checkpoint(checkpoint_dir)
     cfg = ckpt.config
+    if 4 * ckpt.model.num_parameters() >= MAX_FILE_BYTES:
+        raise ExportError(f"{ckpt.model.num_parameters():,} parameters need more than the 2 GB "
+                          "a single-file ONNX model can hold (protobuf's limit)")
     kind = graph_kind(cfg, with_past)
     wrapper = {"decoder_with_past": DecoderWithPast, "decoder": Decoder,
                "classifier": lambda m: m}[kind](ckpt.model).eval()

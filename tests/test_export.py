@@ -151,8 +151,15 @@ def test_export_of_an_imported_nanogpt_checkpoint(tmp_path):
 def test_bad_export_input(tiny_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         export_onnx(tmp_path / "missing", tmp_path / "out")
-    with pytest.raises(ExportError, match="is the checkpoint itself"):
+    with pytest.raises(ManifestError, match="is or holds the input"):
         export_onnx(tiny_ckpt, tiny_ckpt)
+    with pytest.raises(ManifestError, match="is or holds the input"):
+        export_onnx(tiny_ckpt, tiny_ckpt.parent)  # would wipe the checkpoint with it
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(ManifestError, match="exists and is not a tinyt artifact directory"):
+        export_onnx(tiny_ckpt, tmp_path / "notes")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
     with pytest.raises(ExportError, match=r"opset=99 cannot be written here: allowed 18\.\."):
         export_onnx(tiny_ckpt, tmp_path / "out", opset=99)
     broken = tmp_path / "broken"
@@ -161,7 +168,7 @@ def test_bad_export_input(tiny_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match="not a readable safetensors file"):
         export_onnx(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "notes"]  # no leftovers
 
 
 def test_tampered_artifact_is_refused(lm_onnx, tiny_ckpt, tmp_path):

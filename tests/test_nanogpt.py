@@ -80,6 +80,13 @@ def test_arbitrary_pickles_are_refused(tmp_path):
         import_nanogpt(tmp_path / "evil.pt", tmp_path / "out", tokenizer="byte")
 
 
+def test_import_never_replaces_a_directory(tmp_path):
+    nanogpt_ckpt(tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match="exists and is not empty"):
+        import_nanogpt(tmp_path / "ckpt.pt", tmp_path, tokenizer="byte")
+    assert (tmp_path / "ckpt.pt").is_file()
+
+
 def test_not_a_nanogpt_file(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="expected a dict with 'model' and 'model_args'"):

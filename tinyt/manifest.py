@@ -71,3 +71,17 @@ def check_manifest(directory: str | Path) -> dict[str, Any]:
                 "truncated after the stage wrote it; re-run the stage that made it"
             )
     return manifest
+
+
+def check_output_dir(source: Path, out: Path) -> None:
+    """Refuse an output directory that a stage must not replace: its own input, a directory
+    holding the input, or an existing directory that is not a tinyt artifact (a stage replaces
+    its output directory whole, so `tinyt export ck artifacts` must not wipe artifacts/)."""
+    src, dst = Path(source).resolve(), Path(out).resolve()
+    if src == dst or src.is_relative_to(dst):
+        raise ManifestError(f"the output directory {out} is or holds the input {source}; choose "
+                            "another: a stage never writes over its input")
+    if dst.exists() and (not dst.is_dir()
+                         or (any(dst.iterdir()) and not (dst / MANIFEST).is_file())):
+        raise ManifestError(f"{out} exists and is not a tinyt artifact directory; choose a new "
+                            "or empty directory (a stage replaces its output directory whole)")

@@ -63,6 +63,8 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str) ->
     """Write a tinyt checkpoint directory from nanoGPT's ckpt.pt. `tokenizer` is the path of a
     tokenizer.json for the model's vocabulary, or 'byte' for tinyt's 256-byte tokenizer."""
     ckpt_path, out = Path(ckpt_path), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"output directory {out} exists and is not empty; choose a new one")
     tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_file(tokenizer)
     ckpt = _load(ckpt_path)
     state = {}
