@@ -61,3 +61,23 @@ def tiny_ckpt(tmp_path_factory, corpus_dir) -> Path:
     train(ModelConfig(**TINY_MODEL), TrainConfig(**TINY_TRAIN), out, data=str(corpus_dir),
           log=lambda s: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def lm_onnx(tiny_ckpt, tmp_path_factory) -> Path:
+    """The tiny checkpoint exported as a KV-cache decoder (read-only for tests)."""
+    from tinyt.export import export_onnx
+
+    return export_onnx(tiny_ckpt, tmp_path_factory.mktemp("onnx") / "lm")
+
+
+@pytest.fixture(scope="session")
+def tiny_clf(tmp_path_factory, labelled_dir) -> Path:
+    """A tiny classifier checkpoint (read-only for tests)."""
+    from tinyt.train import train
+
+    return train(ModelConfig(block_size=32, vocab_size=300, n_layer=1, n_head=2, n_embd=32,
+                             task="classifier", num_labels=2),
+                 TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_interval=3),
+                 tmp_path_factory.mktemp("clf") / "clf", data=str(labelled_dir),
+                 log=lambda s: None)

@@ -16,11 +16,6 @@ from tinyt.export.verify import _feeds, _torch_run, cpu_session
 from tinyt.manifest import ManifestError, check_manifest
 
 
-@pytest.fixture(scope="session")
-def lm_onnx(tiny_ckpt, tmp_path_factory):
-    return export_onnx(tiny_ckpt, tmp_path_factory.mktemp("onnx") / "lm")
-
-
 def dims(value):
     return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
@@ -116,19 +111,14 @@ def test_verify_fails_for_another_models_export(lm_onnx, tiny_cfgs, corpus_dir, 
     assert any(f.startswith("logits: max abs diff") for f in report["failures"])
 
 
-def test_no_cache_and_classifier_graphs(tiny_ckpt, labelled_dir, tmp_path):
+def test_no_cache_and_classifier_graphs(tiny_ckpt, tiny_clf, tmp_path):
     out = export_onnx(tiny_ckpt, tmp_path / "nocache", with_past=False)
     model = onnx.load(str(out / "model.onnx"))
     assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
     assert [o.name for o in model.graph.output] == ["logits"]
     assert verify(tiny_ckpt, out)["passed"]
 
-    from tinyt.config import ModelConfig, TrainConfig
-    from tinyt.train import train
-    clf = train(ModelConfig(block_size=32, vocab_size=300, n_layer=1, n_head=2, n_embd=32,
-                            task="classifier", num_labels=2),
-                TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_interval=3),
-                tmp_path / "clf", data=str(labelled_dir), log=lambda s: None)
+    clf = tiny_clf
     out = export_onnx(clf, tmp_path / "clf-onnx")
     model = onnx.load(str(out / "model.onnx"))
     assert {v.name: dims(v) for v in model.graph.output} == {"logits": ["batch_size", 2]}

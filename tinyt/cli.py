@@ -150,6 +150,31 @@ def verify(
     typer.echo("passed")
 
 
+@app.command()
+def optimize(
+    src: Annotated[Path, typer.Argument(help="Exported artifact directory (tinyt export).")],
+    out: Annotated[Path, typer.Argument(help="Optimized artifact directory to write.")],
+    target: Annotated[str, typer.Option(help="cpu (fused contrib ops), portable (standard "
+                                             "ONNX ops only) or cuda.")] = "cpu",
+    level: Annotated[str, typer.Option(help="ONNX Runtime offline optimization: basic, "
+                                            "extended or all (all: this CPU only).")] = "extended",
+) -> None:
+    """Fuse attention / LayerNorm / GELU and apply ONNX Runtime's graph optimizations; the
+    result is checked against the input graph before it is written."""
+    import json
+
+    from tinyt.export.optimize import optimize as run_optimize
+
+    path = run_optimize(src, out, target=target, level=level)
+    manifest = json.loads((path / "manifest.json").read_text())
+    typer.echo(f"fusions: {manifest['fusions'] or 'none'}")
+    typer.echo(f"contrib ops: {', '.join(manifest['contrib_ops']) or 'none'}")
+    worst = max(w["max_abs"] for w in manifest["equivalence"]["worst"].values())
+    typer.echo(f"max abs diff vs input graph: {worst:.2e} "
+               f"(tolerance {manifest['equivalence']['tolerance']})")
+    typer.echo(f"onnx: {path}")
+
+
 def main() -> None:
     try:
         app()

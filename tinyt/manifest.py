@@ -85,3 +85,16 @@ def check_output_dir(source: Path, out: Path) -> None:
                          or (any(dst.iterdir()) and not (dst / MANIFEST).is_file())):
         raise ManifestError(f"{out} exists and is not a tinyt artifact directory; choose a new "
                             "or empty directory (a stage replaces its output directory whole)")
+
+
+def read_model_config(directory: str | Path):
+    """The ModelConfig of an artifact directory, from the `tinyt` block of its config.json."""
+    from tinyt.config import ModelConfig
+
+    path = Path(directory) / "config.json"
+    try:
+        block = json.loads(path.read_text(encoding="utf-8"))["tinyt"]
+        return ModelConfig.from_dict(block["model"]), block
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ManifestError(f"{path} has no readable 'tinyt' block ({e}); it was not written "
+                            "by a tinyt stage") from None

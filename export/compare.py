@@ -1,0 +1,54 @@
+"""Graph-vs-graph equivalence (torch-free): run two ONNX models on the same inputs over a grid
+of shapes and report the worst difference per output. Used by the optimize stage (and later
+ones) to check its own output against its input."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from tinyt.config import ModelConfig
+
+
+def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int, int]]:
+    """(batch, sequence, past, left padding of row 0) cases, ends of every range included."""
+    T = cfg.block_size
+    cases = [(1, 1, 0, 0), (2, min(7, T), 0, 0), (3, T, 0, min(5, T - 1)), (1, 1, T - 1, 0),
+             (4, 1, min(60, T - 1), 3 if T > 4 else 0), (2, min(5, T // 2), T // 2, 0)]
+    if kind != "decoder_with_past":
+        cases = [(b, s + p, 0, pad) for b, s, p, pad in cases]
+    return sorted(set(cases))
+
+
+def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
+                 rng: np.random.Generator) -> dict[str, np.ndarray]:
+    mask = np.ones((b, p + s), dtype=np.int64)
+    mask[0, :pad] = 0
+    feeds = {"input_ids": rng.integers(0, cfg.vocab_size, (b, s), dtype=np.int64),
+             "attention_mask": mask}
+    if kind == "decoder_with_past":
+        feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)[:, p:]
+        for i in range(cfg.n_layer):
+            for kv in ("key", "value"):
+                feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal(
+                    (b, cfg.n_head, p, cfg.head_dim)).astype(np.float32)
+    return feeds
+
+
+def compare_graphs(a: ort.InferenceSession, b: ort.InferenceSession, cfg: ModelConfig,
+                   kind: str, *, seed: int = 0) -> dict[str, Any]:
+    """Worst max-abs difference per output (and where) between sessions a and b."""
+    rng = np.random.default_rng(seed)
+    names = [o.name for o in a.get_outputs()]
+    worst: dict[str, Any] = {n: {"max_abs": 0.0, "case": None} for n in names}
+    for case in grid(cfg, kind):
+        feeds = random_feeds(cfg, kind, *case, rng)
+        for name, x, y in zip(names, a.run(names, feeds), b.run(names, feeds)):
+            if x.shape != y.shape:
+                raise ValueError(f"{name}: shape {x.shape} vs {y.shape} at {case}")
+            d = float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max(initial=0.0))
+            if not d <= worst[name]["max_abs"]:  # NaN counts as worse than anything
+                worst[name] = {"max_abs": d, "case": dict(zip(("batch", "sequence", "past",
+                                                                "padding"), case))}
+    return worst

@@ -1,0 +1,185 @@
+"""Graph optimization: artifact directory in, optimized artifact directory out.
+
+    onnx/ ──target cpu: onnxscript ORT fusions (MultiHeadAttention, SkipLayerNorm, BiasGelu)──┐
+          ──target portable: onnxscript generic optimizer (standard ONNX ops only)───────────┤
+                                                                                             ▼
+          ONNX Runtime offline optimization (basic | extended | all), saved ──▶ self-check vs
+          the input graph (OPT_ATOL) ──▶ onnx-opt/ + manifest (fused-op counts, worst diffs)
+
+ONNX Runtime's own `transformers.optimizer` never fuses attention in these graphs (see
+../shared/FINDINGS.md); onnxscript's rewriter on the dynamo export does, so that is the fuser.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import onnxscript.optimizer
+from onnx import numpy_helper
+from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+from tinyt.errors import TinytError
+from tinyt.fsutil import atomic_dir
+from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+
+from .compare import compare_graphs
+from .exporter import ONNX_FILE
+
+TARGETS = ("cpu", "portable", "cuda")
+LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+          "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+          "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+OPT_ATOL = 1e-4  # optimized vs input graph, max abs diff on every output (fp32)
+ATTENTION_OPS = {"MultiHeadAttention", "Attention", "GroupQueryAttention",
+                 "PackedMultiHeadAttention"}
+CONTRIB = "com.microsoft"
+QUANTIZED_OPS = {"DequantizeLinear", "QuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
+                 "MatMulNBits", "GatherBlockQuantized", "QLinearMatMul", "DynamicQuantizeLinear"}
+COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
+
+
+class OptimizeError(TinytError, ValueError):
+    """The graph cannot be optimized as asked."""
+
+
+def op_counts(proto: onnx.ModelProto) -> Counter:
+    return Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in proto.graph.node)
+
+
+def _check_request(src: Path, target: str, level: str, manifest: dict) -> None:
+    if target not in TARGETS:
+        raise OptimizeError(f"target={target!r} is not one of {', '.join(TARGETS)}")
+    if level not in LEVELS:
+        raise OptimizeError(f"level={level!r} is not one of {', '.join(LEVELS)}")
+    if target == "portable" and level != "basic":
+        raise OptimizeError(f"target='portable' keeps standard ONNX ops only, which ONNX "
+                            f"Runtime's level={level!r} does not; use level='basic'")
+    if target == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise OptimizeError(
+            "target='cuda' needs ONNX Runtime's CUDAExecutionProvider to build and check the "
+            f"graph; this onnxruntime offers {ort.get_available_providers()} (install the "
+            "'gpu' extra, onnxruntime-gpu, instead of 'cpu', on a machine with CUDA)")
+    if manifest.get("stage") != "export":
+        raise OptimizeError(f"{src} was made by stage {manifest.get('stage')!r}; optimize takes "
+                            "the output of 'tinyt export' (optimizing twice, or after "
+                            "quantization, is not supported)")
+
+
+def _fuse(proto: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, dict[str, int]]:
+    model = ir.from_proto(proto)
+    if target == "portable":
+        onnxscript.optimizer.optimize(model)  # folding and clean-up, standard ops only
+        return ir.to_proto(model), {}
+    model, counts = optimize_for_ort(model)
+    return ir.to_proto(model), {k: v for k, v in counts.items() if v}
+
+
+def refold_transposed_copies(proto: onnx.ModelProto) -> int:
+    """Constant folding turns the tied lm_head's Transpose(W) into a second stored matrix.
+    Put the Transpose node back wherever one 2-D initializer is another's transpose, so the
+    file holds the matrix once (ONNX Runtime may fold it again in memory, at load). Returns
+    how many copies were removed.
+
+        W [V, C] ──Transpose──▶ W_T [C, V] ──▶ MatMul      (instead of a stored W_T)
+    """
+    graph = proto.graph
+    two_d = {i.name: i for i in graph.initializer if len(i.dims) == 2}
+    by_shape: dict[tuple[int, int], list] = {}
+    for init in two_d.values():
+        by_shape.setdefault(tuple(init.dims), []).append(init)
+    removed = []
+    for init in list(two_d.values()):
+        a, b = init.dims
+        if a == b or init.name in removed:
+            continue
+        for other in by_shape.get((b, a), []):
+            if other.name in removed or other.name == init.name:
+                continue
+            if np.array_equal(numpy_helper.to_array(init).T, numpy_helper.to_array(other)):
+                big, small = (init, other) if init.name < other.name else (other, init)
+                # keep the first-named copy; the other becomes Transpose(kept)
+                graph.node.insert(0, onnx.helper.make_node(
+                    "Transpose", [big.name], [small.name], perm=[1, 0],
+                    name=f"/{big.name}/Transpose"))
+                removed.append(small.name)
+                break
+    keep = [i for i in graph.initializer if i.name not in removed]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    return len(removed)
+
+
+def _ort_offline(proto: onnx.ModelProto, level: str, tmp: Path) -> onnx.ModelProto:
+    """Let ONNX Runtime apply its graph optimizations at `level` and save the result."""
+    src, dst = tmp / "fused.onnx", tmp / "ort.onnx"
+    onnx.save_model(proto, str(src))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = LEVELS[level]
+    opts.optimized_model_filepath = str(dst)
+    opts.log_severity_level = 3  # level 'all' warns that its layouts suit this CPU only
+    ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(dst))
+    refold_transposed_copies(optimized)
+    return optimized
+
+
+def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: str = "cpu",
+             level: str = "extended") -> Path:
+    """Fuse and optimize an exported graph for `target`; the result is checked against the
+    input graph (OPT_ATOL) before the directory is written. Returns out_dir."""
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    manifest = check_manifest(src_dir)
+    check_output_dir(src_dir, out_dir)
+    _check_request(src_dir, target, level, manifest)
+    cfg, _ = read_model_config(src_dir)
+    kind = manifest["graph"]
+    proto = onnx.load(str(src_dir / ONNX_FILE))
+    if QUANTIZED_OPS & {n.op_type for n in proto.graph.node}:
+        raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
+                            "export, then quantize")
+    fused, fusions = _fuse(proto, target)
+    with tempfile.TemporaryDirectory() as tmp:
+        optimized = _ort_offline(fused, level, Path(tmp))
+    counts = op_counts(optimized)
+    attention = sum(counts.get(f"{CONTRIB}.{op}", 0) for op in ATTENTION_OPS)
+    if target != "portable" and attention < cfg.n_layer:
+        raise OptimizeError(f"attention fused in {attention} of {cfg.n_layer} layers for target "
+                            f"{target!r}; ops now: {dict(counts)}")
+    contrib = sorted(k for k in counts if k.startswith(CONTRIB))
+    if target == "portable" and contrib:
+        raise OptimizeError(f"the portable graph still holds contrib ops {contrib}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / ONNX_FILE
+        onnx.save_model(optimized, str(path))
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        before = ort.InferenceSession(str(src_dir / ONNX_FILE), opts,
+                                      providers=["CPUExecutionProvider"])
+        after = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        worst = compare_graphs(before, after, cfg, kind)
+        bad = {n: w for n, w in worst.items() if not w["max_abs"] <= OPT_ATOL}
+        if bad:
+            raise OptimizeError(f"the optimized graph differs from its input beyond {OPT_ATOL}: "
+                                f"{bad}")
+        with atomic_dir(out_dir) as out:
+            shutil.copy(path, out / ONNX_FILE)
+            for name in COPIED_FILES:
+                shutil.copy(src_dir / name, out / name)
+            write_manifest(out, stage="optimize", source={
+                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
+            }, options={"target": target, "level": level}, extra={
+                "graph": kind, "opset": manifest.get("opset"), "io": manifest.get("io"),
+                "fusions": fusions, "op_counts": dict(sorted(counts.items())),
+                "contrib_ops": contrib,
+                "equivalence": {"tolerance": OPT_ATOL, "worst": worst},
+                "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__,
+                             "onnxscript": onnxscript.__version__},
+            })
+    return out_dir

@@ -1,0 +1,100 @@
+import json
+
+import onnx
+import pytest
+
+from tinyt.export import export_onnx, verify
+from tinyt.export.optimize import OPT_ATOL, OptimizeError, op_counts, optimize
+from tinyt.manifest import ManifestError, check_manifest
+
+
+@pytest.fixture(scope="module")
+def cpu_opt(lm_onnx, tmp_path_factory):
+    return optimize(lm_onnx, tmp_path_factory.mktemp("opt") / "cpu", target="cpu")
+
+
+def tied_copies(path, V, E):
+    model = onnx.load(str(path / "model.onnx"))
+    return sum(sorted(i.dims) == sorted([V, E]) for i in model.graph.initializer)
+
+
+def test_cpu_target_fuses_attention_layernorm_gelu(cpu_opt, tiny_ckpt):
+    manifest = check_manifest(cpu_opt)
+    cfg = json.loads((cpu_opt / "config.json").read_text())["tinyt"]["model"]
+    counts = op_counts(onnx.load(str(cpu_opt / "model.onnx")))
+    assert counts["com.microsoft.MultiHeadAttention"] == cfg["n_layer"]
+    assert counts["com.microsoft.SkipLayerNormalization"] >= cfg["n_layer"]
+    assert counts["com.microsoft.BiasGelu"] == cfg["n_layer"]
+    assert "Erf" not in counts and "Softmax" not in counts  # all folded into fused ops
+    assert manifest["stage"] == "optimize" and manifest["source"]["manifest"]["stage"] == "export"
+    assert manifest["fusions"]["skip_layer_normalization"] >= cfg["n_layer"]
+    assert all(w["max_abs"] <= OPT_ATOL for w in manifest["equivalence"]["worst"].values())
+    assert tied_copies(cpu_opt, cfg["vocab_size"], cfg["n_embd"]) == 1
+
+
+def test_optimized_graph_still_equals_pytorch(cpu_opt, tiny_ckpt):
+    report = verify(tiny_ckpt, cpu_opt)
+    assert report["passed"], report["failures"]
+
+
+def test_portable_target_keeps_standard_ops(lm_onnx, tiny_ckpt, tmp_path):
+    out = optimize(lm_onnx, tmp_path / "portable", target="portable", level="basic")
+    counts = op_counts(onnx.load(str(out / "model.onnx")))
+    assert not [k for k in counts if "." in k]  # no com.microsoft (or any other) domain
+    cfg = json.loads((out / "config.json").read_text())["tinyt"]["model"]
+    assert tied_copies(out, cfg["vocab_size"], cfg["n_embd"]) == 1  # folding did not copy it
+    assert verify(tiny_ckpt, out)["passed"]
+
+
+def test_classifier_optimizes(tiny_clf, tmp_path):
+    onnx_dir = export_onnx(tiny_clf, tmp_path / "clf-onnx")
+    out = optimize(onnx_dir, tmp_path / "clf-opt")
+    assert verify(tiny_clf, out)["passed"]
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(target="tpu"), "target='tpu' is not one of cpu, portable, cuda"),
+    (dict(level="max"), "level='max' is not one of basic, extended, all"),
+    (dict(target="portable", level="extended"), "use level='basic'"),
+    (dict(target="cuda"), "needs ONNX Runtime's CUDAExecutionProvider"),
+])
+def test_bad_requests(lm_onnx, tmp_path, kw, needle):
+    with pytest.raises(OptimizeError, match=needle):
+        optimize(lm_onnx, tmp_path / "out", **kw)
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_to_optimize_twice_or_a_non_artifact(cpu_opt, tiny_ckpt, tmp_path):
+    with pytest.raises(OptimizeError, match="was made by stage 'optimize'"):
+        optimize(cpu_opt, tmp_path / "again")
+    with pytest.raises(ManifestError, match="has no manifest.json"):
+        optimize(tiny_ckpt, tmp_path / "x")
+
+
+def test_fails_when_attention_does_not_fuse(lm_onnx, tmp_path, monkeypatch):
+    import tinyt.export.optimize as O
+    monkeypatch.setattr(O, "optimize_for_ort", lambda model: (model, {}))
+    with pytest.raises(OptimizeError, match="attention fused in 0 of 2 layers"):
+        optimize(lm_onnx, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_refold_keeps_one_copy():
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from tinyt.export.optimize import refold_transposed_copies
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "wT"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w.T.copy(), "wT"),
+         numpy_helper.from_array(w + 1, "other")])
+    model = helper.make_model(graph)
+    assert refold_transposed_copies(model) == 1
+    assert sorted(i.name for i in model.graph.initializer) == ["other", "w"]
+    import onnxruntime as ort
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.ones((1, 3), dtype=np.float32)
+    assert np.array_equal(sess.run(None, {"x": x})[0], x @ w.T)
