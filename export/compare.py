@@ -52,3 +52,31 @@ def compare_graphs(a: ort.InferenceSession, b: ort.InferenceSession, cfg: ModelC
                 worst[name] = {"max_abs": d, "case": dict(zip(("batch", "sequence", "past",
                                                                 "padding"), case))}
     return worst
+
+
+def ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int) -> list[int]:
+    """Greedy decoding through the ONNX graph (with its KV cache when it has one)."""
+    ids = list(prompt)
+    if kind == "decoder":
+        for _ in range(steps):
+            x = np.asarray([ids], dtype=np.int64)
+            logits = sess.run(["logits"], {"input_ids": x, "attention_mask": np.ones_like(x)})[0]
+            ids.append(int(logits[0, -1].argmax()))
+        return ids[len(prompt):]
+    empty = np.zeros((1, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
+    feeds = {"input_ids": np.asarray([ids], dtype=np.int64),
+             "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+             "position_ids": np.arange(len(ids), dtype=np.int64)[None],
+             **{f"past_key_values.{i}.{kv}": empty
+                for i in range(cfg.n_layer) for kv in ("key", "value")}}
+    names = [o.name for o in sess.get_outputs()]
+    for _ in range(steps):
+        outs = sess.run(names, feeds)
+        nxt = int(outs[0][0, -1].argmax())
+        ids.append(nxt)
+        total = feeds["attention_mask"].shape[1] + 1
+        feeds = {"input_ids": np.asarray([[nxt]], dtype=np.int64),
+                 "attention_mask": np.ones((1, total), dtype=np.int64),
+                 "position_ids": np.asarray([[total - 1]], dtype=np.int64),
+                 **{n.replace("present", "past_key_values"): v for n, v in zip(names[1:], outs[1:])}}
+    return ids[len(prompt):]

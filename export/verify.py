@@ -23,6 +23,7 @@ from tinyt.manifest import check_manifest
 from tinyt.errors import TinytError
 from tinyt.model import generate
 
+from .compare import ort_greedy
 from .exporter import ONNX_FILE, contract_for
 
 FP32_LOGITS_ATOL = 1e-4  # max abs diff of logits, fp32 export vs PyTorch
@@ -118,29 +119,6 @@ def _feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: int,
             "position_ids": position_ids[:, past_len:], **past}
 
 
-def _ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int) -> list[int]:
-    """Greedy decoding through the ONNX graph (with its KV cache when it has one)."""
-    ids = list(prompt)
-    if kind == "decoder":
-        for _ in range(steps):
-            x = np.asarray([ids], dtype=np.int64)
-            logits = sess.run(["logits"], {"input_ids": x, "attention_mask": np.ones_like(x)})[0]
-            ids.append(int(logits[0, -1].argmax()))
-        return ids[len(prompt):]
-    feeds = _feeds(None, cfg, kind, np.asarray([ids], dtype=np.int64), 0, 0)
-    names = [o.name for o in sess.get_outputs()]
-    for _ in range(steps):
-        outs = sess.run(names, feeds)
-        nxt = int(outs[0][0, -1].argmax())
-        ids.append(nxt)
-        total = feeds["attention_mask"].shape[1] + 1
-        feeds = {"input_ids": np.asarray([[nxt]], dtype=np.int64),
-                 "attention_mask": np.ones((1, total), dtype=np.int64),
-                 "position_ids": np.asarray([[total - 1]], dtype=np.int64),
-                 **{n.replace("present", "past_key_values"): v for n, v in zip(names[1:], outs[1:])}}
-    return ids[len(prompt):]
-
-
 def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
            report_path: str | os.PathLike | None = None, seed: int = 0,
            gen_tokens: int = GEN_TOKENS) -> dict[str, Any]:
@@ -189,7 +167,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
             prompt = ckpt.tokenizer.encode(text)[: cfg.block_size - 1]
             steps = min(gen_tokens, cfg.block_size - len(prompt))
             ref = generate(model, torch.tensor([prompt]), steps, temperature=0)[0, len(prompt):]
-            ours = _ort_greedy(sess, cfg, kind, prompt, steps)
+            ours = ort_greedy(sess, cfg, kind, prompt, steps)
             same = ours == ref.tolist()
             generation.append({"prompt": text, "tokens": steps, "identical": same,
                                "torch": ref.tolist(), "onnxruntime": ours})

@@ -175,6 +175,38 @@ def optimize(
     typer.echo(f"onnx: {path}")
 
 
+@app.command()
+def quantize(
+    src: Annotated[Path, typer.Argument(help="Exported or cpu-optimized artifact directory.")],
+    out: Annotated[Path, typer.Argument(help="Quantized artifact directory to write.")],
+    bits: Annotated[int, typer.Option(help="8, or 4 for the smallest footprint.")] = 8,
+    block_size: Annotated[int, typer.Option(help="Weights per scale (power of two >= 16).")] = 64,
+    mode: Annotated[str, typer.Option(help="dynamic (int8 activations at run time) or "
+                                           "weight-only (fp32 products).")] = "dynamic",
+    exclude: Annotated[Optional[list[str]], typer.Option(
+        help="PyTorch module to leave in fp32, e.g. lm_head or transformer.h.0 (repeatable).")]
+        = None,
+    data: Annotated[Optional[Path], typer.Option(
+        help="Held-out data for the accuracy report (default: the built-in corpus).")] = None,
+) -> None:
+    """Quantize weights (the tied embedding / lm_head once) and report the accuracy change."""
+    import json
+
+    from tinyt.export.quantize import quantize as run_quantize
+
+    path = run_quantize(src, out, bits=bits, block_size=block_size, mode=mode,
+                        exclude=exclude or [], data=None if data is None else str(data))
+    manifest = json.loads((path / "manifest.json").read_text())
+    q, a = manifest["quantization"], manifest["accuracy"]
+    typer.echo(f"quantized {len(q['quantized'])} weight ops; excluded: "
+               f"{', '.join(q['excluded']) or 'none'}; shared tables: {q['shared_tables']}")
+    typer.echo(f"size: {q['bytes']:,} bytes = {q['size_ratio']:.1%} of the source")
+    for key, value in a.items():
+        if isinstance(value, float):
+            typer.echo(f"{key:30s} {value:.4f}")
+    typer.echo(f"onnx: {path}")
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,102 @@
+"""Task metrics of a graph against a reference graph, on held-out corpus data (torch-free).
+
+Causal LM: validation loss (nats per token and per byte) of both, its relative change, next-token
+top-1 agreement, and greedy-generation agreement. Classifier: accuracy of both and its change.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from tinyt import data as D
+from tinyt.config import ModelConfig
+from tinyt.errors import DataError
+from tinyt.tokenizer import Tokenizer
+
+from .compare import ort_greedy
+
+EVAL_WINDOWS = 48  # validation windows of block_size tokens
+EVAL_BATCH = 8
+GREEDY_PROMPTS = ("def ", "import os\n", "class Config:\n    def __init__(self", "    return ")
+GREEDY_TOKENS = 32
+
+
+def _logits(sess: ort.InferenceSession, cfg: ModelConfig, kind: str, x: np.ndarray) -> np.ndarray:
+    B, T = x.shape
+    feeds = {"input_ids": x, "attention_mask": np.ones((B, T), dtype=np.int64)}
+    if kind == "decoder_with_past":
+        feeds["position_ids"] = np.tile(np.arange(T, dtype=np.int64), (B, 1))
+        empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
+        feeds.update({f"past_key_values.{i}.{kv}": empty
+                      for i in range(cfg.n_layer) for kv in ("key", "value")})
+    return sess.run(["logits"], feeds)[0]
+
+
+def _nll(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(axis=-1, keepdims=True)
+    lse = np.log(np.exp(z).sum(axis=-1))
+    return lse - np.take_along_axis(z, y[..., None], axis=-1)[..., 0]  # (B, T)
+
+
+def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: ModelConfig,
+                kind: str, tokenizer: Tokenizer, data: str | None = None) -> dict[str, Any]:
+    corpus = D.load_corpus(data)
+    tokens = D.encode_documents(tokenizer, corpus.val)
+    D.check_lm_tokens(tokens, cfg.block_size, "validation")
+    x, y = D.lm_eval_windows(tokens, cfg.block_size, EVAL_WINDOWS)
+    byte_len = tokenizer.token_byte_lengths()
+    nats = {"reference": 0.0, "candidate": 0.0}
+    agree = 0
+    for i in range(0, len(x), EVAL_BATCH):
+        xb, yb = x[i:i + EVAL_BATCH], y[i:i + EVAL_BATCH]
+        a, b = _logits(ref, cfg, kind, xb), _logits(cand, cfg, kind, xb)
+        nats["reference"] += float(_nll(a, yb).sum())
+        nats["candidate"] += float(_nll(b, yb).sum())
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+    n_tokens, n_bytes = y.size, int(byte_len[y].sum())
+    same = total = 0
+    for text in GREEDY_PROMPTS:
+        prompt = tokenizer.encode(text)[: cfg.block_size - 1]
+        steps = min(GREEDY_TOKENS, cfg.block_size - len(prompt))
+        ga, gb = ort_greedy(ref, cfg, kind, prompt, steps), ort_greedy(cand, cfg, kind, prompt, steps)
+        same += sum(p == q for p, q in zip(ga, gb))
+        total += steps
+    loss_ref, loss_cand = nats["reference"] / n_tokens, nats["candidate"] / n_tokens
+    return {
+        "data": corpus.source, "tokens": n_tokens,
+        "val_loss_reference": loss_ref, "val_loss": loss_cand,
+        "val_nats_per_byte_reference": nats["reference"] / n_bytes,
+        "val_nats_per_byte": nats["candidate"] / n_bytes,
+        "val_loss_change": loss_cand / loss_ref - 1.0,
+        "top1_agreement": agree / n_tokens,
+        "greedy_agreement": same / max(total, 1),
+    }
+
+
+def classifier_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: ModelConfig,
+                        tokenizer: Tokenizer, labels: list[str],
+                        data: str | None = None) -> dict[str, Any]:
+    cdata = D.load_classification(data)
+    if cdata.labels != labels:
+        raise DataError(f"the evaluation data's labels {cdata.labels} are not the model's {labels}")
+    pad = tokenizer.eos_id or 0
+    correct = {"reference": 0, "candidate": 0}
+    for i in range(0, len(cdata.val), EVAL_BATCH):
+        chunk = cdata.val[i:i + EVAL_BATCH]
+        ids = [tokenizer.encode(t)[: cfg.block_size] or [pad] for t, _ in chunk]
+        T = max(map(len, ids))
+        x = np.full((len(ids), T), pad, dtype=np.int64)
+        mask = np.zeros((len(ids), T), dtype=np.int64)
+        for r, row in enumerate(ids):
+            x[r, :len(row)], mask[r, :len(row)] = row, 1
+        y = np.array([label for _, label in chunk])
+        for name, sess in (("reference", ref), ("candidate", cand)):
+            logits = sess.run(["logits"], {"input_ids": x, "attention_mask": mask})[0]
+            correct[name] += int((logits.argmax(-1) == y).sum())
+    n = len(cdata.val)
+    return {"data": "classification", "examples": n,
+            "accuracy_reference": correct["reference"] / n, "accuracy": correct["candidate"] / n,
+            "accuracy_change": (correct["candidate"] - correct["reference"]) / n}

@@ -1,0 +1,185 @@
+"""Block-wise weight quantization of a graph's weight matmuls and embedding gathers (torch-free).
+
+Every weight MatMul becomes ONNX Runtime's MatMulNBits (weights int8 or int4 in blocks along K,
+symmetric, one fp32 scale per block; accuracy_level 4 quantizes activations to int8 at run
+time, so the products run on int8 dot-product units). The tied embedding / lm_head matrix is
+quantized once and read by both of its users:
+
+    W [V, C] fp32  ──▶  Wq [V, C/bs, bs·bits/8] uint8 + scales [V, C/bs]   (stored once)
+      lm_head:  x ──MatMulNBits(Wq, scales, K=C, N=V)──▶ logits
+      wte:      ids ──GatherBlockQuantized(Reshape(Wq → [V, C·bits/8]), scales)──▶ embeddings
+
+Activation x activation matmuls (inside attention) stay float.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+MS = "com.microsoft"
+
+
+@dataclass
+class QuantReport:
+    quantized: list[str] = field(default_factory=list)  # "module (op)" now quantized
+    excluded: list[str] = field(default_factory=list)  # left float on request
+    skipped: dict[str, str] = field(default_factory=dict)  # node -> why it stayed float
+    shared_tables: list[str] = field(default_factory=list)  # initializers read by 2 ops
+    modules: set[str] = field(default_factory=set)  # every module holding a weight node
+
+
+def block_quantize(rows: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric block quantization of `rows` [N, K] along K.
+    Returns packed uint8 [N, K/block, block*bits/8] (low bits first) and scales [N, K/block];
+    the zero point is implicitly 2^(bits-1), both ops' default."""
+    N, K = rows.shape
+    qmax = 2 ** (bits - 1) - 1
+    x = rows.reshape(N, K // block, block).astype(np.float32)
+    scales = np.abs(x).max(axis=-1) / qmax  # [N, K/block]
+    scales[scales == 0] = 1.0
+    q = np.clip(np.rint(x / scales[..., None]), -qmax - 1, qmax).astype(np.int16) + 2 ** (bits - 1)
+    q = q.astype(np.uint8)
+    if bits == 4:
+        q = q[..., 0::2] | (q[..., 1::2] << 4)
+    return q, scales.astype(np.float32)
+
+
+def dequantize(packed: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of block_quantize, [N, K] float32 (for tests and error estimates)."""
+    q = packed
+    if bits == 4:
+        q = np.stack([q & 0x0F, q >> 4], axis=-1).reshape(*q.shape[:-1], -1)
+    x = (q.astype(np.float32) - 2 ** (bits - 1)) * scales[..., None]
+    return x.reshape(x.shape[0], -1)
+
+
+def pick_block(K: int, block: int) -> int | None:
+    """The requested block if it divides K, else the largest power of two >= 16 that does."""
+    b = block
+    while b >= 16:
+        if K % b == 0:
+            return b
+        b //= 2
+    return None
+
+
+def module_of(node: onnx.NodeProto, weight: str) -> str:
+    """The PyTorch module a weight node came from: from its name (/transformer/h.0/attn/c_attn/
+    MatMul -> transformer.h.0.attn.c_attn), or, for nodes ONNX Runtime created and named itself,
+    from its weight's name (model.lm_head.weight -> lm_head)."""
+    if node.name.startswith("/"):
+        return ".".join(node.name.strip("/").split("/")[:-1])
+    return weight.removeprefix("model.").removesuffix(".weight")
+
+
+def excluded_by(module: str, exclude: list[str]) -> str | None:
+    """The exclusion ('lm_head', 'transformer.h.0', 'h.0', 'mlp') that covers `module`."""
+    dotted = f".{module}."
+    return next((m for m in exclude if f".{m.strip('.')}." in dotted), None)
+
+
+def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_level: int,
+                     exclude: list[str] = ()) -> QuantReport:
+    """Rewrite `proto` in place; see the module docstring. Returns what was done."""
+    graph = proto.graph
+    report = QuantReport()
+    inits = {i.name: i for i in graph.initializer}
+    tables: dict[str, tuple[str, str, int, int]] = {}  # weight name -> (q name, scales, N, K)
+    new_nodes, new_inits, dead = [], [], set()
+
+    def table(name: str, rows: np.ndarray, blk: int) -> tuple[str, str]:
+        if name not in tables:
+            q, s = block_quantize(rows, bits, blk)
+            new_inits.extend([numpy_helper.from_array(q, f"{name}_q{bits}"),
+                              numpy_helper.from_array(s, f"{name}_scales")])
+            tables[name] = (f"{name}_q{bits}", f"{name}_scales", *rows.shape)
+            dead.add(name)
+        return tables[name][:2]
+
+    # MatMul(x, Transpose(W)) is x @ W^T, the tied lm_head as exported: read W directly.
+    transposed = {n.output[0]: n.input[0] for n in graph.node
+                  if n.op_type == "Transpose" and n.input[0] in inits
+                  and [helper.get_attribute_value(a) for a in n.attribute] in ([], [[1, 0]])}
+    for node in graph.node:
+        weight = node.input[1] if node.op_type in ("MatMul", "FusedMatMul") else (
+            node.input[0] if node.op_type == "Gather" else None)
+        through_transpose = node.op_type == "MatMul" and weight in transposed
+        if through_transpose:
+            weight = transposed[weight]
+        init = inits.get(weight) if weight else None
+        if init is None or len(init.dims) != 2 or init.data_type != onnx.TensorProto.FLOAT:
+            new_nodes.append(node)
+            continue
+        module = module_of(node, weight)
+        report.modules.add(module)
+        why = excluded_by(module, list(exclude))
+        if why:
+            report.excluded.append(f"{module} ({node.op_type}, by '{why}')")
+            new_nodes.append(node)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        w = numpy_helper.to_array(init)
+        if node.op_type == "Gather":
+            if attrs.get("axis", 0) != 0:
+                report.skipped[node.name] = "gathers along an axis other than 0"
+                new_nodes.append(node)
+                continue
+            rows, K = w, w.shape[1]  # one row per token, quantized along the embedding
+        elif through_transpose:
+            rows, K = w, w.shape[1]
+        elif node.op_type == "FusedMatMul":
+            if attrs.get("transB") != 1 or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
+                report.skipped[node.name] = f"FusedMatMul with {attrs}"
+                new_nodes.append(node)
+                continue
+            rows, K = w, w.shape[1]  # x @ W^T: W's rows are the outputs
+        else:
+            rows, K = w.T, w.shape[0]  # x @ W: W^T's rows are the outputs
+        blk = pick_block(K, block)
+        if blk is None:
+            report.skipped[node.name] = f"K={K} has no power-of-two block >= 16"
+            new_nodes.append(node)
+            continue
+        qname, sname = table(weight, np.ascontiguousarray(rows), blk)
+        N = rows.shape[0]
+        if node.op_type == "Gather":
+            flat = f"{qname}_2d"
+            shape = numpy_helper.from_array(np.array([N, K * bits // 8], dtype=np.int64),
+                                            f"{flat}_shape")
+            new_inits.append(shape)
+            new_nodes.append(helper.make_node("Reshape", [qname, shape.name], [flat],
+                                              name=f"{node.name}/Reshape"))
+            new_nodes.append(helper.make_node(
+                "GatherBlockQuantized", [flat, node.input[1], sname], list(node.output),
+                name=f"{node.name}BlockQuantized", domain=MS, bits=bits, block_size=blk,
+                gather_axis=0, quantize_axis=1))
+        else:
+            new_nodes.append(helper.make_node(
+                "MatMulNBits", [node.input[0], qname, sname], list(node.output),
+                name=node.name.replace(node.op_type, "MatMulNBits"), domain=MS, K=K, N=N,
+                bits=bits, block_size=blk, accuracy_level=accuracy_level))
+        report.quantized.append(f"{module} ({node.op_type})")
+    outputs = {o.name for o in graph.output}
+    while True:  # drop nodes whose results nothing reads any more (the lm_head's Transpose)
+        read = {name for node in new_nodes for name in node.input} | outputs
+        alive = [n for n in new_nodes if any(o in read for o in n.output)]
+        if len(alive) == len(new_nodes):
+            break
+        new_nodes = alive
+    users: dict[str, int] = {}
+    for node in new_nodes:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    report.shared_tables = sorted(q for q, *_ in tables.values() if users.get(q, 0) > 1)
+    still_used = {name for node in new_nodes for name in node.input}
+    keep = [i for i in graph.initializer if i.name not in dead or i.name in still_used]
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(keep + new_inits)
+    if not any(o.domain == MS for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid(MS, 1))
+    return report

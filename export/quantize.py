@@ -1,0 +1,108 @@
+"""Quantization: artifact directory in, quantized artifact directory out.
+
+    onnx/ or onnx-opt/ ──block-quantize weight matmuls + the tied table (blockquant.py)──▶
+        accuracy vs the input graph on held-out corpus data ──▶ onnx-int8/ + manifest
+
+mode 'dynamic' (default): weights int8 (or int4), activations quantized to int8 at run time by
+MatMulNBits (accuracy_level 4), so products use the CPU's int8 dot-product units.
+mode 'weight-only': the same weights, products in fp32 (accuracy_level 0).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from tinyt.errors import TinytError
+from tinyt.fsutil import atomic_dir
+from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.tokenizer import Tokenizer
+
+from .accuracy import classifier_accuracy, lm_accuracy
+from .blockquant import MS, quantize_weights
+from .exporter import ONNX_FILE
+from .optimize import COPIED_FILES, QUANTIZED_OPS
+
+MODES = {"dynamic": 4, "weight-only": 0}  # mode -> MatMulNBits accuracy_level
+BITS = (8, 4)
+DEFAULT_BLOCK = 64
+
+
+class QuantizeError(TinytError, ValueError):
+    """The graph cannot be quantized as asked."""
+
+
+def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, mode: str, bits: int,
+                   block_size: int) -> None:
+    if mode not in MODES:
+        raise QuantizeError(f"mode={mode!r} is not one of {', '.join(MODES)}")
+    if bits not in BITS:
+        raise QuantizeError(f"bits={bits!r} is not one of {', '.join(map(str, BITS))}")
+    if not (isinstance(block_size, int) and block_size >= 16
+            and block_size & (block_size - 1) == 0):
+        raise QuantizeError(f"block_size={block_size!r} must be a power of two >= 16")
+    ops = {n.op_type for n in proto.graph.node}
+    if manifest.get("stage") == "quantize" or ops & QUANTIZED_OPS:
+        raise QuantizeError(f"{src} is already quantized ({sorted(ops & QUANTIZED_OPS)}); "
+                            "quantize the fp32 export or optimized graph")
+    if manifest.get("options", {}).get("target") == "portable":
+        raise QuantizeError(f"{src} is a 'portable' graph (standard ONNX ops only), and this "
+                            "quantization uses ONNX Runtime contrib ops; quantize the export "
+                            "or the 'cpu' optimized graph")
+
+
+def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: int = 8,
+             block_size: int = DEFAULT_BLOCK, mode: str = "dynamic",
+             exclude: list[str] | tuple[str, ...] = (), data: str | None = None) -> Path:
+    """Quantize an artifact's weights and measure the accuracy change against it on held-out
+    data (`data`: the corpus or classification directory; default the built-in one)."""
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    manifest = check_manifest(src_dir)
+    check_output_dir(src_dir, out_dir)
+    proto = onnx.load(str(src_dir / ONNX_FILE))
+    _check_request(src_dir, manifest, proto, mode, bits, block_size)
+    cfg, block = read_model_config(src_dir)
+    kind = manifest["graph"]
+    report = quantize_weights(proto, bits=bits, block=block_size, accuracy_level=MODES[mode],
+                              exclude=list(exclude))
+    unused = [e for e in exclude if not any(f"by '{e}'" in x for x in report.excluded)]
+    if unused:
+        raise QuantizeError(f"--exclude {', '.join(unused)} names no module with weights; "
+                            f"modules: {sorted(report.modules)}")
+    if not report.quantized:
+        raise QuantizeError(f"nothing in {src_dir / ONNX_FILE} was quantized: {report.skipped}")
+    tokenizer = Tokenizer.from_file(src_dir / "tokenizer.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / ONNX_FILE
+        onnx.save_model(proto, str(path))
+        onnx.checker.check_model(str(path))
+        ref = ort.InferenceSession(str(src_dir / ONNX_FILE), providers=["CPUExecutionProvider"])
+        cand = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        if kind == "classifier":
+            accuracy = classifier_accuracy(ref, cand, cfg, tokenizer, block["labels"], data)
+        else:
+            accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data)
+        with atomic_dir(out_dir) as out:
+            shutil.copy(path, out / ONNX_FILE)
+            for name in COPIED_FILES:
+                shutil.copy(src_dir / name, out / name)
+            src_bytes = (src_dir / ONNX_FILE).stat().st_size
+            write_manifest(out, stage="quantize", source={
+                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
+            }, options={"mode": mode, "bits": bits, "block_size": block_size,
+                        "exclude": list(exclude), "data": data}, extra={
+                "graph": kind, "opset": manifest.get("opset"), "io": manifest.get("io"),
+                "quantization": {
+                    "quantized": report.quantized, "excluded": report.excluded,
+                    "skipped": report.skipped, "shared_tables": report.shared_tables,
+                    "contrib_domain": MS, "bytes": path.stat().st_size,
+                    "bytes_of_source": src_bytes, "size_ratio": path.stat().st_size / src_bytes,
+                },
+                "accuracy": accuracy,
+                "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__},
+            })
+    return out_dir

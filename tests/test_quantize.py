@@ -1,0 +1,135 @@
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tinyt.export.blockquant import block_quantize, dequantize, excluded_by, pick_block
+from tinyt.export.optimize import OptimizeError, op_counts, optimize
+from tinyt.export.quantize import QuantizeError, quantize
+from tinyt.manifest import check_manifest
+
+INT8_LOSS_BUDGET = 0.02  # default INT8: validation loss within +2% of fp32
+
+
+@pytest.fixture(scope="module")
+def int8(lm_onnx, corpus_dir, tmp_path_factory):
+    return quantize(lm_onnx, tmp_path_factory.mktemp("q") / "int8", data=str(corpus_dir))
+
+
+def test_block_quantize_round_trip():
+    w = np.random.default_rng(0).standard_normal((6, 64)).astype(np.float32)
+    for bits, block in ((8, 32), (4, 16)):
+        q, s = block_quantize(w, bits, block)
+        assert q.dtype == np.uint8 and q.shape == (6, 64 // block, block * bits // 8)
+        assert s.shape == (6, 64 // block)
+        err = np.abs(dequantize(q, s, bits) - w)
+        step = np.repeat(s, block, axis=1)  # one quantization step per block
+        assert (err <= step / 2 + 1e-6).all()
+
+
+def test_pick_block_and_exclusion_matching():
+    assert pick_block(128, 64) == 64 and pick_block(96, 64) == 32 and pick_block(24, 64) is None
+    assert excluded_by("transformer.h.0.attn.c_attn", ["h.0"]) == "h.0"
+    assert excluded_by("transformer.h.0.attn.c_attn", ["transformer.h.0"]) == "transformer.h.0"
+    assert excluded_by("transformer.h.10.mlp.c_fc", ["h.1"]) is None
+    assert excluded_by("lm_head", ["lm_head"]) == "lm_head"
+
+
+def test_int8_quantizes_every_weight_and_shares_the_tied_table(int8, lm_onnx):
+    manifest = check_manifest(int8)
+    q = manifest["quantization"]
+    cfg = json.loads((int8 / "config.json").read_text())["tinyt"]["model"]
+    counts = op_counts(onnx.load(str(int8 / "model.onnx")))
+    assert counts["com.microsoft.MatMulNBits"] == 4 * cfg["n_layer"] + 1  # blocks + lm_head
+    assert counts["com.microsoft.GatherBlockQuantized"] == 2  # token and position embeddings
+    model = onnx.load(str(int8 / "model.onnx"))
+    weights = {i.name for i in model.graph.initializer}
+    float_matmuls = [n.name for n in model.graph.node
+                     if n.op_type == "MatMul" and set(n.input) & weights]
+    assert float_matmuls == []  # attention's activation x activation MatMuls stay, weights don't
+    assert counts["MatMul"] == 2 * cfg["n_layer"]  # q @ k^T and attn @ v per layer
+    assert q["shared_tables"] == ["model.lm_head.weight_q8"]
+    V, E = cfg["vocab_size"], cfg["n_embd"]
+    assert not [i.name for i in model.graph.initializer
+                if i.data_type == onnx.TensorProto.FLOAT and sorted(i.dims) == sorted([V, E])]
+    assert manifest["source"]["manifest"]["stage"] == "export"
+
+
+def test_int8_accuracy_report(int8):
+    a = check_manifest(int8)["accuracy"]
+    assert a["val_loss_change"] <= INT8_LOSS_BUDGET
+    assert a["top1_agreement"] >= 0.9
+    assert 0.0 <= a["greedy_agreement"] <= 1.0
+    assert a["val_nats_per_byte"] > 0 and a["tokens"] > 0
+
+
+def test_quantize_optimized_graph_and_4bit(lm_onnx, corpus_dir, tmp_path):
+    opt = optimize(lm_onnx, tmp_path / "opt")
+    q8 = quantize(opt, tmp_path / "opt-int8", data=str(corpus_dir))
+    counts = op_counts(onnx.load(str(q8 / "model.onnx")))
+    assert counts["com.microsoft.MultiHeadAttention"] == 2  # fusions survive quantization
+    q4 = quantize(opt, tmp_path / "opt-int4", bits=4, block_size=16, data=str(corpus_dir))
+    s8 = check_manifest(q8)["quantization"]["bytes"]
+    s4 = check_manifest(q4)["quantization"]["bytes"]
+    assert s4 < s8
+    assert check_manifest(q4)["quantization"]["shared_tables"] == ["model.lm_head.weight_q4"]
+
+
+def test_exclusions_are_mapped_and_reported(lm_onnx, corpus_dir, tmp_path):
+    out = quantize(lm_onnx, tmp_path / "x", exclude=["lm_head", "transformer.h.0"],
+                   data=str(corpus_dir))
+    q = check_manifest(out)["quantization"]
+    assert any(e.startswith("lm_head (MatMul, by 'lm_head')") for e in q["excluded"])
+    assert sum("by 'transformer.h.0'" in e for e in q["excluded"]) == 4  # qkv, proj, fc, proj
+    assert not any("h.0" in name for name in q["quantized"])
+    assert q["shared_tables"] == []  # lm_head stays float, so the table is not shared
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(exclude=["transformer.h.7"]), "--exclude transformer.h.7 names no module"),
+    (dict(bits=3), "bits=3 is not one of 8, 4"),
+    (dict(block_size=48), "block_size=48 must be a power of two"),
+    (dict(mode="static"), "mode='static' is not one of dynamic, weight-only"),
+])
+def test_bad_requests(lm_onnx, tmp_path, kw, needle):
+    with pytest.raises(QuantizeError, match=needle):
+        quantize(lm_onnx, tmp_path / "out", **kw)
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_quantized_or_portable_input(int8, lm_onnx, tmp_path):
+    with pytest.raises(QuantizeError, match="already quantized"):
+        quantize(int8, tmp_path / "again")
+    with pytest.raises(OptimizeError, match="was made by stage 'quantize'"):
+        optimize(int8, tmp_path / "opt")
+    portable = optimize(lm_onnx, tmp_path / "portable", target="portable", level="basic")
+    with pytest.raises(QuantizeError, match="'portable' graph"):
+        quantize(portable, tmp_path / "q")
+
+
+def test_classifier_quantizes(tiny_clf, labelled_dir, tmp_path):
+    from tinyt.export import export_onnx
+    out = quantize(export_onnx(tiny_clf, tmp_path / "onnx"), tmp_path / "int8",
+                   data=str(labelled_dir))
+    a = check_manifest(out)["accuracy"]
+    assert abs(a["accuracy_change"]) <= 0.1 and a["examples"] > 0
+
+
+def test_demo_shape_int8_is_at_most_30_percent(corpus_dir, tmp_path):
+    """The size target is for the default demo model: its shape, untrained (size does not
+    depend on the weights' values)."""
+    import torch
+
+    from tinyt.checkpoint import save_checkpoint
+    from tinyt.config import preset
+    from tinyt.export import export_onnx
+    from tinyt.model import TinyTransformer
+    from tinyt.tokenizer import Tokenizer
+    cfg, _ = preset("demo")
+    torch.manual_seed(0)
+    ck = save_checkpoint(tmp_path / "ck", TinyTransformer(cfg), Tokenizer.byte_level())
+    fp32 = export_onnx(ck, tmp_path / "onnx")
+    int8 = quantize(fp32, tmp_path / "int8", data=str(corpus_dir))
+    ratio = (int8 / "model.onnx").stat().st_size / (fp32 / "model.onnx").stat().st_size
+    assert ratio <= 0.30, f"INT8 file is {ratio:.1%} of fp32"
