@@ -6,6 +6,8 @@
 mode 'dynamic' (default): weights int8 (or int4), activations quantized to int8 at run time by
 MatMulNBits (accuracy_level 4), so products use the CPU's int8 dot-product units.
 mode 'weight-only': the same weights, products in fp32 (accuracy_level 0).
+mode 'static': QDQ with activation ranges calibrated on the training split (qdq.py); standard
+ONNX ops, from the plain export; settings from the CPU's INT8 preset (tinyt.hardware).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import onnxruntime as ort
 
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
+from tinyt.hardware import int8_preset
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.tokenizer import Tokenizer
 
@@ -26,8 +29,9 @@ from .accuracy import classifier_accuracy, lm_accuracy
 from .blockquant import MS, quantize_weights
 from .exporter import ONNX_FILE
 from .optimize import COPIED_FILES, QUANTIZED_OPS
+from .qdq import CALIBRATIONS, quantize_qdq
 
-MODES = {"dynamic": 4, "weight-only": 0}  # mode -> MatMulNBits accuracy_level
+MODES = {"dynamic": 4, "weight-only": 0, "static": None}  # -> MatMulNBits accuracy_level
 BITS = (8, 4)
 DEFAULT_BLOCK = 64
 
@@ -49,7 +53,14 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, mode: str,
     if manifest.get("stage") == "quantize" or ops & QUANTIZED_OPS:
         raise QuantizeError(f"{src} is already quantized ({sorted(ops & QUANTIZED_OPS)}); "
                             "quantize the fp32 export or optimized graph")
-    if manifest.get("options", {}).get("target") == "portable":
+    if mode == "static" and bits != 8:
+        raise QuantizeError(f"static quantization is 8-bit only; bits={bits} is for the "
+                            "dynamic and weight-only modes")
+    if mode == "static" and manifest.get("stage") != "export":
+        raise QuantizeError(f"static (QDQ) quantization takes the plain export, not the output "
+                            f"of stage {manifest.get('stage')!r}: ONNX Runtime's quantizer "
+                            "cannot infer shapes through fused contrib ops")
+    if mode != "static" and manifest.get("options", {}).get("target") == "portable":
         raise QuantizeError(f"{src} is a 'portable' graph (standard ONNX ops only), and this "
                             "quantization uses ONNX Runtime contrib ops; quantize the export "
                             "or the 'cpu' optimized graph")
@@ -57,28 +68,49 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, mode: str,
 
 def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: int = 8,
              block_size: int = DEFAULT_BLOCK, mode: str = "dynamic",
-             exclude: list[str] | tuple[str, ...] = (), data: str | None = None) -> Path:
+             exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
+             calibration: str = "minmax", per_channel: bool = True,
+             reduce_range: bool | None = None) -> Path:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
-    data (`data`: the corpus or classification directory; default the built-in one)."""
+    data (`data`: the corpus or classification directory; default the built-in one). Static
+    mode calibrates on the training split of the same corpus; reduce_range=None takes this
+    CPU's preset."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     manifest = check_manifest(src_dir)
     check_output_dir(src_dir, out_dir)
     proto = onnx.load(str(src_dir / ONNX_FILE))
     _check_request(src_dir, manifest, proto, mode, bits, block_size)
+    if calibration not in CALIBRATIONS:
+        raise QuantizeError(f"calibration={calibration!r} is not one of "
+                            f"{', '.join(CALIBRATIONS)}")
     cfg, block = read_model_config(src_dir)
     kind = manifest["graph"]
-    report = quantize_weights(proto, bits=bits, block=block_size, accuracy_level=MODES[mode],
-                              exclude=list(exclude))
-    unused = [e for e in exclude if not any(f"by '{e}'" in x for x in report.excluded)]
-    if unused:
-        raise QuantizeError(f"--exclude {', '.join(unused)} names no module with weights; "
-                            f"modules: {sorted(report.modules)}")
-    if not report.quantized:
-        raise QuantizeError(f"nothing in {src_dir / ONNX_FILE} was quantized: {report.skipped}")
+    if mode == "static" and kind == "classifier":
+        raise QuantizeError("static calibration reads corpus text windows; for a classifier use "
+                            "mode='dynamic'")
+    preset = int8_preset()
+    if reduce_range is not None:
+        preset = {**preset, "reduce_range": reduce_range}
     tokenizer = Tokenizer.from_file(src_dir / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
-        onnx.save_model(proto, str(path))
+        if mode == "static":
+            report = quantize_qdq(src_dir / ONNX_FILE, path, cfg, kind, tokenizer,
+                                  calibration=calibration, per_channel=per_channel,
+                                  reduce_range=bool(preset["reduce_range"]),
+                                  activation_type=str(preset["activation_type"]),
+                                  exclude=list(exclude), data=data)
+        else:
+            report = quantize_weights(proto, bits=bits, block=block_size,
+                                      accuracy_level=MODES[mode], exclude=list(exclude))
+            onnx.save_model(proto, str(path))
+        unused = [e for e in exclude if not any(f"by '{e}'" in x for x in report.excluded)]
+        if unused:
+            raise QuantizeError(f"--exclude {', '.join(unused)} names no module with weights; "
+                                f"modules: {sorted(report.modules)}")
+        if not report.quantized:
+            raise QuantizeError(f"nothing in {src_dir / ONNX_FILE} was quantized: "
+                                f"{report.skipped}")
         onnx.checker.check_model(str(path))
         ref = ort.InferenceSession(str(src_dir / ONNX_FILE), providers=["CPUExecutionProvider"])
         cand = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -93,8 +125,10 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             src_bytes = (src_dir / ONNX_FILE).stat().st_size
             write_manifest(out, stage="quantize", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
-            }, options={"mode": mode, "bits": bits, "block_size": block_size,
-                        "exclude": list(exclude), "data": data}, extra={
+            }, options={"mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
+                        **({"calibration": calibration, "per_channel": per_channel,
+                            "hardware_preset": preset} if mode == "static"
+                           else {"block_size": block_size})}, extra={
                 "graph": kind, "opset": manifest.get("opset"), "io": manifest.get("io"),
                 "quantization": {
                     "quantized": report.quantized, "excluded": report.excluded,

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import onnx
@@ -90,7 +91,7 @@ def test_exclusions_are_mapped_and_reported(lm_onnx, corpus_dir, tmp_path):
     (dict(exclude=["transformer.h.7"]), "--exclude transformer.h.7 names no module"),
     (dict(bits=3), "bits=3 is not one of 8, 4"),
     (dict(block_size=48), "block_size=48 must be a power of two"),
-    (dict(mode="static"), "mode='static' is not one of dynamic, weight-only"),
+    (dict(mode="int2"), "mode='int2' is not one of dynamic, weight-only, static"),
 ])
 def test_bad_requests(lm_onnx, tmp_path, kw, needle):
     with pytest.raises(QuantizeError, match=needle):
@@ -133,3 +134,56 @@ def test_demo_shape_int8_is_at_most_30_percent(corpus_dir, tmp_path):
     int8 = quantize(fp32, tmp_path / "int8", data=str(corpus_dir))
     ratio = (int8 / "model.onnx").stat().st_size / (fp32 / "model.onnx").stat().st_size
     assert ratio <= 0.30, f"INT8 file is {ratio:.1%} of fp32"
+
+
+def test_static_qdq_with_each_calibration(lm_onnx, corpus_dir, tmp_path):
+    results = {}
+    for method in ("minmax", "entropy", "percentile"):
+        out = quantize(lm_onnx, tmp_path / method, mode="static", calibration=method,
+                       data=str(corpus_dir))
+        manifest = check_manifest(out)
+        counts = op_counts(onnx.load(str(out / "model.onnx")))
+        assert counts["QuantizeLinear"] > 0 and counts["DequantizeLinear"] > 0
+        assert not [k for k in counts if "." in k]  # QDQ: standard ONNX ops only
+        assert manifest["options"]["calibration"] == method
+        assert manifest["quantization"]["shared_tables"] == ["model.lm_head.weight_quantized"]
+        results[method] = manifest["accuracy"]
+    for method, a in results.items():
+        assert a["val_loss_change"] <= INT8_LOSS_BUDGET, method
+        assert a["top1_agreement"] >= 0.8, method
+
+
+def test_static_keeps_attention_matmuls_float(lm_onnx, corpus_dir, tmp_path):
+    out = quantize(lm_onnx, tmp_path / "s", mode="static", data=str(corpus_dir),
+                   exclude=["transformer.h.1"])
+    model = onnx.load(str(out / "model.onnx"))
+    dq_outputs = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    attention = [n for n in model.graph.node
+                 if re.fullmatch(r"/transformer/h\.\d+/attn/MatMul(_\d+)?", n.name)]
+    assert len(attention) == 4  # q @ k^T and attn @ v in each of 2 layers
+    assert not any(set(n.input) & dq_outputs for n in attention)
+    q = check_manifest(out)["quantization"]
+    assert sum("by 'transformer.h.1'" in e for e in q["excluded"]) == 4
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(mode="static", bits=4), "static quantization is 8-bit only"),
+    (dict(mode="static", calibration="kl"), "calibration='kl' is not one of minmax"),
+])
+def test_bad_static_requests(lm_onnx, tmp_path, kw, needle):
+    with pytest.raises(QuantizeError, match=needle):
+        quantize(lm_onnx, tmp_path / "out", **kw)
+
+
+def test_static_needs_the_plain_export(lm_onnx, tmp_path):
+    opt = optimize(lm_onnx, tmp_path / "opt")
+    with pytest.raises(QuantizeError, match="takes the plain export"):
+        quantize(opt, tmp_path / "q", mode="static")
+
+
+def test_empty_calibration_corpus(lm_onnx, tmp_path):
+    (tmp_path / "tiny.txt").write_text("x = 1\n" * 3)
+    from tinyt.errors import DataError
+    with pytest.raises(DataError, match="calibration set from .*fewer than block_size"):
+        quantize(lm_onnx, tmp_path / "q", mode="static", data=str(tmp_path / "tiny.txt"))
+    assert not (tmp_path / "q").exists()

@@ -181,8 +181,14 @@ def quantize(
     out: Annotated[Path, typer.Argument(help="Quantized artifact directory to write.")],
     bits: Annotated[int, typer.Option(help="8, or 4 for the smallest footprint.")] = 8,
     block_size: Annotated[int, typer.Option(help="Weights per scale (power of two >= 16).")] = 64,
-    mode: Annotated[str, typer.Option(help="dynamic (int8 activations at run time) or "
-                                           "weight-only (fp32 products).")] = "dynamic",
+    mode: Annotated[str, typer.Option(help="dynamic (int8 activations at run time), "
+                                           "weight-only (fp32 products) or static (QDQ, "
+                                           "calibrated; from the plain export).")] = "dynamic",
+    calibration: Annotated[str, typer.Option(help="static: minmax, entropy or percentile.")]
+        = "minmax",
+    per_channel: Annotated[bool, typer.Option(help="static: a scale per output channel.")] = True,
+    reduce_range: Annotated[Optional[bool], typer.Option(
+        help="static: 7-bit weights (default: from this CPU, see 'tinyt info').")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option(
         help="PyTorch module to leave in fp32, e.g. lm_head or transformer.h.0 (repeatable).")]
         = None,
@@ -195,7 +201,9 @@ def quantize(
     from tinyt.export.quantize import quantize as run_quantize
 
     path = run_quantize(src, out, bits=bits, block_size=block_size, mode=mode,
-                        exclude=exclude or [], data=None if data is None else str(data))
+                        exclude=exclude or [], data=None if data is None else str(data),
+                        calibration=calibration, per_channel=per_channel,
+                        reduce_range=reduce_range)
     manifest = json.loads((path / "manifest.json").read_text())
     q, a = manifest["quantization"], manifest["accuracy"]
     typer.echo(f"quantized {len(q['quantized'])} weight ops; excluded: "
@@ -205,6 +213,33 @@ def quantize(
         if isinstance(value, float):
             typer.echo(f"{key:30s} {value:.4f}")
     typer.echo(f"onnx: {path}")
+
+
+@app.command()
+def info() -> None:
+    """Versions, ONNX Runtime providers, and the CPU features that decide INT8 settings."""
+    import importlib.metadata as md
+    import platform
+
+    from tinyt import __version__
+    from tinyt.hardware import cpu_features, int8_preset
+
+    typer.echo(f"tinyt {__version__}, Python {platform.python_version()}")
+    for dist in ("torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "tokenizers"):
+        try:
+            typer.echo(f"  {dist:16s} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            typer.echo(f"  {dist:16s} not installed")
+    try:
+        import onnxruntime as ort
+
+        typer.echo(f"onnxruntime providers: {', '.join(ort.get_available_providers())}")
+    except ImportError:
+        typer.echo("onnxruntime providers: onnxruntime is not installed (extra 'cpu' or 'gpu')")
+    features = cpu_features()
+    typer.echo(f"cpu: {features.pop('model') or 'unknown'} ({features.pop('machine')})")
+    typer.echo("  " + "  ".join(f"{k}={'yes' if v else 'no'}" for k, v in features.items()))
+    typer.echo(f"int8 preset: {int8_preset()}")
 
 
 def main() -> None:
