@@ -66,6 +66,10 @@ def _check_request(src: Path, target: str, level: str, manifest: dict) -> None:
             "target='cuda' needs ONNX Runtime's CUDAExecutionProvider to build and check the "
             f"graph; this onnxruntime offers {ort.get_available_providers()} (install the "
             "'gpu' extra, onnxruntime-gpu, instead of 'cpu', on a machine with CUDA)")
+    if target == "cuda":  # never silently hand back a CPU graph under the cuda name
+        raise OptimizeError("target='cuda' (fp16, CUDA-built graph) is not built in this "
+                            "version: it was developed without a GPU to check it on. Use "
+                            "target='cpu' or 'portable'")
     if manifest.get("stage") != "export":
         raise OptimizeError(f"{src} was made by stage {manifest.get('stage')!r}; optimize takes "
                             "the output of 'tinyt export' (optimizing twice, or after "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,8 @@ def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: T
     skip = [n.name for n in proto.graph.node
             if n.op_type in ("MatMul", "Gather") and n.name not in wanted]
     reader = _Windows(calibration_windows(tokenizer, cfg, data), cfg, kind)
+    root = logging.getLogger()
+    level, root.level = root.level, logging.ERROR  # its advice to pre-process: see README
     with contextlib.redirect_stdout(io.StringIO()):  # the percentile calibrator prints
         quantize_static(
             str(src), str(dst), reader, quant_format=QuantFormat.QDQ,
@@ -110,6 +113,7 @@ def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: T
             activation_type=_TYPES[activation_type], weight_type=QuantType.QInt8,
             calibrate_method=CALIBRATIONS[calibration],
         )
+    root.setLevel(level)
     q = onnx.load(str(dst))
     dq_users: dict[str, int] = {}
     for n in q.graph.node:

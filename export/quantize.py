@@ -70,7 +70,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
              block_size: int = DEFAULT_BLOCK, mode: str = "dynamic",
              exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
              calibration: str = "minmax", per_channel: bool = True,
-             reduce_range: bool | None = None) -> Path:
+             reduce_range: bool | None = None, search: dict | None = None) -> Path:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). Static
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
@@ -136,7 +136,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                     "contrib_domain": MS, "bytes": path.stat().st_size,
                     "bytes_of_source": src_bytes, "size_ratio": path.stat().st_size / src_bytes,
                 },
-                "accuracy": accuracy,
+                "accuracy": accuracy, **({"search": search} if search else {}),
                 "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__},
             })
     return out_dir

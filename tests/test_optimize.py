@@ -56,7 +56,7 @@ def test_classifier_optimizes(tiny_clf, tmp_path):
     (dict(target="tpu"), "target='tpu' is not one of cpu, portable, cuda"),
     (dict(level="max"), "level='max' is not one of basic, extended, all"),
     (dict(target="portable", level="extended"), "use level='basic'"),
-    (dict(target="cuda"), "needs ONNX Runtime's CUDAExecutionProvider"),
+    (dict(target="cuda"), "needs ONNX Runtime.s CUDAExecutionProvider"),
 ])
 def test_bad_requests(lm_onnx, tmp_path, kw, needle):
     with pytest.raises(OptimizeError, match=needle):

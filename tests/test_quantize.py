@@ -187,3 +187,46 @@ def test_empty_calibration_corpus(lm_onnx, tmp_path):
     with pytest.raises(DataError, match="calibration set from .*fewer than block_size"):
         quantize(lm_onnx, tmp_path / "q", mode="static", data=str(tmp_path / "tiny.txt"))
     assert not (tmp_path / "q").exists()
+
+
+def test_search_keeps_the_fastest_variant_within_budget(lm_onnx, corpus_dir, tmp_path):
+    from tinyt.export.search import quantize_search
+    out = quantize_search(lm_onnx, tmp_path / "best", max_loss_increase=0.05, data=str(corpus_dir))
+    search = check_manifest(out)["search"]
+    names = [t["variant"] for t in search["tried"]]
+    assert "dynamic-int8" in names and "static-minmax-per-channel" in names  # export: both kinds
+    fit = [t for t in search["tried"] if t.get("within_budget")]
+    assert fit and all(t["cost"] <= 0.05 for t in fit)
+    chosen = min(fit, key=lambda t: t["latency_ms"])
+    assert search["chosen"] == chosen["variant"]
+    assert check_manifest(out)["options"]["mode"] == chosen["options"]["mode"]
+
+
+def test_search_with_an_impossible_budget(lm_onnx, corpus_dir, tmp_path, monkeypatch):
+    import tinyt.export.search as S
+    monkeypatch.setattr(S, "cost", lambda accuracy: 1.0)  # every variant "loses" 100%
+    with pytest.raises(QuantizeError, match="no variant is within max_loss_increase=0.01"):
+        S.quantize_search(lm_onnx, tmp_path / "none", max_loss_increase=0.01,
+                          data=str(corpus_dir))
+    assert not (tmp_path / "none").exists()
+    with pytest.raises(QuantizeError, match="must be a number >= 0"):
+        S.quantize_search(lm_onnx, tmp_path / "none", max_loss_increase=-1)
+
+
+def test_quantize_cli(lm_onnx, corpus_dir, tmp_path):
+    import subprocess
+    import sys
+
+    def tinyt(*args):
+        return subprocess.run([sys.executable, "-m", "tinyt", *map(str, args)],
+                              capture_output=True, text=True, timeout=300)
+    proc = tinyt("quantize", lm_onnx, tmp_path / "q", "--data", corpus_dir, "--exclude",
+                 "lm_head")
+    assert proc.returncode == 0, proc.stderr
+    assert "excluded: lm_head (MatMul, by 'lm_head')" in proc.stdout
+    assert "val_loss_change" in proc.stdout
+    proc = tinyt("quantize", lm_onnx, tmp_path / "x", "--max-loss-increase", "0.02", "--bits", "4")
+    assert proc.returncode == 2 and "drop --bits" in proc.stderr
+    proc = tinyt("quantize", lm_onnx, tmp_path / "x", "--exclude", "h.9")
+    assert proc.returncode == 2 and "--exclude h.9 names no module" in proc.stderr
+    assert not (tmp_path / "x").exists()

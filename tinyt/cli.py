@@ -194,18 +194,40 @@ def quantize(
         = None,
     data: Annotated[Optional[Path], typer.Option(
         help="Held-out data for the accuracy report (default: the built-in corpus).")] = None,
+    max_loss_increase: Annotated[Optional[float], typer.Option(
+        help="Try the variants and keep the fastest whose validation loss is at most this "
+             "fraction above the source's (0.02 = +2%; classifier: accuracy points).")] = None,
 ) -> None:
     """Quantize weights (the tied embedding / lm_head once) and report the accuracy change."""
     import json
 
     from tinyt.export.quantize import quantize as run_quantize
+    from tinyt.export.search import quantize_search
 
-    path = run_quantize(src, out, bits=bits, block_size=block_size, mode=mode,
-                        exclude=exclude or [], data=None if data is None else str(data),
-                        calibration=calibration, per_channel=per_channel,
-                        reduce_range=reduce_range)
+    data_arg = None if data is None else str(data)
+    if max_loss_increase is not None:
+        manual = {"--bits": bits != 8, "--block-size": block_size != 64,
+                  "--mode": mode != "dynamic", "--calibration": calibration != "minmax",
+                  "--no-per-channel": not per_channel, "--reduce-range": reduce_range is not None,
+                  "--exclude": bool(exclude)}
+        given = [flag for flag, set_ in manual.items() if set_]
+        if given:
+            raise TinytError(f"--max-loss-increase chooses the variant itself; drop "
+                             f"{', '.join(given)}")
+        path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg)
+    else:
+        path = run_quantize(src, out, bits=bits, block_size=block_size, mode=mode,
+                            exclude=exclude or [], data=data_arg, calibration=calibration,
+                            per_channel=per_channel, reduce_range=reduce_range)
     manifest = json.loads((path / "manifest.json").read_text())
     q, a = manifest["quantization"], manifest["accuracy"]
+    for t in manifest.get("search", {}).get("tried", []):
+        typer.echo(f"tried {t['variant']:32s} " + (
+            f"cost {t['cost']:+.4f}  {t.get('latency_ms', float('nan')):.3f} ms/step  "
+            f"{'within' if t['within_budget'] else 'over'} budget" if "cost" in t
+            else f"failed: {t['error']}"))
+    if "search" in manifest:
+        typer.echo(f"chosen: {manifest['search']['chosen']}")
     typer.echo(f"quantized {len(q['quantized'])} weight ops; excluded: "
                f"{', '.join(q['excluded']) or 'none'}; shared tables: {q['shared_tables']}")
     typer.echo(f"size: {q['bytes']:,} bytes = {q['size_ratio']:.1%} of the source")

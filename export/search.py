@@ -1,0 +1,83 @@
+"""`--max-loss-increase`: try the quantization variants that apply to the source graph and
+keep the fastest whose accuracy cost is within the budget.
+
+    source ──quantize(variant) for each variant──▶ accuracy (vs source)
+           ──within budget──▶ decode latency, interleaved ──▶ fastest ──▶ out/ (+ what was tried)
+
+The budget is a relative validation-loss increase for a causal LM (0.02 = +2%), and an
+absolute accuracy drop for a classifier (0.02 = 2 points).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tinyt.manifest import check_manifest, read_model_config
+
+from .compare import latency_ms
+from .exporter import ONNX_FILE
+from .quantize import QuantizeError, quantize
+
+# (name, quantize keyword arguments); static variants need the plain export.
+DYNAMIC_VARIANTS = [
+    ("dynamic-int8", dict(mode="dynamic", bits=8)),
+    ("dynamic-int8-block32", dict(mode="dynamic", bits=8, block_size=32)),
+    ("dynamic-int4", dict(mode="dynamic", bits=4, block_size=32)),
+    ("dynamic-int8-lm_head-fp32", dict(mode="dynamic", bits=8, exclude=["lm_head"])),
+]
+STATIC_VARIANTS = [
+    ("static-minmax-per-channel", dict(mode="static", calibration="minmax")),
+    ("static-percentile-per-channel", dict(mode="static", calibration="percentile")),
+    ("static-entropy-per-channel", dict(mode="static", calibration="entropy")),
+    ("static-minmax-per-tensor", dict(mode="static", calibration="minmax", per_channel=False)),
+]
+
+
+def cost(accuracy: dict[str, Any]) -> float:
+    """How much worse than the source: relative loss increase, or accuracy points lost."""
+    if "val_loss_change" in accuracy:
+        return accuracy["val_loss_change"]
+    return -accuracy["accuracy_change"]
+
+
+def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                    max_loss_increase: float, data: str | None = None) -> Path:
+    src_dir = Path(src_dir)
+    if not (isinstance(max_loss_increase, (int, float)) and max_loss_increase >= 0):
+        raise QuantizeError(f"max_loss_increase={max_loss_increase!r} must be a number >= 0 "
+                            "(0.02 = validation loss at most 2% above the source's)")
+    manifest = check_manifest(src_dir)
+    cfg, _ = read_model_config(src_dir)
+    kind = manifest["graph"]
+    variants = list(DYNAMIC_VARIANTS)
+    if manifest.get("stage") == "export" and kind != "classifier":
+        variants += STATIC_VARIANTS
+    tried: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, kw in variants:
+            entry: dict[str, Any] = {"variant": name, "options": kw}
+            try:
+                out = quantize(src_dir, Path(tmp) / name, data=data, **kw)
+            except QuantizeError as e:
+                tried.append({**entry, "error": str(e)})
+                continue
+            q = check_manifest(out)
+            entry.update(cost=cost(q["accuracy"]), bytes=q["quantization"]["bytes"],
+                         within_budget=cost(q["accuracy"]) <= max_loss_increase)
+            tried.append(entry)
+        fit = [t for t in tried if t.get("within_budget")]
+        if not fit:
+            raise QuantizeError(
+                f"no variant is within max_loss_increase={max_loss_increase}: "
+                + "; ".join(f"{t['variant']}: {t.get('cost', t.get('error'))}" for t in tried))
+        latency = latency_ms({t["variant"]: Path(tmp) / t["variant"] / ONNX_FILE for t in fit},
+                             cfg, kind)
+        for t in fit:
+            t["latency_ms"] = latency[t["variant"]]
+        best = min(fit, key=lambda t: t["latency_ms"])
+    search = {"max_loss_increase": max_loss_increase, "chosen": best["variant"],
+              "objective": "median ms per decode step (batch 1, past block_size/2, 2 threads)",
+              "tried": tried}
+    return quantize(src_dir, out_dir, data=data, search=search, **best["options"])
