@@ -15,7 +15,7 @@ from tinyt.config import ModelConfig
 from tinyt.errors import DataError
 from tinyt.tokenizer import Tokenizer
 
-from .compare import ort_greedy
+from .compare import ort_greedy, prefill_feeds
 
 EVAL_WINDOWS = 48  # validation windows of block_size tokens
 EVAL_BATCH = 8
@@ -24,14 +24,7 @@ GREEDY_TOKENS = 32
 
 
 def _logits(sess: ort.InferenceSession, cfg: ModelConfig, kind: str, x: np.ndarray) -> np.ndarray:
-    B, T = x.shape
-    feeds = {"input_ids": x, "attention_mask": np.ones((B, T), dtype=np.int64)}
-    if kind == "decoder_with_past":
-        feeds["position_ids"] = np.tile(np.arange(T, dtype=np.int64), (B, 1))
-        empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
-        feeds.update({f"past_key_values.{i}.{kv}": empty
-                      for i in range(cfg.n_layer) for kv in ("key", "value")})
-    return sess.run(["logits"], feeds)[0]
+    return sess.run(["logits"], prefill_feeds(cfg, kind, x))[0]
 
 
 def _nll(logits: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -23,6 +23,21 @@ def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int, int]]:
     return sorted(set(cases))
 
 
+def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray,
+                  mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Feeds that run `ids` [B, T] from scratch: past length 0, positions counted from the
+    mask (so left padding does not shift them)."""
+    B, T = ids.shape
+    mask = np.ones((B, T), dtype=np.int64) if mask is None else mask
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if kind == "decoder_with_past":
+        feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)
+        empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
+        feeds.update({f"past_key_values.{i}.{kv}": empty
+                      for i in range(cfg.n_layer) for kv in ("key", "value")})
+    return feeds
+
+
 def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
                  rng: np.random.Generator) -> dict[str, np.ndarray]:
     mask = np.ones((b, p + s), dtype=np.int64)
@@ -65,12 +80,7 @@ def ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int)
             logits = sess.run(["logits"], {"input_ids": x, "attention_mask": np.ones_like(x)})[0]
             ids.append(int(logits[0, -1].argmax()))
         return ids[len(prompt):]
-    empty = np.zeros((1, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
-    feeds = {"input_ids": np.asarray([ids], dtype=np.int64),
-             "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
-             "position_ids": np.arange(len(ids), dtype=np.int64)[None],
-             **{f"past_key_values.{i}.{kv}": empty
-                for i in range(cfg.n_layer) for kv in ("key", "value")}}
+    feeds = prefill_feeds(cfg, kind, np.asarray([ids], dtype=np.int64))
     names = [o.name for o in sess.get_outputs()]
     for _ in range(steps):
         outs = sess.run(names, feeds)

@@ -24,6 +24,7 @@ from tinyt.errors import DataError
 from tinyt.tokenizer import Tokenizer
 
 from .blockquant import QuantReport, excluded_by, module_of
+from .compare import prefill_feeds
 
 CALIBRATIONS = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                 "percentile": CalibrationMethod.Percentile}
@@ -43,15 +44,7 @@ class _Windows(CalibrationDataReader):
         i = next(self.batches, None)
         if i is None:
             return None
-        x = self.windows[i:i + CALIBRATION_BATCH]
-        B, T = x.shape
-        feeds = {"input_ids": x, "attention_mask": np.ones((B, T), dtype=np.int64)}
-        if self.kind == "decoder_with_past":
-            feeds["position_ids"] = np.tile(np.arange(T, dtype=np.int64), (B, 1))
-            empty = np.zeros((B, self.cfg.n_head, 0, self.cfg.head_dim), dtype=np.float32)
-            feeds.update({f"past_key_values.{l}.{kv}": empty
-                          for l in range(self.cfg.n_layer) for kv in ("key", "value")})
-        return feeds
+        return prefill_feeds(self.cfg, self.kind, self.windows[i:i + CALIBRATION_BATCH])
 
 
 def calibration_windows(tokenizer: Tokenizer, cfg: ModelConfig, data: str | None,

@@ -23,7 +23,7 @@ from tinyt.manifest import check_manifest
 from tinyt.errors import TinytError
 from tinyt.model import generate
 
-from .compare import ort_greedy
+from .compare import ort_greedy, prefill_feeds
 from .exporter import ONNX_FILE, contract_for
 
 FP32_LOGITS_ATOL = 1e-4  # max abs diff of logits, fp32 export vs PyTorch
@@ -98,25 +98,21 @@ def _torch_run(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
 
 def _feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: int,
            pad: int) -> dict[str, np.ndarray]:
-    """Inputs for one case; ids holds past_len prefix tokens then the new ones. `pad` leading
-    positions of row 0 are padding."""
-    B, N = ids.shape
-    mask = np.ones((B, N), dtype=np.int64)
+    """Inputs for one case; ids holds past_len prefix tokens then the new ones, and `pad`
+    leading positions of row 0 are padding. The prefix becomes a KV cache made by PyTorch."""
+    mask = np.ones(ids.shape, dtype=np.int64)
     mask[0, :pad] = 0
-    if kind != "decoder_with_past":
-        return {"input_ids": ids, "attention_mask": mask}
-    position_ids = np.clip(mask.cumsum(-1) - 1, 0, None)
-    empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
-    past = {f"past_key_values.{i}.{kv}": empty for i in range(cfg.n_layer) for kv in ("key", "value")}
-    if past_len:
-        with torch.no_grad():
-            _, cache = model(torch.from_numpy(ids[:, :past_len]),
-                             torch.from_numpy(mask[:, :past_len]),
-                             torch.from_numpy(position_ids[:, :past_len]))
-        past = {f"past_key_values.{i}.{kv}": cache[i][j].numpy()
-                for i in range(cfg.n_layer) for j, kv in enumerate(("key", "value"))}
-    return {"input_ids": ids[:, past_len:], "attention_mask": mask,
-            "position_ids": position_ids[:, past_len:], **past}
+    feeds = prefill_feeds(cfg, kind, ids, mask)
+    if kind != "decoder_with_past" or past_len == 0:
+        return feeds
+    positions = feeds["position_ids"]
+    with torch.no_grad():
+        _, cache = model(torch.from_numpy(ids[:, :past_len]), torch.from_numpy(mask[:, :past_len]),
+                         torch.from_numpy(positions[:, :past_len]))
+    feeds.update({f"past_key_values.{i}.{kv}": cache[i][j].numpy()
+                  for i in range(cfg.n_layer) for j, kv in enumerate(("key", "value"))})
+    feeds.update(input_ids=ids[:, past_len:], position_ids=positions[:, past_len:])
+    return feeds
 
 
 def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +15,19 @@ TINY_TRAIN = dict(max_steps=8, batch_size=8, warmup_steps=2, eval_interval=4, ev
                   learning_rate=3e-3, min_lr=3e-4)
 
 
+def run_tinyt(*args) -> subprocess.CompletedProcess:
+    """Run the CLI as a user does, in a subprocess (`python -m tinyt ...`)."""
+    return subprocess.run([sys.executable, "-m", "tinyt", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+
+
 def _python_like(rng: random.Random, i: int) -> str:
     names = ["alpha", "beta", "gamma", "delta", "value", "items", "count", "result"]
     lines = [f'"""Module {i}: synthetic source for tests."""', "import os", ""]
     for j in range(rng.randint(6, 12)):
         a, b = rng.sample(names, 2)
         lines += [f"def {a}_{j}({b}, n={j}):", f"    {a} = {b} * n + {rng.randint(0, 99)}",
-                  f"    for k in range(n):", f"        {a} += k  # accumulate",
+                  "    for k in range(n):", f"        {a} += k  # accumulate",
                   f"    return {a}", ""]
     return "\n".join(lines) + "\n"
 

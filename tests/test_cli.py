@@ -1,14 +1,13 @@
 """The CLI end to end, as a user runs it (a subprocess per call)."""
 import json
-import subprocess
-import sys
 
 import pytest
 
+from conftest import run_tinyt
+
 
 def tinyt(*args, ok=True):
-    proc = subprocess.run([sys.executable, "-m", "tinyt", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
+    proc = run_tinyt(*args)
     if ok:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

@@ -1,13 +1,11 @@
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import pytest
-import torch
 
+from conftest import run_tinyt
 from tinyt import contract as C
 from tinyt.checkpoint import load_checkpoint
 from tinyt.errors import CheckpointError
@@ -176,9 +174,7 @@ def test_tampered_artifact_is_refused(lm_onnx, tiny_ckpt, tmp_path):
 
 
 def test_export_and_verify_cli(tiny_ckpt, tmp_path):
-    def tinyt(*args):
-        return subprocess.run([sys.executable, "-m", "tinyt", *map(str, args)],
-                              capture_output=True, text=True, timeout=300)
+    tinyt = run_tinyt
     proc = tinyt("export", tiny_ckpt, tmp_path / "onnx")
     assert proc.returncode == 0, proc.stderr
     proc = tinyt("verify", tiny_ckpt, tmp_path / "onnx")

@@ -1,8 +1,6 @@
 """Interop: Hugging Face Optimum's ORTModelForCausalLM loads tinyt's exported directory and
 its greedy generate() gives the tokens tinyt's PyTorch model gives. Skipped only when the
 `optimum` extra is not installed (CI installs it)."""
-import os
-
 import pytest
 import torch
 

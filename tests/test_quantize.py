@@ -214,12 +214,7 @@ def test_search_with_an_impossible_budget(lm_onnx, corpus_dir, tmp_path, monkeyp
 
 
 def test_quantize_cli(lm_onnx, corpus_dir, tmp_path):
-    import subprocess
-    import sys
-
-    def tinyt(*args):
-        return subprocess.run([sys.executable, "-m", "tinyt", *map(str, args)],
-                              capture_output=True, text=True, timeout=300)
+    from conftest import run_tinyt as tinyt
     proc = tinyt("quantize", lm_onnx, tmp_path / "q", "--data", corpus_dir, "--exclude",
                  "lm_head")
     assert proc.returncode == 0, proc.stderr
