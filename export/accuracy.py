@@ -13,9 +13,10 @@ import onnxruntime as ort
 from tinyt import data as D
 from tinyt.config import ModelConfig
 from tinyt.errors import DataError
+from tinyt.runtime.feeds import prefill_feeds
 from tinyt.tokenizer import Tokenizer
 
-from .compare import ort_greedy, prefill_feeds
+from .compare import ort_greedy
 
 EVAL_WINDOWS = 48  # validation windows of block_size tokens
 EVAL_BATCH = 8

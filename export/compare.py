@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
+from tinyt.runtime.feeds import prefill_feeds, step_feeds
 
 
 def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int, int]]:
@@ -21,21 +22,6 @@ def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int, int]]:
     if kind != "decoder_with_past":
         cases = [(b, s + p, 0, pad) for b, s, p, pad in cases]
     return sorted(set(cases))
-
-
-def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray,
-                  mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Feeds that run `ids` [B, T] from scratch: past length 0, positions counted from the
-    mask (so left padding does not shift them)."""
-    B, T = ids.shape
-    mask = np.ones((B, T), dtype=np.int64) if mask is None else mask
-    feeds = {"input_ids": ids, "attention_mask": mask}
-    if kind == "decoder_with_past":
-        feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)
-        empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
-        feeds.update({f"past_key_values.{i}.{kv}": empty
-                      for i in range(cfg.n_layer) for kv in ("key", "value")})
-    return feeds
 
 
 def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
@@ -73,25 +59,14 @@ def compare_graphs(a: ort.InferenceSession, b: ort.InferenceSession, cfg: ModelC
 
 def ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int) -> list[int]:
     """Greedy decoding through the ONNX graph (with its KV cache when it has one)."""
-    ids = list(prompt)
-    if kind == "decoder":
-        for _ in range(steps):
-            x = np.asarray([ids], dtype=np.int64)
-            logits = sess.run(["logits"], {"input_ids": x, "attention_mask": np.ones_like(x)})[0]
-            ids.append(int(logits[0, -1].argmax()))
-        return ids[len(prompt):]
-    feeds = prefill_feeds(cfg, kind, np.asarray([ids], dtype=np.int64))
     names = [o.name for o in sess.get_outputs()]
+    feeds = prefill_feeds(cfg, kind, np.asarray([prompt], dtype=np.int64))
+    out: list[int] = []
     for _ in range(steps):
-        outs = sess.run(names, feeds)
-        nxt = int(outs[0][0, -1].argmax())
-        ids.append(nxt)
-        total = feeds["attention_mask"].shape[1] + 1
-        feeds = {"input_ids": np.asarray([[nxt]], dtype=np.int64),
-                 "attention_mask": np.ones((1, total), dtype=np.int64),
-                 "position_ids": np.asarray([[total - 1]], dtype=np.int64),
-                 **{n.replace("present", "past_key_values"): v for n, v in zip(names[1:], outs[1:])}}
-    return ids[len(prompt):]
+        outputs = sess.run(names, feeds)
+        out.append(int(outputs[0][0, -1].argmax()))
+        feeds = step_feeds(kind, feeds, np.asarray(out[-1:]), names, outputs)
+    return out
 
 
 def latency_ms(paths: dict[str, str], cfg: ModelConfig, kind: str, *, rounds: int = 200,

@@ -21,10 +21,10 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
 from tinyt import data as D
 from tinyt.config import ModelConfig
 from tinyt.errors import DataError
+from tinyt.runtime.feeds import prefill_feeds
 from tinyt.tokenizer import Tokenizer
 
 from .blockquant import QuantReport, excluded_by, module_of
-from .compare import prefill_feeds
 
 CALIBRATIONS = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                 "percentile": CalibrationMethod.Percentile}

@@ -19,11 +19,12 @@ from tinyt import data as D
 from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.fsutil import write_json
-from tinyt.manifest import check_manifest
 from tinyt.errors import TinytError
+from tinyt.manifest import check_manifest
 from tinyt.model import generate
+from tinyt.runtime.feeds import prefill_feeds
 
-from .compare import ort_greedy, prefill_feeds
+from .compare import ort_greedy
 from .exporter import ONNX_FILE, contract_for
 
 FP32_LOGITS_ATOL = 1e-4  # max abs diff of logits, fp32 export vs PyTorch

@@ -1,4 +1,39 @@
-"""tinyt.runtime: torch-free ONNX Runtime sessions, generation with a KV cache, classification.
+"""tinyt.runtime: run tinyt artifacts on ONNX Runtime, without torch.
 
-Not built yet (issue 5). Imports nothing but the standard library, so it stays torch-free.
+    import tinyt.runtime as rt
+    lm = rt.load("artifacts/onnx-int8", provider="cpu", threads=2)
+    lm.generate("def fibonacci(n):", max_new_tokens=64, temperature=0.8, top_k=50, seed=0)
+    for piece in lm.stream("import os\\n", max_new_tokens=32): print(piece, end="")
+    clf = rt.load("artifacts/clf-onnx"); clf.classify(["import asyncio ...", "..."])
+
+Loading checks every file against manifest.json (a changed or truncated file is refused, by
+name) and opens a session on exactly the requested provider: one that is missing or fails to
+initialise is an error that lists what is available, never a silent fallback to CPU.
 """
+from __future__ import annotations
+
+import os
+
+from tinyt.tokenizer import Tokenizer
+
+from .classify import Classifier, Prediction
+from .generate import GenerationResult, LanguageModel
+from .sampling import SamplingParams
+from .session import (PROVIDERS, ProviderError, create_session, installation_problems,
+                      open_artifact)
+
+__all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Prediction",
+           "SamplingParams", "ProviderError", "PROVIDERS", "installation_problems"]
+
+
+def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
+         spinning: bool = False, level: str | None = None) -> LanguageModel | Classifier:
+    """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
+    classifier graphs. threads defaults to the physical cores; level to the artifact's own."""
+    artifact = open_artifact(path)
+    session = create_session(artifact, provider=provider, threads=threads, spinning=spinning,
+                             level=level)
+    tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
+    if artifact.kind == "classifier":
+        return Classifier(artifact, session, tokenizer)
+    return LanguageModel(artifact, session, tokenizer)

@@ -6,6 +6,7 @@ dot-product units accumulate in 32 bits and take the full 8 bits.
 """
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -48,3 +49,21 @@ def int8_preset(features: dict[str, object] | None = None) -> dict[str, object]:
             # x86 int8 kernels are u8 x s8; ARM's are s8 x s8
             "activation_type": "int8" if arm else "uint8",
             "reduce_range": not wide}
+
+
+def physical_cores(cpuinfo: str | None = None) -> int:
+    """Physical cores (hyper-threads counted once); the logical count where unknown."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    cores, phys = set(), "0"
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "physical id":
+            phys = value.strip()
+        elif key == "core id":
+            cores.add((phys, value.strip()))
+    return len(cores) or os.cpu_count() or 1

@@ -1,0 +1,41 @@
+"""Inputs of the decoder graph for a prefill and for each decode step (torch-free). Shared by
+the runtime's generation loop and by tinyt.export's verification and accuracy checks.
+
+    prefill: input_ids [B, T], attention_mask [B, T], position_ids from the mask, past [.., 0, ..]
+    step:    input_ids [B, 1], attention_mask [B, P+1], position_ids [B, 1], past = last present
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tinyt.config import ModelConfig
+
+
+def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray,
+                  mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Feeds that run `ids` [B, T] from scratch: past length 0, positions counted from the
+    mask (so left padding does not shift them)."""
+    B, T = ids.shape
+    mask = np.ones((B, T), dtype=np.int64) if mask is None else mask
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if kind == "decoder_with_past":
+        feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)
+        empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
+        feeds.update({f"past_key_values.{i}.{kv}": empty
+                      for i in range(cfg.n_layer) for kv in ("key", "value")})
+    return feeds
+
+
+def step_feeds(kind: str, feeds: dict[str, np.ndarray], nxt: np.ndarray, output_names: list[str],
+               outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Feeds for the next step after `feeds` produced `outputs` and the tokens `nxt` [B] were
+    chosen. Without a cache the whole sequence runs again."""
+    B = len(nxt)
+    mask = np.concatenate([feeds["attention_mask"], np.ones((B, 1), dtype=np.int64)], axis=1)
+    if kind != "decoder_with_past":
+        return {"input_ids": np.concatenate([feeds["input_ids"], nxt[:, None]], axis=1),
+                "attention_mask": mask}
+    past = {n.replace("present", "past_key_values"): v
+            for n, v in zip(output_names[1:], outputs[1:])}
+    return {"input_ids": nxt[:, None].astype(np.int64), "attention_mask": mask,
+            "position_ids": mask.sum(-1, keepdims=True) - 1, **past}

@@ -1,0 +1,205 @@
+"""Text generation with the KV cache (torch-free).
+
+    prompts ──tokenize, left-pad──▶ prefill (past 0) ──▶ logits[:, -1] ──sample──▶ token
+                 ▲                                                              │
+                 └──── decode step: 1 token, past = present, mask += 1 ◀────────┘
+
+A batch of prompts of different lengths is left-padded; positions come from the attention mask,
+so each prompt gets the tokens it gets alone. The model has no positions beyond block_size:
+a prompt must leave room for one new token (else ValueError), and generation stops with
+finish_reason 'context' when a sequence reaches block_size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from tinyt.tokenizer import Tokenizer
+
+from .feeds import prefill_feeds, step_feeds
+from .sampling import SamplingParams, next_token
+from .session import Artifact
+
+REPLACEMENT = "\ufffd"  # what a decoder shows for a partial UTF-8 sequence
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str  # the generated text only (the prompt is not repeated)
+    token_ids: list[int]
+    finish_reason: str  # eos | stop | length | context
+
+
+def _prompt_text(prompt) -> str:
+    if isinstance(prompt, bytes):
+        try:
+            prompt = prompt.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"prompt bytes are not valid UTF-8 ({e}); pass str or UTF-8 bytes") \
+                from None
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be str or UTF-8 bytes, not {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError("prompt is empty; give at least one character")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"prompt is not valid Unicode text ({e.reason} at {e.start})") from None
+    return prompt
+
+
+class LanguageModel:
+    """A causal LM artifact on an ONNX Runtime session. Thread-safe: calls share only the
+    session, whose run() may be called from many threads."""
+
+    def __init__(self, artifact: Artifact, session: ort.InferenceSession, tokenizer: Tokenizer):
+        self.artifact, self.session, self.tokenizer = artifact, session, tokenizer
+        self.config = artifact.config
+        self.provider = session.get_providers()[0]
+        self._outputs = [o.name for o in session.get_outputs()]
+        self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+
+    # -- public API ------------------------------------------------------------------------
+    def generate(self, prompt, **kwargs) -> str | list[str]:
+        """Text generated after `prompt` (a str, or a list of them: a batch)."""
+        if isinstance(prompt, (list, tuple)):
+            return [r.text for r in self.generate_details(prompt, **kwargs)]
+        return self.generate_details([prompt], **kwargs)[0].text
+
+    def generate_details(self, prompts: Sequence, **kwargs) -> list[GenerationResult]:
+        """Text, token ids and finish reason for each prompt of a batch."""
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list of strings")
+        ids = [self.tokenizer.encode(_prompt_text(p)) for p in prompts]
+        return self.generate_ids(ids, **kwargs)
+
+    def stream(self, prompt, **kwargs) -> Iterator[str]:
+        """Pieces of generated text as they are decided; they concatenate to generate()'s."""
+        params = SamplingParams(**_params(kwargs))
+        rows = [self.tokenizer.encode(_prompt_text(prompt))]
+        shown = 0
+        for out, reasons in self._loop(rows, params):
+            text = self.tokenizer.decode(out[0])
+            # While running, hold back a partial character or a possible stop-string start.
+            end = _stop_cut(text, params.stop) if reasons[0] else _safe_end(text, params.stop)
+            if end > shown:
+                yield text[shown:end]
+                shown = end
+
+    def generate_ids(self, token_ids, **kwargs) -> list[GenerationResult]:
+        """Generation from token ids: a list of ints, or a list / 2-D array of rows."""
+        params = SamplingParams(**_params(kwargs))
+        rows = self._check_ids(token_ids)
+        for out, reasons in self._loop(rows, params):
+            pass
+        results = []
+        for row, reason in zip(out, reasons):
+            text = self.tokenizer.decode(row)
+            results.append(GenerationResult(text[:_stop_cut(text, params.stop)], row, reason))
+        return results
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _check_ids(self, token_ids) -> list[list[int]]:
+        rows = token_ids.tolist() if isinstance(token_ids, np.ndarray) else token_ids
+        if isinstance(token_ids, np.ndarray) and (
+                token_ids.ndim not in (1, 2) or not np.issubdtype(token_ids.dtype, np.integer)):
+            raise ValueError(f"token ids must be a 1-D or 2-D integer array, got "
+                             f"{token_ids.ndim}-D {token_ids.dtype}")
+        if isinstance(rows, (list, tuple)) and rows and all(_is_int(t) for t in rows):
+            rows = [rows]
+        if not (isinstance(rows, (list, tuple)) and rows and all(
+                isinstance(r, (list, tuple)) and r and all(_is_int(t) for t in r) for r in rows)):
+            raise ValueError("token ids must be a non-empty list of ints, or a list of "
+                             "non-empty lists of ints")
+        V, block = self.config.vocab_size, self.config.block_size
+        for i, row in enumerate(rows):
+            bad = [int(t) for t in row if not 0 <= t < V]
+            if bad:
+                raise ValueError(f"token ids {bad[:5]} (row {i}) are outside the vocabulary "
+                                 f"0..{V - 1}")
+            if len(row) >= block:
+                raise ValueError(f"prompt {i} is {len(row)} tokens; this model reads at most "
+                                 f"block_size - 1 = {block - 1} so that one token can follow")
+        return [[int(t) for t in row] for row in rows]
+
+    def _loop(self, rows: list[list[int]], params: SamplingParams
+              ) -> Iterator[tuple[list[list[int]], list[str | None]]]:
+        """After every step: the tokens generated so far per row, and each row's finish
+        reason (None while it runs). Finished rows are fed padding that nobody reads."""
+        B, T = len(rows), max(map(len, rows))
+        ids = np.full((B, T), self._pad, dtype=np.int64)
+        mask = np.zeros((B, T), dtype=np.int64)
+        for r, row in enumerate(rows):
+            ids[r, T - len(row):], mask[r, T - len(row):] = row, 1  # left padding
+        rngs = [np.random.default_rng(params.seed) for _ in rows]
+        out: list[list[int]] = [[] for _ in rows]
+        reasons: list[str | None] = ["length" if params.max_new_tokens == 0 else None] * B
+        kind = self.artifact.kind
+        feeds = prefill_feeds(self.config, kind, ids, mask)
+        while not all(reasons):
+            outputs = self.session.run(self._outputs, feeds)
+            nxt = np.full(B, self._pad, dtype=np.int64)
+            for r in range(B):
+                if reasons[r] is None:
+                    reasons[r] = self._choose(r, outputs[0][r, -1], params, rngs[r], rows, out)
+                    nxt[r] = out[r][-1] if out[r] and reasons[r] != "eos" else self._pad
+            yield out, reasons
+            if all(reasons):
+                break
+            feeds = step_feeds(kind, feeds, nxt, self._outputs, outputs)
+        if params.max_new_tokens == 0:
+            yield out, reasons
+
+    def _choose(self, r, logits, params, rng, rows, out) -> str | None:
+        """Append row r's next token; return its finish reason if this ends it."""
+        tok = next_token(logits, params, rng, rows[r] + out[r])
+        if tok == self.tokenizer.eos_id:
+            return "eos"
+        out[r].append(tok)
+        if len(out[r]) >= params.max_new_tokens:
+            return "length"
+        if len(rows[r]) + len(out[r]) >= self.config.block_size:
+            return "context"
+        if params.stop:
+            text = self.tokenizer.decode(out[r])
+            if _stop_cut(text, params.stop) < len(text):
+                return "stop"
+        return None
+
+
+def _is_int(t) -> bool:
+    return isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+
+
+def _params(kwargs: dict) -> dict:
+    if isinstance(kwargs.get("stop"), str):
+        kwargs = {**kwargs, "stop": (kwargs["stop"],)}
+    elif isinstance(kwargs.get("stop"), list):
+        kwargs = {**kwargs, "stop": tuple(kwargs["stop"])}
+    unknown = set(kwargs) - set(SamplingParams.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"unknown generation argument(s) {sorted(unknown)}; allowed: "
+                         f"{sorted(SamplingParams.__dataclass_fields__)}")
+    return kwargs
+
+
+def _stop_cut(text: str, stops: tuple[str, ...]) -> int:
+    """Where `text` ends once cut at the first stop string (its length if none occurs)."""
+    return min((text.find(s) for s in stops if s in text), default=len(text))
+
+
+def _safe_end(text: str, stops: tuple[str, ...]) -> int:
+    """How much of `text` can be shown now: not a trailing partial character, nor a tail that
+    may be the start of a stop string."""
+    end = len(text)
+    while end and text[end - 1] == REPLACEMENT:
+        end -= 1
+    for s in stops:
+        for k in range(min(len(s) - 1, end), 0, -1):
+            if text[:end].endswith(s[:k]):
+                end -= k
+                break
+    return min(end, _stop_cut(text, stops))

@@ -1,0 +1,77 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty
+(numpy only). Each sequence has its own random generator seeded by `seed`, so a prompt samples
+the same tokens alone or inside a batch."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_NEW_TOKENS_LIMIT = 1 << 20  # beyond this a request is a mistake, not a plan
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the sequence
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name, value, allowed):
+            raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+
+        n = self.max_new_tokens
+        if not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_NEW_TOKENS_LIMIT):
+            bad("max_new_tokens", n, f"an integer in 0..{MAX_NEW_TOKENS_LIMIT}")
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                and t >= 0):
+            bad("temperature", t, "a finite number >= 0 (0 = greedy)")
+        k = self.top_k
+        if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+            bad("top_k", k, "None or an integer >= 1")
+        p = self.top_p
+        if p is not None and not (isinstance(p, (int, float)) and not isinstance(p, bool)
+                                  and 0 < p <= 1):
+            bad("top_p", p, "None or a number in (0, 1]")
+        r = self.repetition_penalty
+        if not (isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
+                and r > 0):
+            bad("repetition_penalty", r, "a finite number > 0 (1 = off)")
+        if not (isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop)):
+            bad("stop", self.stop, "a string or a list of non-empty strings")
+        s = self.seed
+        if s is not None and not (isinstance(s, int) and not isinstance(s, bool) and s >= 0):
+            bad("seed", s, "None or an integer >= 0")
+
+
+def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+               history: list[int]) -> int:
+    """One token id from one row of logits [vocab]."""
+    z = logits.astype(np.float64)
+    if params.repetition_penalty != 1.0 and history:
+        seen = np.unique(np.asarray(history))
+        z[seen] = np.where(z[seen] > 0, z[seen] / params.repetition_penalty,
+                           z[seen] * params.repetition_penalty)
+    if params.temperature == 0:
+        return int(z.argmax())
+    z = z / params.temperature
+    if params.top_k is not None and params.top_k < z.size:
+        kth = np.partition(z, -params.top_k)[-params.top_k]
+        z = np.where(z < kth, -np.inf, z)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if params.top_p is not None and params.top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        keep = order[: int(np.searchsorted(cum, params.top_p)) + 1]  # smallest set >= top_p
+        mask = np.zeros_like(probs)
+        mask[keep] = probs[keep]
+        probs = mask / mask.sum()
+    pick = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
+    return min(pick, probs.size - 1)

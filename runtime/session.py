@@ -1,0 +1,140 @@
+"""ONNX Runtime sessions: provider choice with no silent fallback, deliberate session options,
+and integrity checks of the artifact directory before anything runs (torch-free)."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+from tinyt.config import ModelConfig
+from tinyt.errors import TinytError
+from tinyt.hardware import physical_cores
+from tinyt.manifest import ManifestError, check_manifest, read_model_config
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+             "tensorrt": "TensorrtExecutionProvider"}
+AUTO_ORDER = ("cuda", "cpu")  # TensorRT builds engines per shape: only when asked for by name
+LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+          "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+          "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+          "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+class ProviderError(TinytError, RuntimeError):
+    """The requested execution provider is not available or did not initialise."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    config: ModelConfig
+    kind: str  # decoder_with_past | decoder | classifier
+    labels: list[str] | None
+    manifest: dict
+
+
+def installation_problems() -> list[str]:
+    """Known broken setups, each with its fix."""
+    problems = []
+    installed = {d for d in ("onnxruntime", "onnxruntime-gpu") if _installed(d)}
+    if len(installed) == 2:
+        problems.append("both onnxruntime and onnxruntime-gpu are installed; they ship the same "
+                        "module and break each other: pip uninstall -y onnxruntime "
+                        "onnxruntime-gpu, then install one (extra 'cpu' or 'gpu')")
+    return problems
+
+
+def _installed(dist: str) -> bool:
+    try:
+        md.version(dist)
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def open_artifact(directory: str | os.PathLike) -> Artifact:
+    """Check the directory against its manifest (hashes) and the I/O contract it declares."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ManifestError(f"artifact directory {directory} does not exist")
+    manifest = check_manifest(directory)
+    cfg, block = read_model_config(directory)
+    kind = manifest.get("graph")
+    if kind not in ("decoder_with_past", "decoder", "classifier"):
+        raise ManifestError(f"{directory}/manifest.json names graph {kind!r}; tinyt.runtime "
+                            "runs decoder_with_past, decoder and classifier graphs")
+    return Artifact(directory, cfg, kind, block.get("labels"), manifest)
+
+
+def session_options(artifact: Artifact, *, threads: int | None, spinning: bool,
+                    level: str | None) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or physical_cores()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Spinning keeps idle threads busy-waiting between runs: lower latency, but it burns the
+    # cores the application needs for tokenizing and sampling between steps. Off by default.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    # Shapes change every step (the KV cache grows): memory patterns planned for one shape
+    # would be thrown away at the next, so don't plan them.
+    opts.enable_mem_pattern = False
+    recorded = artifact.manifest.get("options", {}).get("level")
+    # An optimized artifact was optimized offline at `recorded`; a portable one must not gain
+    # contrib ops at load. Others get ONNX Runtime's extended level.
+    opts.graph_optimization_level = LEVELS[level or recorded or "extended"]
+    opts.log_severity_level = 3
+    return opts
+
+
+def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | None = None,
+                   spinning: bool = False, level: str | None = None) -> ort.InferenceSession:
+    """A session on exactly the requested provider ('auto': the best that really works)."""
+    if provider not in (*PROVIDERS, "auto"):
+        raise ProviderError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}, auto")
+    if level is not None and level not in LEVELS:
+        raise ProviderError(f"level={level!r} is not one of {', '.join(LEVELS)}")
+    opts = session_options(artifact, threads=threads, spinning=spinning, level=level)
+    model = str(artifact.path / "model.onnx")
+    if provider != "auto":
+        return _on(provider, model, opts)
+    failures = []
+    for name in AUTO_ORDER:
+        try:
+            return _on(name, model, opts)
+        except ProviderError as e:
+            failures.append(str(e))
+    raise ProviderError("no provider works: " + "; ".join(failures))
+
+
+def _on(provider: str, model: str, opts: ort.SessionOptions) -> ort.InferenceSession:
+    wanted = PROVIDERS[provider]
+    available = ort.get_available_providers()
+    hints = installation_problems()
+    if wanted not in available:
+        raise ProviderError(
+            f"provider {provider!r} ({wanted}) is not in this onnxruntime "
+            f"{ort.__version__}; available: {', '.join(available)}"
+            + ("" if provider == "cpu" else "; for CUDA install the 'gpu' extra "
+               "(onnxruntime-gpu) instead of 'cpu'") + "".join(f"; {h}" for h in hints))
+    if provider != "cpu" and hasattr(ort, "preload_dlls"):
+        try:
+            ort.preload_dlls()  # CUDA / cuDNN from pip wheels, where they are installed
+        except Exception:  # preloading is a help, not a requirement
+            pass
+    try:
+        # CPU stays listed after an accelerator: ONNX Runtime places ops that provider lacks
+        # there. A fallback of the whole session is caught below.
+        chain = [wanted] if provider == "cpu" else [wanted, "CPUExecutionProvider"]
+        sess = ort.InferenceSession(model, opts, providers=chain)
+    except Exception as e:  # ORT raises its own Fail / RuntimeException types
+        raise ProviderError(f"provider {provider!r} failed to initialise: {e}") from None
+    got = sess.get_providers()
+    if got[0] != wanted:  # ONNX Runtime fell back (for example, CUDA libraries missing)
+        raise ProviderError(
+            f"provider {provider!r} did not initialise (the session got {got}); its libraries "
+            "are likely missing: check CUDA / cuDNN versions against onnxruntime-gpu's, or "
+            "install the nvidia-*-cu12 wheels" + "".join(f"; {h}" for h in hints))
+    return sess

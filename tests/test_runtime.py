@@ -1,0 +1,223 @@
+import shutil
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tinyt.runtime as rt
+from tinyt.checkpoint import load_checkpoint
+from tinyt.manifest import ManifestError
+from tinyt.model import generate as torch_generate
+
+CLF_PROB_TOL = 1e-4  # classifier probabilities, ONNX Runtime vs PyTorch
+
+
+@pytest.fixture(scope="module")
+def lm(lm_onnx):
+    return rt.load(lm_onnx, threads=1)
+
+
+@pytest.fixture(scope="module")
+def ck(tiny_ckpt):
+    return load_checkpoint(tiny_ckpt)
+
+
+def torch_greedy(ck, ids, n):
+    out = torch_generate(ck.model, torch.tensor([ids]), n, temperature=0)[0, len(ids):].tolist()
+    eos = ck.tokenizer.eos_id
+    return out[:out.index(eos)] if eos in out else out
+
+
+@pytest.mark.parametrize("prompt", ["def ", "import os\n", "    return alpha_3", "x"])
+def test_greedy_matches_pytorch(lm, ck, prompt):
+    ids = ck.tokenizer.encode(prompt)
+    n = ck.config.block_size - len(ids)
+    (res,) = lm.generate_ids(ids, max_new_tokens=n)
+    assert res.token_ids == torch_greedy(ck, ids, n)
+    assert res.finish_reason in ("length", "eos")  # n fills the context exactly
+    assert lm.generate(prompt, max_new_tokens=n) == ck.tokenizer.decode(res.token_ids)
+
+
+def test_batch_of_different_lengths_equals_one_by_one(lm):
+    prompts = ["def ", "import os\nimport sys\n", "x", "    return alpha_3 + beta"]
+    for kw in (dict(), dict(temperature=0.9, top_k=20, seed=5)):
+        batch = lm.generate_details(prompts, max_new_tokens=12, **kw)
+        alone = [lm.generate_details([p], max_new_tokens=12, **kw)[0] for p in prompts]
+        assert [b.token_ids for b in batch] == [a.token_ids for a in alone], kw
+        assert [b.finish_reason for b in batch] == [a.finish_reason for a in alone]
+
+
+def test_sampling_options(lm):
+    base = dict(max_new_tokens=15, temperature=1.0, seed=1)
+    assert lm.generate("def ", **base) == lm.generate("def ", **base)  # seeded
+    outs = {lm.generate("def ", **{**base, "seed": s}) for s in range(6)}
+    assert len(outs) > 1  # the seed matters
+    greedy = lm.generate("def ", max_new_tokens=15)
+    assert lm.generate("def ", **{**base, "top_k": 1}) == greedy
+    assert lm.generate("def ", **{**base, "top_p": 1e-9}) == greedy
+    plain = lm.generate_details(["def "], max_new_tokens=20)[0].token_ids
+    penalised = lm.generate_details(["def "], max_new_tokens=20, repetition_penalty=5.0)[0]
+    assert len(set(penalised.token_ids)) >= len(set(plain))
+
+
+def test_stop_strings_and_streaming(lm):
+    full = lm.generate("def ", max_new_tokens=25)
+    stop = full[5:8]
+    assert stop and stop in full
+    res = lm.generate_details(["def "], max_new_tokens=25, stop=[stop])[0]
+    assert res.finish_reason == "stop" and res.text == full[:full.index(stop)]
+    for kw in (dict(max_new_tokens=25), dict(max_new_tokens=25, stop=stop),
+               dict(max_new_tokens=25, temperature=0.7, seed=3)):
+        pieces = list(lm.stream("def ", **kw))
+        assert "".join(pieces) == lm.generate("def ", **kw)
+        assert len(pieces) > 1
+
+
+def test_context_limit(lm, ck):
+    block = ck.config.block_size
+    ids = list(range(3, 3 + block - 3))
+    res = lm.generate_ids(ids, max_new_tokens=10)[0]
+    assert res.finish_reason in ("context", "eos") and len(res.token_ids) <= 3
+    with pytest.raises(ValueError, match=f"reads at most block_size - 1 = {block - 1}"):
+        lm.generate_ids(list(range(block)), max_new_tokens=1)
+    assert lm.generate_ids([5], max_new_tokens=0)[0].token_ids == []
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda m: m.generate_ids([1, 99999]), r"token ids \[99999\] \(row 0\) are outside"),
+    (lambda m: m.generate_ids([[1, -1]]), r"token ids \[-1\]"),
+    (lambda m: m.generate(""), "prompt is empty"),
+    (lambda m: m.generate(b"\xff\xfe"), "not valid UTF-8"),
+    (lambda m: m.generate("\ud800"), "not valid Unicode"),
+    (lambda m: m.generate(42), "prompt must be str"),
+    (lambda m: m.generate_ids(np.zeros((1, 2, 3), dtype=np.int64)), "1-D or 2-D integer array"),
+    (lambda m: m.generate_ids(np.zeros((1, 2), dtype=np.float32)), "1-D or 2-D integer array"),
+    (lambda m: m.generate_ids([]), "non-empty list of ints"),
+    (lambda m: m.generate("a", max_new_tokens=-1), "max_new_tokens=-1 is invalid"),
+    (lambda m: m.generate("a", max_new_tokens=10**9), "max_new_tokens=1000000000 is invalid"),
+    (lambda m: m.generate("a", top_p=0), "top_p=0 is invalid: None or a number in \\(0, 1\\]"),
+    (lambda m: m.generate("a", top_p=1.5), "top_p=1.5 is invalid"),
+    (lambda m: m.generate("a", temperature=float("nan")), "temperature=nan is invalid"),
+    (lambda m: m.generate("a", top_k=0), "top_k=0 is invalid"),
+    (lambda m: m.generate("a", stop=[""]), "stop=.* is invalid"),
+    (lambda m: m.generate("a", beams=4), r"unknown generation argument\(s\) \['beams'\]"),
+])
+def test_bad_input_is_a_value_error(lm, call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call(lm)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=st.one_of(st.text(max_size=40), st.binary(max_size=20)),
+       ids=st.lists(st.integers(-5, 400), max_size=40),
+       max_new=st.integers(-3, 6),
+       temperature=st.one_of(st.floats(-1, 3), st.just(float("nan")), st.just(float("inf"))),
+       top_k=st.one_of(st.none(), st.integers(-1, 50)),
+       top_p=st.one_of(st.none(), st.floats(-0.5, 1.5)))
+def test_random_input_gives_a_result_or_a_documented_error(lm, prompt, ids, max_new,
+                                                           temperature, top_k, top_p):
+    kw = dict(max_new_tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p, seed=0)
+    for call in (lambda: lm.generate_details([prompt], **kw), lambda: lm.generate_ids(ids, **kw)):
+        try:
+            (res,) = call()
+        except ValueError:
+            continue
+        assert isinstance(res.text, str) and len(res.token_ids) <= max(max_new, 0)
+        assert all(0 <= t < lm.config.vocab_size for t in res.token_ids)
+        assert res.finish_reason in ("eos", "stop", "length", "context")
+
+
+def test_eight_threads_equal_sequential_calls(lm):
+    prompts = [f"def alpha_{i}(" for i in range(8)]
+    want = [lm.generate(p, max_new_tokens=10, temperature=0.8, seed=i)
+            for i, p in enumerate(prompts)]
+    got = [None] * 8
+
+    def work(i):
+        got[i] = lm.generate(prompts[i], max_new_tokens=10, temperature=0.8, seed=i)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
+def test_no_cache_graph_generates_the_same(lm, tiny_ckpt, tmp_path):
+    from tinyt.export import export_onnx
+    plain = rt.load(export_onnx(tiny_ckpt, tmp_path / "nocache", with_past=False), threads=1)
+    assert plain.generate("def ", max_new_tokens=12) == lm.generate("def ", max_new_tokens=12)
+
+
+def test_integrity_checks(lm_onnx, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(lm_onnx, copy)
+    with open(copy / "model.onnx", "r+b") as f:  # truncate
+        f.truncate(1000)
+    with pytest.raises(ManifestError, match="model.onnx does not match its sha256"):
+        rt.load(copy)
+    with pytest.raises(ManifestError, match="does not exist"):
+        rt.load(tmp_path / "nothing")
+
+
+def test_providers_never_fall_back_silently(lm_onnx, monkeypatch):
+    with pytest.raises(rt.ProviderError, match="provider 'cuda' .* is not in this onnxruntime"
+                                               ".*available: .*CPUExecutionProvider"):
+        rt.load(lm_onnx, provider="cuda")
+    with pytest.raises(rt.ProviderError, match="provider='npu' is not one of cpu, cuda"):
+        rt.load(lm_onnx, provider="npu")
+    assert rt.load(lm_onnx, provider="auto").provider == "CPUExecutionProvider"
+    import onnxruntime as ort
+
+    import tinyt.runtime.session as S
+    # CUDA listed but its libraries missing: ONNX Runtime hands back a CPU session.
+    monkeypatch.setattr(S.ort, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    real = ort.InferenceSession
+    monkeypatch.setattr(S.ort, "InferenceSession",
+                        lambda path, opts, providers: real(path, opts,
+                                                           providers=["CPUExecutionProvider"]))
+    with pytest.raises(rt.ProviderError, match="did not initialise .* libraries are likely"):
+        rt.load(lm_onnx, provider="cuda")
+
+
+def test_both_onnxruntime_packages_is_detected(monkeypatch):
+    import tinyt.runtime.session as S
+    monkeypatch.setattr(S, "_installed", lambda dist: True)
+    (problem,) = S.installation_problems()
+    assert "both onnxruntime and onnxruntime-gpu are installed" in problem
+
+
+def test_classifier_matches_pytorch(tiny_clf, tmp_path):
+    from tinyt.export import export_onnx
+    clf = rt.load(export_onnx(tiny_clf, tmp_path / "clf"), threads=1)
+    assert isinstance(clf, rt.Classifier) and clf.labels == ["maths", "strings"]
+    texts = ["x0 = sum(sum_1, 0)\n" * 3, "y = join(a)\n", "z = join(join_2, 5)\nq = 1\n" * 4]
+    preds = clf.classify(texts, batch_size=2)
+    ck = load_checkpoint(tiny_clf)
+    for text, pred in zip(texts, preds):
+        ids = torch.tensor([ck.tokenizer.encode(text)[: ck.config.block_size]])
+        with torch.no_grad():
+            p = torch.softmax(ck.model(ids), -1)[0].tolist()
+        assert pred.label == ck.labels[int(np.argmax(p))]
+        assert max(abs(pred.probabilities[n] - v) for n, v in zip(ck.labels, p)) <= CLF_PROB_TOL
+    single = clf.classify(texts[1])
+    assert single.probabilities == pytest.approx(preds[1].probabilities, abs=1e-6)
+    with pytest.raises(ValueError, match="non-empty list of strings"):
+        clf.classify([])
+
+
+def test_runtime_runs_without_torch(lm_onnx):
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import tinyt.runtime as rt\n"
+            f"lm = rt.load({str(lm_onnx)!r}, threads=1)\n"
+            "print(repr(lm.generate('def ', max_new_tokens=5)))\n"
+            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("'")
