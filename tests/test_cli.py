@@ -76,3 +76,21 @@ def test_import_nanogpt_from_the_cli(tmp_path):
     assert "checkpoint:" in proc.stdout
     out = tinyt("sample", tmp_path / "imported", "--max-new-tokens", "4").stdout
     assert out.startswith("def ")
+
+
+def test_generate_classify_and_info(lm_onnx, tiny_clf, tmp_path):
+    proc = tinyt("generate", lm_onnx, "def alpha", "--max-new-tokens", "6", "--temperature", "0")
+    assert proc.stdout.startswith("def alpha") and len(proc.stdout.strip()) > len("def alpha")
+    proc = tinyt("generate", lm_onnx, "def ", "--top-p", "2", ok=False)
+    assert proc.returncode == 2 and "top_p=2.0 is invalid" in proc.stderr
+    assert proc.stdout == ""  # checked before anything is printed
+    proc = tinyt("generate", lm_onnx, "def ", "--provider", "cuda", ok=False)
+    assert proc.returncode == 2 and "available: " in proc.stderr
+    from tinyt.export import export_onnx
+    clf = export_onnx(tiny_clf, tmp_path / "clf")
+    proc = tinyt("classify", clf, "x = sum(sum_1, 2)", "y = join(a)")
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.split("\t")[0] in ("maths", "strings") for line in lines)
+    assert tinyt("generate", clf, "x", ok=False).returncode == 2
+    proc = tinyt("info")
+    assert "onnxruntime providers: " in proc.stdout and "int8 preset:" in proc.stdout

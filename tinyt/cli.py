@@ -237,6 +237,59 @@ def quantize(
     typer.echo(f"onnx: {path}")
 
 
+@app.command("generate")
+def generate_cmd(
+    artifact: Annotated[Path, typer.Argument(help="Causal-LM artifact directory.")],
+    prompt: Annotated[str, typer.Argument(help="Text to continue.")],
+    max_new_tokens: Annotated[int, typer.Option()] = 64,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.8,
+    top_k: Annotated[Optional[int], typer.Option()] = 50,
+    top_p: Annotated[Optional[float], typer.Option()] = None,
+    repetition_penalty: Annotated[float, typer.Option()] = 1.0,
+    stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or auto.")] = "cpu",
+    threads: Annotated[Optional[int], typer.Option(help="Default: physical cores.")] = None,
+) -> None:
+    """Stream a continuation of PROMPT with ONNX Runtime (no torch needed)."""
+    import tinyt.runtime as rt
+
+    lm = rt.load(artifact, provider=provider, threads=threads)
+    if not isinstance(lm, rt.LanguageModel):
+        raise TinytError(f"{artifact} is a classifier; use 'tinyt classify'")
+    try:
+        pieces = lm.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                           stop=stop or (), seed=seed)
+        typer.echo(prompt, nl=False)
+        for piece in pieces:
+            typer.echo(piece, nl=False)
+        typer.echo()
+    except ValueError as e:
+        raise TinytError(str(e)) from None
+
+
+@app.command("classify")
+def classify_cmd(
+    artifact: Annotated[Path, typer.Argument(help="Classifier artifact directory.")],
+    texts: Annotated[list[str], typer.Argument(help="Texts to classify.")],
+    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or auto.")] = "cpu",
+) -> None:
+    """Label each TEXT with the classifier, with its probability."""
+    import tinyt.runtime as rt
+
+    clf = rt.load(artifact, provider=provider)
+    if not isinstance(clf, rt.Classifier):
+        raise TinytError(f"{artifact} is a language model; use 'tinyt generate'")
+    try:
+        preds = clf.classify(texts)
+    except ValueError as e:
+        raise TinytError(str(e)) from None
+    for text, p in zip(texts, preds):
+        short = text if len(text) <= 40 else text[:37] + "..."
+        typer.echo(f"{p.label}\t{p.probabilities[p.label]:.3f}\t{short!r}")
+
+
 @app.command()
 def info() -> None:
     """Versions, ONNX Runtime providers, and the CPU features that decide INT8 settings."""
@@ -255,7 +308,11 @@ def info() -> None:
     try:
         import onnxruntime as ort
 
+        from tinyt.runtime import installation_problems
+
         typer.echo(f"onnxruntime providers: {', '.join(ort.get_available_providers())}")
+        for problem in installation_problems():
+            typer.echo(f"problem: {problem}")
     except ImportError:
         typer.echo("onnxruntime providers: onnxruntime is not installed (extra 'cpu' or 'gpu')")
     features = cpu_features()
