@@ -27,13 +27,16 @@ __all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Predictio
 
 
 def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
-         spinning: bool = False, level: str | None = None) -> LanguageModel | Classifier:
+         spinning: bool = False, level: str | None = None,
+         io_binding: bool | None = None) -> LanguageModel | Classifier:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
-    classifier graphs. threads defaults to the physical cores; level to the artifact's own."""
+    classifier graphs. threads defaults to the physical cores; level to the artifact's own;
+    io_binding (KV cache kept on the provider's device between steps) to on for accelerators,
+    off for CPU."""
     artifact = open_artifact(path)
     session = create_session(artifact, provider=provider, threads=threads, spinning=spinning,
                              level=level)
     tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
     if artifact.kind == "classifier":
         return Classifier(artifact, session, tokenizer)
-    return LanguageModel(artifact, session, tokenizer)
+    return LanguageModel(artifact, session, tokenizer, io_binding=io_binding)

@@ -11,8 +11,8 @@ import numpy as np
 from tinyt.config import ModelConfig
 
 
-def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray,
-                  mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray, mask: np.ndarray | None = None,
+                  *, kv_dtype=np.float32) -> dict[str, np.ndarray]:
     """Feeds that run `ids` [B, T] from scratch: past length 0, positions counted from the
     mask (so left padding does not shift them)."""
     B, T = ids.shape
@@ -20,22 +20,31 @@ def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray,
     feeds = {"input_ids": ids, "attention_mask": mask}
     if kind == "decoder_with_past":
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)
-        empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=np.float32)
+        empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=kv_dtype)
         feeds.update({f"past_key_values.{i}.{kv}": empty
                       for i in range(cfg.n_layer) for kv in ("key", "value")})
     return feeds
 
 
+def grow_mask(mask: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
+    """The attention mask one step later. A finished sequence (active False) gets 0: its
+    padding input then sees only itself and its position stops growing, so it never runs past
+    block_size while the others go on."""
+    col = np.ones((len(mask), 1), dtype=np.int64) if active is None else \
+        np.asarray(active, dtype=np.int64)[:, None]
+    return np.concatenate([mask, col], axis=1)
+
+
 def step_feeds(kind: str, feeds: dict[str, np.ndarray], nxt: np.ndarray, output_names: list[str],
-               outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+               outputs: list[np.ndarray], active: np.ndarray | None = None
+               ) -> dict[str, np.ndarray]:
     """Feeds for the next step after `feeds` produced `outputs` and the tokens `nxt` [B] were
     chosen. Without a cache the whole sequence runs again."""
-    B = len(nxt)
-    mask = np.concatenate([feeds["attention_mask"], np.ones((B, 1), dtype=np.int64)], axis=1)
+    mask = grow_mask(feeds["attention_mask"], active)
     if kind != "decoder_with_past":
         return {"input_ids": np.concatenate([feeds["input_ids"], nxt[:, None]], axis=1),
                 "attention_mask": mask}
     past = {n.replace("present", "past_key_values"): v
             for n, v in zip(output_names[1:], outputs[1:])}
     return {"input_ids": nxt[:, None].astype(np.int64), "attention_mask": mask,
-            "position_ids": mask.sum(-1, keepdims=True) - 1, **past}
+            "position_ids": np.clip(mask.sum(-1, keepdims=True) - 1, 0, None), **past}

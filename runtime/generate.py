@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from tinyt.tokenizer import Tokenizer
 
-from .feeds import prefill_feeds, step_feeds
+from .feeds import grow_mask, prefill_feeds, step_feeds
 from .sampling import SamplingParams, next_token
 from .session import Artifact
 
@@ -55,12 +55,19 @@ class LanguageModel:
     """A causal LM artifact on an ONNX Runtime session. Thread-safe: calls share only the
     session, whose run() may be called from many threads."""
 
-    def __init__(self, artifact: Artifact, session: ort.InferenceSession, tokenizer: Tokenizer):
+    def __init__(self, artifact: Artifact, session: ort.InferenceSession, tokenizer: Tokenizer,
+                 *, io_binding: bool | None = None):
         self.artifact, self.session, self.tokenizer = artifact, session, tokenizer
         self.config = artifact.config
         self.provider = session.get_providers()[0]
         self._outputs = [o.name for o in session.get_outputs()]
         self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+        # On an accelerator the KV cache stays in device memory between steps (I/O binding);
+        # on CPU plain numpy feeds measured as fast (benchmarks/cpu_iobinding.py).
+        self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
+        self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
+        past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
+        self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
 
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> str | list[str]:
@@ -141,21 +148,51 @@ class LanguageModel:
         rngs = [np.random.default_rng(params.seed) for _ in rows]
         out: list[list[int]] = [[] for _ in rows]
         reasons: list[str | None] = ["length" if params.max_new_tokens == 0 else None] * B
-        kind = self.artifact.kind
-        feeds = prefill_feeds(self.config, kind, ids, mask)
+        steps = self._steps(prefill_feeds(self.config, self.artifact.kind, ids, mask,
+                                          kv_dtype=self._kv_dtype))
+        logits = next(steps) if not all(reasons) else None
         while not all(reasons):
-            outputs = self.session.run(self._outputs, feeds)
             nxt = np.full(B, self._pad, dtype=np.int64)
             for r in range(B):
                 if reasons[r] is None:
-                    reasons[r] = self._choose(r, outputs[0][r, -1], params, rngs[r], rows, out)
+                    reasons[r] = self._choose(r, logits[r, -1], params, rngs[r], rows, out)
                     nxt[r] = out[r][-1] if out[r] and reasons[r] != "eos" else self._pad
             yield out, reasons
             if all(reasons):
                 break
-            feeds = step_feeds(kind, feeds, nxt, self._outputs, outputs)
+            logits = steps.send((nxt, np.array([r is None for r in reasons])))
         if params.max_new_tokens == 0:
             yield out, reasons
+
+    def _steps(self, feeds: dict[str, np.ndarray]):
+        """Coroutine: yields the logits of each step; is sent (next tokens [B], which
+        sequences are still running [B])."""
+        kind = self.artifact.kind
+        if not (self.io_binding and kind == "decoder_with_past"):
+            while True:
+                outputs = self.session.run(self._outputs, feeds)
+                nxt, active = yield outputs[0]
+                feeds = step_feeds(kind, feeds, nxt, self._outputs, outputs, active)
+        # I/O binding: present keys/values stay where the provider put them (device memory on
+        # CUDA) and become the next step's past without a round trip through numpy.
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        mask = feeds["attention_mask"]
+        while True:
+            binding.bind_output("logits", "cpu")
+            for name in self._outputs[1:]:
+                binding.bind_output(name, self.device)
+            self.session.run_with_iobinding(binding)
+            outputs = binding.get_outputs()
+            nxt, active = yield outputs[0].numpy()
+            mask = grow_mask(mask, active)
+            binding.bind_cpu_input("input_ids", nxt[:, None].astype(np.int64))
+            binding.bind_cpu_input("attention_mask", mask)
+            binding.bind_cpu_input("position_ids", np.clip(mask.sum(-1, keepdims=True) - 1, 0,
+                                                           None))
+            for name, value in zip(self._outputs[1:], outputs[1:]):
+                binding.bind_ortvalue_input(name.replace("present", "past_key_values"), value)
 
     def _choose(self, r, logits, params, rng, rows, out) -> str | None:
         """Append row r's next token; return its finish reason if this ends it."""

@@ -78,6 +78,15 @@ def test_stop_strings_and_streaming(lm):
         assert len(pieces) > 1
 
 
+def test_a_batch_goes_on_after_one_sequence_fills_its_context(lm, ck):
+    long = list(range(3, 3 + ck.config.block_size - 4))  # room for 4 tokens
+    short = [5, 6]
+    batch = lm.generate_ids([long, short], max_new_tokens=12)
+    assert batch[0].token_ids == lm.generate_ids([long], max_new_tokens=12)[0].token_ids
+    assert batch[1].token_ids == lm.generate_ids([short], max_new_tokens=12)[0].token_ids
+    assert batch[0].finish_reason in ("context", "eos") and len(batch[0].token_ids) <= 4
+
+
 def test_context_limit(lm, ck):
     block = ck.config.block_size
     ids = list(range(3, 3 + block - 3))
@@ -223,3 +232,16 @@ def test_runtime_runs_without_torch(lm_onnx):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("'")
+
+
+def test_io_binding_path_gives_the_same_tokens(lm_onnx, lm):
+    """The accelerator path (KV cache bound to the provider's device between steps) run on
+    CPU: only the device string differs on CUDA."""
+    bound = rt.load(lm_onnx, threads=1, io_binding=True)
+    assert bound.io_binding and not lm.io_binding
+    prompts = ["def ", "import os\nimport sys\n", "x"]
+    for kw in (dict(max_new_tokens=20), dict(max_new_tokens=20, temperature=0.9, seed=2)):
+        assert [r.token_ids for r in bound.generate_details(prompts, **kw)] == \
+            [r.token_ids for r in lm.generate_details(prompts, **kw)]
+    assert "".join(bound.stream("def ", max_new_tokens=15)) == lm.generate("def ",
+                                                                          max_new_tokens=15)
