@@ -9,6 +9,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from tinyt import contract
 from tinyt.config import ModelConfig
 from tinyt.errors import TinytError
 from tinyt.hardware import physical_cores
@@ -69,6 +70,24 @@ def open_artifact(directory: str | os.PathLike) -> Artifact:
     return Artifact(directory, cfg, kind, block.get("labels"), manifest)
 
 
+def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
+    """The session's inputs and outputs are the contract's, by name and rank, in order."""
+    cfg, kind = artifact.config, artifact.kind
+    if kind == "classifier":
+        want = contract.classifier_inputs(cfg), contract.classifier_outputs(cfg)
+    else:
+        past = kind == "decoder_with_past"
+        want = (contract.decoder_inputs(cfg, with_past=past),
+                contract.decoder_outputs(cfg, with_past=past))
+    for got, specs, side in ((session.get_inputs(), want[0], "inputs"),
+                             (session.get_outputs(), want[1], "outputs")):
+        have = [(t.name, len(t.shape)) for t in got]
+        expected = [(t.name, len(t.shape)) for t in specs]
+        if have != expected:
+            raise ManifestError(f"{artifact.path}/model.onnx {side} {have} do not follow the "
+                                f"{kind} contract {expected}")
+
+
 def session_options(artifact: Artifact, *, threads: int | None, spinning: bool,
                     level: str | None) -> ort.SessionOptions:
     opts = ort.SessionOptions()
@@ -99,14 +118,19 @@ def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | 
     opts = session_options(artifact, threads=threads, spinning=spinning, level=level)
     model = str(artifact.path / "model.onnx")
     if provider != "auto":
-        return _on(provider, model, opts)
-    failures = []
-    for name in AUTO_ORDER:
-        try:
-            return _on(name, model, opts)
-        except ProviderError as e:
-            failures.append(str(e))
-    raise ProviderError("no provider works: " + "; ".join(failures))
+        session = _on(provider, model, opts)
+    else:
+        failures = []
+        for name in AUTO_ORDER:
+            try:
+                session = _on(name, model, opts)
+                break
+            except ProviderError as e:
+                failures.append(str(e))
+        else:
+            raise ProviderError("no provider works: " + "; ".join(failures))
+    check_contract(artifact, session)
+    return session
 
 
 def _on(provider: str, model: str, opts: ort.SessionOptions) -> ort.InferenceSession:

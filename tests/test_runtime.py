@@ -176,6 +176,27 @@ def test_integrity_checks(lm_onnx, tmp_path):
         rt.load(tmp_path / "nothing")
 
 
+def test_a_graph_that_breaks_the_contract_is_refused(lm_onnx, tmp_path):
+    import json
+
+    import onnx
+
+    from tinyt.fsutil import sha256_file
+    copy = tmp_path / "renamed"
+    shutil.copytree(lm_onnx, copy)
+    model = onnx.load(str(copy / "model.onnx"))
+    model.graph.input[2].name = "positions"  # position_ids renamed: the graph no longer fits
+    for node in model.graph.node:
+        node.input[:] = ["positions" if i == "position_ids" else i for i in node.input]
+    onnx.save(model, str(copy / "model.onnx"))
+    manifest = json.loads((copy / "manifest.json").read_text())  # hashes made consistent
+    manifest["files"]["model.onnx"] = {"sha256": sha256_file(copy / "model.onnx"),
+                                       "bytes": (copy / "model.onnx").stat().st_size}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="do not follow the decoder_with_past contract"):
+        rt.load(copy)
+
+
 def test_providers_never_fall_back_silently(lm_onnx, monkeypatch):
     with pytest.raises(rt.ProviderError, match="provider 'cuda' .* is not in this onnxruntime"
                                                ".*available: .*CPUExecutionProvider"):

@@ -257,6 +257,8 @@ def generate_cmd(
     lm = rt.load(artifact, provider=provider, threads=threads)
     if not isinstance(lm, rt.LanguageModel):
         raise TinytError(f"{artifact} is a classifier; use 'tinyt classify'")
+    if provider == "auto":
+        typer.echo(f"provider: {lm.provider}", err=True)
     try:
         pieces = lm.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                            top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
