@@ -196,7 +196,8 @@ class LanguageModel:
 
     def _choose(self, r, logits, params, rng, rows, out) -> str | None:
         """Append row r's next token; return its finish reason if this ends it."""
-        tok = next_token(logits, params, rng, rows[r] + out[r])
+        history = rows[r] + out[r] if params.repetition_penalty != 1.0 else []
+        tok = next_token(logits, params, rng, history)
         if tok == self.tokenizer.eos_id:
             return "eos"
         out[r].append(tok)
