@@ -293,6 +293,30 @@ def classify_cmd(
 
 
 @app.command()
+def bench(
+    artifacts: Annotated[Path, typer.Argument(help="Directory holding checkpoint/, onnx/ and the "
+                                                   "other stages' outputs.")] = Path("artifacts"),
+    out: Annotated[Path, typer.Option(help="Where results.json and results.md go.")]
+        = Path("benchmarks/results/cpu"),
+    mode: Annotated[str, typer.Option(help="quick (< 1 min) or full.")] = "quick",
+) -> None:
+    """Latency and throughput of PyTorch and every ONNX Runtime variant, side by side."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "benchmarks" / "harness.py").is_file():
+        raise TinytError("tinyt bench runs from a source checkout: benchmarks/ is not part of "
+                         "the installed package")
+    sys.path.insert(0, str(root))
+    from benchmarks.harness import run
+
+    result = run(artifacts, out, mode=mode)
+    for name, t in result["targets"].items():
+        if name != "shape":
+            measured = "n/a" if t["measured"] is None else f"{t['measured']:.2f}"
+            typer.echo(f"{name:32s} {measured:>6s}  target {t['target']}  met {t['met']}")
+    typer.echo(f"results: {out / 'results.json'}, {out / 'results.md'}")
+
+
+@app.command()
 def info() -> None:
     """Versions, ONNX Runtime providers, and the CPU features that decide INT8 settings."""
     import importlib.metadata as md

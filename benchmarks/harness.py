@@ -1,0 +1,204 @@
+"""Latency and throughput of every variant, side by side, in one run.
+
+    artifacts/ (checkpoint/, onnx/, onnx-opt/, onnx-int8/, ...) ──▶ variants (PyTorch + ORT)
+      for each shape: build inputs ─▶ warm up each variant ─▶ rounds interleaved across
+      variants (a noisy machine slows them alike) ─▶ p50 / p90 / p99, tokens/s
+    ──▶ results.json (environment + every raw time), results.md, target ratios
+
+    .venv/bin/python -m benchmarks.harness artifacts --out benchmarks/results/cpu --quick
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from tinyt.hardware import cpu_features, physical_cores
+from tinyt.manifest import check_manifest, read_model_config
+
+from benchmarks.variants import OrtVariant, plain_int8_baseline, torch_variants
+
+# Artifact subdirectories the main job writes, and the names they are reported under.
+ORT_VARIANTS = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "ort-int8-dynamic",
+                "onnx-int8-static": "ort-int8-static", "onnx-int4": "ort-int4"}
+BASELINE = "ort-plain-export+quantize_dynamic"
+MODES = {
+    # quick: one decode and one prefill shape, all cores, for CI and the main job (< 1 min)
+    "quick": dict(batches=[1], pasts="last", prompts="block", threads="all", rounds=30,
+                  warmup=3),
+    "full": dict(batches=[1, 8], pasts=[32, 64, "last"], prompts=[1, 32, 128, "block"],
+                 threads="both", rounds=100, warmup=5),
+}
+TARGETS = {"decode_int8_vs_torch_kv": 4.0, "decode_int8_vs_plain_int8": 2.0,
+           "prefill_best_ort_vs_torch": 2.0, "int8_size_vs_fp32_max": 0.30}
+
+
+def environment(threads: list[int]) -> dict[str, Any]:
+    versions = {}
+    for dist in ("torch", "onnxruntime", "onnx", "onnxscript", "numpy", "tinyt"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    return {"cpu": cpu_features(), "physical_cores": physical_cores(),
+            "logical_cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions,
+            "providers": ort.get_available_providers(), "threads": threads,
+            "spinning": False, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def percentiles(times: list[float]) -> dict[str, float]:
+    ms = sorted(1e3 * t for t in times)
+    pick = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
+    return {"p50_ms": statistics.median(ms), "p90_ms": pick(0.90), "p99_ms": pick(0.99)}
+
+
+def measure(closures: dict[str, Any], rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of each closure, rounds interleaved across them."""
+    for fn in closures.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in closures}
+    for _ in range(rounds):
+        for name, fn in closures.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def _resolve(values, cfg) -> list[int]:
+    values = [values] if isinstance(values, str) else values
+    out = []
+    for v in values:
+        v = {"last": cfg.block_size - 1, "block": cfg.block_size}.get(v, v)
+        if isinstance(v, int) and 1 <= v <= cfg.block_size and v not in out:
+            out.append(v)
+    return out
+
+
+def run(artifacts: Path, out: Path, *, mode: str = "quick") -> dict[str, Any]:
+    """Benchmark every variant found under `artifacts`; write results.json and results.md."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not one of {', '.join(MODES)}")
+    spec = MODES[mode]
+    cfg, _ = read_model_config(artifacts / "onnx")
+    all_cores = physical_cores()
+    threads = {"all": [all_cores], "both": sorted({1, all_cores})}[spec["threads"]]
+    with tempfile.TemporaryDirectory() as tmp:  # the baseline graph lives for the run only
+        baseline = plain_int8_baseline(artifacts / "checkpoint", Path(tmp) / "baseline")
+        result = _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(result))
+    return result
+
+
+def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode) -> dict[str, Any]:
+    variants = []
+    for n in threads:
+        variants += torch_variants(artifacts / "checkpoint", n)
+        for sub, name in ORT_VARIANTS.items():
+            if (artifacts / sub / "manifest.json").is_file():
+                check_manifest(artifacts / sub)
+                variants.append(OrtVariant(f"{name}@{n}t", artifacts / sub, cfg, n).open())
+        variants.append(OrtVariant(f"{BASELINE}@{n}t", baseline, cfg, n).open())
+    rows: list[dict[str, Any]] = []
+    shapes = [("decode", b, p) for b in spec["batches"] for p in _resolve(spec["pasts"], cfg)]
+    shapes += [("prefill", b, t) for b in spec["batches"] for t in _resolve(spec["prompts"], cfg)]
+    for kind, b, n in shapes:
+        closures = {v.name: (v.decode(b, n) if kind == "decode" else v.prefill(b, n))
+                    for v in variants}
+        for name, times in measure(closures, spec["rounds"], spec["warmup"]).items():
+            stats = percentiles(times)
+            tokens = b if kind == "decode" else b * n
+            rows.append({"variant": name, "kind": kind, "batch": b,
+                         ("past" if kind == "decode" else "tokens"): n, **stats,
+                         "tokens_per_s": tokens / (stats["p50_ms"] / 1e3), "times_s": times})
+    sizes = {v.name.split("@")[0]: (v.path / "model.onnx").stat().st_size
+             for v in variants if isinstance(v, OrtVariant)}
+    return {"mode": mode, "environment": environment(threads), "model": cfg.to_dict(),
+            "sizes_bytes": sizes, "rows": rows, "targets": targets(rows, sizes, cfg, all_cores)}
+
+
+def _p50(rows, variant, kind, batch, n) -> float | None:
+    key = "past" if kind == "decode" else "tokens"
+    hit = [r["p50_ms"] for r in rows if r["variant"] == variant and r["kind"] == kind
+           and r["batch"] == batch and r[key] == n]
+    return hit[0] if hit else None
+
+
+def targets(rows, sizes, cfg, cores: int) -> dict[str, Any]:
+    """The issue's targets, as ratios measured in this run (None where a variant is absent)."""
+    t, past, block = f"@{cores}t", cfg.block_size - 1, cfg.block_size
+    prompt = 128 if 128 <= block else block
+    int8 = _p50(rows, f"ort-int8-dynamic{t}", "decode", 1, past)
+    torch_kv = _p50(rows, f"torch-fp32-kv{t}", "decode", 1, past)
+    plain = _p50(rows, f"{BASELINE}{t}", "decode", 1, past)
+    torch_prefill = _p50(rows, f"torch-fp32-kv{t}", "prefill", 1, prompt)
+    ort_prefill = [p for p in (_p50(rows, f"{v}{t}", "prefill", 1, prompt)
+                               for v in [*ORT_VARIANTS.values()]) if p is not None]
+    ratio = lambda a, b: None if a is None or b is None else a / b  # noqa: E731
+    found = {
+        "decode_int8_vs_torch_kv": ratio(torch_kv, int8),
+        "decode_int8_vs_plain_int8": ratio(plain, int8),
+        "prefill_best_ort_vs_torch": ratio(torch_prefill, min(ort_prefill, default=None)),
+        "int8_size_vs_fp32_max": ratio(sizes.get("ort-int8-dynamic"), sizes.get("ort-fp32")),
+    }
+    out = {}
+    for name, value in found.items():
+        goal = TARGETS[name]
+        met = None if value is None else (value <= goal if name.endswith("_max") else value >= goal)
+        out[name] = {"measured": value, "target": goal, "met": met}
+    out["shape"] = {"decode_past": past, "prefill_tokens": prompt, "batch": 1, "threads": cores}
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    env = result["environment"]
+    lines = [f"# tinyt benchmark ({result['mode']})", "",
+             f"{env['cpu']['model'] or env['cpu']['machine']}, {env['physical_cores']} physical "
+             f"cores; torch {env['versions']['torch']}, onnxruntime {env['versions']['onnxruntime']}"
+             f"; spinning off; {env['time']}", "",
+             "| variant | shape | p50 ms | p90 ms | p99 ms | tokens/s |", "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        shape = (f"decode b{r['batch']} past {r['past']}" if r["kind"] == "decode"
+                 else f"prefill b{r['batch']} × {r['tokens']}")
+        lines.append(f"| {r['variant']} | {shape} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
+                     f"{r['p99_ms']:.3f} | {r['tokens_per_s']:,.0f} |")
+    lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for name, t in result["targets"].items():
+        if name == "shape":
+            continue
+        measured = "—" if t["measured"] is None else f"{t['measured']:.2f}"
+        lines.append(f"| {name} | {measured} | {'≤' if name.endswith('_max') else '≥'} "
+                     f"{t['target']} | {t['met']} |")
+    lines += ["", "Sizes (bytes): " + ", ".join(f"{k} {v:,}" for k, v in
+                                                result["sizes_bytes"].items()), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifacts", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu"))
+    ap.add_argument("--mode", choices=list(MODES), default="quick")
+    args = ap.parse_args()
+    result = run(args.artifacts, args.out, mode=args.mode)
+    for name, t in result["targets"].items():
+        if name != "shape":
+            print(f"{name:32s} measured {t['measured']}  target {t['target']}  met {t['met']}")
+    print(f"results: {args.out / 'results.json'}, {args.out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The things a benchmark compares: PyTorch eager (with and without a KV cache, and PyTorch's own
+dynamic INT8) and ONNX Runtime sessions on artifact directories, behind one interface:
+
+    variant.decode(batch, past)   -> a no-argument callable running one decode step
+    variant.prefill(batch, tokens) -> a no-argument callable running one prompt pass
+
+Inputs are built once per shape, so a timed call is the model and nothing else.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from tinyt.checkpoint import load_checkpoint
+from tinyt.config import ModelConfig
+from tinyt.export.compare import random_feeds
+
+
+@dataclass
+class TorchVariant:
+    name: str
+    model: torch.nn.Module
+    cfg: ModelConfig
+    threads: int
+    use_cache: bool = True
+
+    def _ids(self, b: int, n: int) -> torch.Tensor:
+        return torch.randint(0, self.cfg.vocab_size, (b, n), generator=torch.Generator()
+                             .manual_seed(0))
+
+    def decode(self, b: int, past: int) -> Callable[[], None]:
+        cfg = self.cfg
+        if not self.use_cache:  # nanoGPT-style generation: the whole context again per token
+            ids = self._ids(b, past + 1)
+            return self._call(lambda: self.model(ids))
+        g = torch.Generator().manual_seed(0)
+        cache = tuple((torch.randn(b, cfg.n_head, past, cfg.head_dim, generator=g),
+                       torch.randn(b, cfg.n_head, past, cfg.head_dim, generator=g))
+                      for _ in range(cfg.n_layer))
+        ids = self._ids(b, 1)
+        return self._call(lambda: self.model(ids, past_key_values=cache))
+
+    def prefill(self, b: int, n: int) -> Callable[[], None]:
+        ids = self._ids(b, n)
+        return self._call(lambda: self.model(ids))
+
+    def _call(self, fn):
+        def run():
+            torch.set_num_threads(self.threads)  # variants interleave: set it every call
+            with torch.inference_mode():
+                fn()
+        return run
+
+
+@dataclass
+class OrtVariant:
+    name: str
+    path: Path  # an artifact directory with model.onnx
+    cfg: ModelConfig
+    threads: int
+    session: ort.InferenceSession | None = None
+
+    def open(self) -> "OrtVariant":
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.enable_mem_pattern = False
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(self.path / "model.onnx"), opts,
+                                            providers=["CPUExecutionProvider"])
+        return self
+
+    def decode(self, b: int, past: int) -> Callable[[], None]:
+        feeds = random_feeds(self.cfg, "decoder_with_past", b, 1, past, 0,
+                             np.random.default_rng(0))
+        return lambda: self.session.run(None, feeds)
+
+    def prefill(self, b: int, n: int) -> Callable[[], None]:
+        feeds = random_feeds(self.cfg, "decoder_with_past", b, n, 0, 0, np.random.default_rng(0))
+        return lambda: self.session.run(None, feeds)
+
+
+def torch_variants(checkpoint: Path, threads: int) -> list[TorchVariant]:
+    ck = load_checkpoint(checkpoint)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates its quantized tensors; still measured
+        int8 = torch.ao.quantization.quantize_dynamic(ck.model, {torch.nn.Linear},
+                                                      dtype=torch.qint8)
+    return [TorchVariant(f"torch-fp32-kv@{threads}t", ck.model, ck.config, threads),
+            TorchVariant(f"torch-fp32-nocache@{threads}t", ck.model, ck.config, threads, False),
+            TorchVariant(f"torch-int8-dynamic-kv@{threads}t", int8, ck.config, threads)]
+
+
+def plain_int8_baseline(checkpoint: Path, out: Path) -> Path:
+    """What a user gets without tinyt's optimizations: torch.onnx.export of the KV-cache
+    decoder, then onnxruntime's quantize_dynamic, no fusion and no shared table."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    from tinyt.export import export_onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32 = export_onnx(checkpoint, Path(tmp) / "onnx")
+        out.mkdir(parents=True, exist_ok=True)
+        root = logging.getLogger()
+        level, root.level = root.level, logging.ERROR  # its advice to pre-process the graph
+        try:
+            quantize_dynamic(str(fp32 / "model.onnx"), str(out / "model.onnx"))
+        finally:
+            root.setLevel(level)
+    return out

@@ -1,0 +1,43 @@
+"""The benchmark harness on tiny artifacts: every variant measured on every shape, figures
+consistent, targets computed from the run itself."""
+import json
+import shutil
+
+import pytest
+
+from benchmarks import harness
+from tinyt.export.quantize import quantize
+
+
+@pytest.fixture(scope="module")
+def artifacts(tiny_ckpt, lm_onnx, corpus_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("artifacts")
+    shutil.copytree(tiny_ckpt, root / "checkpoint")
+    shutil.copytree(lm_onnx, root / "onnx")
+    quantize(lm_onnx, root / "onnx-int8", data=str(corpus_dir))
+    return root
+
+
+def test_quick_run(artifacts, tmp_path, monkeypatch):
+    monkeypatch.setitem(harness.MODES, "quick", {**harness.MODES["quick"], "rounds": 4,
+                                                 "warmup": 1})
+    result = harness.run(artifacts, tmp_path / "out", mode="quick")
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["mode"] == "quick" and saved["environment"]["versions"]["onnxruntime"]
+    names = {r["variant"].split("@")[0] for r in saved["rows"]}
+    assert names == {"torch-fp32-kv", "torch-fp32-nocache", "torch-int8-dynamic-kv", "ort-fp32",
+                     "ort-int8-dynamic", harness.BASELINE}
+    assert {r["kind"] for r in saved["rows"]} == {"decode", "prefill"}
+    for r in saved["rows"]:
+        assert len(r["times_s"]) == 4
+        assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"]
+    for name in ("decode_int8_vs_torch_kv", "decode_int8_vs_plain_int8",
+                 "prefill_best_ort_vs_torch", "int8_size_vs_fp32_max"):
+        assert result["targets"][name]["measured"] > 0
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| ort-int8-dynamic@" in md and "decode_int8_vs_torch_kv" in md
+
+
+def test_bad_mode(artifacts, tmp_path):
+    with pytest.raises(ValueError, match="mode='fast' is not one of quick, full"):
+        harness.run(artifacts, tmp_path / "x", mode="fast")
