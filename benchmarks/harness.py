@@ -25,6 +25,7 @@ import onnxruntime as ort
 from tinyt.hardware import cpu_features, physical_cores
 from tinyt.manifest import check_manifest, read_model_config
 
+from benchmarks.footprint import measure_in_subprocess
 from benchmarks.variants import OrtVariant, plain_int8_baseline, torch_variants
 
 # Artifact subdirectories the main job writes, and the names they are reported under.
@@ -126,8 +127,16 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode) -> di
                          "tokens_per_s": tokens / (stats["p50_ms"] / 1e3), "times_s": times})
     sizes = {v.name.split("@")[0]: (v.path / "model.onnx").stat().st_size
              for v in variants if isinstance(v, OrtVariant)}
+    # Footprint: each variant alone in a fresh process (imports, session, first call, memory).
+    footprint = {"torch-fp32": measure_in_subprocess("torch", artifacts / "checkpoint",
+                                                     all_cores)}
+    for v in variants:
+        name = v.name.split("@")[0]
+        if isinstance(v, OrtVariant) and name not in footprint:
+            footprint[name] = measure_in_subprocess("ort", v.path, all_cores)
     return {"mode": mode, "environment": environment(threads), "model": cfg.to_dict(),
-            "sizes_bytes": sizes, "rows": rows, "targets": targets(rows, sizes, cfg, all_cores)}
+            "sizes_bytes": sizes, "footprint": footprint, "rows": rows,
+            "targets": targets(rows, sizes, cfg, all_cores)}
 
 
 def _p50(rows, variant, kind, batch, n) -> float | None:
@@ -182,8 +191,19 @@ def markdown(result: dict[str, Any]) -> str:
         measured = "—" if t["measured"] is None else f"{t['measured']:.2f}"
         lines.append(f"| {name} | {measured} | {'≤' if name.endswith('_max') else '≥'} "
                      f"{t['target']} | {t['met']} |")
-    lines += ["", "Sizes (bytes): " + ", ".join(f"{k} {v:,}" for k, v in
-                                                result["sizes_bytes"].items()), ""]
+    lines += ["", "Each variant alone in a fresh process (imports included; first call = "
+              "prefill of 32 tokens):", "",
+              "| variant | file bytes | load s | first call ms | steady call ms | peak RSS MiB |",
+              "|---|---|---|---|---|---|"]
+    for name, f in result["footprint"].items():
+        size = result["sizes_bytes"].get(name)
+        if "error" in f:
+            lines.append(f"| {name} | {size or '—'} | failed: {f['error']} | | | |")
+            continue
+        lines.append(f"| {name} | {'—' if size is None else f'{size:,}'} | {f['load_s']:.2f} | "
+                     f"{f['first_call_ms']:.1f} | {f['steady_call_ms']:.2f} | "
+                     f"{f['peak_rss_bytes'] / 2**20:.0f} |")
+    lines.append("")
     return "\n".join(lines)
 
 

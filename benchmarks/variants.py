@@ -9,6 +9,7 @@ Inputs are built once per shape, so a timed call is the model and nothing else.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -116,4 +117,5 @@ def plain_int8_baseline(checkpoint: Path, out: Path) -> Path:
             quantize_dynamic(str(fp32 / "model.onnx"), str(out / "model.onnx"))
         finally:
             root.setLevel(level)
+        shutil.copy(fp32 / "config.json", out / "config.json")  # the model's shape, for readers
     return out

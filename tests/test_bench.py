@@ -34,7 +34,14 @@ def test_quick_run(artifacts, tmp_path, monkeypatch):
     for name in ("decode_int8_vs_torch_kv", "decode_int8_vs_plain_int8",
                  "prefill_best_ort_vs_torch", "int8_size_vs_fp32_max"):
         assert result["targets"][name]["measured"] > 0
+    fp = saved["footprint"]
+    assert set(fp) == {"torch-fp32", "ort-fp32", "ort-int8-dynamic", harness.BASELINE}
+    for name, f in fp.items():
+        assert "error" not in f, (name, f)
+        assert f["load_s"] > 0 and f["first_call_ms"] > 0 and f["peak_rss_bytes"] > 10 * 2**20
+    assert fp["torch-fp32"]["peak_rss_bytes"] > fp["ort-int8-dynamic"]["peak_rss_bytes"]
     md = (tmp_path / "out" / "results.md").read_text()
+    assert "peak RSS MiB" in md
     assert "| ort-int8-dynamic@" in md and "decode_int8_vs_torch_kv" in md
 
 
