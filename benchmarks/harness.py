@@ -3,7 +3,7 @@
     artifacts/ (checkpoint/, onnx/, onnx-opt/, onnx-int8/, ...) ──▶ variants (PyTorch + ORT)
       for each shape: build inputs ─▶ warm up each variant ─▶ rounds interleaved across
       variants (a noisy machine slows them alike) ─▶ p50 / p90 / p99, tokens/s
-    ──▶ results.json (environment + every raw time), results.md, target ratios
+    ──▶ results.json (environment + every raw time), results.md, PNG plots, target ratios
 
     .venv/bin/python -m benchmarks.harness artifacts --out benchmarks/results/cpu --quick
 """
@@ -26,6 +26,7 @@ from tinyt.hardware import cpu_features, physical_cores
 from tinyt.manifest import check_manifest, read_model_config
 
 from benchmarks.footprint import measure_in_subprocess
+from benchmarks.plots import write_plots
 from benchmarks.variants import OrtVariant, plain_int8_baseline, torch_variants
 
 # Artifact subdirectories the main job writes, and the names they are reported under.
@@ -101,7 +102,20 @@ def run(artifacts: Path, out: Path, *, mode: str = "quick") -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "results.md").write_text(markdown(result))
+    write_plots(result, out)
     return result
+
+
+def accuracy_change(artifacts: Path) -> dict[str, float | None]:
+    """Validation-loss change vs fp32 of each ORT variant: a quantized artifact's own report;
+    0 for the fp32 export and graphs checked equal to it; None where unmeasured."""
+    out: dict[str, float | None] = {BASELINE: None}
+    for sub, name in ORT_VARIANTS.items():
+        path = artifacts / sub / "manifest.json"
+        if path.is_file():
+            manifest = json.loads(path.read_text())
+            out[name] = manifest.get("accuracy", {}).get("val_loss_change", 0.0)
+    return out
 
 
 def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode) -> dict[str, Any]:
@@ -135,7 +149,8 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode) -> di
         if isinstance(v, OrtVariant) and name not in footprint:
             footprint[name] = measure_in_subprocess("ort", v.path, all_cores)
     return {"mode": mode, "environment": environment(threads), "model": cfg.to_dict(),
-            "sizes_bytes": sizes, "footprint": footprint, "rows": rows,
+            "sizes_bytes": sizes, "accuracy_change": accuracy_change(artifacts),
+            "footprint": footprint, "rows": rows,
             "targets": targets(rows, sizes, cfg, all_cores)}
 
 

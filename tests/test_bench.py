@@ -42,6 +42,11 @@ def test_quick_run(artifacts, tmp_path, monkeypatch):
     assert fp["torch-fp32"]["peak_rss_bytes"] > fp["ort-int8-dynamic"]["peak_rss_bytes"]
     md = (tmp_path / "out" / "results.md").read_text()
     assert "peak RSS MiB" in md
+    assert saved["accuracy_change"]["ort-fp32"] == 0.0
+    assert saved["accuracy_change"]["ort-int8-dynamic"] <= 0.02
+    for png in ("latency_vs_prompt.png", "decode_tokens_per_s.png", "size_vs_loss.png"):
+        data = (tmp_path / "out" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
     assert "| ort-int8-dynamic@" in md and "decode_int8_vs_torch_kv" in md
 
 
