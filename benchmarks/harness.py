@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -88,17 +89,37 @@ def _resolve(values, cfg) -> list[int]:
     return out
 
 
-def run(artifacts: Path, out: Path, *, mode: str = "quick") -> dict[str, Any]:
+def check_device(device: str) -> list[str]:
+    """The ORT providers to benchmark on `device`; a clear error when the device is absent."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device != "cuda":
+        raise ValueError(f"device={device!r} is not one of cpu, cuda")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' needs a GPU that torch can see; this machine has none "
+                           f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})")
+    # ORT GPU variants only where onnxruntime-gpu offers them (they are skipped, and recorded
+    # as skipped, on a machine whose onnxruntime is the CPU build).
+    return [p for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+            if p in ort.get_available_providers()]
+
+
+def run(artifacts: Path, out: Path, *, mode: str = "quick", device: str = "cpu"
+        ) -> dict[str, Any]:
     """Benchmark every variant found under `artifacts`; write results.json and results.md."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not one of {', '.join(MODES)}")
+    providers = check_device(device)
     spec = MODES[mode]
     cfg, _ = read_model_config(artifacts / "onnx")
     all_cores = physical_cores()
     threads = {"all": [all_cores], "both": sorted({1, all_cores})}[spec["threads"]]
     with tempfile.TemporaryDirectory() as tmp:  # the baseline graph lives for the run only
         baseline = plain_int8_baseline(artifacts / "checkpoint", Path(tmp) / "baseline")
-        result = _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode)
+        result = _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode,
+                              device, providers)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "results.md").write_text(markdown(result))
@@ -118,15 +139,27 @@ def accuracy_change(artifacts: Path) -> dict[str, float | None]:
     return out
 
 
-def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode) -> dict[str, Any]:
-    variants = []
+def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, device,
+                 providers) -> dict[str, Any]:
+    variants, skipped = [], []
+    suffix = {"CPUExecutionProvider": "", "CUDAExecutionProvider": "-cuda",
+              "TensorrtExecutionProvider": "-tensorrt"}
     for n in threads:
-        variants += torch_variants(artifacts / "checkpoint", n)
-        for sub, name in ORT_VARIANTS.items():
-            if (artifacts / sub / "manifest.json").is_file():
-                check_manifest(artifacts / sub)
-                variants.append(OrtVariant(f"{name}@{n}t", artifacts / sub, cfg, n).open())
-        variants.append(OrtVariant(f"{BASELINE}@{n}t", baseline, cfg, n).open())
+        variants += torch_variants(artifacts / "checkpoint", n, device)
+        dirs = [(artifacts / sub, name) for sub, name in ORT_VARIANTS.items()
+                if (artifacts / sub / "manifest.json").is_file()] + [(baseline, BASELINE)]
+        for path, name in dirs:
+            if path != baseline:
+                check_manifest(path)
+            for provider in providers:
+                label = f"{name}{suffix[provider]}@{n}t"
+                try:
+                    variants.append(OrtVariant(label, path, cfg, n, provider=provider).open())
+                except Exception as e:  # e.g. contrib ops a provider lacks: record, go on
+                    skipped.append({"variant": label, "why": str(e).splitlines()[0][:200]})
+    if device != "cpu" and not providers:
+        skipped.append({"variant": "ort-*", "why": "this onnxruntime has no GPU provider "
+                        f"({ort.get_available_providers()}); install onnxruntime-gpu"})
     rows: list[dict[str, Any]] = []
     shapes = [("decode", b, p) for b in spec["batches"] for p in _resolve(spec["pasts"], cfg)]
     shapes += [("prefill", b, t) for b in spec["batches"] for t in _resolve(spec["prompts"], cfg)]
@@ -142,13 +175,16 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode) -> di
     sizes = {v.name.split("@")[0]: (v.path / "model.onnx").stat().st_size
              for v in variants if isinstance(v, OrtVariant)}
     # Footprint: each variant alone in a fresh process (imports, session, first call, memory).
-    footprint = {"torch-fp32": measure_in_subprocess("torch", artifacts / "checkpoint",
-                                                     all_cores)}
-    for v in variants:
-        name = v.name.split("@")[0]
-        if isinstance(v, OrtVariant) and name not in footprint:
-            footprint[name] = measure_in_subprocess("ort", v.path, all_cores)
-    return {"mode": mode, "environment": environment(threads), "model": cfg.to_dict(),
+    footprint = {}
+    if device == "cpu":  # the footprint probe runs on CPU
+        footprint["torch-fp32"] = measure_in_subprocess("torch", artifacts / "checkpoint",
+                                                        all_cores)
+        for v in variants:
+            name = v.name.split("@")[0]
+            if isinstance(v, OrtVariant) and name not in footprint:
+                footprint[name] = measure_in_subprocess("ort", v.path, all_cores)
+    return {"mode": mode, "device": device, "skipped": skipped,
+            "environment": environment(threads), "model": cfg.to_dict(),
             "sizes_bytes": sizes, "accuracy_change": accuracy_change(artifacts),
             "footprint": footprint, "rows": rows,
             "targets": targets(rows, sizes, cfg, all_cores)}
@@ -227,8 +263,13 @@ def main() -> None:
     ap.add_argument("artifacts", type=Path)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu"))
     ap.add_argument("--mode", choices=list(MODES), default="quick")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
-    result = run(args.artifacts, args.out, mode=args.mode)
+    try:
+        result = run(args.artifacts, args.out, mode=args.mode, device=args.device)
+    except (ValueError, RuntimeError) as e:  # missing GPU, bad artifacts: one line, status 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     for name, t in result["targets"].items():
         if name != "shape":
             print(f"{name:32s} measured {t['measured']}  target {t['target']}  met {t['met']}")

@@ -32,10 +32,11 @@ class TorchVariant:
     cfg: ModelConfig
     threads: int
     use_cache: bool = True
+    device: str = "cpu"
 
     def _ids(self, b: int, n: int) -> torch.Tensor:
         return torch.randint(0, self.cfg.vocab_size, (b, n), generator=torch.Generator()
-                             .manual_seed(0))
+                             .manual_seed(0)).to(self.device)
 
     def decode(self, b: int, past: int) -> Callable[[], None]:
         cfg = self.cfg
@@ -43,8 +44,8 @@ class TorchVariant:
             ids = self._ids(b, past + 1)
             return self._call(lambda: self.model(ids))
         g = torch.Generator().manual_seed(0)
-        cache = tuple((torch.randn(b, cfg.n_head, past, cfg.head_dim, generator=g),
-                       torch.randn(b, cfg.n_head, past, cfg.head_dim, generator=g))
+        cache = tuple((torch.randn(b, cfg.n_head, past, cfg.head_dim, generator=g).to(self.device),
+                       torch.randn(b, cfg.n_head, past, cfg.head_dim, generator=g).to(self.device))
                       for _ in range(cfg.n_layer))
         ids = self._ids(b, 1)
         return self._call(lambda: self.model(ids, past_key_values=cache))
@@ -54,10 +55,13 @@ class TorchVariant:
         return self._call(lambda: self.model(ids))
 
     def _call(self, fn):
+        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+
         def run():
             torch.set_num_threads(self.threads)  # variants interleave: set it every call
             with torch.inference_mode():
                 fn()
+            sync()  # a CUDA call returns before the GPU is done: time the work, not the launch
         return run
 
 
@@ -68,6 +72,7 @@ class OrtVariant:
     cfg: ModelConfig
     threads: int
     session: ort.InferenceSession | None = None
+    provider: str = "CPUExecutionProvider"
 
     def open(self) -> "OrtVariant":
         opts = ort.SessionOptions()
@@ -77,7 +82,10 @@ class OrtVariant:
         opts.enable_mem_pattern = False
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(str(self.path / "model.onnx"), opts,
-                                            providers=["CPUExecutionProvider"])
+                                            providers=[self.provider])
+        if self.session.get_providers()[0] != self.provider:
+            raise RuntimeError(f"{self.name}: {self.provider} did not initialise "
+                               f"(got {self.session.get_providers()})")
         return self
 
     def decode(self, b: int, past: int) -> Callable[[], None]:
@@ -90,8 +98,14 @@ class OrtVariant:
         return lambda: self.session.run(None, feeds)
 
 
-def torch_variants(checkpoint: Path, threads: int) -> list[TorchVariant]:
+def torch_variants(checkpoint: Path, threads: int, device: str = "cpu") -> list[TorchVariant]:
     ck = load_checkpoint(checkpoint)
+    if device != "cpu":  # PyTorch's dynamic INT8 is a CPU feature; on a GPU: fp32 eager only
+        model = ck.model.to(device)
+        return [TorchVariant(f"torch-fp32-kv-{device}@{threads}t", model, ck.config, threads,
+                             device=device),
+                TorchVariant(f"torch-fp32-nocache-{device}@{threads}t", model, ck.config,
+                             threads, False, device=device)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch deprecates its quantized tensors; still measured
         int8 = torch.ao.quantization.quantize_dynamic(ck.model, {torch.nn.Linear},

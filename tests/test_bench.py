@@ -53,3 +53,31 @@ def test_quick_run(artifacts, tmp_path, monkeypatch):
 def test_bad_mode(artifacts, tmp_path):
     with pytest.raises(ValueError, match="mode='fast' is not one of quick, full"):
         harness.run(artifacts, tmp_path / "x", mode="fast")
+
+
+def test_gpu_script_stops_clearly_where_a_gpu_is_needed(artifacts, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["bash", str(root / "benchmarks/gpu.sh"), str(tmp_path / "none"),
+                           sys.executable], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "run the main job first" in proc.stderr
+    proc = subprocess.run(["bash", str(root / "benchmarks/gpu.sh"), str(artifacts),
+                           sys.executable], capture_output=True, text=True, timeout=120)
+    import torch
+    if torch.cuda.is_available():  # a GPU machine runs it for real
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads((root / "benchmarks/results/gpu/results.json").read_text())["device"] \
+            == "cuda"
+    else:
+        assert proc.returncode == 2
+        assert proc.stderr.strip() == ("error: device='cuda' needs a GPU that torch can see; "
+                                       f"this machine has none (torch {torch.__version__}, "
+                                       f"CUDA build: {torch.version.cuda})")
+
+
+def test_device_checks():
+    assert harness.check_device("cpu") == ["CPUExecutionProvider"]
+    with pytest.raises(ValueError, match="device='tpu' is not one of cpu, cuda"):
+        harness.check_device("tpu")
