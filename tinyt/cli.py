@@ -293,6 +293,29 @@ def classify_cmd(
 
 
 @app.command()
+def pipeline(
+    out: Annotated[Path, typer.Option(help="Output directory for every stage.")]
+        = Path("artifacts"),
+    preset: Annotated[str, typer.Option(help="Model preset: test, demo, article.")] = "demo",
+    data: Annotated[Optional[Path], typer.Option(
+        help="Your text corpus (default: the Python standard library's source).")] = None,
+    skip_train: Annotated[Optional[Path], typer.Option(
+        help="Use this checkpoint instead of training.")] = None,
+    no_bench: Annotated[bool, typer.Option("--no-bench", help="Skip the quick benchmark.")]
+        = False,
+) -> None:
+    """The main job: train, export, optimize, quantize, verify, benchmark, report. Re-runs
+    skip stages whose inputs have not changed and resume an interrupted training."""
+    from tinyt.pipeline import pipeline as run_pipeline
+
+    report = run_pipeline(out, preset=preset, data=None if data is None else str(data),
+                          skip_train=skip_train, bench=not no_bench,
+                          log=lambda s: typer.echo(s, err=True))
+    typer.echo(report.read_text())
+    typer.echo(f"report: {report}")
+
+
+@app.command()
 def bench(
     artifacts: Annotated[Path, typer.Argument(help="Directory holding checkpoint/, onnx/ and the "
                                                    "other stages' outputs.")] = Path("artifacts"),

@@ -1,0 +1,38 @@
+import json
+
+from tinyt.pipeline import fresh, pipeline
+
+
+def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
+    out = tmp_path / "run"
+    logs: list[str] = []
+    report = pipeline(out, preset="test", data=str(corpus_dir), log=logs.append)
+    for sub in ("checkpoint", "onnx", "onnx-opt", "onnx-int8", "onnx-int8-static", "bench"):
+        assert (out / sub).is_dir(), sub
+    assert json.loads((out / "onnx-verify.json").read_text())["passed"]
+    assert json.loads((out / "onnx-opt-verify.json").read_text())["passed"]
+    text = report.read_text()
+    assert "| onnx-int8 |" in text and "verified vs PyTorch" in text and "Targets:" in text
+    assert fresh(out / "onnx", out / "checkpoint") and fresh(out / "onnx-opt", out / "onnx")
+
+    logs.clear()
+    pipeline(out, preset="test", data=str(corpus_dir), bench=False, log=logs.append)
+    assert "[train] finished run" in logs[0]
+    assert sum("up to date" in line for line in logs) == 4  # export, optimize, 2 × quantize
+    assert not any("running" in line for line in logs)
+
+
+def test_changed_input_reruns_the_stages_after_it(corpus_dir, tmp_path, tiny_ckpt):
+    import shutil
+    out = tmp_path / "run"
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ck)
+    logs: list[str] = []
+    pipeline(out, skip_train=ck, data=str(corpus_dir), bench=False, log=logs.append)
+    meta = json.loads((ck / "config.json").read_text())
+    meta["metrics"]["note"] = "changed"  # the checkpoint's config changes: export must rerun
+    (ck / "config.json").write_text(json.dumps(meta))
+    logs.clear()
+    pipeline(out, skip_train=ck, data=str(corpus_dir), bench=False, log=logs.append)
+    assert "[export] running" in "\n".join(logs)
+    assert not fresh(out / "onnx", tmp_path / "nothing")

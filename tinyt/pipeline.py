@@ -1,0 +1,161 @@
+"""The main job: every stage, one output directory, re-runs skip what has not changed.
+
+    OUT/checkpoint ──export──▶ OUT/onnx ──optimize──▶ OUT/onnx-opt ──quantize──▶ OUT/onnx-int8
+         (train)                  │                                               │
+                                  └──quantize --mode static──▶ OUT/onnx-int8-static
+    verify (onnx, onnx-opt) ─▶ OUT/*-verify.json      bench --quick ─▶ OUT/bench/
+    report ─▶ OUT/report.md (summary table per variant, plots)
+
+A stage is skipped when its output's manifest records exactly the input it would read now
+(sha256 of the checkpoint's files, or the input artifact's manifest); training resumes an
+interrupted run and is skipped when finished.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from tinyt.fsutil import sha256_file
+
+CKPT_FILES = ("model.safetensors", "config.json")
+
+
+def _manifest(path: Path) -> dict | None:
+    try:
+        return json.loads((path / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def fresh(out: Path, src: Path) -> bool:
+    """Whether `out` was made from `src` as it is now."""
+    made = _manifest(out)
+    if made is None:
+        return False
+    source = made.get("source", {})
+    if source.get("kind") == "checkpoint":
+        try:
+            return source.get("sha256") == {f: sha256_file(src / f) for f in CKPT_FILES}
+        except OSError:  # the input is gone: nothing to be fresh against
+            return False
+    current = _manifest(src)
+    return current is not None and source.get("manifest", {}).get("files") == current["files"]
+
+
+def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
+             skip_train: str | Path | None = None, bench: bool = True,
+             log: Callable[[str], None] = print) -> Path:
+    """Run (or bring up to date) every stage into `out`; returns the report's path."""
+    from tinyt.checkpoint import has_train_state, read_config
+    from tinyt.config import preset as get_preset
+    from tinyt.export import export_onnx, verify
+    from tinyt.export.optimize import optimize
+    from tinyt.export.quantize import quantize
+
+    out = Path(out)
+    timings: dict[str, Any] = {}
+
+    def stage(name: str, target: Path, src: Path | None, run: Callable[[], Any]) -> None:
+        if src is not None and fresh(target, src):
+            log(f"[{name}] up to date: {target}")
+            timings[name] = "skipped"
+            return
+        log(f"[{name}] running -> {target}")
+        t = time.perf_counter()
+        run()
+        timings[name] = round(time.perf_counter() - t, 1)
+        log(f"[{name}] done in {timings[name]} s")
+
+    ckpt = Path(skip_train) if skip_train else out / "checkpoint"
+    if skip_train:
+        read_config(ckpt)  # a clear error now if it is not a checkpoint
+        timings["train"] = "skipped (--skip-train)"
+    else:
+        from tinyt.train import train
+        model_cfg, train_cfg = get_preset(preset)
+        done = (ckpt / "config.json").is_file() and json.loads(
+            (ckpt / "config.json").read_text()).get("metrics", {}).get("step") == \
+            train_cfg.max_steps
+        if done:
+            log(f"[train] finished run in {ckpt}")
+            timings["train"] = "skipped"
+        else:
+            resume = has_train_state(ckpt)
+            log(f"[train] {'resuming' if resume else 'running'} -> {ckpt}")
+            t = time.perf_counter()
+            train(model_cfg, train_cfg, ckpt, data=data, resume=resume, log=log)
+            timings["train"] = round(time.perf_counter() - t, 1)
+    stage("export", out / "onnx", ckpt, lambda: export_onnx(ckpt, out / "onnx"))
+    stage("optimize", out / "onnx-opt", out / "onnx",
+          lambda: optimize(out / "onnx", out / "onnx-opt"))
+    stage("quantize", out / "onnx-int8", out / "onnx-opt",
+          lambda: quantize(out / "onnx-opt", out / "onnx-int8", data=data))
+    stage("quantize-static", out / "onnx-int8-static", out / "onnx",
+          lambda: quantize(out / "onnx", out / "onnx-int8-static", mode="static", data=data))
+    checks = {}
+    for name in ("onnx", "onnx-opt"):
+        report = verify(ckpt, out / name, report_path=out / f"{name}-verify.json")
+        checks[name] = report["passed"]
+        log(f"[verify] {name}: {'passed' if report['passed'] else 'FAILED'}")
+    result = None
+    if bench:
+        import sys
+        root = Path(__file__).resolve().parents[1]
+        if (root / "benchmarks" / "harness.py").is_file():
+            sys.path.insert(0, str(root))
+            from benchmarks.harness import run
+            result = run(_bench_view(out, ckpt), out / "bench", mode="quick")
+        else:
+            log("[bench] skipped: benchmarks/ ships with the source checkout only")
+    return write_report(out, ckpt, checks, result, timings)
+
+
+def _bench_view(out: Path, ckpt: Path) -> Path:
+    """The harness reads ARTIFACTS/checkpoint; with --skip-train the checkpoint lives
+    elsewhere, so link it in."""
+    link = out / "checkpoint"
+    if not link.exists():
+        link.symlink_to(ckpt.resolve(), target_is_directory=True)
+    return out
+
+
+def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
+                 timings: dict) -> Path:
+    meta = json.loads((ckpt / "config.json").read_text())
+    rows = ["| variant | bytes | val loss change | decode tokens/s | prefill ms | equivalence |",
+            "|---|---|---|---|---|---|"]
+    names = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "ort-int8-dynamic",
+             "onnx-int8-static": "ort-int8-static"}
+    for sub, name in names.items():
+        manifest = _manifest(out / sub) or {}
+        size = (out / sub / "model.onnx").stat().st_size
+        change = manifest.get("accuracy", {}).get("val_loss_change", 0.0)
+        decode = prefill = "—"
+        if bench:
+            for r in bench["rows"]:
+                if r["variant"].split("@")[0] == name and r["kind"] == "decode":
+                    decode = f"{r['tokens_per_s']:,.0f}"
+                if r["variant"].split("@")[0] == name and r["kind"] == "prefill":
+                    prefill = f"{r['p50_ms']:.2f}"
+        equal = {True: "verified vs PyTorch", False: "FAILED"}.get(checks.get(sub),
+                                                                    "accuracy report")
+        rows.append(f"| {sub} | {size:,} | {100 * change:+.2f}% | {decode} | {prefill} | "
+                    f"{equal} |")
+    m = meta.get("metrics", {})
+    lines = ["# tinyt pipeline report", "",
+             f"Checkpoint: {ckpt} — {m.get('parameters', '?'):,} parameters, validation "
+             f"{m.get('val_loss', float('nan')):.3f} nats/token, "
+             f"{m.get('val_nats_per_byte', float('nan')):.3f} nats/byte, "
+             f"{m.get('tokens_per_s', 0):,.0f} tokens/s in training.", "", *rows, "",
+             "Stage times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), ""]
+    if bench:
+        lines += ["Targets: " + ", ".join(
+            f"{k} {t['measured']:.2f} ({'met' if t['met'] else 'not met'})"
+            for k, t in bench["targets"].items() if k != "shape" and t["measured"] is not None),
+            "", "![decode](bench/decode_tokens_per_s.png)", "",
+            "![prefill](bench/latency_vs_prompt.png)", "", "![size](bench/size_vs_loss.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
