@@ -24,10 +24,9 @@ def test_ci_runs_the_readme_test_command():
     assert command in ci, f".ci/run does not run README's test command: {command}"
 
 
-def test_readme_main_job_runs_every_built_stage():
+def test_readme_main_job_runs_the_pipeline_and_the_runtime():
     command = readme_command("main-job")
-    for verb in ("scripts/setup.sh", "tinyt train", "tinyt export", "tinyt verify",
-                 "tinyt sample"):
+    for verb in ("scripts/setup.sh", "tinyt pipeline --out artifacts", "tinyt generate"):
         assert verb in command
 
 
