@@ -26,6 +26,7 @@ def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int, int]]:
 
 def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Feeds for a batch of b, s new tokens after a random past of p, row 0 left-padded."""
     mask = np.ones((b, p + s), dtype=np.int64)
     mask[0, :pad] = 0
     feeds = {"input_ids": rng.integers(0, cfg.vocab_size, (b, s), dtype=np.int64),

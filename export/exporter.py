@@ -11,7 +11,6 @@ choice", and benchmarks/compare_exporters.py for the measurement).
 from __future__ import annotations
 
 import ast
-import json
 import os
 import platform
 import warnings
@@ -33,7 +32,6 @@ DEFAULT_OPSET = 18
 MIN_OPSET = 18  # torch's dynamo exporter (onnxscript torchlib) writes opset 18 and later
 ONNX_FILE = "model.onnx"
 MAX_FILE_BYTES = 2 * 1024**3  # protobuf's limit on one serialized message
-GRAPHS = ("decoder_with_past", "decoder", "classifier")
 # Example sizes: >= 2 and distinct, so no axis can be specialised to a constant.
 EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
 
@@ -236,7 +234,3 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
                          "tinyt": __version__, "python": platform.python_version()},
         })
     return out_dir
-
-
-def read_artifact_config(directory: str | os.PathLike) -> dict:
-    return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))

@@ -53,6 +53,8 @@ class SamplingParams:
 def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
                history: list[int]) -> int:
     """One token id from one row of logits [vocab]."""
+    if params.temperature == 0 and params.repetition_penalty == 1.0:
+        return int(logits.argmax())  # greedy: no copy of the row per token
     z = logits.astype(np.float64)
     if params.repetition_penalty != 1.0 and history:
         seen = np.unique(np.asarray(history))
