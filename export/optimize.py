@@ -1,6 +1,7 @@
 """Graph optimization: artifact directory in, optimized artifact directory out.
 
-    onnx/ ──target cpu: onnxscript ORT fusions (MultiHeadAttention, SkipLayerNorm, BiasGelu)──┐
+    onnx/ ──target cpu: onnxscript ORT fusions (MultiHeadAttention, SkipLayerNorm, BiasGelu),
+                        then the KV cache moved into the attention op (kvfuse.py)──────────┐
           ──target portable: onnxscript generic optimizer (standard ONNX ops only)───────────┤
                                                                                              ▼
           ONNX Runtime offline optimization (basic | extended | all), saved ──▶ self-check vs
@@ -31,6 +32,7 @@ from tinyt.manifest import check_manifest, check_output_dir, read_model_config, 
 
 from .compare import compare_graphs
 from .exporter import ONNX_FILE
+from .kvfuse import attention_with_past
 
 TARGETS = ("cpu", "portable", "cuda")
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -82,7 +84,11 @@ def _fuse(proto: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, dict[st
         onnxscript.optimizer.optimize(model)  # folding and clean-up, standard ops only
         return ir.to_proto(model), {}
     model, counts = optimize_for_ort(model)
-    return ir.to_proto(model), {k: v for k, v in counts.items() if v}
+    fused = ir.to_proto(model)
+    counts = {k: v for k, v in counts.items() if v}
+    if layers := attention_with_past(fused):
+        counts["attention_with_past"] = layers
+    return fused, counts
 
 
 def refold_transposed_copies(proto: onnx.ModelProto) -> int:
@@ -156,6 +162,11 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     if target != "portable" and attention < cfg.n_layer:
         raise OptimizeError(f"attention fused in {attention} of {cfg.n_layer} layers for target "
                             f"{target!r}; ops now: {dict(counts)}")
+    cached = fusions.get("attention_with_past", 0)
+    if target == "cpu" and kind == "decoder_with_past" and cached < cfg.n_layer:
+        raise OptimizeError(f"the KV cache moved into attention in {cached} of {cfg.n_layer} "
+                            "layers; the graph around attention is not the shape "
+                            "export/kvfuse.py expects")
     contrib = sorted(k for k in counts if k.startswith(CONTRIB))
     if target == "portable" and contrib:
         raise OptimizeError(f"the portable graph still holds contrib ops {contrib}")

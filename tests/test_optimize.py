@@ -32,6 +32,35 @@ def test_cpu_target_fuses_attention_layernorm_gelu(cpu_opt, tiny_ckpt):
     assert tied_copies(cpu_opt, cfg["vocab_size"], cfg["n_embd"]) == 1
 
 
+def test_cpu_target_moves_the_kv_cache_into_attention(cpu_opt, lm_onnx):
+    """present.i.key/value come straight out of MultiHeadAttention, which reads the past
+    itself: no Concat / Transpose / Reshape of the cache is left in the graph."""
+    model = onnx.load(str(cpu_opt / "model.onnx"))
+    n_layer = json.loads((cpu_opt / "config.json").read_text())["tinyt"]["model"]["n_layer"]
+    made_by = {o: n for n in model.graph.node for o in n.output}
+    presents = [o.name for o in model.graph.output if o.name.startswith("present.")]
+    assert len(presents) == 2 * n_layer
+    assert {made_by[p].op_type for p in presents} == {"MultiHeadAttention"}
+    for node in model.graph.node:
+        if node.op_type == "MultiHeadAttention":
+            assert node.input[6].startswith("past_key_values.") and node.input[6].endswith(".key")
+            assert node.input[7].startswith("past_key_values.")
+            assert node.input[3], "the packed QKV bias moved into the attention op"
+    counts = op_counts(model)
+    before = op_counts(onnx.load(str(lm_onnx / "model.onnx")))
+    assert counts["Transpose"] == 0 < before["Transpose"]
+    assert counts["Concat"] == 0 < before["Concat"]
+    assert check_manifest(cpu_opt)["fusions"]["attention_with_past"] == n_layer
+
+
+def test_kv_rewrite_leaves_graphs_without_the_pattern_alone(cpu_opt):
+    from tinyt.export.kvfuse import attention_with_past
+    model = onnx.load(str(cpu_opt / "model.onnx"))  # already rewritten: nothing to match
+    before = model.SerializeToString()
+    assert attention_with_past(model) == 0
+    assert model.SerializeToString() == before
+
+
 def test_optimized_graph_still_equals_pytorch(cpu_opt, tiny_ckpt):
     report = verify(tiny_ckpt, cpu_opt)
     assert report["passed"], report["failures"]

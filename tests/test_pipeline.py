@@ -36,3 +36,12 @@ def test_changed_input_reruns_the_stages_after_it(corpus_dir, tmp_path, tiny_ckp
     pipeline(out, skip_train=ck, data=str(corpus_dir), bench=False, log=logs.append)
     assert "[export] running" in "\n".join(logs)
     assert not fresh(out / "onnx", tmp_path / "nothing")
+
+
+def test_other_tinyt_code_reruns_every_stage(corpus_dir, tmp_path, tiny_ckpt, monkeypatch):
+    out = tmp_path / "run"
+    pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=lambda s: None)
+    assert fresh(out / "onnx-opt", out / "onnx")
+    import tinyt.pipeline
+    monkeypatch.setattr(tinyt.pipeline, "toolkit_digest", lambda: "an upgraded tinyt")
+    assert not fresh(out / "onnx", tiny_ckpt) and not fresh(out / "onnx-opt", out / "onnx")

@@ -2,7 +2,8 @@
 
     {"format": "tinyt-artifact", "stage": "export", "files": {"model.onnx": {"sha256", "bytes"}},
      "opset": 18, "io": {"inputs": [...], "outputs": [...]}, "options": {...},
-     "versions": {...}, "source": {"path", "kind", "sha256" | "manifest"}}
+     "versions": {...}, "source": {"path", "kind", "sha256" | "manifest"},
+     "toolkit": sha256 of tinyt's source that made it}
 
 Every file of the directory is listed with its sha256; `check_manifest` refuses a directory
 whose files do not match, naming the file.
@@ -30,6 +31,22 @@ def io_spec(inputs: Iterable, outputs: Iterable) -> dict[str, list[dict[str, Any
     return {"inputs": [asdict(t) for t in inputs], "outputs": [asdict(t) for t in outputs]}
 
 
+def toolkit_digest() -> str:
+    """sha256 over tinyt's own source (tinyt, tinyt.export, tinyt.runtime): a stage's output
+    depends on the code that made it, so the pipeline re-runs a stage after an upgrade."""
+    import hashlib
+    import importlib.util
+
+    h = hashlib.sha256()
+    for pkg in ("tinyt", "tinyt.export", "tinyt.runtime"):
+        spec = importlib.util.find_spec(pkg)  # locates without importing (tinyt.export needs torch)
+        for root in spec.submodule_search_locations or []:
+            for path in sorted(Path(root).glob("*.py")):
+                h.update(f"{pkg}/{path.name}\0".encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def write_manifest(directory: Path, *, stage: str, source: dict[str, Any],
                    options: dict[str, Any], extra: dict[str, Any] | None = None) -> dict:
     """Hash every file already in `directory` and write manifest.json beside them."""
@@ -38,7 +55,7 @@ def write_manifest(directory: Path, *, stage: str, source: dict[str, Any],
         for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST
     }
     manifest = {"format": FORMAT, "stage": stage, "files": files, "source": source,
-                "options": options, **(extra or {})}
+                "options": options, "toolkit": toolkit_digest(), **(extra or {})}
     write_json(directory / MANIFEST, manifest)
     return manifest
 

@@ -7,7 +7,8 @@
     report ─▶ OUT/report.md (summary table per variant, plots)
 
 A stage is skipped when its output's manifest records exactly the input it would read now
-(sha256 of the checkpoint's files, or the input artifact's manifest); training resumes an
+(sha256 of the checkpoint's files, or the input artifact's manifest) and the same tinyt code
+(manifest "toolkit"); training resumes an
 interrupted run and is skipped when finished.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tinyt.fsutil import sha256_file
+from tinyt.manifest import toolkit_digest
 
 CKPT_FILES = ("model.safetensors", "config.json")
 
@@ -32,8 +34,8 @@ def _manifest(path: Path) -> dict | None:
 def fresh(out: Path, src: Path) -> bool:
     """Whether `out` was made from `src` as it is now."""
     made = _manifest(out)
-    if made is None:
-        return False
+    if made is None or made.get("toolkit") != toolkit_digest():
+        return False  # missing, or made by other tinyt code
     source = made.get("source", {})
     if source.get("kind") == "checkpoint":
         try:
