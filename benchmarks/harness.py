@@ -2,7 +2,13 @@
 
     artifacts/ (checkpoint/, onnx/, onnx-opt/, onnx-int8/, ...) ──▶ variants (PyTorch + ORT)
       for each shape: build inputs ─▶ warm up each variant ─▶ rounds interleaved across
-      variants (a noisy machine slows them alike) ─▶ p50 / p90 / p99, tokens/s
+      variants (a noisy machine slows them alike); in a round each variant runs `settle`
+      untimed calls, then `block` timed ones ─▶ p50 / p90 / p99, tokens/s
+
+Why blocks: a call right after another library's call is slower than one in a run of its own
+(caches refilled, the other library's worker threads still spinning; measured here: ONNX
+Runtime INT8 decode 0.33 ms alone, 0.77 ms on the first call after a PyTorch step, ~0.5 ms by
+the third). An application decodes with one model, so the settled figure is the real one.
     ──▶ results.json (environment + every raw time), results.md, PNG plots, target ratios
 
     .venv/bin/python -m benchmarks.harness artifacts --out benchmarks/results/cpu --quick
@@ -28,18 +34,24 @@ from tinyt.manifest import check_manifest, read_model_config
 
 from benchmarks.footprint import measure_in_subprocess
 from benchmarks.plots import write_plots
-from benchmarks.variants import OrtVariant, plain_int8_baseline, torch_variants
+from benchmarks.variants import (OrtVariant, plain_int8_baseline, torch_classifier,
+                                 torch_variants)
 
 # Artifact subdirectories the main job writes, and the names they are reported under.
 ORT_VARIANTS = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "ort-int8-dynamic",
                 "onnx-int8-static": "ort-int8-static", "onnx-int4": "ort-int4"}
+CLF_VARIANTS = {"clf-onnx": "ort-clf-fp32", "clf-opt": "ort-clf-optimized",
+                "clf-int8": "ort-clf-int8"}  # measured when ARTIFACTS/clf (a checkpoint) exists
 BASELINE = "ort-plain-export+quantize_dynamic"
+SUFFIX = {"CPUExecutionProvider": "", "CUDAExecutionProvider": "-cuda",
+          "TensorrtExecutionProvider": "-tensorrt"}  # variant name per ORT provider
 MODES = {
     # quick: one decode and one prefill shape, all cores, for CI and the main job (< 1 min)
-    "quick": dict(batches=[1], pasts="last", prompts="block", threads="all", rounds=30,
-                  warmup=3),
+    "quick": dict(batches=[1], pasts="last", prompts="block", threads="all", rounds=6,
+                  block=5, settle=3, warmup=3, clf_batches=[8], clf_tokens="block"),
     "full": dict(batches=[1, 8], pasts=[32, 64, "last"], prompts=[1, 32, 128, "block"],
-                 threads="both", rounds=100, warmup=5),
+                 threads="both", rounds=20, block=5, settle=3, warmup=5, clf_batches=[1, 8],
+                 clf_tokens=[32, "block"]),
 }
 TARGETS = {"decode_int8_vs_torch_kv": 4.0, "decode_int8_vs_plain_int8": 2.0,
            "prefill_best_ort_vs_torch": 2.0, "int8_size_vs_fp32_max": 0.30}
@@ -65,17 +77,22 @@ def percentiles(times: list[float]) -> dict[str, float]:
     return {"p50_ms": statistics.median(ms), "p90_ms": pick(0.90), "p99_ms": pick(0.99)}
 
 
-def measure(closures: dict[str, Any], rounds: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds per call of each closure, rounds interleaved across them."""
+def measure(closures: dict[str, Any], rounds: int, warmup: int, block: int = 1,
+            settle: int = 0) -> dict[str, list[float]]:
+    """Seconds per call of each closure: rounds interleaved across them, in each round
+    `settle` untimed calls then `block` timed ones per closure (rounds * block samples)."""
     for fn in closures.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for k in closures}
     for _ in range(rounds):
         for name, fn in closures.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
+            for _ in range(settle):
+                fn()
+            for _ in range(block):
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
     return times
 
 
@@ -142,8 +159,6 @@ def accuracy_change(artifacts: Path) -> dict[str, float | None]:
 def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, device,
                  providers) -> dict[str, Any]:
     variants, skipped = [], []
-    suffix = {"CPUExecutionProvider": "", "CUDAExecutionProvider": "-cuda",
-              "TensorrtExecutionProvider": "-tensorrt"}
     for n in threads:
         variants += torch_variants(artifacts / "checkpoint", n, device)
         dirs = [(artifacts / sub, name) for sub, name in ORT_VARIANTS.items()
@@ -152,7 +167,7 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, devic
             if path != baseline:
                 check_manifest(path)
             for provider in providers:
-                label = f"{name}{suffix[provider]}@{n}t"
+                label = f"{name}{SUFFIX[provider]}@{n}t"
                 try:
                     variants.append(OrtVariant(label, path, cfg, n, provider=provider).open())
                 except Exception as e:  # e.g. contrib ops a provider lacks: record, go on
@@ -160,20 +175,16 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, devic
     if device != "cpu" and not providers:
         skipped.append({"variant": "ort-*", "why": "this onnxruntime has no GPU provider "
                         f"({ort.get_available_providers()}); install onnxruntime-gpu"})
-    rows: list[dict[str, Any]] = []
     shapes = [("decode", b, p) for b in spec["batches"] for p in _resolve(spec["pasts"], cfg)]
     shapes += [("prefill", b, t) for b in spec["batches"] for t in _resolve(spec["prompts"], cfg)]
-    for kind, b, n in shapes:
-        closures = {v.name: (v.decode(b, n) if kind == "decode" else v.prefill(b, n))
-                    for v in variants}
-        for name, times in measure(closures, spec["rounds"], spec["warmup"]).items():
-            stats = percentiles(times)
-            tokens = b if kind == "decode" else b * n
-            rows.append({"variant": name, "kind": kind, "batch": b,
-                         ("past" if kind == "decode" else "tokens"): n, **stats,
-                         "tokens_per_s": tokens / (stats["p50_ms"] / 1e3), "times_s": times})
+    rows = _rows(variants, shapes, spec)
+    clf = _classifier_variants(artifacts, threads, device, providers, skipped)
+    if clf:
+        clf_cfg = clf[0].cfg
+        rows += _rows(clf, [("classify", b, t) for b in spec["clf_batches"]
+                            for t in _resolve(spec["clf_tokens"], clf_cfg)], spec)
     sizes = {v.name.split("@")[0]: (v.path / "model.onnx").stat().st_size
-             for v in variants if isinstance(v, OrtVariant)}
+             for v in variants + clf if isinstance(v, OrtVariant)}
     # Footprint: each variant alone in a fresh process (imports, session, first call, memory).
     footprint = {}
     if device == "cpu":  # the footprint probe runs on CPU
@@ -188,6 +199,44 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, devic
             "sizes_bytes": sizes, "accuracy_change": accuracy_change(artifacts),
             "footprint": footprint, "rows": rows,
             "targets": targets(rows, sizes, cfg, all_cores)}
+
+
+def _rows(variants, shapes, spec) -> list[dict[str, Any]]:
+    rows = []
+    for kind, b, n in shapes:
+        closures = {v.name: getattr(v, kind)(b, n) for v in variants}
+        for name, times in measure(closures, spec["rounds"], spec["warmup"], spec["block"],
+                                   spec["settle"]).items():
+            stats = percentiles(times)
+            tokens = b if kind == "decode" else b * n
+            row = {"variant": name, "kind": kind, "batch": b,
+                   ("past" if kind == "decode" else "tokens"): n, **stats,
+                   "tokens_per_s": tokens / (stats["p50_ms"] / 1e3), "times_s": times}
+            if kind == "classify":
+                row["sequences_per_s"] = b / (stats["p50_ms"] / 1e3)
+            rows.append(row)
+    return rows
+
+
+def _classifier_variants(artifacts, threads, device, providers, skipped) -> list:
+    """PyTorch and ORT classifier variants, when ARTIFACTS/clf holds a classifier checkpoint."""
+    if not (artifacts / "clf" / "config.json").is_file():
+        return []
+    out = []
+    for n in threads:
+        torch_clf = torch_classifier(artifacts / "clf", n, device)
+        out.append(torch_clf)
+        for sub, name in CLF_VARIANTS.items():
+            if not (artifacts / sub / "manifest.json").is_file():
+                continue
+            for provider in providers:
+                label = f"{name}{SUFFIX[provider]}@{n}t"
+                try:
+                    out.append(OrtVariant(label, artifacts / sub, torch_clf.cfg, n,
+                                          provider=provider).open())
+                except Exception as e:
+                    skipped.append({"variant": label, "why": str(e).splitlines()[0][:200]})
+    return out
 
 
 def _p50(rows, variant, kind, batch, n) -> float | None:
@@ -231,10 +280,20 @@ def markdown(result: dict[str, Any]) -> str:
              f"; spinning off; {env['time']}", "",
              "| variant | shape | p50 ms | p90 ms | p99 ms | tokens/s |", "|---|---|---|---|---|---|"]
     for r in result["rows"]:
+        if r["kind"] == "classify":
+            continue
         shape = (f"decode b{r['batch']} past {r['past']}" if r["kind"] == "decode"
                  else f"prefill b{r['batch']} × {r['tokens']}")
         lines.append(f"| {r['variant']} | {shape} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
                      f"{r['p99_ms']:.3f} | {r['tokens_per_s']:,.0f} |")
+    clf = [r for r in result["rows"] if r["kind"] == "classify"]
+    if clf:
+        lines += ["", "Classifier (one pass over a batch of full-length sequences):", "",
+                  "| variant | shape | p50 ms | p90 ms | p99 ms | sequences/s |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['variant']} | classify b{r['batch']} × {r['tokens']} | "
+                  f"{r['p50_ms']:.3f} | {r['p90_ms']:.3f} | {r['p99_ms']:.3f} | "
+                  f"{r['sequences_per_s']:,.0f} |" for r in clf]
     lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
     for name, t in result["targets"].items():
         if name == "shape":

@@ -1,9 +1,12 @@
-"""Where a decode step's time goes, per operator type, from ONNX Runtime's profiler.
+"""Where a decode step's (or a prompt pass's) time goes, per operator type, from ONNX Runtime's
+profiler.
 
     .venv/bin/python -m benchmarks.profile_ops artifacts/onnx-int8 artifacts/onnx-opt
+    .venv/bin/python -m benchmarks.profile_ops artifacts/onnx-opt --prefill 128
 
-Batch 1, one new token, past block_size - 1, 2 threads, 300 steps after 30 warm-ups; prints
-each op type's share of the summed kernel time and its microseconds per step.
+Batch 1; decode: one new token after a past of block_size - 1; --prefill N: N tokens, no
+past. 2 threads, 300 runs after 30 warm-ups; prints each op type's share of the summed kernel
+time and its microseconds per run.
 """
 from __future__ import annotations
 
@@ -21,10 +24,11 @@ from tinyt.export.compare import random_feeds
 from tinyt.manifest import read_model_config
 
 
-def profile(path: Path, steps: int = 300, threads: int = 2) -> tuple[Counter, float]:
+def profile(path: Path, steps: int = 300, threads: int = 2,
+            prefill: int = 0) -> tuple[Counter, float]:
     cfg, _ = read_model_config(path)
-    feeds = random_feeds(cfg, "decoder_with_past", 1, 1, cfg.block_size - 1, 0,
-                         np.random.default_rng(0))
+    new, past = (prefill, 0) if prefill else (1, cfg.block_size - 1)
+    feeds = random_feeds(cfg, "decoder_with_past", 1, new, past, 0, np.random.default_rng(0))
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
@@ -49,11 +53,13 @@ def profile(path: Path, steps: int = 300, threads: int = 2) -> tuple[Counter, fl
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("--prefill", type=int, default=0, help="profile an N-token prompt pass")
     args = ap.parse_args()
     for d in args.dirs:
-        per_op, run_us = profile(d)
+        per_op, run_us = profile(d, prefill=args.prefill)
         total = sum(per_op.values())
-        print(f"\n{d}: {run_us:.0f} us per step (model_run), {total:.0f} us in kernels")
+        what = f"prefill {args.prefill}" if args.prefill else "decode step"
+        print(f"\n{d}: {run_us:.0f} us per {what} (model_run), {total:.0f} us in kernels")
         for op, us in per_op.most_common(10):
             print(f"  {op:28s} {us:7.1f} us  {100 * us / total:5.1f}%")
 

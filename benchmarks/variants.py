@@ -3,6 +3,7 @@ dynamic INT8) and ONNX Runtime sessions on artifact directories, behind one inte
 
     variant.decode(batch, past)   -> a no-argument callable running one decode step
     variant.prefill(batch, tokens) -> a no-argument callable running one prompt pass
+    variant.classify(batch, tokens) -> one classifier pass (classifier variants)
 
 Inputs are built once per shape, so a timed call is the model and nothing else.
 """
@@ -23,6 +24,7 @@ import torch
 from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.export.compare import random_feeds
+from tinyt.runtime.session import PROVIDERS, create_session, open_artifact
 
 
 @dataclass
@@ -54,6 +56,11 @@ class TorchVariant:
         ids = self._ids(b, n)
         return self._call(lambda: self.model(ids))
 
+    def classify(self, b: int, n: int) -> Callable[[], None]:
+        ids = self._ids(b, n)
+        mask = torch.ones_like(ids)
+        return self._call(lambda: self.model(ids, mask))
+
     def _call(self, fn):
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
 
@@ -75,11 +82,18 @@ class OrtVariant:
     provider: str = "CPUExecutionProvider"
 
     def open(self) -> "OrtVariant":
+        """A tinyt artifact gets exactly the session an application gets from tinyt.runtime
+        (its options, its provider checks); the plain baseline, which has no manifest, gets
+        ONNX Runtime's defaults with the same threads and spinning."""
+        if (self.path / "manifest.json").is_file():
+            artifact = open_artifact(self.path)
+            provider = {v: k for k, v in PROVIDERS.items()}[self.provider]
+            self.session = create_session(artifact, provider=provider, threads=self.threads)
+            return self
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.enable_mem_pattern = False
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(str(self.path / "model.onnx"), opts,
                                             providers=[self.provider])
@@ -95,6 +109,10 @@ class OrtVariant:
 
     def prefill(self, b: int, n: int) -> Callable[[], None]:
         feeds = random_feeds(self.cfg, "decoder_with_past", b, n, 0, 0, np.random.default_rng(0))
+        return lambda: self.session.run(None, feeds)
+
+    def classify(self, b: int, n: int) -> Callable[[], None]:
+        feeds = random_feeds(self.cfg, "classifier", b, n, 0, 0, np.random.default_rng(0))
         return lambda: self.session.run(None, feeds)
 
 
@@ -113,6 +131,13 @@ def torch_variants(checkpoint: Path, threads: int, device: str = "cpu") -> list[
     return [TorchVariant(f"torch-fp32-kv@{threads}t", ck.model, ck.config, threads),
             TorchVariant(f"torch-fp32-nocache@{threads}t", ck.model, ck.config, threads, False),
             TorchVariant(f"torch-int8-dynamic-kv@{threads}t", int8, ck.config, threads)]
+
+
+def torch_classifier(checkpoint: Path, threads: int, device: str = "cpu") -> TorchVariant:
+    ck = load_checkpoint(checkpoint)
+    suffix = "" if device == "cpu" else f"-{device}"
+    return TorchVariant(f"torch-clf-fp32{suffix}@{threads}t", ck.model.to(device), ck.config,
+                        threads, device=device)
 
 
 def plain_int8_baseline(checkpoint: Path, out: Path) -> Path:

@@ -10,24 +10,39 @@ from tinyt.export.quantize import quantize
 
 
 @pytest.fixture(scope="module")
-def artifacts(tiny_ckpt, lm_onnx, corpus_dir, tmp_path_factory):
+def artifacts(tiny_ckpt, lm_onnx, tiny_clf, corpus_dir, tmp_path_factory):
+    from tinyt.export import export_onnx
     root = tmp_path_factory.mktemp("artifacts")
     shutil.copytree(tiny_ckpt, root / "checkpoint")
     shutil.copytree(lm_onnx, root / "onnx")
     quantize(lm_onnx, root / "onnx-int8", data=str(corpus_dir))
+    shutil.copytree(tiny_clf, root / "clf")
+    export_onnx(tiny_clf, root / "clf-onnx")
     return root
 
 
+def test_measure_settles_then_times_blocks_interleaved():
+    calls: list[str] = []
+    times = harness.measure({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                            rounds=2, warmup=1, block=3, settle=2)
+    assert {k: len(v) for k, v in times.items()} == {"a": 6, "b": 6}
+    assert "".join(calls) == "a" + "b" + ("a" * 5 + "b" * 5) * 2
+
+
 def test_quick_run(artifacts, tmp_path, monkeypatch):
-    monkeypatch.setitem(harness.MODES, "quick", {**harness.MODES["quick"], "rounds": 4,
-                                                 "warmup": 1})
+    monkeypatch.setitem(harness.MODES, "quick", {**harness.MODES["quick"], "rounds": 2,
+                                                 "block": 2, "warmup": 1})
     result = harness.run(artifacts, tmp_path / "out", mode="quick")
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["mode"] == "quick" and saved["environment"]["versions"]["onnxruntime"]
-    names = {r["variant"].split("@")[0] for r in saved["rows"]}
+    names = {r["variant"].split("@")[0] for r in saved["rows"] if r["kind"] != "classify"}
     assert names == {"torch-fp32-kv", "torch-fp32-nocache", "torch-int8-dynamic-kv", "ort-fp32",
                      "ort-int8-dynamic", harness.BASELINE}
-    assert {r["kind"] for r in saved["rows"]} == {"decode", "prefill"}
+    assert {r["kind"] for r in saved["rows"]} == {"decode", "prefill", "classify"}
+    clf = [r for r in saved["rows"] if r["kind"] == "classify"]
+    assert {r["variant"].split("@")[0] for r in clf} == {"torch-clf-fp32", "ort-clf-fp32"}
+    for r in clf:
+        assert r["batch"] == 8 and r["sequences_per_s"] == pytest.approx(8e3 / r["p50_ms"])
     for r in saved["rows"]:
         assert len(r["times_s"]) == 4
         assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"]
@@ -48,6 +63,7 @@ def test_quick_run(artifacts, tmp_path, monkeypatch):
         data = (tmp_path / "out" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
     assert "| ort-int8-dynamic@" in md and "decode_int8_vs_torch_kv" in md
+    assert "| ort-clf-fp32@" in md and "sequences/s" in md
 
 
 def test_bad_mode(artifacts, tmp_path):
