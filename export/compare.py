@@ -12,6 +12,7 @@ import onnxruntime as ort
 
 from tinyt.config import ModelConfig
 from tinyt.runtime.feeds import prefill_feeds, step_feeds
+from tinyt.runtime.fixed import FixedWindow
 
 
 def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int, int]]:
@@ -58,8 +59,19 @@ def compare_graphs(a: ort.InferenceSession, b: ort.InferenceSession, cfg: ModelC
     return worst
 
 
-def ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int) -> list[int]:
-    """Greedy decoding through the ONNX graph (with its KV cache when it has one)."""
+def ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int,
+               fixed: dict[str, int] | None = None) -> list[int]:
+    """Greedy decoding through the ONNX graph (with its KV cache when it has one; through a
+    window of fixed size when its shapes are pinned)."""
+    if fixed:
+        window = FixedWindow(sess, cfg, kind, fixed, 1)
+        logits = window.feed(np.asarray([prompt], dtype=np.int64), np.ones((1, len(prompt)),
+                                                                           dtype=np.int64))
+        out = [int(logits[0].argmax())] if steps else []
+        while len(out) < steps:  # the last token is chosen, never fed: it may fill the window
+            logits = window.feed(np.asarray([out[-1:]]), np.ones((1, 1), dtype=np.int64))
+            out.append(int(logits[0].argmax()))
+        return out
     names = [o.name for o in sess.get_outputs()]
     feeds = prefill_feeds(cfg, kind, np.asarray([prompt], dtype=np.int64))
     out: list[int] = []

@@ -23,6 +23,7 @@ from tinyt.errors import TinytError
 from tinyt.manifest import check_manifest
 from tinyt.model import generate
 from tinyt.runtime.feeds import prefill_feeds
+from tinyt.runtime.fixed import capacity
 
 from .compare import ort_greedy
 from .exporter import ONNX_FILE, contract_for
@@ -48,8 +49,13 @@ def cpu_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _cases(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int]]:
-    """(batch, seq, past) grid: sequence 1 and block_size, past 0 and block_size - 1."""
+def _cases(cfg: ModelConfig, kind: str, fixed: dict | None = None
+           ) -> list[tuple[int, int, int]]:
+    """(batch, seq, past) grid: sequence 1 and block_size, past 0 and block_size - 1; a graph
+    with pinned shapes runs its one shape."""
+    if fixed:
+        return [(fixed["batch_size"], fixed["sequence_length"],
+                 fixed.get("past_sequence_length", 0))]
     T = cfg.block_size
     seqs = sorted({1, min(7, T), T})
     pasts = sorted({0, min(9, T - 1), T - 1}) if kind == "decoder_with_past" else [0]
@@ -126,7 +132,8 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     ckpt = load_checkpoint(checkpoint_dir)
     cfg, model = ckpt.config, ckpt.model
     inputs, outputs = contract_for(cfg, kind)
-    sess = cpu_session(onnx_dir / ONNX_FILE)
+    fixed = manifest.get("fixed_shape")
+    sess = cpu_session(onnx_dir / manifest.get("model_file", ONNX_FILE))
     got_in = [i.name for i in sess.get_inputs()]
     if got_in != [t.name for t in inputs]:
         raise VerificationError(f"{onnx_dir / ONNX_FILE} inputs {got_in} do not match the "
@@ -135,7 +142,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     rng = np.random.default_rng(seed)
     corpus = _corpus_tokens(ckpt.tokenizer)
     cases = []
-    for (b, s, p) in _cases(cfg, kind):
+    for (b, s, p) in _cases(cfg, kind, fixed):
         for source in ("random", "corpus", "left-padded"):
             if source == "left-padded" and (b < 2 or s + p < 4):
                 continue
@@ -160,17 +167,18 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
                 for n, w in worst.items() if not w["max_abs"] <= _tolerance(n)]
     generation = []
     if kind != "classifier":
+        context = min(cfg.block_size, capacity(kind, fixed)) if fixed else cfg.block_size
         for text in PROMPTS:
-            prompt = ckpt.tokenizer.encode(text)[: cfg.block_size - 1]
-            steps = min(gen_tokens, cfg.block_size - len(prompt))
+            prompt = ckpt.tokenizer.encode(text)[: context - 1]
+            steps = min(gen_tokens, context - len(prompt))
             ref = generate(model, torch.tensor([prompt]), steps, temperature=0)[0, len(prompt):]
-            ours = ort_greedy(sess, cfg, kind, prompt, steps)
+            ours = ort_greedy(sess, cfg, kind, prompt, steps, fixed)
             same = ours == ref.tolist()
             generation.append({"prompt": text, "tokens": steps, "identical": same,
                                "torch": ref.tolist(), "onnxruntime": ours})
             if not same:
                 failures.append(f"greedy generation differs for prompt {text!r}")
-    report = {"passed": not failures, "failures": failures, "graph": kind,
+    report = {"passed": not failures, "failures": failures, "graph": kind, "fixed_shape": fixed,
               "tolerances": {"logits_max_abs": FP32_LOGITS_ATOL, "present_max_abs": FP32_KV_ATOL},
               "worst": worst, "cases": cases, "generation": generation,
               "checkpoint": str(Path(checkpoint_dir).resolve()), "onnx": str(onnx_dir.resolve())}

@@ -48,12 +48,19 @@ class Classifier:
         return out
 
     def _batch(self, rows: list[list[int]]) -> list[Prediction]:
-        T = max(map(len, rows))
-        x = np.full((len(rows), T), self._pad, dtype=np.int64)
-        mask = np.zeros((len(rows), T), dtype=np.int64)
+        fixed = self.artifact.fixed  # pinned shapes: pad every batch to them
+        if fixed and len(rows) > fixed["batch_size"]:
+            return self._batch(rows[:fixed["batch_size"]]) + \
+                self._batch(rows[fixed["batch_size"]:])
+        B = fixed["batch_size"] if fixed else len(rows)
+        T = fixed["sequence_length"] if fixed else max(map(len, rows))
+        x = np.full((B, T), self._pad, dtype=np.int64)
+        mask = np.zeros((B, T), dtype=np.int64)
         for r, row in enumerate(rows):
+            row = row[:T]
             x[r, :len(row)], mask[r, :len(row)] = row, 1  # right padding
         logits = self.session.run(["logits"], {"input_ids": x, "attention_mask": mask})[0]
+        logits = logits[:len(rows)]
         z = logits - logits.max(axis=-1, keepdims=True)
         probs = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
         return [Prediction(self.labels[int(p.argmax())],

@@ -20,6 +20,7 @@ import onnxruntime as ort
 from tinyt.tokenizer import Tokenizer
 
 from .feeds import grow_mask, prefill_feeds, step_feeds
+from .fixed import FixedWindow, capacity
 from .sampling import SamplingParams, next_token
 from .session import Artifact
 
@@ -68,6 +69,9 @@ class LanguageModel:
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
         self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
+        # The most tokens a sequence can hold: block_size, or a pinned graph's window.
+        self.context = self.config.block_size if artifact.fixed is None else min(
+            self.config.block_size, capacity(artifact.kind, artifact.fixed))
 
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> str | list[str]:
@@ -125,7 +129,10 @@ class LanguageModel:
                 isinstance(r, (list, tuple)) and r and all(_is_int(t) for t in r) for r in rows)):
             raise ValueError("token ids must be a non-empty list of ints, or a list of "
                              "non-empty lists of ints")
-        V, block = self.config.vocab_size, self.config.block_size
+        V, block = self.config.vocab_size, self.context
+        if self.artifact.fixed and len(rows) > self.artifact.fixed["batch_size"]:
+            raise ValueError(f"{len(rows)} prompts, but this graph is pinned to batch_size "
+                             f"{self.artifact.fixed['batch_size']}; give at most that many")
         for i, row in enumerate(rows):
             bad = [int(t) for t in row if not 0 <= t < V]
             if bad:
@@ -133,7 +140,8 @@ class LanguageModel:
                                  f"0..{V - 1}")
             if len(row) >= block:
                 raise ValueError(f"prompt {i} is {len(row)} tokens; this model reads at most "
-                                 f"block_size - 1 = {block - 1} so that one token can follow")
+                                 f"{block - 1} (its context {block}, less one so that a token "
+                                 "can follow)")
         return [[int(t) for t in row] for row in rows]
 
     def _loop(self, rows: list[list[int]], params: SamplingParams
@@ -168,6 +176,14 @@ class LanguageModel:
         """Coroutine: yields the logits of each step; is sent (next tokens [B], which
         sequences are still running [B])."""
         kind = self.artifact.kind
+        if self.artifact.fixed:  # pinned shapes: a window of fixed size (runtime/fixed.py)
+            window = FixedWindow(self.session, self.config, kind, self.artifact.fixed,
+                                 len(feeds["input_ids"]), kv_dtype=self._kv_dtype)
+            logits = window.feed(feeds["input_ids"], feeds["attention_mask"])
+            while True:
+                nxt, active = yield logits[:, None]
+                logits = window.feed(nxt[:, None].astype(np.int64),
+                                     np.asarray(active, dtype=np.int64)[:, None])
         if not (self.io_binding and kind == "decoder_with_past"):
             while True:
                 outputs = self.session.run(self._outputs, feeds)
@@ -203,7 +219,7 @@ class LanguageModel:
         out[r].append(tok)
         if len(out[r]) >= params.max_new_tokens:
             return "length"
-        if len(rows[r]) + len(out[r]) >= self.config.block_size:
+        if len(rows[r]) + len(out[r]) >= self.context:
             return "context"
         if params.stop:
             text = self.tokenizer.decode(out[r])

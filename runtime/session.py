@@ -35,6 +35,8 @@ class Artifact:
     kind: str  # decoder_with_past | decoder | classifier
     labels: list[str] | None
     manifest: dict
+    model_file: str = "model.onnx"  # model.ort for an ORT-format package
+    fixed: dict | None = None  # pinned axes (tinyt package --fixed), else None
 
 
 def installation_problems() -> list[str]:
@@ -62,12 +64,18 @@ def open_artifact(directory: str | os.PathLike) -> Artifact:
     if not directory.is_dir():
         raise ManifestError(f"artifact directory {directory} does not exist")
     manifest = check_manifest(directory)
+    if manifest.get("package_format") == "triton":
+        raise ManifestError(f"{directory} is a Triton model repository (tinyt package --format "
+                            "triton): serve it with Triton Inference Server; tinyt.runtime "
+                            "loads the artifact it was made from")
     cfg, block = read_model_config(directory)
     kind = manifest.get("graph")
     if kind not in ("decoder_with_past", "decoder", "classifier"):
         raise ManifestError(f"{directory}/manifest.json names graph {kind!r}; tinyt.runtime "
                             "runs decoder_with_past, decoder and classifier graphs")
-    return Artifact(directory, cfg, kind, block.get("labels"), manifest)
+    model_file = manifest.get("model_file", "model.onnx")
+    return Artifact(directory, cfg, kind, block.get("labels"), manifest, model_file,
+                    manifest.get("fixed_shape"))
 
 
 def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
@@ -116,7 +124,7 @@ def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | 
     if level is not None and level not in LEVELS:
         raise ProviderError(f"level={level!r} is not one of {', '.join(LEVELS)}")
     opts = session_options(artifact, threads=threads, spinning=spinning, level=level)
-    model = str(artifact.path / "model.onnx")
+    model = str(artifact.path / artifact.model_file)
     if provider != "auto":
         session = _on(provider, model, opts)
     else:

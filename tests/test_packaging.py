@@ -5,6 +5,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import tinyt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,12 +32,18 @@ def test_readme_main_job_runs_the_pipeline_and_the_runtime():
         assert verb in command
 
 
-def test_wheel_holds_the_three_packages(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                           "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+                           "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = tmp_path.glob("tinyt-*.whl")
+    (path,) = out.glob("tinyt-*.whl")
+    return path
+
+
+def test_wheel_holds_the_three_packages(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for must in ("tinyt/__init__.py", "tinyt/model.py", "tinyt/export/__init__.py",
                  "tinyt/runtime/__init__.py"):
@@ -46,3 +54,40 @@ def test_wheel_holds_the_three_packages(tmp_path):
     assert "Provides-Extra: gpu" in meta and "Provides-Extra: cpu" in meta
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt")))
     assert b"tinyt = tinyt.cli:main" in entry
+
+
+EDGE_SCRIPT = """
+import importlib.util, json, sys
+assert importlib.util.find_spec("torch") is None, "torch is installed in the edge venv"
+import tinyt.runtime as rt
+lm = rt.load(sys.argv[1])
+print(json.dumps([r.token_ids for r in lm.generate_details(["def alpha", "import os"],
+                                                            max_new_tokens=16)]))
+"""
+
+
+def test_edge_install_from_the_wheel_generates_without_torch(wheel, lm_onnx, tmp_path):
+    """The built wheel with the 'cpu' extra, in a fresh virtual environment: no torch, and the
+    same tokens as here. Its size on disk is what tinyt.footprint reports."""
+    import json
+
+    import tinyt.runtime as rt
+    from tinyt.footprint import edge_footprint
+
+    venv = tmp_path / "edge"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                           f"{wheel}[cpu]"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run([str(py), "-c", EDGE_SCRIPT, str(lm_onnx)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)  # cwd: not the source tree
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    here = [r.token_ids for r in rt.load(lm_onnx).generate_details(["def alpha", "import os"],
+                                                                    max_new_tokens=16)]
+    assert json.loads(proc.stdout) == here
+    site = next((venv / "lib").glob("python*/site-packages"))
+    on_disk = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
+    pip_itself = sum(p.stat().st_size for p in site.glob("pip*/**/*") if p.is_file())
+    reported = edge_footprint()["total"]
+    assert 0.7 < (on_disk - pip_itself) / reported < 1.3, (on_disk, pip_itself, reported)

@@ -13,6 +13,7 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     assert json.loads((out / "onnx-opt-verify.json").read_text())["passed"]
     text = report.read_text()
     assert "| onnx-int8 |" in text and "verified vs PyTorch" in text and "Targets:" in text
+    assert "edge install (tinyt[cpu], no torch):" in text and "onnxruntime" in text
     assert fresh(out / "onnx", out / "checkpoint") and fresh(out / "onnx-opt", out / "onnx")
 
     logs.clear()

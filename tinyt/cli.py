@@ -176,6 +176,42 @@ def optimize(
 
 
 @app.command()
+def package(
+    src: Annotated[Path, typer.Argument(help="Artifact directory (exported, optimized or "
+                                             "quantized).")],
+    out: Annotated[Path, typer.Argument(help="Package directory to write.")],
+    format: Annotated[str, typer.Option(help="ort (ONNX Runtime mobile format + operator "
+                                             "list), triton (model repository) or onnx.")
+                      ] = "ort",
+    fixed: Annotated[Optional[list[str]], typer.Option(
+        help="Pin an axis, AXIS=N (repeat): batch_size, sequence_length, "
+             "past_sequence_length.")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Triton model name.")] = None,
+    device: Annotated[str, typer.Option(help="Triton instance kind: cpu or gpu.")] = "cpu",
+    instances: Annotated[int, typer.Option(help="Triton instances of the model.")] = 1,
+    max_batch_size: Annotated[int, typer.Option(help="Triton dynamic batching limit "
+                                                     "(classifier, no-cache decoder).")] = 8,
+) -> None:
+    """Package an artifact for deployment: .ort for edge builds, a Triton model repository,
+    or a graph with pinned shapes; checked against its source before it is written."""
+    import json
+
+    from tinyt.export.package import package as run_package
+
+    path = run_package(src, out, format=format, fixed=fixed, name=name, device=device,
+                       instances=instances, max_batch_size=max_batch_size)
+    manifest = json.loads((path / "manifest.json").read_text())
+    worst = max(manifest["equivalence"]["worst"].values())
+    typer.echo(f"files: {', '.join(manifest['files'])}")
+    if manifest.get("fixed_shape"):
+        typer.echo(f"pinned: {manifest['fixed_shape']} (at most "
+                   f"{manifest['capacity_tokens']} tokens per sequence)")
+    typer.echo(f"max abs diff vs source graph: {worst:.2e} "
+               f"(tolerance {manifest['equivalence']['tolerance']})")
+    typer.echo(f"package: {path}")
+
+
+@app.command()
 def quantize(
     src: Annotated[Path, typer.Argument(help="Exported or cpu-optimized artifact directory.")],
     out: Annotated[Path, typer.Argument(help="Quantized artifact directory to write.")],

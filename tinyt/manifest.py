@@ -49,10 +49,10 @@ def toolkit_digest() -> str:
 
 def write_manifest(directory: Path, *, stage: str, source: dict[str, Any],
                    options: dict[str, Any], extra: dict[str, Any] | None = None) -> dict:
-    """Hash every file already in `directory` and write manifest.json beside them."""
-    files = {
-        p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-        for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST
+    """Hash every file already in `directory` (and below it) and write manifest.json."""
+    files = {  # nested files (a Triton repository) by their relative POSIX path
+        p.relative_to(directory).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST
     }
     manifest = {"format": FORMAT, "stage": stage, "files": files, "source": source,
                 "options": options, "toolkit": toolkit_digest(), **(extra or {})}

@@ -125,6 +125,8 @@ def _bench_view(out: Path, ckpt: Path) -> Path:
 
 def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
                  timings: dict) -> Path:
+    from tinyt.footprint import edge_footprint, summary
+
     meta = json.loads((ckpt / "config.json").read_text())
     rows = ["| variant | bytes | val loss change | decode tokens/s | prefill ms | equivalence |",
             "|---|---|---|---|---|---|"]
@@ -151,7 +153,9 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
              f"{m.get('val_loss', float('nan')):.3f} nats/token, "
              f"{m.get('val_nats_per_byte', float('nan')):.3f} nats/byte, "
              f"{m.get('tokens_per_s', 0):,.0f} tokens/s in training.", "", *rows, "",
-             "Stage times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), ""]
+             "Stage times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), "",
+             summary(edge_footprint()) + " (tinyt.footprint; a wheel-install test checks it)",
+             ""]
     if bench:
         lines += ["Targets: " + ", ".join(
             f"{k} {t['measured']:.2f} ({'met' if t['met'] else 'not met'})"

@@ -1,0 +1,226 @@
+"""Packaging: an artifact directory in, a deployable one out.
+
+    DIR ──(--fixed AXIS=N ...: pin contract axes, check vs DIR on the pinned shape)──┐
+                                                                                     ▼
+        format onnx   ─▶ OUT/model.onnx + config/tokenizer + manifest (a tinyt artifact)
+        format ort    ─▶ OUT/model.ort (ONNX Runtime's mobile format) + required_operators.config
+                         for a reduced ONNX Runtime build; checked vs model.onnx; a tinyt artifact
+        format triton ─▶ OUT/<name>/config.pbtxt + OUT/<name>/1/model.onnx (Triton repository)
+
+Pinned shapes (`fixed`) are for accelerators that cannot take dynamic shapes: batch_size,
+sequence_length and past_sequence_length become numbers in the graph; the runtime and
+`tinyt verify` then run it through a window of fixed size (runtime/fixed.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from tinyt.errors import TinytError
+from tinyt.fsutil import atomic_dir
+from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.runtime.fixed import AXES, capacity
+
+from .compare import random_feeds
+from .exporter import ONNX_FILE
+from .triton import check_config, config_pbtxt
+
+FORMATS = ("onnx", "ort", "triton")
+ORT_FILE = "model.ort"
+OPERATORS_FILE = "required_operators.config"
+PACKAGE_ATOL = 1e-5  # packaged vs source graph on the same inputs, every output (fp32)
+COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
+LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+          "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}
+
+
+class PackageError(TinytError, ValueError):
+    """The artifact cannot be packaged as asked."""
+
+
+def parse_fixed(items: list[str] | dict[str, int] | None) -> dict[str, int]:
+    """'batch_size=1' items (or a dict) -> {axis: size}, checked against the contract's axes."""
+    if not items:
+        return {}
+    pairs = items.items() if isinstance(items, dict) else []
+    if not isinstance(items, dict):
+        for item in items:
+            m = re.fullmatch(r"\s*(\w+)\s*=\s*(-?\d+)\s*", item)
+            if not m:
+                raise PackageError(f"--fixed {item!r} is not AXIS=N (axes: {', '.join(AXES)})")
+            pairs.append((m.group(1), int(m.group(2))))
+    fixed = {}
+    for axis, n in pairs:
+        if axis not in AXES:
+            raise PackageError(f"--fixed axis {axis!r} is not one of {', '.join(AXES)}")
+        if n < (0 if axis == "past_sequence_length" else 1):
+            raise PackageError(f"--fixed {axis}={n} is too small (batch and sequence ≥ 1, "
+                               "past ≥ 0)")
+        fixed[axis] = n
+    return fixed
+
+
+def _pin(proto: onnx.ModelProto, fixed: dict[str, int], kind: str, block: int) -> None:
+    """Replace the contract's symbolic axes by `fixed` everywhere in the graph, in place."""
+    needed = ["batch_size", "sequence_length"] + (
+        ["past_sequence_length"] if kind == "decoder_with_past" else [])
+    if set(fixed) != set(needed):
+        raise PackageError(f"a {kind} graph pins exactly {', '.join(needed)}; got "
+                           f"{', '.join(sorted(fixed)) or 'none'}")
+    total = fixed["sequence_length"] + fixed.get("past_sequence_length", 0)
+    if total > block:
+        raise PackageError(f"sequence_length + past_sequence_length = {total} exceeds the "
+                           f"model's block_size {block}")
+    sizes = {**fixed, "past_sequence_length + sequence_length": total}
+    graph = proto.graph
+    for vi in [*graph.input, *graph.output]:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param"):
+                if dim.dim_param not in sizes:
+                    raise PackageError(f"{vi.name} has axis {dim.dim_param!r}, which is not "
+                                       "in the contract")
+                dim.dim_value = sizes[dim.dim_param]
+    del graph.value_info[:]  # intermediate shapes: ONNX Runtime infers them from the inputs
+
+
+def _session(path: Path, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+             **config: str) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = level
+    opts.log_severity_level = 3
+    for key, value in config.items():
+        opts.add_session_config_entry(key, value)
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _check_same(src: Path, dst: Path, cfg, kind: str, fixed: dict[str, int]) -> dict:
+    """Worst max-abs difference per output, src vs dst, on the pinned shape (or a small grid),
+    random ids, row 0 left-padded when there are two rows or more."""
+    a, b = _session(src), _session(dst)
+    names = [o.name for o in a.get_outputs()]
+    if fixed:
+        B, S, P = fixed["batch_size"], fixed["sequence_length"], fixed.get(
+            "past_sequence_length", 0)
+        cases = [(B, S, P, 0), (B, S, P, (S + P) // 2 if B > 1 else 0)]
+    else:
+        T = cfg.block_size
+        cases = [(1, 1, 0, 0), (2, min(7, T), 0, 3 if T > 7 else 0)]
+        if kind == "decoder_with_past":
+            cases.append((2, 1, T - 1, 0))
+    rng = np.random.default_rng(0)
+    worst = {n: 0.0 for n in names}
+    for case in cases:
+        feeds = random_feeds(cfg, kind, *case, rng)
+        for name, x, y in zip(names, a.run(names, feeds), b.run(names, feeds)):
+            if x.shape != y.shape:
+                raise PackageError(f"{name}: shape {y.shape} in the package, {x.shape} in the "
+                                   f"source, at {case}")
+            worst[name] = max(worst[name], float(np.abs(x - y).max(initial=0.0)))
+    bad = {n: d for n, d in worst.items() if not d <= PACKAGE_ATOL}
+    if bad:
+        raise PackageError(f"the packaged graph differs from its source beyond {PACKAGE_ATOL}: "
+                           f"{bad}")
+    return worst
+
+
+def _to_ort(onnx_path: Path, out: Path, level: str) -> None:
+    """model.ort (optimized at `level`, saved in ORT format) and the operator list a reduced
+    ONNX Runtime build needs for it."""
+    from onnxruntime.tools.ort_format_model import create_config_from_models
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = LEVELS[level]
+    opts.optimized_model_filepath = str(out / ORT_FILE)
+    opts.add_session_config_entry("session.save_model_format", "ORT")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    root = logging.getLogger("ort_format_model.utils")
+    level_before, root.level = root.level, logging.WARNING  # it logs the file at INFO
+    try:
+        create_config_from_models([out / ORT_FILE], out / OPERATORS_FILE,
+                                  enable_type_reduction=False)
+    finally:
+        root.setLevel(level_before)
+    text = (out / OPERATORS_FILE).read_text()  # name the model, not the temporary directory
+    (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*$", f"# - {ORT_FILE}", text))
+
+
+def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ort",
+            fixed: list[str] | dict[str, int] | None = None, name: str | None = None,
+            device: str = "cpu", instances: int = 1, max_batch_size: int = 8) -> Path:
+    """Package an artifact for deployment (see the module docstring); returns out_dir."""
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if format not in FORMATS:
+        raise PackageError(f"format={format!r} is not one of {', '.join(FORMATS)}")
+    manifest = check_manifest(src_dir)
+    check_output_dir(src_dir, out_dir)
+    if manifest.get("stage") == "package":
+        raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
+                           "from")
+    cfg, _ = read_model_config(src_dir)
+    kind = manifest["graph"]
+    pins = parse_fixed(fixed)
+    proto = onnx.load(str(src_dir / ONNX_FILE))
+    if pins:
+        _pin(proto, pins, kind, cfg.block_size)
+    name = name or f"tinyt-{kind.replace('_', '-')}"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise PackageError(f"name={name!r}: use letters, digits, '_', '.', '-' (it is a "
+                           "directory and Triton's model name)")
+    # The ORT format keeps the graph's optimization level; a portable graph must not gain
+    # contrib ops on the way.
+    level = "basic" if manifest.get("options", {}).get("target") == "portable" else "extended"
+    with tempfile.TemporaryDirectory() as tmp:
+        graph_path = Path(tmp) / ONNX_FILE
+        onnx.save_model(proto, str(graph_path))
+        try:
+            _session(graph_path)
+        except Exception as e:  # e.g. a pinned size the graph's ops cannot take
+            raise PackageError(f"ONNX Runtime cannot load the packaged graph: {e}") from None
+        worst = _check_same(src_dir / ONNX_FILE, graph_path, cfg, kind, pins)
+        extra = {"graph": kind, "package_format": format, "fixed_shape": pins or None,
+                 "opset": manifest.get("opset"), "io": manifest.get("io"),
+                 "equivalence": {"tolerance": PACKAGE_ATOL, "worst": worst},
+                 "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
+        if pins:
+            extra["capacity_tokens"] = capacity(kind, pins)
+        with atomic_dir(out_dir) as out:
+            if format == "triton":
+                text = config_pbtxt(proto.graph, name=name, kind=kind, pinned=bool(pins),
+                                    device=device, instances=instances,
+                                    max_batch_size=max_batch_size)
+                parsed = check_config(text, proto.graph)
+                version = out / name / "1"
+                version.mkdir(parents=True)
+                (out / name / "config.pbtxt").write_text(text)
+                shutil.copy(graph_path, version / ONNX_FILE)
+                for f in COPIED_FILES:
+                    shutil.copy(src_dir / f, version / f)
+                extra["triton"] = {"model": name, "max_batch_size": parsed.max_batch_size,
+                                   "device": device, "instances": instances}
+                extra["model_file"] = f"{name}/1/{ONNX_FILE}"
+            else:
+                for f in COPIED_FILES:
+                    shutil.copy(src_dir / f, out / f)
+                if format == "ort":
+                    _to_ort(graph_path, out, level)
+                    worst_ort = _check_same(graph_path, out / ORT_FILE, cfg, kind, pins)
+                    extra["equivalence"]["ort_vs_onnx"] = worst_ort
+                    extra["ort"] = {"level": level, "model_file": ORT_FILE}
+                    extra["model_file"] = ORT_FILE
+                else:
+                    shutil.copy(graph_path, out / ONNX_FILE)
+            write_manifest(out, stage="package", source={
+                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
+            }, options={"format": format, "fixed": pins, "name": name, "device": device,
+                        "instances": instances, "max_batch_size": max_batch_size,
+                        "level": manifest.get("options", {}).get("level")}, extra=extra)
+    return out_dir
