@@ -96,12 +96,15 @@ def measure(closures: dict[str, Any], rounds: int, warmup: int, block: int = 1,
     return times
 
 
-def _resolve(values, cfg) -> list[int]:
+def _resolve(values, cfg, limit: int | None = None) -> list[int]:
+    """Sizes from a mode's spec ('last' = block_size - 1, 'block' = block_size), those that fit
+    the model kept (at most `limit`, default block_size)."""
     values = [values] if isinstance(values, str) else values
+    limit = cfg.block_size if limit is None else limit
     out = []
     for v in values:
         v = {"last": cfg.block_size - 1, "block": cfg.block_size}.get(v, v)
-        if isinstance(v, int) and 1 <= v <= cfg.block_size and v not in out:
+        if isinstance(v, int) and 1 <= v <= limit and v not in out:
             out.append(v)
     return out
 
@@ -175,7 +178,8 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, devic
     if device != "cpu" and not providers:
         skipped.append({"variant": "ort-*", "why": "this onnxruntime has no GPU provider "
                         f"({ort.get_available_providers()}); install onnxruntime-gpu"})
-    shapes = [("decode", b, p) for b in spec["batches"] for p in _resolve(spec["pasts"], cfg)]
+    shapes = [("decode", b, p) for b in spec["batches"]  # past + the new token fit the model
+              for p in _resolve(spec["pasts"], cfg, cfg.block_size - 1)]
     shapes += [("prefill", b, t) for b in spec["batches"] for t in _resolve(spec["prompts"], cfg)]
     rows = _rows(variants, shapes, spec)
     clf = _classifier_variants(artifacts, threads, device, providers, skipped)

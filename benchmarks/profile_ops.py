@@ -27,6 +27,9 @@ from tinyt.manifest import read_model_config
 def profile(path: Path, steps: int = 300, threads: int = 2,
             prefill: int = 0) -> tuple[Counter, float]:
     cfg, _ = read_model_config(path)
+    if not 0 <= prefill <= cfg.block_size:
+        raise SystemExit(f"error: --prefill {prefill} must be between 1 and the model's "
+                         f"block_size {cfg.block_size}")
     new, past = (prefill, 0) if prefill else (1, cfg.block_size - 1)
     feeds = random_feeds(cfg, "decoder_with_past", 1, new, past, 0, np.random.default_rng(0))
     with tempfile.TemporaryDirectory() as tmp:

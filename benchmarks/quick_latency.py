@@ -1,6 +1,7 @@
 """Side-by-side latency of artifact directories (a quick check; the full harness is issue 6).
 
-Decode: one new token with a past of 64 (batch 1); prefill: 128 tokens (batch 1). 2 intra-op
+Decode: one new token with a past of 64 (batch 1); prefill: 128 tokens (batch 1); both capped
+by the model's block_size. 2 intra-op
 threads, spinning off, rounds interleaved across the graphs, medians after a 10% warm-up.
 
     .venv/bin/python benchmarks/quick_latency.py artifacts/onnx artifacts/onnx-opt artifacts/onnx-int8
@@ -37,8 +38,10 @@ def main() -> None:
                                              providers=["CPUExecutionProvider"])
                 for d in args.dirs}
     rng = np.random.default_rng(0)
-    shapes = {"decode_ms_past64": random_feeds(cfg, "decoder_with_past", 1, 1, 64, 0, rng),
-              "prefill_ms_128": random_feeds(cfg, "decoder_with_past", 1, 128, 0, 0, rng)}
+    past, prompt = min(64, cfg.block_size - 1), min(128, cfg.block_size)  # demo: 64 and 128
+    shapes = {f"decode_ms_past{past}": random_feeds(cfg, "decoder_with_past", 1, 1, past, 0, rng),
+              f"prefill_ms_{prompt}": random_feeds(cfg, "decoder_with_past", 1, prompt, 0, 0,
+                                                   rng)}
     result = {d: {"bytes": (Path(d) / "model.onnx").stat().st_size} for d in sessions}
     for label, feeds in shapes.items():
         rounds = args.rounds if "decode" in label else max(args.rounds // 5, 20)

@@ -97,3 +97,11 @@ def test_device_checks():
     assert harness.check_device("cpu") == ["CPUExecutionProvider"]
     with pytest.raises(ValueError, match="device='tpu' is not one of cpu, cuda"):
         harness.check_device("tpu")
+
+
+def test_full_mode_sizes_fit_a_small_model():
+    from tinyt.config import ModelConfig
+    cfg = ModelConfig(block_size=32, vocab_size=300, n_layer=1, n_head=2, n_embd=32)
+    full = harness.MODES["full"]
+    assert harness._resolve(full["pasts"], cfg, cfg.block_size - 1) == [31]  # not 32: 33 > 32
+    assert harness._resolve(full["prompts"], cfg) == [1, 32]

@@ -48,6 +48,8 @@ def test_ort_format_loads_in_the_runtime_and_matches_the_onnx(lm_opt, tmp_path):
                                       "tokenizer.json", "generation_config.json"}
     assert manifest["model_file"] == "model.ort" and manifest["package_format"] == "ort"
     assert max(manifest["equivalence"]["ort_vs_onnx"].values()) <= PACKAGE_ATOL
+    onnx_bytes = (lm_opt / "model.onnx").stat().st_size  # the tied matrix still stored once
+    assert (out / "model.ort").stat().st_size < 1.1 * onnx_bytes
     lm = rt.load(out)
     assert lm.artifact.model_file == "model.ort"
     assert lm.session._model_path.endswith("model.ort")

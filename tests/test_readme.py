@@ -1,0 +1,205 @@
+"""README.md's commands run, at small sizes: every line of every ```bash block (and the
+```python block), with the test preset and a synthetic corpus instead of the demo model and the
+standard library. The few that cannot run here are listed below with the reason and what
+covers them instead.
+
+    <!-- main-job -->      block: in an empty directory; what it leaves is "after the main job"
+    <!-- from-scratch -->  block: in an empty directory of its own (the CLI tour)
+    every other block, then the python block: in README order, in a copy of the main job's
+                           directory (the sections build on the main job's artifacts)
+
+Prose mentions commands inline; the fenced blocks hold every command a figure came from."""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import _python_like
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+NOT_RUN = {  # command prefix -> why, and what runs it instead
+    "bash scripts/setup.sh": "installs the environment: CI runs it, from a fresh clone",
+    ".venv/bin/python -m pytest": "the test suite itself: CI runs it",
+    "pip install": "tests/test_packaging.py installs the wheel with the cpu extra in a fresh "
+                   "venv",
+}
+FAILS_HERE = {  # command prefix -> (exit status, text in stderr): it must fail, clearly
+    "bash benchmarks/gpu.sh": (2, "needs a GPU"),
+}
+SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
+    "past_sequence_length=127": "past_sequence_length=31",
+    "--max-new-tokens 64": "--max-new-tokens 16",
+    "--prefill 128": "--prefill 32",
+}
+
+
+def readme_blocks() -> list[tuple[str, str, list[str]]]:
+    """(label, language, commands or [code]) for each fenced bash / python block, in order."""
+    text = (ROOT / "README.md").read_text()
+    blocks = []
+    for label, lang, body in re.findall(r"(?:<!-- ([\w-]+) -->\s*)?```(\w*)\n(.*?)```", text,
+                                        re.S):
+        if lang == "python":
+            blocks.append((label, lang, [body]))
+        if lang != "bash":
+            continue
+        commands = []
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].split(" # ")[0].strip()
+            if line and not line.startswith("#"):
+                commands += [part.strip() for part in line.split("&&")]
+        blocks.append((label, lang, commands))
+    return blocks
+
+
+def small(command: str, work: Path) -> list[str]:
+    """The command as argv, sized for a test."""
+    for big, little in SMALL.items():
+        command = command.replace(big, little)
+    argv = shlex.split(command.replace(".venv/bin/", ""))
+    argv = [str(work / a[len("/tmp/"):]) if a.startswith("/tmp/") else a for a in argv]
+    if argv[0] == "python":
+        argv[0] = sys.executable
+        argv = [str(ROOT / a) if a.startswith("benchmarks/") else a for a in argv]
+    if argv[0] == "bash" and argv[1] == "benchmarks/gpu.sh":
+        return ["bash", str(ROOT / argv[1]), str(work / "artifacts"), sys.executable]
+    if argv[0] == "torchrun":
+        argv[0] = str(BIN / "torchrun")
+    if "tinyt" in argv:
+        at = argv.index("tinyt")
+        verb, args = argv[at + 1], argv[at + 2:]
+        args = [str(work / "corpus") if a == "my_corpus/" else a for a in args]
+        if verb in ("train", "pipeline") and "--resume" not in args:
+            task_clf = "--task" in args and args[args.index("--task") + 1] == "classifier"
+            if "--preset" not in args:
+                args += ["--preset", "test"]
+            if "--data" not in args:
+                args += ["--data", str(work / ("labelled" if task_clf else "corpus"))]
+            if verb == "train" and task_clf:
+                args = _set(args, "--max-steps", "4")
+        if verb == "quantize" and "--data" not in args:
+            manifest = work / args[0] / "manifest.json"
+            clf = manifest.is_file() and json.loads(manifest.read_text())["graph"] == "classifier"
+            args += ["--data", str(work / ("labelled" if clf else "corpus"))]
+        prefix = [sys.executable, "-m", "tinyt"] if at == 0 else argv[:at] + ["tinyt"]
+        argv = prefix + [verb] + args
+    return argv
+
+
+def _set(args: list[str], flag: str, value: str) -> list[str]:
+    if flag in args:
+        args = list(args)
+        args[args.index(flag) + 1] = value
+        return args
+    return args + [flag, value]
+
+
+def _scratch(work: Path) -> None:
+    """The synthetic corpus, a labelled set, and a nanoGPT checkpoint for import-nanogpt."""
+    import random
+
+    import torch
+
+    from nanogpt_reference import GPT, GPTConfig
+    from tinyt.tokenizer import Tokenizer
+
+    rng = random.Random(0)
+    (work / "corpus").mkdir(parents=True)
+    for i in range(40):
+        (work / "corpus" / f"mod_{i:02d}.py").write_text(_python_like(rng, i))
+    for label, word in (("maths", "sum"), ("strings", "join")):
+        (work / "labelled" / label).mkdir(parents=True)
+        for i in range(12):
+            body = "".join(f"x{j} = {word}({word}_{rng.randint(0, 9)}, {j})\n" for j in range(40))
+            (work / "labelled" / label / f"f{i}.py").write_text(body)
+    torch.manual_seed(0)
+    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=24, bias=True, vocab_size=257,
+                dropout=0.0)
+    (work / "out").mkdir()
+    torch.save({"model": GPT(GPTConfig(**args)).state_dict(), "model_args": args},
+               work / "out" / "ckpt.pt")
+    Tokenizer.byte_level().save(work / "tokenizer.json")
+
+
+def _matches(command: str, table: dict) -> str | None:
+    return next((p for p in table if command.startswith(p)), None)
+
+
+def _run_block(commands: list[str], work: Path, env: dict) -> int:
+    """Run one block's commands in `work`; returns how many ran."""
+    ran = 0
+    for command in commands:
+        if _matches(command, NOT_RUN):
+            continue
+        argv = small(command, work)
+        start = time.perf_counter()
+        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
+                              timeout=600)
+        print(f"{time.perf_counter() - start:6.1f} s  {command}")  # pytest -s shows the costs
+        expected = FAILS_HERE.get(_matches(command, FAILS_HERE) or "")
+        if expected:
+            assert proc.returncode == expected[0] and expected[1] in proc.stderr, \
+                (command, proc.returncode, proc.stderr[-1500:])
+        else:
+            assert proc.returncode == 0, (command, argv, proc.stdout[-1500:],
+                                          proc.stderr[-3000:])
+        ran += 1
+    return ran
+
+
+def test_every_readme_command_runs_at_small_size(tmp_path):
+    import shutil
+
+    blocks = readme_blocks()
+    labels = [label for label, _, _ in blocks]
+    assert "main-job" in labels and "from-scratch" in labels and "test-command" in labels
+    assert sum(len(c) for _, lang, c in blocks if lang == "bash") > 50
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    main, scratch, after = tmp_path / "main-job", tmp_path / "scratch", tmp_path / "after"
+    for work in (main, scratch):
+        _scratch(work)
+    # The CLI tour needs nothing from the main job: it runs alongside (2 cores here).
+    from concurrent.futures import ThreadPoolExecutor
+
+    tour = next(commands for label, _, commands in blocks if label == "from-scratch")
+    with ThreadPoolExecutor(1) as pool:
+        scratch_ran = pool.submit(_run_block, tour, scratch, env)
+        ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env)
+        assert "edge install" in (main / "artifacts" / "report.md").read_text()
+        shutil.copytree(main, after, symlinks=True)
+        ran += scratch_ran.result()
+    for label, lang, commands in blocks:
+        if label in ("main-job", "from-scratch"):
+            continue
+        if lang == "bash":
+            ran += _run_block(commands, after, env)
+        else:
+            proc = subprocess.run([sys.executable, "-c", commands[0]], cwd=after, env=env,
+                                  capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, (commands[0], proc.stderr[-3000:])
+    # what the runs left behind is what README says they make
+    fixed = json.loads((after / "artifacts" / "onnx-fixed" / "manifest.json").read_text())
+    assert fixed["fixed_shape"]["past_sequence_length"] == 31
+    assert (after / "artifacts" / "triton" / "tinyt-lm" / "config.pbtxt").is_file()
+    assert (after / "artifacts" / "edge" / "model.ort").is_file()
+    assert (after / "benchmarks" / "results" / "cpu-full" / "results.json").is_file()
+    assert (scratch / "artifacts" / "from-nanogpt" / "model.safetensors").is_file()
+    assert ran > 45
+
+
+@pytest.mark.parametrize("command,expected", [
+    ("tinyt train --out artifacts/clf --task classifier", "--preset test"),
+    ("tinyt quantize a b", "--data"),
+    (".venv/bin/python benchmarks/quick_latency.py x", str(ROOT / "benchmarks")),
+])
+def test_commands_are_made_small(command, expected, tmp_path):
+    assert expected in " ".join(small(command, tmp_path))
