@@ -22,7 +22,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ ORT_VARIANTS = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "o
 CLF_VARIANTS = {"clf-onnx": "ort-clf-fp32", "clf-opt": "ort-clf-optimized",
                 "clf-int8": "ort-clf-int8"}  # measured when ARTIFACTS/clf (a checkpoint) exists
 BASELINE = "ort-plain-export+quantize_dynamic"
+BASELINE_DIR = "bench-baseline"  # under ARTIFACTS: the baseline graph, reused while current
 SUFFIX = {"CPUExecutionProvider": "", "CUDAExecutionProvider": "-cuda",
           "TensorrtExecutionProvider": "-tensorrt"}  # variant name per ORT provider
 MODES = {
@@ -126,20 +126,22 @@ def check_device(device: str) -> list[str]:
             if p in ort.get_available_providers()]
 
 
-def run(artifacts: Path, out: Path, *, mode: str = "quick", device: str = "cpu"
-        ) -> dict[str, Any]:
-    """Benchmark every variant found under `artifacts`; write results.json and results.md."""
+def run(artifacts: Path, out: Path, *, mode: str = "quick", device: str = "cpu",
+        rounds: int | None = None) -> dict[str, Any]:
+    """Benchmark every variant found under `artifacts`; write results.json and results.md.
+    `rounds` overrides the mode's number of interleaved rounds per shape."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not one of {', '.join(MODES)}")
+    if rounds is not None and not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds={rounds!r} must be an integer >= 1")
     providers = check_device(device)
-    spec = MODES[mode]
+    spec = MODES[mode] if rounds is None else {**MODES[mode], "rounds": rounds}
     cfg, _ = read_model_config(artifacts / "onnx")
     all_cores = physical_cores()
     threads = {"all": [all_cores], "both": sorted({1, all_cores})}[spec["threads"]]
-    with tempfile.TemporaryDirectory() as tmp:  # the baseline graph lives for the run only
-        baseline = plain_int8_baseline(artifacts / "checkpoint", Path(tmp) / "baseline")
-        result = _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode,
-                              device, providers)
+    baseline = plain_int8_baseline(artifacts / "checkpoint", artifacts / BASELINE_DIR)
+    result = _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, device,
+                          providers)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "results.md").write_text(markdown(result))
@@ -327,9 +329,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu"))
     ap.add_argument("--mode", choices=list(MODES), default="quick")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--rounds", type=int, default=None, help="override the mode's rounds")
     args = ap.parse_args()
     try:
-        result = run(args.artifacts, args.out, mode=args.mode, device=args.device)
+        result = run(args.artifacts, args.out, mode=args.mode, device=args.device,
+                     rounds=args.rounds)
     except (ValueError, RuntimeError) as e:  # missing GPU, bad artifacts: one line, status 2
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -142,19 +142,34 @@ def torch_classifier(checkpoint: Path, threads: int, device: str = "cpu") -> Tor
 
 def plain_int8_baseline(checkpoint: Path, out: Path) -> Path:
     """What a user gets without tinyt's optimizations: torch.onnx.export of the KV-cache
-    decoder, then onnxruntime's quantize_dynamic, no fusion and no shared table."""
+    decoder, then onnxruntime's quantize_dynamic, no fusion and no shared table. Kept in `out`
+    and reused while the checkpoint, tinyt's code and the torch / onnxruntime versions are the
+    same (out/key.json records them): the export alone takes 10-15 s."""
+    import json
+
     from onnxruntime.quantization import quantize_dynamic
 
     from tinyt.export import export_onnx
+    from tinyt.fsutil import atomic_dir, sha256_file
+    from tinyt.manifest import toolkit_digest
 
-    with tempfile.TemporaryDirectory() as tmp:
+    key = {"checkpoint": {f: sha256_file(checkpoint / f)
+                          for f in ("model.safetensors", "config.json")},
+           "toolkit": toolkit_digest(), "torch": torch.__version__,
+           "onnxruntime": ort.__version__}
+    try:
+        if json.loads((out / "key.json").read_text()) == key and (out / "model.onnx").is_file():
+            return out
+    except (OSError, ValueError):
+        pass
+    with tempfile.TemporaryDirectory() as tmp, atomic_dir(out) as dst:
         fp32 = export_onnx(checkpoint, Path(tmp) / "onnx")
-        out.mkdir(parents=True, exist_ok=True)
         root = logging.getLogger()
         level, root.level = root.level, logging.ERROR  # its advice to pre-process the graph
         try:
-            quantize_dynamic(str(fp32 / "model.onnx"), str(out / "model.onnx"))
+            quantize_dynamic(str(fp32 / "model.onnx"), str(dst / "model.onnx"))
         finally:
             root.setLevel(level)
-        shutil.copy(fp32 / "config.json", out / "config.json")  # the model's shape, for readers
+        shutil.copy(fp32 / "config.json", dst / "config.json")  # the model's shape, for readers
+        (dst / "key.json").write_text(json.dumps(key, indent=1))
     return out

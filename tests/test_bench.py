@@ -69,6 +69,8 @@ def test_quick_run(artifacts, tmp_path, monkeypatch):
 def test_bad_mode(artifacts, tmp_path):
     with pytest.raises(ValueError, match="mode='fast' is not one of quick, full"):
         harness.run(artifacts, tmp_path / "x", mode="fast")
+    with pytest.raises(ValueError, match="rounds=0 must be an integer >= 1"):
+        harness.run(artifacts, tmp_path / "x", rounds=0)
 
 
 def test_gpu_script_stops_clearly_where_a_gpu_is_needed(artifacts, tmp_path):
@@ -105,3 +107,15 @@ def test_full_mode_sizes_fit_a_small_model():
     full = harness.MODES["full"]
     assert harness._resolve(full["pasts"], cfg, cfg.block_size - 1) == [31]  # not 32: 33 > 32
     assert harness._resolve(full["prompts"], cfg) == [1, 32]
+
+
+def test_plain_baseline_is_reused_while_current(artifacts, tmp_path):
+    from benchmarks.variants import plain_int8_baseline
+    out = plain_int8_baseline(artifacts / "checkpoint", tmp_path / "baseline")
+    stamp = (out / "model.onnx").stat().st_mtime_ns
+    assert plain_int8_baseline(artifacts / "checkpoint", out) == out
+    assert (out / "model.onnx").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    key = json.loads((out / "key.json").read_text())
+    (out / "key.json").write_text(json.dumps({**key, "onnxruntime": "0.0"}))
+    plain_int8_baseline(artifacts / "checkpoint", out)  # another onnxruntime: rebuilt
+    assert json.loads((out / "key.json").read_text()) == key

@@ -85,6 +85,8 @@ def small(command: str, work: Path) -> list[str]:
                 args += ["--data", str(work / ("labelled" if task_clf else "corpus"))]
             if verb == "train" and task_clf:
                 args = _set(args, "--max-steps", "4")
+        if verb == "bench" and "--rounds" not in args:  # smoke, not figures: 2 rounds
+            args += ["--rounds", "2"]
         if verb == "quantize" and "--data" not in args:
             manifest = work / args[0] / "manifest.json"
             clf = manifest.is_file() and json.loads(manifest.read_text())["graph"] == "classifier"
@@ -167,7 +169,7 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
     main, scratch, after = tmp_path / "main-job", tmp_path / "scratch", tmp_path / "after"
     for work in (main, scratch):
         _scratch(work)
-    # The CLI tour needs nothing from the main job: it runs alongside (2 cores here).
+    # The CLI tour needs nothing from the main job: it runs alongside the rest (2 cores here).
     from concurrent.futures import ThreadPoolExecutor
 
     tour = next(commands for label, _, commands in blocks if label == "from-scratch")
@@ -176,16 +178,16 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
         ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env)
         assert "edge install" in (main / "artifacts" / "report.md").read_text()
         shutil.copytree(main, after, symlinks=True)
+        for label, lang, commands in blocks:
+            if label in ("main-job", "from-scratch"):
+                continue
+            if lang == "bash":
+                ran += _run_block(commands, after, env)
+            else:
+                proc = subprocess.run([sys.executable, "-c", commands[0]], cwd=after, env=env,
+                                      capture_output=True, text=True, timeout=300)
+                assert proc.returncode == 0, (commands[0], proc.stderr[-3000:])
         ran += scratch_ran.result()
-    for label, lang, commands in blocks:
-        if label in ("main-job", "from-scratch"):
-            continue
-        if lang == "bash":
-            ran += _run_block(commands, after, env)
-        else:
-            proc = subprocess.run([sys.executable, "-c", commands[0]], cwd=after, env=env,
-                                  capture_output=True, text=True, timeout=300)
-            assert proc.returncode == 0, (commands[0], proc.stderr[-3000:])
     # what the runs left behind is what README says they make
     fixed = json.loads((after / "artifacts" / "onnx-fixed" / "manifest.json").read_text())
     assert fixed["fixed_shape"]["past_sequence_length"] == 31
@@ -199,6 +201,7 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
 @pytest.mark.parametrize("command,expected", [
     ("tinyt train --out artifacts/clf --task classifier", "--preset test"),
     ("tinyt quantize a b", "--data"),
+    ("tinyt bench artifacts --mode full", "--rounds 2"),
     (".venv/bin/python benchmarks/quick_latency.py x", str(ROOT / "benchmarks")),
 ])
 def test_commands_are_made_small(command, expected, tmp_path):

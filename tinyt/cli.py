@@ -358,6 +358,9 @@ def bench(
     out: Annotated[Path, typer.Option(help="Where results.json and results.md go.")]
         = Path("benchmarks/results/cpu"),
     mode: Annotated[str, typer.Option(help="quick (< 1 min) or full.")] = "quick",
+    rounds: Annotated[Optional[int], typer.Option(
+        help="Interleaved rounds per shape (each: 3 untimed + 5 timed calls per variant); "
+             "default: the mode's (quick 6, full 20).")] = None,
 ) -> None:
     """Latency and throughput of PyTorch and every ONNX Runtime variant, side by side."""
     root = Path(__file__).resolve().parents[1]
@@ -367,7 +370,7 @@ def bench(
     sys.path.insert(0, str(root))
     from benchmarks.harness import run
 
-    result = run(artifacts, out, mode=mode)
+    result = run(artifacts, out, mode=mode, rounds=rounds)
     for name, t in result["targets"].items():
         if name != "shape":
             measured = "n/a" if t["measured"] is None else f"{t['measured']:.2f}"
