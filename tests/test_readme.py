@@ -176,7 +176,10 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
     with ThreadPoolExecutor(1) as pool:
         scratch_ran = pool.submit(_run_block, tour, scratch, env)
         ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env)
-        assert "edge install" in (main / "artifacts" / "report.md").read_text()
+        report = (main / "artifacts" / "report.md").read_text()
+        assert "edge install" in report and "Targets: decode_int8_vs_torch_kv" in report
+        assert "![decode](bench/decode_tokens_per_s.png)" in report
+        assert (main / "artifacts" / "bench" / "decode_tokens_per_s.png").is_file()
         shutil.copytree(main, after, symlinks=True)
         for label, lang, commands in blocks:
             if label in ("main-job", "from-scratch"):
