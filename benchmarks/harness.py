@@ -6,9 +6,10 @@
       untimed calls, then `block` timed ones ─▶ p50 / p90 / p99, tokens/s
 
 Why blocks: a call right after another library's call is slower than one in a run of its own
-(caches refilled, the other library's worker threads still spinning; measured here: ONNX
-Runtime INT8 decode 0.33 ms alone, 0.77 ms on the first call after a PyTorch step, ~0.5 ms by
-the third). An application decodes with one model, so the settled figure is the real one.
+(caches refilled, the other library's worker threads still spinning; benchmarks/
+interleave_probe.py measured ONNX Runtime INT8 decode at 0.88 ms on the first call after a
+PyTorch step, 0.56 on the second, and as alone (~0.48) from the third on). An application
+decodes with one model, so the settled figure is the real one.
     ──▶ results.json (environment + every raw time), results.md, PNG plots, target ratios
 
     .venv/bin/python -m benchmarks.harness artifacts --out benchmarks/results/cpu --quick
