@@ -42,12 +42,13 @@ def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
 
 
 def compare_graphs(a: ort.InferenceSession, b: ort.InferenceSession, cfg: ModelConfig,
-                   kind: str, *, seed: int = 0) -> dict[str, Any]:
-    """Worst max-abs difference per output (and where) between sessions a and b."""
+                   kind: str, *, seed: int = 0, cases=None) -> dict[str, Any]:
+    """Worst max-abs difference per output (and where) between sessions a and b, over
+    `cases` of (batch, sequence, past, padding) — by default grid(cfg, kind)."""
     rng = np.random.default_rng(seed)
     names = [o.name for o in a.get_outputs()]
     worst: dict[str, Any] = {n: {"max_abs": 0.0, "case": None} for n in names}
-    for case in grid(cfg, kind):
+    for case in grid(cfg, kind) if cases is None else cases:
         feeds = random_feeds(cfg, kind, *case, rng)
         for name, x, y in zip(names, a.run(names, feeds), b.run(names, feeds)):
             if x.shape != y.shape:
