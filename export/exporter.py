@@ -26,6 +26,7 @@ from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
+from tinyt.genai import write_genai_config
 from tinyt.manifest import check_output_dir, io_spec, write_manifest
 
 DEFAULT_OPSET = 18
@@ -224,6 +225,7 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
         write_json(tmp / "generation_config.json", {
             "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,
             "max_length": cfg.block_size, "do_sample": False})
+        write_genai_config(tmp, cfg, kind=kind)
         write_manifest(tmp, stage="export", source={
             "kind": "checkpoint", "path": str(checkpoint_dir.resolve()),
             "sha256": {f: sha256_file(checkpoint_dir / f) for f in (MODEL_FILE, CONFIG_FILE)},

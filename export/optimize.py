@@ -28,6 +28,7 @@ from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
+from tinyt.genai import write_genai_config
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 
 from .compare import compare_graphs
@@ -187,6 +188,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
             shutil.copy(path, out / ONNX_FILE)
             for name in COPIED_FILES:
                 shutil.copy(src_dir / name, out / name)
+            write_genai_config(out, cfg, kind=kind)
             write_manifest(out, stage="optimize", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
             }, options={"target": target, "level": level}, extra={

@@ -25,6 +25,7 @@ import onnxruntime as ort
 
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
+from tinyt.genai import write_genai_config
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.fixed import AXES, capacity
 
@@ -212,6 +213,8 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
                     extra["model_file"] = ORT_FILE
                 else:
                     shutil.copy(graph_path, out / ONNX_FILE)
+                write_genai_config(out, cfg, kind=kind, fixed=pins,
+                                   model_file=extra.get("model_file", ONNX_FILE))
             write_manifest(out, stage="package", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
             }, options={"format": format, "fixed": pins, "name": name, "device": device,

@@ -21,6 +21,7 @@ import onnxruntime as ort
 
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
+from tinyt.genai import write_genai_config
 from tinyt.hardware import int8_preset
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.tokenizer import Tokenizer
@@ -122,6 +123,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             shutil.copy(path, out / ONNX_FILE)
             for name in COPIED_FILES:
                 shutil.copy(src_dir / name, out / name)
+            write_genai_config(out, cfg, kind=kind)
             src_bytes = (src_dir / ONNX_FILE).stat().st_size
             write_manifest(out, stage="quantize", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,

@@ -62,6 +62,7 @@ class LanguageModel:
         self.config = artifact.config
         self.provider = session.get_providers()[0]
         self._outputs = [o.name for o in session.get_outputs()]
+        self._past_names = [n.replace("present", "past_key_values") for n in self._outputs[1:]]
         self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         # On an accelerator the KV cache stays in device memory between steps (I/O binding);
         # on CPU plain numpy feeds measured as fast (benchmarks/cpu_iobinding.py).
@@ -159,12 +160,14 @@ class LanguageModel:
         steps = self._steps(prefill_feeds(self.config, self.artifact.kind, ids, mask,
                                           kv_dtype=self._kv_dtype))
         logits = next(steps) if not all(reasons) else None
+        nxt = np.full(B, self._pad, dtype=np.int64)
         while not all(reasons):
-            nxt = np.full(B, self._pad, dtype=np.int64)
             for r in range(B):
                 if reasons[r] is None:
                     reasons[r] = self._choose(r, logits[r, -1], params, rngs[r], rows, out)
                     nxt[r] = out[r][-1] if out[r] and reasons[r] != "eos" else self._pad
+                else:
+                    nxt[r] = self._pad
             yield out, reasons
             if all(reasons):
                 break
@@ -184,11 +187,13 @@ class LanguageModel:
                 nxt, active = yield logits[:, None]
                 logits = window.feed(nxt[:, None].astype(np.int64),
                                      np.asarray(active, dtype=np.int64)[:, None])
-        if not (self.io_binding and kind == "decoder_with_past"):
+        if kind != "decoder_with_past":  # no cache: the whole sequence runs again
             while True:
                 outputs = self.session.run(self._outputs, feeds)
                 nxt, active = yield outputs[0]
                 feeds = step_feeds(kind, feeds, nxt, self._outputs, outputs, active)
+        if not self.io_binding:
+            yield from self._cpu_steps(feeds)
         # I/O binding: present keys/values stay where the provider put them (device memory on
         # CUDA) and become the next step's past without a round trip through numpy.
         binding = self.session.io_binding()
@@ -210,9 +215,33 @@ class LanguageModel:
             for name, value in zip(self._outputs[1:], outputs[1:]):
                 binding.bind_ortvalue_input(name.replace("present", "past_key_values"), value)
 
+    def _cpu_steps(self, feeds: dict[str, np.ndarray]):
+        """The KV-cache loop of _steps with numpy feeds, doing as little per step as it can:
+        the mask grows in a preallocated buffer, positions count up in place (a finished
+        row's stop: see grow_mask), and the presents become the next pasts as they are."""
+        B, T = feeds["attention_mask"].shape
+        # A row may run to the context while a longer one finished: T + context bounds the width.
+        mask = np.zeros((B, T + self.context + 1), dtype=np.int64)
+        mask[:, :T] = feeds["attention_mask"]
+        pos = feeds["position_ids"][:, -1:].copy()  # [B, 1]
+        run, names, past_names, n = self.session.run, self._outputs, self._past_names, T
+        while True:
+            outputs = run(names, feeds)
+            nxt, active = yield outputs[0]
+            mask[:, n] = active
+            n += 1
+            pos += active[:, None]
+            feeds = dict(zip(past_names, outputs[1:]))
+            feeds["input_ids"] = nxt[:, None]
+            feeds["attention_mask"] = mask[:, :n] if B == 1 else np.ascontiguousarray(mask[:, :n])
+            feeds["position_ids"] = pos
+
     def _choose(self, r, logits, params, rng, rows, out) -> str | None:
         """Append row r's next token; return its finish reason if this ends it."""
         history = rows[r] + out[r] if params.repetition_penalty != 1.0 else []
+        eos = self.tokenizer.eos_id
+        if eos is not None and len(out[r]) < params.min_new_tokens:
+            logits[eos] = -np.inf  # end-of-text is not allowed yet (the row is ours to change)
         tok = next_token(logits, params, rng, history)
         if tok == self.tokenizer.eos_id:
             return "eos"

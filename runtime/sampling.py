@@ -14,6 +14,7 @@ MAX_NEW_TOKENS_LIMIT = 1 << 20  # beyond this a request is a mistake, not a plan
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64
+    min_new_tokens: int = 0  # the end-of-text token is not chosen before this many tokens
     temperature: float = 0.0  # 0 = greedy
     top_k: int | None = None
     top_p: float | None = None
@@ -28,6 +29,9 @@ class SamplingParams:
         n = self.max_new_tokens
         if not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_NEW_TOKENS_LIMIT):
             bad("max_new_tokens", n, f"an integer in 0..{MAX_NEW_TOKENS_LIMIT}")
+        m = self.min_new_tokens
+        if not (isinstance(m, int) and not isinstance(m, bool) and 0 <= m <= n):
+            bad("min_new_tokens", m, f"an integer in 0..max_new_tokens ({n})")
         t = self.temperature
         if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
                 and t >= 0):

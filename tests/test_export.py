@@ -20,7 +20,8 @@ def dims(value):
 
 def test_artifact_directory(lm_onnx, tiny_ckpt):
     assert sorted(p.name for p in lm_onnx.iterdir()) == [
-        "config.json", "generation_config.json", "manifest.json", "model.onnx", "tokenizer.json"]
+        "config.json", "genai_config.json", "generation_config.json", "manifest.json",
+        "model.onnx", "tokenizer.json"]
     cfg = load_checkpoint(tiny_ckpt).config
     hf = json.loads((lm_onnx / "config.json").read_text())
     for key, want in dict(model_type="gpt2", n_embd=cfg.n_embd, n_head=cfg.n_head,

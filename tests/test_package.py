@@ -45,7 +45,8 @@ def test_ort_format_loads_in_the_runtime_and_matches_the_onnx(lm_opt, tmp_path):
     out = package(lm_opt, tmp_path / "ort", format="ort")
     manifest = check_manifest(out)
     assert set(manifest["files"]) == {"model.ort", "required_operators.config", "config.json",
-                                      "tokenizer.json", "generation_config.json"}
+                                      "tokenizer.json", "generation_config.json",
+                                      "genai_config.json"}
     assert manifest["model_file"] == "model.ort" and manifest["package_format"] == "ort"
     assert max(manifest["equivalence"]["ort_vs_onnx"].values()) <= PACKAGE_ATOL
     # the tied matrix still stored once: the .ort grows by less than one more copy of it

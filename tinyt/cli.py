@@ -355,19 +355,34 @@ def pipeline(
 def bench(
     artifacts: Annotated[Path, typer.Argument(help="Directory holding checkpoint/, onnx/ and the "
                                                    "other stages' outputs.")] = Path("artifacts"),
-    out: Annotated[Path, typer.Option(help="Where results.json and results.md go.")]
-        = Path("benchmarks/results/cpu"),
+    out: Annotated[Optional[Path], typer.Option(
+        help="Where the results go (default benchmarks/results/cpu, or .../peers with "
+             "--peers).")] = None,
     mode: Annotated[str, typer.Option(help="quick (< 1 min) or full.")] = "quick",
     rounds: Annotated[Optional[int], typer.Option(
         help="Interleaved rounds per shape (each: 3 untimed + 5 timed calls per variant); "
-             "default: the mode's (quick 6, full 20).")] = None,
+             "default: the mode's (quick 6, full 20; --peers 8).")] = None,
+    peers: Annotated[bool, typer.Option(
+        "--peers", help="tinyt against CTranslate2, ONNX Runtime GenAI and PyTorch on the same "
+                        "weights, each engine in its own process (extra 'peers').")] = False,
 ) -> None:
-    """Latency and throughput of PyTorch and every ONNX Runtime variant, side by side."""
+    """Latency and throughput of PyTorch and every ONNX Runtime variant, side by side; with
+    --peers, tinyt against the engines a user would pick instead."""
     root = Path(__file__).resolve().parents[1]
     if not (root / "benchmarks" / "harness.py").is_file():
         raise TinytError("tinyt bench runs from a source checkout: benchmarks/ is not part of "
                          "the installed package")
     sys.path.insert(0, str(root))
+    out = out or Path("benchmarks/results") / ("peers" if peers else "cpu")
+    if peers:
+        from benchmarks.peers import run as run_peers
+
+        try:
+            result = run_peers(artifacts, out, rounds=rounds or 8)
+        except (ValueError, RuntimeError) as e:
+            raise TinytError(str(e)) from None
+        typer.echo((out / "peers.md").read_text())
+        return
     from benchmarks.harness import run
 
     result = run(artifacts, out, mode=mode, rounds=rounds)

@@ -149,6 +149,20 @@ def lm_eval_windows(tokens: np.ndarray, block_size: int, count: int):
     return x, y
 
 
+def held_out_prompts(tokenizer, texts: list[str], count: int, length: int) -> list[list[int]]:
+    """`count` prompts of `length` tokens from held-out `texts` (the validation split), each
+    from inside one document (no <|endoftext|> within it), spread evenly over them: the same
+    prompts every time for the same texts and tokenizer."""
+    windows = []
+    for ids in tokenizer.encode_batch(texts):
+        windows += [ids[s : s + length] for s in range(0, len(ids) - length + 1, length)]
+    if len(windows) < count:
+        raise DataError(f"the held-out text gives {len(windows)} windows of {length} tokens; "
+                        f"{count} were asked for: use a larger corpus or shorter prompts")
+    picks = np.linspace(0, len(windows) - 1, num=count).astype(np.int64)
+    return [list(map(int, windows[i])) for i in picks]
+
+
 def check_lm_tokens(tokens: np.ndarray, block_size: int, split: str) -> None:
     if len(tokens) < block_size + 2:
         raise DataError(

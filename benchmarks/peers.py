@@ -1,0 +1,529 @@
+"""tinyt against the engines a user would pick instead, on the same weights.
+
+    ARTIFACTS/checkpoint ──tinyt.hfgpt2──▶ peers/hf (GPT-2, logits checked) ──CTranslate2──▶
+        peers/ct2-int8, peers/ct2-float32
+    one worker process per (engine, threads), each loading its model once and answering JSON
+    lines on stdin:
+      1. same computation first: greedy tokens of every engine on held-out prompts, compared
+         with tinyt fp32's (fp32 engines must match exactly; INT8 ones report agreement)
+      2. then time: rounds interleaved across the workers; in a round each worker runs, for
+         every call, `settle` untimed calls and `block` timed ones, then rests (so no engine
+         runs while another's worker threads still spin)
+    decode ms/token = (t(prompt, N new) - t(prompt, 1 new)) / (N - 1)
+    prefill ms      = t(L-token prompt, 1 new token), for L = 128 (or block_size - 1) and
+                      block_size - 1
+    ──▶ peers.json (environment, every raw time), peers.md, peers.png; ratios of tinyt to the
+        fastest peer, the targets of issue 11
+
+    .venv/bin/python -m benchmarks.peers artifacts --out benchmarks/results/peers-demo
+    tinyt bench artifacts --peers --out benchmarks/results/peers-demo
+
+Every engine is greedy with the end-of-text token suppressed, so each produces exactly the
+tokens asked for. An engine whose package is absent is skipped with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+# name: (what it runs, the package it needs, how it gets there)
+ENGINES = {
+    "tinyt-int8": ("tinyt.runtime generate on ARTIFACTS/onnx-int8", "onnxruntime", "extra cpu"),
+    "tinyt-fp32": ("tinyt.runtime generate on ARTIFACTS/onnx-opt", "onnxruntime", "extra cpu"),
+    "genai-int8": ("ONNX Runtime GenAI on ARTIFACTS/onnx-int8, unchanged", "onnxruntime-genai",
+                   "extra peers"),
+    "ct2-int8": ("CTranslate2 int8 (converted from the GPT-2 directory)", "ctranslate2",
+                 "extra peers"),
+    "ct2-float32": ("CTranslate2 float32", "ctranslate2", "extra peers"),
+    "llama.cpp-q8_0": ("llama.cpp q8_0 (llama-cpp-python)", "llama-cpp-python",
+                       "compiles from source (~20 min here); kept out of the extras and CI"),
+    "torch-eager": ("PyTorch eager, tinyt's model with its KV cache", "torch", "extra torch"),
+}
+REFERENCE = "tinyt-fp32"  # greedy agreement is measured against its tokens
+EXACT = {"tinyt-fp32", "ct2-float32", "torch-eager"}  # fp32 engines: tokens must be identical
+SAME_GRAPH = {"genai-int8": "tinyt-int8"}  # engines on tinyt's own INT8 graph
+TINYT = ("tinyt-int8", "tinyt-fp32")
+TARGETS = {"decode_vs_fastest_peer_max": 0.8, "prefill_vs_fastest_peer_max": 1.0,
+           "outside_run_us_per_token_max": 10.0}
+REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
+
+
+# -- the worker side ---------------------------------------------------------------------------
+def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], int], list[int]]:
+    """A greedy generator: (prompt ids, n) -> exactly n new token ids."""
+    if name in TINYT:
+        import tinyt.runtime as rt
+
+        sub = "onnx-int8" if name == "tinyt-int8" else "onnx-opt"
+        lm = rt.load(artifacts / sub, threads=threads)
+        return lambda ids, n: lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n)[0] \
+            .token_ids
+    if name == "genai-int8":
+        import onnxruntime_genai as og
+
+        config = og.Config(str(artifacts / "onnx-int8"))
+        config.clear_providers()
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+        model = og.Model(config)
+
+        def genai(ids, n):
+            params = og.GeneratorParams(model)
+            params.set_search_options(max_length=len(ids) + n, min_length=len(ids) + n,
+                                      do_sample=False)
+            gen = og.Generator(model, params)
+            gen.append_tokens(np.asarray([ids], dtype=np.int32))
+            out = []
+            while not gen.is_done():
+                gen.generate_next_token()
+                out.append(int(gen.get_next_tokens()[0]))
+            return out
+        return genai
+    if name.startswith("ct2-"):
+        import ctranslate2
+
+        path = artifacts / "peers" / name
+        gen = ctranslate2.Generator(str(path), device="cpu", intra_threads=threads,
+                                    inter_threads=1)
+        vocab = json.loads((path / "vocabulary.json").read_text())
+        return lambda ids, n: gen.generate_batch(
+            [[vocab[i] for i in ids]], max_length=n, min_length=n, sampling_topk=1,
+            include_prompt_in_result=False)[0].sequences_ids[0]
+    if name == "llama.cpp-q8_0":
+        import llama_cpp  # noqa: F401  (GGUF conversion is not automated: see ENGINES)
+
+        raise RuntimeError("llama-cpp-python is installed, but converting to GGUF needs "
+                           "llama.cpp's convert_hf_to_gguf.py, which tinyt does not ship")
+    if name == "torch-eager":
+        import torch
+
+        from tinyt.checkpoint import load_checkpoint
+        from tinyt.model import generate
+
+        torch.set_num_threads(threads)
+        model = load_checkpoint(artifacts / "checkpoint").model.eval()
+
+        def eager(ids, n):
+            out = generate(model, torch.tensor([ids]), n, temperature=0)  # no eos: n tokens
+            return out[0, len(ids):].tolist()
+        return eager
+    raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+
+
+def _outside_run(artifacts: Path, sub: str, threads: int, ids: list[int], n: int) -> dict:
+    """tinyt's per-token time outside ONNX Runtime's run: generate's wall time minus the
+    time spent inside session.run / run_with_iobinding, per generated token (best of 5)."""
+    import tinyt.runtime as rt
+
+    lm = rt.load(artifacts / sub, threads=threads)
+    inside = [0.0]
+    session = lm.session
+
+    class Timed:  # the session, with its run calls timed
+        def __getattr__(self, attr):
+            fn = getattr(session, attr)
+            if attr not in ("run", "run_with_iobinding", "run_with_ort_values"):
+                return fn
+
+            def timed(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    inside[0] += time.perf_counter() - t
+            return timed
+
+    lm.session = Timed()
+    runs = []
+    for _ in range(6):
+        inside[0] = 0.0
+        t = time.perf_counter()
+        lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n)
+        total = time.perf_counter() - t
+        runs.append((total - inside[0], total, inside[0]))
+    outside, total, inside_s = min(runs[1:])
+    return {"outside_run_us_per_token": 1e6 * outside / n, "total_ms": 1e3 * total,
+            "inside_run_ms": 1e3 * inside_s, "tokens": n}
+
+
+def worker(name: str, artifacts: Path, threads: int) -> None:
+    """Answer JSON requests on stdin, one per line, until stdin closes."""
+    out = sys.stdout
+    sys.stdout = sys.stderr  # libraries' chatter must not reach the protocol
+    try:
+        gen = _engine(name, artifacts, threads)
+        out.write(json.dumps({"ready": True}) + "\n")
+    except Exception as e:
+        out.write(json.dumps({"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}) + "\n")
+        out.flush()
+        return
+    out.flush()
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            if req["op"] == "greedy":
+                reply = {"tokens": [gen(p, req["n"]) for p in req["prompts"]]}
+            elif req["op"] == "time":
+                times = []
+                for call in req["calls"]:
+                    for _ in range(req["settle"]):
+                        gen(call["ids"], call["n"])
+                    ts = []
+                    for _ in range(req["block"]):
+                        t = time.perf_counter()
+                        gen(call["ids"], call["n"])
+                        ts.append(time.perf_counter() - t)
+                    times.append(ts)
+                reply = {"times": times}
+            elif req["op"] == "outside_run":
+                sub = "onnx-int8" if name == "tinyt-int8" else "onnx-opt"
+                reply = _outside_run(artifacts, sub, threads, req["ids"], req["n"])
+            else:
+                reply = {"error": f"unknown op {req['op']!r}"}
+        except Exception as e:
+            reply = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+class Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, name: str, artifacts: Path, threads: int):
+        self.name, self.threads, self.label = name, threads, f"{name}@{threads}t"
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.peers", str(artifacts), "--worker", name,
+             "--threads", str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env=env,
+            cwd=Path(__file__).resolve().parents[1])
+        hello = self._read()
+        self.error = hello.get("error")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            return {"error": f"worker exited with status {self.proc.wait()}"}
+        return json.loads(line)
+
+    def ask(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise RuntimeError(f"{self.label}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# -- the parent side -----------------------------------------------------------------------------
+def prepare(artifacts: Path, engines: list[str]) -> dict[str, str]:
+    """Convert the checkpoint for the peers that need it (kept under ARTIFACTS/peers while the
+    checkpoint is unchanged). Returns the engines skipped, with the reason."""
+    from tinyt.fsutil import sha256_file
+
+    skipped = {}
+    for name in engines:
+        dist = ENGINES[name][1]
+        try:
+            md.version(dist)
+        except md.PackageNotFoundError:
+            skipped[name] = f"{dist} is not installed ({ENGINES[name][2]})"
+    need = [n for n in engines if n.startswith("ct2-") and n not in skipped]
+    if not need:
+        return skipped
+    from tinyt.hfgpt2 import to_hf_gpt2
+
+    stamp = sha256_file(artifacts / "checkpoint" / "model.safetensors")
+    peers = artifacts / "peers"
+    if _stamp(peers / "hf") != stamp:
+        to_hf_gpt2(artifacts / "checkpoint", peers / "hf")
+        (peers / "hf" / "tinyt-source.sha256").write_text(stamp)
+    for name in need:
+        if _stamp(peers / name) != stamp:
+            from ctranslate2.converters import TransformersConverter
+
+            quant = name.removeprefix("ct2-")
+            TransformersConverter(str(peers / "hf")).convert(str(peers / name),
+                                                               quantization=quant, force=True)
+            (peers / name / "tinyt-source.sha256").write_text(stamp)
+    return skipped
+
+
+def _stamp(path: Path) -> str | None:
+    f = path / "tinyt-source.sha256"
+    return f.read_text() if f.is_file() else None
+
+
+def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 8,
+        block: int = 3, settle: int = 1, engines: list[str] | None = None,
+        agreement_prompts: int = 16, agreement_tokens: int = 64) -> dict[str, Any]:
+    """Measure every engine side by side; write peers.json, peers.md and peers.png."""
+    from tinyt.data import held_out_prompts, load_corpus
+    from tinyt.hardware import cpu_features, physical_cores
+    from tinyt.manifest import read_model_config
+    from tinyt.tokenizer import Tokenizer
+
+    engines = list(engines or ENGINES)
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise ValueError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
+    for sub in ("checkpoint", "onnx-opt", "onnx-int8"):
+        if not (artifacts / sub).is_dir():
+            raise ValueError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
+                             f"{artifacts}` first (peers need checkpoint/, onnx-opt/, onnx-int8/)")
+    cfg, _ = read_model_config(artifacts / "onnx-int8")
+    threads = threads or sorted({1, physical_cores()})
+    skipped = prepare(artifacts, engines)
+    tokenizer = Tokenizer.from_file(artifacts / "onnx-int8" / "tokenizer.json")
+    # Held-out prompts from the corpus the INT8 stage judged accuracy on (its --data, or
+    # the built-in one).
+    val = load_corpus(json.loads((artifacts / "onnx-int8" / "manifest.json").read_text())
+                      .get("options", {}).get("data")).val
+    block_size = cfg.block_size
+    # Shapes: decode after a 64-token prompt; prefill of 128 tokens (or block - 1) and block - 1.
+    decode_prompt = min(64, block_size // 2)
+    decode_new = min(60, block_size - decode_prompt - 1)
+    prefills = sorted({min(128, block_size - 1), block_size - 1})
+    agree_len = min(32, block_size // 4)
+    agree_new = min(agreement_tokens, block_size - agree_len - 1)
+    prompts = held_out_prompts(tokenizer, val, agreement_prompts + 1 + len(prefills),
+                               max(prefills))
+    agree_prompts = [p[:agree_len] for p in prompts[:agreement_prompts]]
+    timing_prompt = prompts[agreement_prompts]
+    calls = [{"ids": timing_prompt[:decode_prompt], "n": 1},
+             {"ids": timing_prompt[:decode_prompt], "n": decode_new}]
+    calls += [{"ids": prompts[agreement_prompts + 1 + i][:L], "n": 1}
+              for i, L in enumerate(prefills)]
+
+    workers: list[Worker] = []
+    try:
+        for name in engines:
+            if name in skipped:
+                continue
+            for n in threads:
+                w = Worker(name, artifacts, n)
+                if w.error:
+                    skipped[w.label] = w.error
+                    w.close()
+                else:
+                    workers.append(w)
+        # 1. the same computation: greedy tokens on held-out prompts
+        tokens = {w.name: w.ask(op="greedy", prompts=agree_prompts, n=agree_new)["tokens"]
+                  for w in workers if w.threads == threads[0]}
+        agreement = _agreement(tokens)
+        bad = [e for e, a in agreement.items()
+               if a.get("must_equal") and a["identical_to"] is False]
+        # 2. time, rounds interleaved
+        raw: dict[str, list[list[float]]] = {w.label: [[] for _ in calls] for w in workers
+                                             if w.name not in bad}
+        for r in range(rounds):
+            order = workers[r % len(workers):] + workers[:r % len(workers)]
+            for w in order:
+                if w.name in bad:
+                    continue
+                times = w.ask(op="time", calls=calls, settle=settle, block=block)["times"]
+                for i, ts in enumerate(times):
+                    raw[w.label][i] += ts
+                time.sleep(REST_S)
+        loop = {}
+        for w in workers:
+            if w.name in TINYT:
+                loop[w.label] = w.ask(op="outside_run", ids=calls[1]["ids"], n=decode_new)
+    finally:
+        for w in workers:
+            w.close()
+    rows = {}
+    for label, per_call in raw.items():
+        med = [statistics.median(ts) * 1e3 for ts in per_call]
+        rows[label] = {"decode_ms_per_token": (med[1] - med[0]) / (decode_new - 1),
+                       **{f"prefill_{L}_ms": med[2 + i] for i, L in enumerate(prefills)},
+                       "first_token_ms": med[0], "generate_ms": med[1]}
+    result = {
+        "model": cfg.to_dict(), "artifacts": str(artifacts),
+        "environment": {"cpu": cpu_features(), "physical_cores": physical_cores(),
+                        "python": platform.python_version(), "platform": platform.platform(),
+                        "versions": _versions(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
+                   "decode_prompt": decode_prompt, "decode_new": decode_new,
+                   "prefill_tokens": prefills, "agreement_prompts": agreement_prompts,
+                   "agreement_prompt_tokens": agree_len, "agreement_new_tokens": agree_new},
+        "engines": {k: v[0] for k, v in ENGINES.items() if k in engines},
+        "skipped": skipped, "mismatched": bad, "agreement": agreement, "rows": rows,
+        "outside_run": loop, "raw_s": raw,
+    }
+    result["targets"] = targets(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peers.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "peers.md").write_text(markdown(result))
+    _plot(result, out / "peers.png")
+    return result
+
+
+def _agreement(tokens: dict[str, list[list[int]]]) -> dict[str, dict]:
+    ref = tokens.get(REFERENCE)
+    out = {}
+    for name, seqs in tokens.items():
+        entry: dict[str, Any] = {}
+        if ref is not None:
+            same = sum(a == b for s, r in zip(seqs, ref) for a, b in zip(s, r))
+            total = sum(len(r) for r in ref)
+            entry.update(agreement_with_fp32=same / total, matching_tokens=same,
+                         tokens=total)
+        target = REFERENCE if name in EXACT else SAME_GRAPH.get(name)
+        if target is not None and target in tokens:
+            entry.update(must_equal=target, identical_to=seqs == tokens[target])
+        out[name] = entry
+    return out
+
+
+def targets(result: dict) -> dict[str, Any]:
+    """tinyt's best against the fastest peer, per thread count and measurement (ratios of
+    times: < 1 is tinyt faster)."""
+    rows, out = result["rows"], {}
+    for n in result["method"]["threads"]:
+        at = {k.rsplit("@", 1)[0]: v for k, v in rows.items() if k.endswith(f"@{n}t")}
+        peers = {k: v for k, v in at.items() if k not in TINYT}
+        ours = {k: v for k, v in at.items() if k in TINYT}
+        for key in [k for k in next(iter(at.values()), {}) if k.endswith("_ms")
+                    or k == "decode_ms_per_token"]:
+            if key in ("first_token_ms", "generate_ms") or not peers or not ours:
+                continue
+            peer = min(peers, key=lambda k: peers[k][key])
+            mine = min(ours, key=lambda k: ours[k][key])
+            goal = TARGETS["decode_vs_fastest_peer_max" if key.startswith("decode")
+                           else "prefill_vs_fastest_peer_max"]
+            ratio = ours[mine][key] / peers[peer][key]
+            out[f"{key}@{n}t"] = {"tinyt": mine, "fastest_peer": peer, "ratio": ratio,
+                                  "target_max": goal, "met": ratio <= goal}
+    for label, loop in result["outside_run"].items():
+        us = loop["outside_run_us_per_token"]
+        out[f"outside_run_us_per_token {label}"] = {
+            "measured": us, "target_max": TARGETS["outside_run_us_per_token_max"],
+            "met": us <= TARGETS["outside_run_us_per_token_max"]}
+    return out
+
+
+def _versions() -> dict[str, str | None]:
+    out = {}
+    for dist in ("tinyt", "onnxruntime", "onnxruntime-genai", "ctranslate2", "torch",
+                 "transformers", "llama-cpp-python", "numpy"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def markdown(result: dict) -> str:
+    env, m = result["environment"], result["method"]
+    flags = [k for k, v in env["cpu"].items() if v is True]
+    vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    lines = [f"# tinyt vs peers, same weights ({result['model']['n_layer']} layers, "
+             f"width {result['model']['n_embd']}, vocab {result['model']['vocab_size']})", "",
+             f"{env['cpu'].get('model')}; CPU flags: {', '.join(flags)}; "
+             f"{env['physical_cores']} physical cores; {vers}; {env['time']}", "",
+             f"Batch 1, greedy. Decode = (t({m['decode_prompt']}-token prompt, "
+             f"{m['decode_new']} new) − t(same, 1 new)) / {m['decode_new'] - 1}; prefill = "
+             f"t(L-token prompt, 1 new). Median of {m['rounds']} interleaved rounds × "
+             f"{m['block']} calls, each engine in its own process.", ""]
+    keys = ["decode_ms_per_token"] + [f"prefill_{L}_ms" for L in m["prefill_tokens"]]
+    lines += ["| engine | threads | " + " | ".join(keys) + " |",
+              "|---|---|" + "---|" * len(keys)]
+    for label, row in sorted(result["rows"].items(), key=lambda kv: (kv[0].split("@")[1],
+                                                                      kv[1][keys[0]])):
+        name, n = label.rsplit("@", 1)
+        lines.append(f"| {name} | {n[:-1]} | " + " | ".join(f"{row[k]:.3f}" for k in keys)
+                     + " |")
+    lines += ["", f"Greedy agreement with tinyt fp32 ({m['agreement_prompts']} held-out prompts "
+              f"of {m['agreement_prompt_tokens']} tokens × {m['agreement_new_tokens']} new "
+              "tokens, position by position):", "",
+              "| engine | agreement | must equal | identical |", "|---|---|---|---|"]
+    for name, a in result["agreement"].items():
+        ag = a.get("agreement_with_fp32")
+        lines.append(f"| {name} | {'—' if ag is None else f'{ag:.1%}'} "
+                     f"({a.get('matching_tokens')}/{a.get('tokens')}) | "
+                     f"{a.get('must_equal', '—')} | {a.get('identical_to', '—')} |")
+    lines += ["", "| target | tinyt | fastest peer | ratio | goal | met |", "|---|---|---|---|---|---|"]
+    for key, t in result["targets"].items():
+        if "ratio" in t:
+            lines.append(f"| {key} | {t['tinyt']} | {t['fastest_peer']} | {t['ratio']:.2f} | "
+                         f"≤ {t['target_max']} | {t['met']} |")
+        else:
+            lines.append(f"| {key} | {t['measured']:.1f} µs | — | — | ≤ {t['target_max']} | "
+                         f"{t['met']} |")
+    if result["skipped"]:
+        lines += ["", "Skipped:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()]
+    if result["mismatched"]:
+        lines += ["", f"Not timed (tokens differ where they must be equal): "
+                      f"{result['mismatched']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    m = result["method"]
+    keys = ["decode_ms_per_token", f"prefill_{m['prefill_tokens'][-1]}_ms"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    labels = sorted(result["rows"], key=lambda k: (k.split("@")[1], k))
+    for ax, key in zip(axes, keys):
+        vals = [result["rows"][k][key] for k in labels]
+        colors = ["tab:blue" if k.split("@")[0] in TINYT else "tab:gray" for k in labels]
+        ax.barh(labels, vals, color=colors)
+        ax.set_xlabel("ms" + (" per token" if key.startswith("decode") else ""))
+        ax.set_title(key.replace("_", " "))
+        ax.invert_yaxis()
+    fig.suptitle(f"tinyt (blue) vs peers, same weights: {result['model']['n_layer']} layers × "
+                 f"{result['model']['n_embd']}, batch 1")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifacts", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/peers"))
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--threads", type=int, action="append")
+    ap.add_argument("--engine", action="append", help=f"one of {', '.join(ENGINES)} (repeat)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker, args.artifacts, args.threads[0])
+    try:
+        result = run(args.artifacts, args.out, threads=args.threads, rounds=args.rounds,
+                     engines=args.engine)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print((args.out / "peers.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Peers on the same weights: the Hugging Face GPT-2 conversion, CTranslate2 and ONNX Runtime
+GenAI computing tinyt's tokens, held-out prompts, and the side-by-side peer benchmark."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime_genai as og
+import pytest
+import torch
+
+import tinyt.runtime as rt
+from tinyt.checkpoint import load_checkpoint, save_checkpoint
+from tinyt.config import ModelConfig
+from tinyt.data import DataError, held_out_prompts
+from tinyt.export.optimize import optimize
+from tinyt.export.package import package
+from tinyt.export.quantize import quantize
+from tinyt.genai import GENAI_CONFIG
+from tinyt.hfgpt2 import HF_LOGITS_ATOL, ConversionError, to_hf_gpt2
+from tinyt.manifest import check_manifest
+from tinyt.model import TinyTransformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import peers  # noqa: E402
+
+PROMPTS = ["def alpha", "import os\n", "    return ", "x"]
+
+
+@pytest.fixture(scope="module")
+def lm_opt(lm_onnx, tmp_path_factory):
+    return optimize(lm_onnx, tmp_path_factory.mktemp("peers") / "opt")
+
+
+@pytest.fixture(scope="module")
+def lm_int8(lm_opt, corpus_dir, tmp_path_factory):
+    return quantize(lm_opt, tmp_path_factory.mktemp("peers") / "int8", data=str(corpus_dir))
+
+
+def genai_greedy(path, ids, n):
+    config = og.Config(str(path))
+    config.clear_providers()
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + n, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.asarray([ids], dtype=np.int32))
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out
+
+
+def test_every_decoder_stage_writes_a_genai_config(lm_onnx, lm_opt, lm_int8, tmp_path):
+    for path in (lm_onnx, lm_opt, lm_int8):
+        cfg = json.loads((path / GENAI_CONFIG).read_text())
+        assert cfg["model"]["type"] == "llama"  # "gpt2" wants the old combined past_%d cache
+        assert cfg["model"]["decoder"]["inputs"]["past_key_names"] == "past_key_values.%d.key"
+        assert GENAI_CONFIG in check_manifest(path)["files"]  # hashed like every file
+    edge = package(lm_int8, tmp_path / "edge", format="ort")
+    assert json.loads((edge / GENAI_CONFIG).read_text())["model"]["decoder"]["filename"] \
+        == "model.ort"
+    pinned = package(lm_onnx, tmp_path / "pinned", format="onnx",
+                     fixed=["batch_size=1", "sequence_length=1", "past_sequence_length=16"])
+    assert not (pinned / GENAI_CONFIG).exists()  # GenAI grows the cache itself: not for pins
+
+
+@pytest.mark.parametrize("which", ["fp32", "int8"])
+def test_genai_runs_the_artifact_unchanged_with_tinyts_tokens(lm_onnx, lm_int8, which):
+    path = lm_onnx if which == "fp32" else lm_int8
+    lm = rt.load(path, threads=1)
+    for prompt in PROMPTS:
+        ids = lm.tokenizer.encode(prompt)
+        n = lm.config.block_size - len(ids)
+        want = lm.generate_ids([ids], max_new_tokens=n)[0]
+        got = genai_greedy(path, ids, n)
+        eos = lm.tokenizer.eos_id
+        got = got[:got.index(eos)] if eos in got else got  # tinyt stops before eos
+        assert got == want.token_ids, prompt
+
+
+def test_hf_gpt2_has_tinyts_logits(tiny_ckpt, tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    out = to_hf_gpt2(tiny_ckpt, tmp_path / "hf")
+    hf = GPT2LMHeadModel.from_pretrained(out).eval()
+    ck = load_checkpoint(tiny_ckpt)
+    ids = torch.randint(0, ck.config.vocab_size, (3, ck.config.block_size),
+                        generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = (hf(ids).logits - ck.model.eval()(ids)[0]).abs().max().item()
+    assert diff <= HF_LOGITS_ATOL
+    assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()  # still tied
+    assert json.loads((out / "config.json").read_text())["activation_function"] == "gelu"
+
+
+def test_hf_gpt2_of_a_sinusoidal_bias_free_model(tiny_ckpt, tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    tok = load_checkpoint(tiny_ckpt).tokenizer
+    cfg = ModelConfig(block_size=16, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16,
+                      pos_encoding="sinusoidal", bias=False)
+    torch.manual_seed(0)
+    model = TinyTransformer(cfg)
+    src = save_checkpoint(tmp_path / "ck", model, tok)
+    out = to_hf_gpt2(src, tmp_path / "hf")
+    ids = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        diff = (GPT2LMHeadModel.from_pretrained(out)(ids).logits - model.eval()(ids)[0])
+    assert diff.abs().max().item() <= HF_LOGITS_ATOL
+
+
+def test_hf_gpt2_refuses_a_classifier(tiny_clf, tmp_path):
+    with pytest.raises(ConversionError, match="causal LMs"):
+        to_hf_gpt2(tiny_clf, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_ctranslate2_float32_computes_tinyts_tokens(tiny_ckpt, lm_onnx, tmp_path):
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+
+    hf = to_hf_gpt2(tiny_ckpt, tmp_path / "hf")
+    TransformersConverter(str(hf)).convert(str(tmp_path / "ct2"), quantization="float32")
+    gen = ctranslate2.Generator(str(tmp_path / "ct2"), intra_threads=1)
+    vocab = json.loads((tmp_path / "ct2" / "vocabulary.json").read_text())
+    lm = rt.load(lm_onnx, threads=1)
+    for prompt in PROMPTS:
+        ids = lm.tokenizer.encode(prompt)
+        n = lm.config.block_size - len(ids)
+        want = lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n)[0].token_ids
+        got = gen.generate_batch([[vocab[i] for i in ids]], max_length=n, min_length=n,
+                                 sampling_topk=1, include_prompt_in_result=False)
+        assert got[0].sequences_ids[0] == want, prompt
+
+
+def test_min_new_tokens_holds_back_the_end_token(lm_onnx):
+    lm = rt.load(lm_onnx, threads=1)
+    eos = lm.tokenizer.eos_id
+    ids = lm.tokenizer.encode("    return alpha")
+    free = lm.generate_ids([ids], max_new_tokens=20)[0]
+    forced = lm.generate_ids([ids], max_new_tokens=20, min_new_tokens=20)[0]
+    assert len(forced.token_ids) == 20 and eos not in forced.token_ids
+    assert forced.token_ids[:len(free.token_ids)] == free.token_ids  # same until eos would be
+    if free.finish_reason == "eos":
+        assert len(free.token_ids) < 20
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        lm.generate_ids([ids], max_new_tokens=4, min_new_tokens=5)
+
+
+def test_held_out_prompts(lm_onnx, corpus_dir):
+    from tinyt.data import load_corpus
+
+    tok = rt.load(lm_onnx).tokenizer
+    val = load_corpus(str(corpus_dir)).val
+    a = held_out_prompts(tok, val, 5, 12)
+    assert a == held_out_prompts(tok, val, 5, 12)  # deterministic
+    assert len(a) == 5 and all(len(p) == 12 and tok.eos_id not in p for p in a)
+    assert len({tuple(p) for p in a}) == 5
+    with pytest.raises(DataError, match="windows of"):
+        held_out_prompts(tok, val, 10_000, 12)
+
+
+def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path):
+    art = tmp_path / "art"  # the layout tinyt pipeline writes
+    art.mkdir()
+    for name, src in (("checkpoint", tiny_ckpt), ("onnx-opt", lm_opt), ("onnx-int8", lm_int8)):
+        (art / name).symlink_to(src)
+    result = peers.run(art, tmp_path / "out", threads=[1], rounds=1, block=1,
+                       agreement_prompts=2, agreement_tokens=8,
+                       engines=["tinyt-fp32", "tinyt-int8", "genai-int8", "ct2-float32",
+                                "torch-eager", "llama.cpp-q8_0"])
+    agree = result["agreement"]
+    for name in ("ct2-float32", "torch-eager", "tinyt-fp32"):  # fp32: the same tokens
+        assert agree[name]["identical_to"] is True and agree[name]["agreement_with_fp32"] == 1
+    assert agree["genai-int8"]["must_equal"] == "tinyt-int8"
+    assert agree["genai-int8"]["identical_to"] is True  # the same graph, the same tokens
+    assert result["mismatched"] == []
+    rows = result["rows"]
+    assert set(rows) == {f"{e}@1t" for e in ("tinyt-fp32", "tinyt-int8", "genai-int8",
+                                             "ct2-float32", "torch-eager")}
+    for row in rows.values():
+        assert row["generate_ms"] > row["first_token_ms"] > 0
+    assert "llama.cpp-q8_0" in result["skipped"]
+    loop = result["outside_run"]["tinyt-int8@1t"]
+    assert 0 < loop["inside_run_ms"] < loop["total_ms"]
+    t = result["targets"]["decode_ms_per_token@1t"]
+    assert t["ratio"] == pytest.approx(rows[f"{t['tinyt']}@1t"]["decode_ms_per_token"]
+                                       / rows[f"{t['fastest_peer']}@1t"]["decode_ms_per_token"])
+    assert (tmp_path / "out" / "peers.md").read_text().count("| genai-int8 |") == 2
+    assert (tmp_path / "out" / "peers.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="unknown engine"):
+        peers.run(art, tmp_path / "out2", engines=["vllm"])
