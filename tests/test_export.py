@@ -32,8 +32,8 @@ def test_artifact_directory(lm_onnx, tiny_ckpt):
     assert hf["tinyt"]["model"] == cfg.to_dict()
     manifest = check_manifest(lm_onnx)
     assert manifest["stage"] == "export" and manifest["opset"] == 18
-    assert set(manifest["files"]) == {"config.json", "generation_config.json", "model.onnx",
-                                      "tokenizer.json"}
+    assert set(manifest["files"]) == {"config.json", "genai_config.json",
+                                      "generation_config.json", "model.onnx", "tokenizer.json"}
     assert {"torch", "onnx"} <= set(manifest["versions"])
     assert len(manifest["source"]["sha256"]["model.safetensors"]) == 64
     assert [t["name"] for t in manifest["io"]["inputs"]][:3] == ["input_ids", "attention_mask",
