@@ -42,6 +42,10 @@ import numpy as np
 ENGINES = {
     "tinyt-int8": ("tinyt.runtime generate on ARTIFACTS/onnx-int8", "onnxruntime", "extra cpu"),
     "tinyt-fp32": ("tinyt.runtime generate on ARTIFACTS/onnx-opt", "onnxruntime", "extra cpu"),
+    "tinyt-int8-gqa": ("tinyt.runtime generate on ARTIFACTS/onnx-int8-gqa (shared KV cache)",
+                       "onnxruntime", "extra cpu"),
+    "tinyt-fp32-gqa": ("tinyt.runtime generate on ARTIFACTS/onnx-opt-gqa (shared KV cache)",
+                       "onnxruntime", "extra cpu"),
     "genai-int8": ("ONNX Runtime GenAI on ARTIFACTS/onnx-int8, unchanged", "onnxruntime-genai",
                    "extra peers"),
     "ct2-int8": ("CTranslate2 int8 (converted from the GPT-2 directory)", "ctranslate2",
@@ -52,9 +56,11 @@ ENGINES = {
     "torch-eager": ("PyTorch eager, tinyt's model with its KV cache", "torch", "extra torch"),
 }
 REFERENCE = "tinyt-fp32"  # greedy agreement is measured against its tokens
-EXACT = {"tinyt-fp32", "ct2-float32", "torch-eager"}  # fp32 engines: tokens must be identical
+EXACT = {"tinyt-fp32", "tinyt-fp32-gqa", "ct2-float32", "torch-eager"}  # fp32 engines: tokens must be identical
 SAME_GRAPH = {"genai-int8": "tinyt-int8"}  # engines on tinyt's own INT8 graph
-TINYT = ("tinyt-int8", "tinyt-fp32")
+TINYT_DIRS = {"tinyt-int8": "onnx-int8", "tinyt-fp32": "onnx-opt",
+              "tinyt-int8-gqa": "onnx-int8-gqa", "tinyt-fp32-gqa": "onnx-opt-gqa"}
+TINYT = tuple(TINYT_DIRS)
 TARGETS = {"decode_vs_fastest_peer_max": 0.8, "prefill_vs_fastest_peer_max": 1.0,
            "outside_run_us_per_token_max": 10.0}
 REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
@@ -66,8 +72,7 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
     if name in TINYT:
         import tinyt.runtime as rt
 
-        sub = "onnx-int8" if name == "tinyt-int8" else "onnx-opt"
-        lm = rt.load(artifacts / sub, threads=threads)
+        lm = rt.load(artifacts / TINYT_DIRS[name], threads=threads)
         return lambda ids, n: lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n)[0] \
             .token_ids
     if name == "genai-int8":
@@ -131,19 +136,21 @@ def _outside_run(artifacts: Path, sub: str, threads: int, ids: list[int], n: int
     inside = [0.0]
     session = lm.session
 
-    class Timed:  # the session, with its run calls timed
-        def __getattr__(self, attr):
-            fn = getattr(session, attr)
-            if attr not in ("run", "run_with_iobinding", "run_with_ort_values"):
-                return fn
+    def timed(fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                inside[0] += time.perf_counter() - t
+        return call
 
-            def timed(*a, **k):
-                t = time.perf_counter()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    inside[0] += time.perf_counter() - t
-            return timed
+    class Timed:  # the session, with its run calls timed
+        run = staticmethod(timed(session.run))
+        run_with_iobinding = staticmethod(timed(session.run_with_iobinding))
+
+        def __getattr__(self, attr):
+            return getattr(session, attr)
 
     lm.session = Timed()
     runs = []
@@ -188,8 +195,7 @@ def worker(name: str, artifacts: Path, threads: int) -> None:
                     times.append(ts)
                 reply = {"times": times}
             elif req["op"] == "outside_run":
-                sub = "onnx-int8" if name == "tinyt-int8" else "onnx-opt"
-                reply = _outside_run(artifacts, sub, threads, req["ids"], req["n"])
+                reply = _outside_run(artifacts, TINYT_DIRS[name], threads, req["ids"], req["n"])
             else:
                 reply = {"error": f"unknown op {req['op']!r}"}
         except Exception as e:
@@ -248,6 +254,11 @@ def prepare(artifacts: Path, engines: list[str]) -> dict[str, str]:
             md.version(dist)
         except md.PackageNotFoundError:
             skipped[name] = f"{dist} is not installed ({ENGINES[name][2]})"
+    for name, sub in TINYT_DIRS.items():
+        if name in engines and not (artifacts / sub / "manifest.json").is_file():
+            skipped[name] = (f"{artifacts / sub} is missing (make it with `tinyt optimize "
+                             f"{artifacts / sub.removesuffix('-gqa')} {artifacts / sub} "
+                             "--target gqa`)")
     need = [n for n in engines if n.startswith("ct2-") and n not in skipped]
     if not need:
         return skipped

@@ -88,7 +88,10 @@ class OrtVariant:
         if (self.path / "manifest.json").is_file():
             artifact = open_artifact(self.path)
             provider = {v: k for k, v in PROVIDERS.items()}[self.provider]
-            self.session = create_session(artifact, provider=provider, threads=self.threads)
+            # Spinning off: variants share this process, and one's spinning workers would
+            # slow the next (benchmarks/peers.py measures tinyt's defaults, each engine alone).
+            self.session = create_session(artifact, provider=provider, threads=self.threads,
+                                          spinning=False)
             return self
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads

@@ -35,7 +35,7 @@ from .compare import compare_graphs
 from .exporter import ONNX_FILE
 from .kvfuse import attention_with_past
 
-TARGETS = ("cpu", "portable", "cuda")
+TARGETS = ("cpu", "portable", "gqa", "cuda")
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
           "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
@@ -146,6 +146,10 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     """Fuse and optimize an exported graph for `target`; the result is checked against the
     input graph (OPT_ATOL) before the directory is written. Returns out_dir."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if target == "gqa":  # a layout of an optimized (or quantized) graph: export/gqa.py
+        from .gqa import shared_cache
+
+        return shared_cache(src_dir, out_dir)
     manifest = check_manifest(src_dir)
     check_output_dir(src_dir, out_dir)
     _check_request(src_dir, target, level, manifest)

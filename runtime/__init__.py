@@ -27,11 +27,11 @@ __all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Predictio
 
 
 def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
-         spinning: bool = False, level: str | None = None,
+         spinning: bool | None = None, level: str | None = None,
          io_binding: bool | None = None) -> LanguageModel | Classifier:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
-    classifier graphs. threads defaults to the physical cores; level to the artifact's own;
-    io_binding (KV cache kept on the provider's device between steps) to on for accelerators,
+    classifier graphs. threads defaults to the physical cores; spinning to on when there is
+    more than one thread (see session_options); level to the artifact's own; io_binding (KV cache kept on the provider's device between steps) to on for accelerators,
     off for CPU."""
     artifact = open_artifact(path)
     session = create_session(artifact, provider=provider, threads=threads, spinning=spinning,

@@ -21,6 +21,7 @@ from tinyt.tokenizer import Tokenizer
 
 from .feeds import grow_mask, prefill_feeds, step_feeds
 from .fixed import FixedWindow, capacity
+from .gqa import GQA_KIND, CachePool, SharedCache, rows_from_left_padded
 from .sampling import SamplingParams, next_token
 from .session import Artifact
 
@@ -70,6 +71,9 @@ class LanguageModel:
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
         self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
+        if artifact.kind == GQA_KIND:
+            self._caches = CachePool(lambda b: SharedCache(
+                self.session, self.config, b, self.context, kv_dtype=self._kv_dtype))
         # The most tokens a sequence can hold: block_size, or a pinned graph's window.
         self.context = self.config.block_size if artifact.fixed is None else min(
             self.config.block_size, capacity(artifact.kind, artifact.fixed))
@@ -154,7 +158,8 @@ class LanguageModel:
         mask = np.zeros((B, T), dtype=np.int64)
         for r, row in enumerate(rows):
             ids[r, T - len(row):], mask[r, T - len(row):] = row, 1  # left padding
-        rngs = [np.random.default_rng(params.seed) for _ in rows]
+        rngs = [np.random.default_rng(params.seed) if params.temperature > 0 else None
+                for _ in rows]  # greedy draws nothing
         out: list[list[int]] = [[] for _ in rows]
         reasons: list[str | None] = ["length" if params.max_new_tokens == 0 else None] * B
         steps = self._steps(prefill_feeds(self.config, self.artifact.kind, ids, mask,
@@ -179,6 +184,16 @@ class LanguageModel:
         """Coroutine: yields the logits of each step; is sent (next tokens [B], which
         sequences are still running [B])."""
         kind = self.artifact.kind
+        if kind == GQA_KIND:  # one shared KV buffer per layer, bound once (runtime/gqa.py)
+            cache = self._caches.take(len(feeds["input_ids"]))
+            try:
+                logits = cache.prefill(rows_from_left_padded(feeds["input_ids"],
+                                                             feeds["attention_mask"]), self._pad)
+                while True:
+                    nxt, active = yield logits
+                    logits = cache.step(nxt, active)
+            finally:  # the generation ended (or was abandoned): the buffers serve the next one
+                self._caches.give(cache)
         if self.artifact.fixed:  # pinned shapes: a window of fixed size (runtime/fixed.py)
             window = FixedWindow(self.session, self.config, kind, self.artifact.fixed,
                                  len(feeds["input_ids"]), kv_dtype=self._kv_dtype)

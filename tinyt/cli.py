@@ -155,7 +155,9 @@ def optimize(
     src: Annotated[Path, typer.Argument(help="Exported artifact directory (tinyt export).")],
     out: Annotated[Path, typer.Argument(help="Optimized artifact directory to write.")],
     target: Annotated[str, typer.Option(help="cpu (fused contrib ops), portable (standard "
-                                             "ONNX ops only) or cuda.")] = "cpu",
+                                             "ONNX ops only), gqa (the shared-KV-cache variant "
+                                             "of a cpu-optimized or quantized artifact) or "
+                                             "cuda.")] = "cpu",
     level: Annotated[str, typer.Option(help="ONNX Runtime offline optimization: basic, "
                                             "extended or all (all: this CPU only).")] = "extended",
 ) -> None:
@@ -167,6 +169,13 @@ def optimize(
 
     path = run_optimize(src, out, target=target, level=level)
     manifest = json.loads((path / "manifest.json").read_text())
+    if target == "gqa":
+        eq = manifest["equivalence"]
+        typer.echo(f"GroupQueryAttention with a shared KV cache in {manifest['layers']} layers; "
+                   f"logits max abs diff vs input graph {eq['logits_max_abs']:.2e} (tolerance "
+                   f"{eq['tolerance']}), greedy agreement {eq['greedy_agreement']:.0%}")
+        typer.echo(f"onnx: {path}")
+        return
     typer.echo(f"fusions: {manifest['fusions'] or 'none'}")
     typer.echo(f"contrib ops: {', '.join(manifest['contrib_ops']) or 'none'}")
     worst = max(w["max_abs"] for w in manifest["equivalence"]["worst"].values())

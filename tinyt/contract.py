@@ -57,6 +57,26 @@ def decoder_outputs(cfg: ModelConfig, *, with_past: bool = True,
     return [logits, *(TensorSpec(n, kv_dtype, kv) for n in present_names(cfg.n_layer))]
 
 
+CAPACITY = "max_sequence_length"
+
+
+def gqa_inputs(cfg: ModelConfig) -> list[TensorSpec]:
+    """The shared-cache variant (runtime/gqa.py): right-padded chunks, one buffer per cache."""
+    kv = (BATCH, cfg.n_head, CAPACITY, cfg.head_dim)
+    return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
+            TensorSpec("position_ids", "int64", (BATCH, SEQ)),
+            TensorSpec("seqlens_k", "int32", (BATCH,)),
+            TensorSpec("total_sequence_length", "int32", ()),
+            TensorSpec("query_seqlens", "int32", (BATCH,)),
+            *(TensorSpec(n, "float32", kv) for n in past_names(cfg.n_layer))]
+
+
+def gqa_outputs(cfg: ModelConfig) -> list[TensorSpec]:
+    kv = (BATCH, cfg.n_head, CAPACITY, cfg.head_dim)
+    return [TensorSpec("logits", "float32", (BATCH, 1, cfg.vocab_size)),
+            *(TensorSpec(n, "float32", kv) for n in present_names(cfg.n_layer))]
+
+
 def classifier_inputs(cfg: ModelConfig) -> list[TensorSpec]:
     return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
             TensorSpec("attention_mask", "int64", (BATCH, SEQ))]

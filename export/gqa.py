@@ -1,0 +1,244 @@
+"""The shared-cache decoder variant: MultiHeadAttention with past/present becomes
+GroupQueryAttention on one buffer per layer (runtime/gqa.py has the I/O and why).
+
+Per layer, from the graph `tinyt optimize --target cpu` makes (fp32 or quantized):
+
+    x ─MatMul(W_qkv)─ qkv ─Split─ q, k, v ─▶ MHA(q, k, v, bias, mask, past_k, past_v)
+                                                 ─▶ out, present.i.key, present.i.value
+to
+    x ─MatMul(W_qkv)─ qkv ─Add(bias)─▶ GQA(qkv packed, past_k, past_v, seqlens_k,
+                                            total_sequence_length, query_seqlens)
+                                                 ─▶ out, present.i.key, present.i.value
+
+the attention-mask subgraph goes (GroupQueryAttention is causal over each row's own
+tokens), and the lm_head reads one position per row:
+
+    hidden [B, S, C] ─GatherND(query_seqlens - 1, batch_dims=1)─Unsqueeze─ [B, 1, C] ─lm_head─▶
+
+`shared_cache(src, out)` writes the variant as an artifact (graph kind 'decoder_gqa') after
+checking it against its source: logits of ragged prompts and of decode steps within
+OPT_ATOL, and the same greedy tokens from the runtime.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from tinyt.errors import TinytError
+from tinyt.fsutil import atomic_dir
+from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.runtime.gqa import CAPACITY, GQA_KIND
+
+from .exporter import ONNX_FILE
+from .optimize import COPIED_FILES, OPT_ATOL
+
+MS = "com.microsoft"
+GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
+              ("total_sequence_length", TensorProto.INT32, []),
+              ("query_seqlens", TensorProto.INT32, ["batch_size"]))
+# A quantized source quantizes activations to int8 at run time (MatMulNBits accuracy_level 4):
+# the two layouts' fp32 rounding differs in the last bits (attention sums in another order),
+# and now and then that moves an activation across an int8 rounding step. Measured on the demo
+# INT8 graph: 0.017 at worst, against INT8's own distance from fp32 of ~1.
+QUANT_ATOL = 0.1
+QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's input index of query_seqlens (ORT >= 1.2x)
+
+
+class SharedCacheError(TinytError, ValueError):
+    """The graph cannot be turned into the shared-cache layout."""
+
+
+def _producers(graph):
+    return {o: n for n in graph.node for o in n.output if o}
+
+
+def to_gqa(proto: onnx.ModelProto, n_head: int) -> int:
+    """Rewrite `proto` in place (see the module docstring); returns the layers rewritten."""
+    g = proto.graph
+    prod = _producers(g)
+    nodes, done = [], 0
+    for node in g.node:
+        if not (node.op_type == "MultiHeadAttention" and node.domain == MS
+                and len(node.input) >= 8 and node.input[6] and node.input[7]):
+            nodes.append(node)
+            continue
+        split = prod.get(node.input[0])
+        if (split is None or split.op_type != "Split" or list(split.output) != list(node.input[:3])):
+            raise SharedCacheError(f"{node.name}: q, k, v do not come from one Split of a packed "
+                                   "projection; only graphs from `tinyt optimize --target cpu`")
+        qkv, bias = split.input[0], node.input[3]
+        if bias:
+            nodes.append(helper.make_node("Add", [qkv, bias], [f"{qkv}_biased"],
+                                          name=f"{node.name}/qkv_bias/Add"))
+            qkv = f"{qkv}_biased"
+        inputs = [qkv, "", "", node.input[6], node.input[7], "seqlens_k", "total_sequence_length"]
+        inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
+        nodes.append(helper.make_node(
+            "GroupQueryAttention", inputs, list(node.output[:3]), domain=MS,
+            name=node.name.replace("MultiHeadAttention", "GroupQueryAttention") or None,
+            num_heads=n_head, kv_num_heads=n_head))
+        done += 1
+    del g.node[:]
+    g.node.extend(nodes)
+    _last_position_logits(g)
+    _drop_unused(g)
+    _retype_io(g)
+    return done
+
+
+def _last_position_logits(g: onnx.GraphProto) -> None:
+    head = next(n for n in g.node if "logits" in n.output)
+    hidden = head.input[0]
+    new = [
+        helper.make_node("Cast", ["query_seqlens"], ["/lm_head/last/qlens64"],
+                         to=TensorProto.INT64, name="/lm_head/last/Cast"),
+        helper.make_node("Sub", ["/lm_head/last/qlens64", "/lm_head/last/one"],
+                         ["/lm_head/last/index"], name="/lm_head/last/Sub"),
+        helper.make_node("Unsqueeze", ["/lm_head/last/index", "/lm_head/last/axis1"],
+                         ["/lm_head/last/index2"], name="/lm_head/last/Unsqueeze_index"),
+        helper.make_node("GatherND", [hidden, "/lm_head/last/index2"], ["/lm_head/last/rows"],
+                         batch_dims=1, name="/lm_head/last/GatherND"),  # [B, C]
+        helper.make_node("Unsqueeze", ["/lm_head/last/rows", "/lm_head/last/axis1"],
+                         ["/lm_head/last/hidden"], name="/lm_head/last/Unsqueeze"),  # [B, 1, C]
+    ]
+    g.initializer.extend([onnx.numpy_helper.from_array(np.array(1, np.int64), "/lm_head/last/one"),
+                          onnx.numpy_helper.from_array(np.array([1], np.int64),
+                                                       "/lm_head/last/axis1")])
+    head.input[0] = "/lm_head/last/hidden"
+    at = list(g.node).index(head)
+    for i, n in enumerate(new):
+        g.node.insert(at + i, n)
+
+
+def _drop_unused(g: onnx.GraphProto) -> None:
+    """Remove nodes nothing reads (the mask subgraph, the Splits), then unused inputs and
+    initializers."""
+    while True:
+        used = Counter(i for n in g.node for i in n.input if i)
+        used.update(o.name for o in g.output)
+        keep = [n for n in g.node if any(used[o] for o in n.output)]
+        if len(keep) == len(g.node):
+            break
+        del g.node[:]
+        g.node.extend(keep)
+    used = {i for n in g.node for i in n.input if i}
+    inits = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+    inputs = [i for i in g.input if i.name in used]
+    del g.input[:]
+    g.input.extend(inputs)
+    del g.value_info[:]  # shapes of removed values; ONNX Runtime infers the rest
+
+
+def _retype_io(g: onnx.GraphProto) -> None:
+    ids_at = next(k for k, i in enumerate(g.input) if i.name == "position_ids") + 1
+    for k, (name, dtype, shape) in enumerate(GQA_INPUTS):
+        g.input.insert(ids_at + k, helper.make_tensor_value_info(name, dtype, shape))
+    for value in list(g.input) + list(g.output):
+        dims = value.type.tensor_type.shape.dim
+        if value.name.startswith(("past_key_values.", "present.")):
+            dims[2].ClearField("dim_value")
+            dims[2].dim_param = CAPACITY
+        elif value.name == "logits":
+            dims[1].ClearField("dim_param")
+            dims[1].dim_value = 1
+
+
+def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write the shared-cache (GroupQueryAttention) variant of a cpu-optimized decoder
+    artifact, fp32 or quantized; checked against its source first. Returns out_dir."""
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    manifest = check_manifest(src_dir)
+    check_output_dir(src_dir, out_dir)
+    cfg, _ = read_model_config(src_dir)
+    if manifest.get("graph") != "decoder_with_past" or manifest.get("fixed_shape"):
+        raise SharedCacheError(f"{src_dir} holds a {manifest.get('graph')!r} graph"
+                               f"{' with pinned shapes' if manifest.get('fixed_shape') else ''};"
+                               " the shared-cache variant is made from a KV-cache decoder with "
+                               "dynamic shapes")
+    proto = onnx.load(str(src_dir / manifest.get("model_file", ONNX_FILE)))
+    layers = to_gqa(proto, cfg.n_head)
+    if layers != cfg.n_layer:
+        raise SharedCacheError(
+            f"{src_dir}: attention with a KV cache in {layers} of {cfg.n_layer} layers; make the "
+            "variant from the output of `tinyt optimize --target cpu` (or its quantized form)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / ONNX_FILE
+        onnx.save_model(proto, str(path))
+        worst = _check_against_source(src_dir, path, cfg)
+        with atomic_dir(out_dir) as out:
+            shutil.copy(path, out / ONNX_FILE)
+            for name in COPIED_FILES:
+                shutil.copy(src_dir / name, out / name)
+            write_manifest(out, stage="shared-cache", source={
+                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
+            }, options={"level": manifest.get("options", {}).get("level")}, extra={
+                "graph": GQA_KIND, "opset": manifest.get("opset"),
+                "layers": layers, "equivalence": worst,
+                **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
+                "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__},
+            })
+    return out_dir
+
+
+def _check_against_source(src_dir: Path, path: Path, cfg) -> dict:
+    """Ragged prompts, then decode steps: last-position logits of both graphs, and the
+    runtime's greedy tokens."""
+    from tinyt.runtime import load
+    from tinyt.runtime.feeds import prefill_feeds
+    from tinyt.runtime.generate import LanguageModel
+    from tinyt.runtime.session import open_artifact
+
+    ref = load(src_dir, threads=1)
+    art = open_artifact(src_dir)
+    art = art.__class__(path.parent, cfg, GQA_KIND, art.labels, art.manifest)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    cand = LanguageModel(art, ort.InferenceSession(str(path), opts,
+                                                   providers=["CPUExecutionProvider"]),
+                         ref.tokenizer)
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for lens in ([cfg.block_size // 2], [3, cfg.block_size // 3, 1]):
+        B, T = len(lens), max(lens)
+        ids = np.zeros((B, T), np.int64)
+        mask = np.zeros((B, T), np.int64)
+        for b, n in enumerate(lens):
+            ids[b, T - n:] = rng.integers(0, cfg.vocab_size, n)
+            mask[b, T - n:] = 1
+        feeds = prefill_feeds(cfg, "decoder_with_past", ids, mask)
+        a, b = ref._steps(dict(feeds)), cand._steps(dict(feeds))
+        la, lb = next(a)[:, -1].copy(), next(b)[:, -1].copy()
+        active = np.ones(B, bool)
+        for step in range(min(6, cfg.block_size - T - 1)):
+            worst = max(worst, float(np.abs(la[active] - lb[active]).max()))
+            if step == 2 and B > 1:
+                active[0] = False  # a finished row idles while the others go on
+            nxt = la.argmax(-1)
+            la = a.send((nxt, active.copy()))[:, -1].copy()
+            lb = b.send((nxt, active.copy()))[:, -1].copy()
+        worst = max(worst, float(np.abs(la[active] - lb[active]).max()))
+    quantized = "MatMulNBits" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    atol = QUANT_ATOL if quantized else OPT_ATOL
+    if not worst <= atol:
+        raise SharedCacheError(f"the shared-cache graph's logits differ from its source's by "
+                               f"{worst:.3g} (allowed {atol})")
+    prompts = [[1 + i % (cfg.vocab_size - 1) for i in range(n)] for n in (1, 5, 9)]
+    n = min(16, cfg.block_size - 10)
+    want = [r.token_ids for r in ref.generate_ids(prompts, max_new_tokens=n)]
+    got = [r.token_ids for r in cand.generate_ids(prompts, max_new_tokens=n)]
+    same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
+    total = sum(map(len, want))
+    if not quantized and got != want:  # fp32: the same tokens, always
+        raise SharedCacheError("the shared-cache graph generates other greedy tokens than its "
+                               f"source: {got} vs {want}")
+    return {"tolerance": atol, "logits_max_abs": worst, "greedy_agreement": same / total}

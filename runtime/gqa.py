@@ -1,0 +1,131 @@
+"""The shared-cache decoder (GroupQueryAttention layout): one KV buffer per layer that the
+graph writes into in place, bound once (torch-free).
+
+    inputs:  input_ids [B, S] right-padded, position_ids [B, S],
+             seqlens_k [B] int32 (tokens in the cache after this step, less one),
+             total_sequence_length [] int32 (the largest of those, plus one),
+             query_seqlens [B] int32 (real tokens of this chunk per row; 0 = the row idles),
+             past_key_values.{i}.key / .value [B, nh, capacity, hs]  ─┐ the same memory
+    outputs: logits [B, 1, vocab] (each row's last real token),      │
+             present.{i}.key / .value [B, nh, capacity, hs]          ─┘
+
+Compared with the contract graph (export/kvfuse.py's MultiHeadAttention), a decode step copies
+no cache (MultiHeadAttention writes past + new into a fresh present every step), builds no
+attention mask, computes the lm_head for one position only, and the loop binds every buffer
+once: a step writes a few integers in place and runs. The layout is not Optimum's, so it is a
+variant next to the contract artifact (`tinyt optimize SRC OUT --target gqa`), never instead.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from tinyt.config import ModelConfig
+from tinyt.contract import CAPACITY  # noqa: F401  (the symbolic axis of the shared buffers)
+
+GQA_KIND = "decoder_gqa"
+
+
+class SharedCache:
+    """Buffers and one I/O binding for a generation of `batch` rows of at most `capacity`
+    tokens each. prefill(rows) then step(next_tokens, active) return logits [B, 1, vocab]
+    (a buffer that the next call overwrites)."""
+
+    def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, batch: int,
+                 capacity: int, *, kv_dtype=np.float32):
+        self.session, self.cfg, self.B, self.capacity = session, cfg, batch, capacity
+        self.binding = session.io_binding()
+        shape = (batch, cfg.n_head, capacity, cfg.head_dim)
+        self.kv = []
+        for i in range(cfg.n_layer):
+            for kv in ("key", "value"):
+                buf = np.zeros(shape, dtype=kv_dtype)
+                self.kv.append(buf)  # past and present are the same memory
+                self._bind(f"past_key_values.{i}.{kv}", buf)
+                self._bind(f"present.{i}.{kv}", buf, output=True)
+        self.logits = np.zeros((batch, 1, cfg.vocab_size), dtype=np.float32)
+        self._bind("logits", self.logits, output=True)
+        self.seqlens = np.zeros(batch, dtype=np.int32)
+        self.qlens = np.zeros(batch, dtype=np.int32)
+        self.total = np.zeros((), dtype=np.int32)
+        self.lens = np.zeros(batch, dtype=np.int64)  # tokens in the cache per row
+        for name, buf in (("seqlens_k", self.seqlens), ("query_seqlens", self.qlens),
+                          ("total_sequence_length", self.total)):
+            self._bind(name, buf)
+        self.ids = np.zeros((batch, 1), dtype=np.int64)
+        self.pos = np.zeros((batch, 1), dtype=np.int64)
+
+    def _bind(self, name: str, buf: np.ndarray, output: bool = False) -> None:
+        bind = self.binding.bind_output if output else self.binding.bind_input
+        bind(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+
+    def prefill(self, rows: list[list[int]], pad: int) -> np.ndarray:
+        """Run every row's prompt (right-padded into one chunk); logits of each last token."""
+        lens = np.array([len(r) for r in rows], dtype=np.int64)
+        if len(rows) != self.B or lens.max() > self.capacity:
+            raise ValueError(f"{len(rows)} rows of up to {lens.max()} tokens do not fit a cache "
+                             f"of {self.B} rows x {self.capacity} tokens")
+        T = int(lens.max())
+        ids = np.full((self.B, T), pad, dtype=np.int64)
+        for b, row in enumerate(rows):
+            ids[b, :len(row)] = row
+        pos = np.minimum(np.arange(T, dtype=np.int64), lens[:, None] - 1)  # padding: any valid
+        self._bind("input_ids", ids)
+        self._bind("position_ids", pos)
+        self.qlens[:] = lens
+        self.seqlens[:] = lens - 1
+        self.total[...] = T
+        self.session.run_with_iobinding(self.binding)
+        self.lens[:] = lens
+        self._bind("input_ids", self.ids)  # from here on one token per row, bound once
+        self._bind("position_ids", self.pos)
+        return self.logits
+
+    def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """One token per active row (an inactive row idles: its cache is left as it is)."""
+        if self.B == 1:  # one row, running while the loop does: element writes, no ufuncs
+            n = int(self.lens[0])
+            self.ids[0, 0], self.pos[0, 0] = nxt[0], n
+            self.qlens[0], self.seqlens[0], self.total[()] = 1, n, n + 1
+            self.session.run_with_iobinding(self.binding)
+            self.lens[0] = n + 1
+            return self.logits
+        a = active.astype(np.int32)
+        self.ids[:, 0] = nxt
+        self.pos[:, 0] = self.lens  # the new token's position: the tokens before it
+        self.qlens[:] = a
+        self.seqlens[:] = self.lens - 1 + a
+        self.total[...] = self.seqlens.max() + 1
+        self.session.run_with_iobinding(self.binding)
+        self.lens += a
+        return self.logits
+
+
+def rows_from_left_padded(ids: np.ndarray, mask: np.ndarray) -> list[list[int]]:
+    """The token rows of a left-padded batch (the contract's layout)."""
+    return [row[m.astype(bool)].tolist() for row, m in zip(ids, mask)]
+
+
+class CachePool:
+    """SharedCaches kept between generations, by batch size: setting one up (buffers and
+    some twenty bindings) costs more than tens of decode steps' Python work. A cache is used
+    by one generation at a time; at most `keep` wait here."""
+
+    def __init__(self, make: Callable[[int], SharedCache], keep: int = 4):
+        self.make, self.keep, self.free = make, keep, []
+        self.lock = threading.Lock()
+
+    def take(self, batch: int) -> SharedCache:
+        with self.lock:
+            for i, cache in enumerate(self.free):
+                if cache.B == batch:
+                    return self.free.pop(i)
+        return self.make(batch)
+
+    def give(self, cache: SharedCache) -> None:
+        with self.lock:
+            self.free.insert(0, cache)
+            del self.free[self.keep:]

@@ -1,0 +1,111 @@
+"""The shared-KV-cache variant (GroupQueryAttention): graph shape, equivalence with its source,
+and generation through the runtime."""
+import json
+
+import onnx
+import pytest
+
+import tinyt.runtime as rt
+from tinyt.export.gqa import QUANT_ATOL, SharedCacheError
+from tinyt.export.optimize import OPT_ATOL, op_counts, optimize
+from tinyt.export.package import package
+from tinyt.export.quantize import quantize
+from tinyt.manifest import check_manifest
+
+PROMPTS = ["def alpha", "import os\n", "    return ", "x"]
+
+
+@pytest.fixture(scope="module")
+def opt(lm_onnx, tmp_path_factory):
+    return optimize(lm_onnx, tmp_path_factory.mktemp("gqa") / "opt")
+
+
+@pytest.fixture(scope="module")
+def opt_gqa(opt, tmp_path_factory):
+    return optimize(opt, tmp_path_factory.mktemp("gqa") / "opt-gqa", target="gqa")
+
+
+def test_graph_has_one_shared_cache_per_layer(opt, opt_gqa):
+    cfg = rt.load(opt).config
+    proto = onnx.load(str(opt_gqa / "model.onnx"))
+    ops = op_counts(proto)
+    assert ops["com.microsoft.GroupQueryAttention"] == cfg.n_layer
+    assert "com.microsoft.MultiHeadAttention" not in ops and "Split" not in ops
+    assert sum(ops.values()) < sum(op_counts(onnx.load(str(opt / "model.onnx"))).values())
+    inputs = [i.name for i in proto.graph.input]
+    assert inputs[:5] == ["input_ids", "position_ids", "seqlens_k", "total_sequence_length",
+                          "query_seqlens"] and "attention_mask" not in inputs
+    dims = lambda v: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]  # noqa
+    out = {o.name: dims(o) for o in proto.graph.output}
+    assert out["logits"] == ["batch_size", 1, cfg.vocab_size]  # one position per row
+    assert out["present.0.key"][2] == "max_sequence_length"
+    manifest = check_manifest(opt_gqa)
+    assert manifest["graph"] == "decoder_gqa" and manifest["layers"] == cfg.n_layer
+    eq = manifest["equivalence"]
+    assert eq["logits_max_abs"] <= OPT_ATOL and eq["greedy_agreement"] == 1.0
+
+
+def test_generates_the_sources_tokens(opt, opt_gqa):
+    ref, fast = rt.load(opt, threads=1), rt.load(opt_gqa, threads=1)
+    assert fast.artifact.kind == "decoder_gqa"
+    n = ref.config.block_size - 8
+    for kw in ({}, {"temperature": 0.9, "top_k": 20, "seed": 3}, {"repetition_penalty": 1.3}):
+        want = ref.generate_details(PROMPTS, max_new_tokens=n, **kw)  # a ragged batch
+        got = fast.generate_details(PROMPTS, max_new_tokens=n, **kw)
+        assert [r.token_ids for r in got] == [r.token_ids for r in want], kw
+        assert [r.finish_reason for r in got] == [r.finish_reason for r in want]
+    # to the end of the context, alone and in a batch with a short row
+    long = "def alpha(beta, n=3):\n    alpha = beta"
+    assert fast.generate_details([long], max_new_tokens=500)[0].finish_reason == "context"
+    assert fast.generate([long, "x"], max_new_tokens=500) == \
+        ref.generate([long, "x"], max_new_tokens=500)
+    assert "".join(fast.stream("import os\n", max_new_tokens=12)) == \
+        ref.generate("import os\n", max_new_tokens=12)
+
+
+def test_quantized_source(opt, corpus_dir, tmp_path):
+    int8 = quantize(opt, tmp_path / "int8", data=str(corpus_dir))
+    fast = optimize(int8, tmp_path / "int8-gqa", target="gqa")
+    eq = check_manifest(fast)["equivalence"]
+    assert eq["tolerance"] == QUANT_ATOL and eq["logits_max_abs"] <= QUANT_ATOL
+    assert "accuracy" in check_manifest(fast)  # the INT8 report travels with the variant
+    ops = op_counts(onnx.load(str(fast / "model.onnx")))
+    assert ops["com.microsoft.MatMulNBits"] > 0 and ops["com.microsoft.GroupQueryAttention"]
+    ref, got = rt.load(int8).generate(PROMPTS, max_new_tokens=8), \
+        rt.load(fast).generate(PROMPTS, max_new_tokens=8)
+    assert sum(a == b for a, b in zip(ref, got)) >= 3
+
+
+def test_refuses_what_it_cannot_convert(lm_onnx, opt, opt_gqa, tiny_clf, tmp_path):
+    with pytest.raises(SharedCacheError, match="tinyt optimize --target cpu"):
+        optimize(lm_onnx, tmp_path / "a", target="gqa")  # no fused attention yet
+    with pytest.raises(SharedCacheError, match="KV-cache decoder"):
+        optimize(opt_gqa, tmp_path / "b", target="gqa")
+    pinned = package(opt, tmp_path / "pinned", format="onnx",
+                     fixed=["batch_size=1", "sequence_length=1", "past_sequence_length=8"])
+    with pytest.raises(SharedCacheError, match="pinned shapes"):
+        optimize(pinned, tmp_path / "c", target="gqa")
+    for name in "abc":
+        assert not (tmp_path / name).exists()
+
+
+def test_contract_is_checked_at_load(opt_gqa, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(opt_gqa, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["graph"] = "decoder_with_past"  # the graph does not follow this contract
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="contract"):
+        rt.load(bad)
+
+
+def test_cli(opt, tmp_path):
+    from conftest import run_tinyt
+
+    r = run_tinyt("optimize", opt, tmp_path / "g", "--target", "gqa")
+    assert r.returncode == 0, r.stderr
+    assert "GroupQueryAttention with a shared KV cache in 2 layers" in r.stdout
+    r = run_tinyt("generate", tmp_path / "g", "def ", "--max-new-tokens", "5")
+    assert r.returncode == 0 and r.stdout.startswith("def "), r.stderr
