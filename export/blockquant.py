@@ -81,9 +81,25 @@ def excluded_by(module: str, exclude: list[str]) -> str | None:
     return next((m for m in exclude if f".{m.strip('.')}." in dotted), None)
 
 
+def channel_quantize(w: np.ndarray, qmax: int = 127) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-output-channel int8 of w [K, N]: (int8 [K, N], scales [N])."""
+    scales = np.abs(w).max(axis=0) / qmax
+    scales[scales == 0] = 1.0
+    q = np.clip(np.rint(w / scales), -qmax, qmax).astype(np.int8)
+    return q, scales.astype(np.float32)
+
+
 def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_level: int,
-                     exclude: list[str] = ()) -> QuantReport:
-    """Rewrite `proto` in place; see the module docstring. Returns what was done."""
+                     exclude: list[str] = (), kernel: str = "nbits",
+                     reduce_range: bool = False) -> QuantReport:
+    """Rewrite `proto` in place; see the module docstring. Returns what was done.
+
+    kernel='qgemm': the layers' own weight matmuls (not the tied table, whose two users keep
+    sharing one MatMulNBits table) become DynamicQuantizeMatMul instead — int8 weights with
+    one scale per output channel, activations quantized per tensor at run time, products in
+    ONNX Runtime's int8 GEMM (MLAS QGEMM). On a prompt it is 2.7-3x faster than MatMulNBits
+    (127 x 128 x 384: 44 vs 128 us; 127 x 768 x 2304: 1.08 vs 2.99 ms), equal on one row.
+    reduce_range: 7-bit weights, for x86 without VNNI, whose u8 x s8 products can saturate."""
     graph = proto.graph
     report = QuantReport()
     inits = {i.name: i for i in graph.initializer}
@@ -142,6 +158,18 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
         if blk is None:
             report.skipped[node.name] = f"K={K} has no power-of-two block >= 16"
             new_nodes.append(node)
+            continue
+        if kernel == "qgemm" and node.op_type == "MatMul" and not through_transpose \
+                and weight not in tables:
+            q, sc = channel_quantize(w, 63 if reduce_range else 127)
+            qn, sn, zn = f"{weight}_s8", f"{weight}_channel_scales", f"{weight}_zero"
+            new_inits.extend([numpy_helper.from_array(q, qn), numpy_helper.from_array(sc, sn),
+                              numpy_helper.from_array(np.zeros(sc.shape, np.int8), zn)])
+            dead.add(weight)
+            new_nodes.append(helper.make_node(
+                "DynamicQuantizeMatMul", [node.input[0], qn, sn, zn], list(node.output),
+                name=node.name.replace("MatMul", "DynamicQuantizeMatMul"), domain=MS))
+            report.quantized.append(f"{module} (MatMul, int8 per channel)")
             continue
         qname, sname = table(weight, np.ascontiguousarray(rows), blk)
         N = rows.shape[0]

@@ -35,6 +35,9 @@ from .qdq import CALIBRATIONS, quantize_qdq
 MODES = {"dynamic": 4, "weight-only": 0, "static": None}  # -> MatMulNBits accuracy_level
 BITS = (8, 4)
 DEFAULT_BLOCK = 64
+# Weight-matmul kernels of dynamic mode: MatMulNBits (block-wise) or DynamicQuantizeMatMul
+# (per channel, int8 GEMM; export/blockquant.py says when each wins).
+KERNELS = ("nbits", "qgemm")
 
 
 class QuantizeError(TinytError, ValueError):
@@ -71,7 +74,8 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
              block_size: int = DEFAULT_BLOCK, mode: str = "dynamic",
              exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
              calibration: str = "minmax", per_channel: bool = True,
-             reduce_range: bool | None = None, search: dict | None = None) -> Path:
+             reduce_range: bool | None = None, search: dict | None = None,
+             kernel: str = "nbits") -> Path:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). Static
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
@@ -81,6 +85,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     check_output_dir(src_dir, out_dir)
     proto = onnx.load(str(src_dir / ONNX_FILE))
     _check_request(src_dir, manifest, proto, mode, bits, block_size)
+    if kernel not in KERNELS or (kernel == "qgemm" and (bits != 8 or mode != "dynamic")):
+        raise QuantizeError(f"kernel={kernel!r} with mode={mode!r}, bits={bits}: kernels are "
+                            f"{', '.join(KERNELS)}, and qgemm is for 8-bit dynamic only")
     if calibration not in CALIBRATIONS:
         raise QuantizeError(f"calibration={calibration!r} is not one of "
                             f"{', '.join(CALIBRATIONS)}")
@@ -103,7 +110,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                                   exclude=list(exclude), data=data)
         else:
             report = quantize_weights(proto, bits=bits, block=block_size,
-                                      accuracy_level=MODES[mode], exclude=list(exclude))
+                                      accuracy_level=MODES[mode], exclude=list(exclude),
+                                      kernel=kernel,
+                                      reduce_range=bool(preset["reduce_range"]))
             onnx.save_model(proto, str(path))
         unused = [e for e in exclude if not any(f"by '{e}'" in x for x in report.excluded)]
         if unused:
@@ -128,6 +137,8 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             write_manifest(out, stage="quantize", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
             }, options={"mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
+                        "kernel": kernel, **({"reduce_range": bool(preset["reduce_range"])}
+                                             if kernel == "qgemm" else {}),
                         **({"calibration": calibration, "per_channel": per_channel,
                             "hardware_preset": preset} if mode == "static"
                            else {"block_size": block_size})}, extra={

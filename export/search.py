@@ -26,6 +26,7 @@ DYNAMIC_VARIANTS = [
     ("dynamic-int8-block32", dict(mode="dynamic", bits=8, block_size=32)),
     ("dynamic-int4", dict(mode="dynamic", bits=4, block_size=32)),
     ("dynamic-int8-lm_head-fp32", dict(mode="dynamic", bits=8, exclude=["lm_head"])),
+    ("dynamic-int8-qgemm", dict(mode="dynamic", bits=8, kernel="qgemm")),
 ]
 STATIC_VARIANTS = [
     ("static-minmax-per-channel", dict(mode="static", calibration="minmax")),

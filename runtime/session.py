@@ -18,7 +18,10 @@ from tinyt.manifest import ManifestError, check_manifest, read_model_config
 KINDS = ("decoder_with_past", "decoder_gqa", "decoder", "classifier")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
-AUTO_ORDER = ("cuda", "cpu")  # TensorRT builds engines per shape: only when asked for by name
+AUTO_ORDER = ("cuda", "cpu")
+# Fusions ONNX Runtime must not redo at load: SkipLayerNormalization's CPU kernel is 4-5x
+# slower than Add + LayerNormalization over a prompt's rows (export/gqa.py unfuses it).
+UNFUSED = ["SkipLayerNormFusion"]  # TensorRT builds engines per shape: only when asked for by name
 LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
           "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
@@ -169,7 +172,7 @@ def _on(provider: str, model: str, opts: ort.SessionOptions) -> ort.InferenceSes
         # CPU stays listed after an accelerator: ONNX Runtime places ops that provider lacks
         # there. A fallback of the whole session is caught below.
         chain = [wanted] if provider == "cpu" else [wanted, "CPUExecutionProvider"]
-        sess = ort.InferenceSession(model, opts, providers=chain)
+        sess = ort.InferenceSession(model, opts, providers=chain, disabled_optimizers=UNFUSED)
     except Exception as e:  # ORT raises its own Fail / RuntimeException types
         raise ProviderError(f"provider {provider!r} failed to initialise: {e}") from None
     got = sess.get_providers()

@@ -225,3 +225,29 @@ def test_quantize_cli(lm_onnx, corpus_dir, tmp_path):
     proc = tinyt("quantize", lm_onnx, tmp_path / "x", "--exclude", "h.9")
     assert proc.returncode == 2 and "--exclude h.9 names no module" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_qgemm_kernel_quantizes_layers_per_channel(lm_onnx, corpus_dir, tmp_path):
+    from tinyt.export.blockquant import channel_quantize
+
+    opt = optimize(lm_onnx, tmp_path / "opt")
+    q = quantize(opt, tmp_path / "q", kernel="qgemm", data=str(corpus_dir))
+    cfg = json.loads((q / "config.json").read_text())["tinyt"]["model"]
+    model = onnx.load(str(q / "model.onnx"))
+    counts = op_counts(model)
+    assert counts["com.microsoft.DynamicQuantizeMatMul"] == 4 * cfg["n_layer"]  # the layers
+    assert counts["com.microsoft.MatMulNBits"] == 1  # the tied lm_head, sharing its table
+    manifest = check_manifest(q)
+    assert manifest["quantization"]["shared_tables"] == ["model.lm_head.weight_q8"]
+    assert manifest["options"]["kernel"] == "qgemm"
+    assert manifest["accuracy"]["val_loss_change"] <= INT8_LOSS_BUDGET
+    assert manifest["accuracy"]["top1_agreement"] >= 0.9
+    w = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
+    for qmax in (127, 63):  # 63: reduce_range, 7-bit weights for x86 without VNNI
+        qw, scales = channel_quantize(w, qmax)
+        assert qw.dtype == np.int8 and np.abs(qw).max() == qmax
+        assert np.abs(qw * scales - w).max() <= scales.max() / 2 + 1e-7
+    with pytest.raises(QuantizeError, match="qgemm is for 8-bit dynamic only"):
+        quantize(opt, tmp_path / "bad", kernel="qgemm", bits=4)
+    with pytest.raises(QuantizeError, match="kernels are nbits, qgemm"):
+        quantize(opt, tmp_path / "bad", kernel="fast")

@@ -233,12 +233,17 @@ def quantize(
         = "minmax",
     per_channel: Annotated[bool, typer.Option(help="static: a scale per output channel.")] = True,
     reduce_range: Annotated[Optional[bool], typer.Option(
-        help="static: 7-bit weights (default: from this CPU, see 'tinyt info').")] = None,
+        help="static, and the qgemm kernel: 7-bit weights (default: from this CPU, see "
+             "'tinyt info').")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option(
         help="PyTorch module to leave in fp32, e.g. lm_head or transformer.h.0 (repeatable).")]
         = None,
     data: Annotated[Optional[Path], typer.Option(
         help="Held-out data for the accuracy report (default: the built-in corpus).")] = None,
+    kernel: Annotated[str, typer.Option(
+        help="dynamic int8: nbits (MatMulNBits, block-wise; fastest per decode step on small "
+             "models) or qgemm (DynamicQuantizeMatMul, per channel; ~3x faster matmuls on a "
+             "prompt).")] = "nbits",
     max_loss_increase: Annotated[Optional[float], typer.Option(
         help="Try the variants and keep the fastest whose validation loss is at most this "
              "fraction above the source's (0.02 = +2%; classifier: accuracy points).")] = None,
@@ -254,7 +259,7 @@ def quantize(
         manual = {"--bits": bits != 8, "--block-size": block_size != 64,
                   "--mode": mode != "dynamic", "--calibration": calibration != "minmax",
                   "--no-per-channel": not per_channel, "--reduce-range": reduce_range is not None,
-                  "--exclude": bool(exclude)}
+                  "--exclude": bool(exclude), "--kernel": kernel != "nbits"}
         given = [flag for flag, set_ in manual.items() if set_]
         if given:
             raise TinytError(f"--max-loss-increase chooses the variant itself; drop "
@@ -263,7 +268,7 @@ def quantize(
     else:
         path = run_quantize(src, out, bits=bits, block_size=block_size, mode=mode,
                             exclude=exclude or [], data=data_arg, calibration=calibration,
-                            per_channel=per_channel, reduce_range=reduce_range)
+                            per_channel=per_channel, reduce_range=reduce_range, kernel=kernel)
     manifest = json.loads((path / "manifest.json").read_text())
     q, a = manifest["quantization"], manifest["accuracy"]
     for t in manifest.get("search", {}).get("tried", []):
