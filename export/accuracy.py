@@ -20,8 +20,11 @@ from .compare import ort_greedy
 
 EVAL_WINDOWS = 48  # validation windows of block_size tokens
 EVAL_BATCH = 8
-GREEDY_PROMPTS = ("def ", "import os\n", "class Config:\n    def __init__(self", "    return ")
-GREEDY_TOKENS = 32
+# Greedy agreement: prompts cut from the held-out split (each alone, batch 1), GREEDY_TOKENS
+# new tokens after each; position by position against the reference's tokens.
+GREEDY_PROMPTS = 32
+GREEDY_PROMPT_TOKENS = 32
+GREEDY_TOKENS = 64
 
 
 def _logits(sess: ort.InferenceSession, cfg: ModelConfig, kind: str, x: np.ndarray) -> np.ndarray:
@@ -51,10 +54,11 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
         nats["candidate"] += float(_nll(b, yb).sum())
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
     n_tokens, n_bytes = y.size, int(byte_len[y].sum())
+    length = min(GREEDY_PROMPT_TOKENS, cfg.block_size // 4)
+    steps = min(GREEDY_TOKENS, cfg.block_size - length)
+    prompts = D.held_out_prompts(tokenizer, corpus.val, GREEDY_PROMPTS, length, minimum=1)
     same = total = 0
-    for text in GREEDY_PROMPTS:
-        prompt = tokenizer.encode(text)[: cfg.block_size - 1]
-        steps = min(GREEDY_TOKENS, cfg.block_size - len(prompt))
+    for prompt in prompts:
         ga, gb = ort_greedy(ref, cfg, kind, prompt, steps), ort_greedy(cand, cfg, kind, prompt, steps)
         same += sum(p == q for p, q in zip(ga, gb))
         total += steps
@@ -67,6 +71,7 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
         "val_loss_change": loss_cand / loss_ref - 1.0,
         "top1_agreement": agree / n_tokens,
         "greedy_agreement": same / max(total, 1),
+        "greedy_prompts": len(prompts), "greedy_prompt_tokens": length, "greedy_tokens": steps,
     }
 
 

@@ -149,13 +149,16 @@ def lm_eval_windows(tokens: np.ndarray, block_size: int, count: int):
     return x, y
 
 
-def held_out_prompts(tokenizer, texts: list[str], count: int, length: int) -> list[list[int]]:
+def held_out_prompts(tokenizer, texts: list[str], count: int, length: int, *,
+                     minimum: int | None = None) -> list[list[int]]:
     """`count` prompts of `length` tokens from held-out `texts` (the validation split), each
     from inside one document (no <|endoftext|> within it), spread evenly over them: the same
-    prompts every time for the same texts and tokenizer."""
+    prompts every time for the same texts and tokenizer. With `minimum`, a smaller text gives
+    fewer prompts (at least that many) instead of an error."""
     windows = []
     for ids in tokenizer.encode_batch(texts):
         windows += [ids[s : s + length] for s in range(0, len(ids) - length + 1, length)]
+    count = min(count, max(len(windows), minimum or count))
     if len(windows) < count:
         raise DataError(f"the held-out text gives {len(windows)} windows of {length} tokens; "
                         f"{count} were asked for: use a larger corpus or shorter prompts")
