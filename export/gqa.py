@@ -50,7 +50,8 @@ GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
 # and now and then that moves an activation across an int8 rounding step. Measured on the demo
 # INT8 graph: 0.017 at worst, against INT8's own distance from fp32 of ~1.
 QUANT_ATOL = 0.1
-QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's input index of query_seqlens (ORT >= 1.2x)
+QUERY_SEQLENS_INPUT = 16
+PAIR_ATOL = 1.0  # a pair's two graphs are two quantizations of one model: INT8-sized gaps  # GroupQueryAttention's input index of query_seqlens (ORT >= 1.2x)
 
 
 class SharedCacheError(TinytError, ValueError):
@@ -184,12 +185,12 @@ def _retype_io(g: onnx.GraphProto) -> None:
             dims[1].dim_value = 1
 
 
-def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Write the shared-cache (GroupQueryAttention) variant of a cpu-optimized decoder
-    artifact, fp32 or quantized; checked against its source first. Returns out_dir."""
-    src_dir, out_dir = Path(src_dir), Path(out_dir)
+PREFILL_FILE = "prefill.onnx"
+
+
+def _convert(src_dir: Path, tmp: Path, name: str) -> tuple[dict, Path, dict]:
+    """(source manifest, converted graph, its check against the source)."""
     manifest = check_manifest(src_dir)
-    check_output_dir(src_dir, out_dir)
     cfg, _ = read_model_config(src_dir)
     if manifest.get("graph") != "decoder_with_past" or manifest.get("fixed_shape"):
         raise SharedCacheError(f"{src_dir} holds a {manifest.get('graph')!r} graph"
@@ -202,22 +203,52 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path
         raise SharedCacheError(
             f"{src_dir}: attention with a KV cache in {layers} of {cfg.n_layer} layers; make the "
             "variant from the output of `tinyt optimize --target cpu` (or its quantized form)")
+    path = tmp / name
+    onnx.save_model(proto, str(path))
+    return manifest, path, _check_against_source(src_dir, path, cfg)
+
+
+def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                 prefill_from: str | os.PathLike | None = None) -> Path:
+    """Write the shared-cache (GroupQueryAttention) variant of a cpu-optimized decoder
+    artifact, fp32 or quantized; checked against its source first. Returns out_dir.
+
+    prefill_from: another artifact of the same model (e.g. `quantize --kernel qgemm`, whose
+    int8 GEMMs are fast over a prompt's rows) whose converted graph runs the prompts, while
+    src's runs the decode steps; both read and write one cache (runtime/gqa.py)."""
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    check_output_dir(src_dir, out_dir)
+    cfg, _ = read_model_config(src_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / ONNX_FILE
-        onnx.save_model(proto, str(path))
-        worst = _check_against_source(src_dir, path, cfg)
+        manifest, path, worst = _convert(src_dir, Path(tmp), ONNX_FILE)
+        extra = {"graph": GQA_KIND, "opset": manifest.get("opset"), "layers": cfg.n_layer,
+                 "equivalence": worst,
+                 **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
+                 "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
+        if prefill_from is not None:
+            prefill_from = Path(prefill_from)
+            if read_model_config(prefill_from)[0] != cfg or \
+                    (prefill_from / "tokenizer.json").read_bytes() != \
+                    (src_dir / "tokenizer.json").read_bytes():
+                raise SharedCacheError(f"{prefill_from} is not the same model as {src_dir} "
+                                       "(config or tokenizer differ)")
+            p_manifest, p_path, p_worst = _convert(prefill_from, Path(tmp), PREFILL_FILE)
+            extra.update(prefill_model_file=PREFILL_FILE, prefill_source={
+                "path": str(prefill_from.resolve()), "manifest": p_manifest},
+                prefill_equivalence=p_worst,
+                prefill_quantization=p_manifest.get("quantization"),
+                pair=_check_pair(src_dir, path, p_path, cfg))
         with atomic_dir(out_dir) as out:
             shutil.copy(path, out / ONNX_FILE)
+            if prefill_from is not None:
+                shutil.copy(Path(tmp) / PREFILL_FILE, out / PREFILL_FILE)
             for name in COPIED_FILES:
                 shutil.copy(src_dir / name, out / name)
             write_manifest(out, stage="shared-cache", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
-            }, options={"level": manifest.get("options", {}).get("level")}, extra={
-                "graph": GQA_KIND, "opset": manifest.get("opset"),
-                "layers": layers, "equivalence": worst,
-                **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
-                "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__},
-            })
+            }, options={"level": manifest.get("options", {}).get("level"),
+                        "prefill_from": None if prefill_from is None else str(prefill_from)},
+                extra=extra)
     return out_dir
 
 
@@ -226,17 +257,9 @@ def _check_against_source(src_dir: Path, path: Path, cfg) -> dict:
     runtime's greedy tokens."""
     from tinyt.runtime import load
     from tinyt.runtime.feeds import prefill_feeds
-    from tinyt.runtime.generate import LanguageModel
-    from tinyt.runtime.session import open_artifact
 
     ref = load(src_dir, threads=1)
-    art = open_artifact(src_dir)
-    art = art.__class__(path.parent, cfg, GQA_KIND, art.labels, art.manifest)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    cand = LanguageModel(art, ort.InferenceSession(
-        str(path), opts, providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED),
-        ref.tokenizer)
+    cand = _gqa_model(src_dir, path, cfg)
     rng = np.random.default_rng(0)
     worst = 0.0
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
@@ -279,3 +302,49 @@ def _check_against_source(src_dir: Path, path: Path, cfg) -> dict:
         raise SharedCacheError("the shared-cache graph generates other greedy tokens than its "
                                f"source: {got} vs {want}")
     return {"tolerance": atol, "logits_max_abs": worst, "greedy_agreement": same / total}
+
+
+def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None):
+    """A runtime LanguageModel on a converted graph (and a pair's prompt graph), one thread."""
+    from tinyt.runtime.generate import LanguageModel
+    from tinyt.runtime.session import open_artifact
+    from tinyt.tokenizer import Tokenizer
+
+    art = open_artifact(src_dir)
+    art = art.__class__(path.parent, cfg, GQA_KIND, art.labels, art.manifest)
+    opts = ort.SessionOptions()
+    opts.log_severity_level, opts.intra_op_num_threads = 3, 1
+    sessions = [None if p is None else ort.InferenceSession(
+        str(p), opts, providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
+        for p in (path, prefill)]
+    return LanguageModel(art, sessions[0], Tokenizer.from_file(src_dir / "tokenizer.json"),
+                         prefill_session=sessions[1])
+
+
+def _check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
+    """The pair (prompt graph + step graph on one cache) against the step graph's source, on
+    held-out-like prompts: greedy agreement and the worst logits difference. Two quantized
+    graphs of one model differ by their quantization, so this is reported (and bounded by
+    PAIR_ATOL), not required equal."""
+    from tinyt.runtime import load
+    from tinyt.runtime.feeds import prefill_feeds
+
+    ref, pair = load(src_dir, threads=1), _gqa_model(src_dir, path, cfg, prefill)
+    rng = np.random.default_rng(1)
+    worst, same, total = 0.0, 0, 0
+    for n in (cfg.block_size // 4, cfg.block_size // 2):
+        ids = rng.integers(0, cfg.vocab_size, (1, n))
+        feeds = prefill_feeds(cfg, "decoder_with_past", ids, np.ones_like(ids))
+        a, b = ref._steps(dict(feeds)), pair._steps(dict(feeds))
+        la, lb = next(a)[:, -1].copy(), next(b)[:, -1].copy()
+        for _ in range(min(8, cfg.block_size - n - 1)):
+            worst = max(worst, float(np.abs(la - lb).max()))
+            same += int(la.argmax() == lb.argmax())
+            total += 1
+            nxt = la.argmax(-1)
+            la, lb = a.send((nxt, np.ones(1, bool)))[:, -1].copy(), \
+                b.send((nxt, np.ones(1, bool)))[:, -1].copy()
+    if not worst <= PAIR_ATOL:
+        raise SharedCacheError(f"the pair's logits differ from {src_dir}'s by {worst:.3g} "
+                               f"(allowed {PAIR_ATOL}): are both quantized from one model?")
+    return {"logits_max_abs": worst, "top1_agreement": same / total, "tolerance": PAIR_ATOL}

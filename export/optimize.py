@@ -142,14 +142,14 @@ def _ort_offline(proto: onnx.ModelProto, level: str, tmp: Path) -> onnx.ModelPro
 
 
 def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: str = "cpu",
-             level: str = "extended") -> Path:
+             level: str = "extended", prefill_from: str | os.PathLike | None = None) -> Path:
     """Fuse and optimize an exported graph for `target`; the result is checked against the
     input graph (OPT_ATOL) before the directory is written. Returns out_dir."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if target == "gqa":  # a layout of an optimized (or quantized) graph: export/gqa.py
         from .gqa import shared_cache
 
-        return shared_cache(src_dir, out_dir)
+        return shared_cache(src_dir, out_dir, prefill_from=prefill_from)
     manifest = check_manifest(src_dir)
     check_output_dir(src_dir, out_dir)
     _check_request(src_dir, target, level, manifest)

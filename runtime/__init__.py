@@ -39,4 +39,8 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
     if artifact.kind == "classifier":
         return Classifier(artifact, session, tokenizer)
-    return LanguageModel(artifact, session, tokenizer, io_binding=io_binding)
+    prefill = None if artifact.prefill_file is None else create_session(
+        artifact, provider=provider, threads=threads, spinning=spinning, level=level,
+        prefill=True)
+    return LanguageModel(artifact, session, tokenizer, io_binding=io_binding,
+                         prefill_session=prefill)

@@ -58,8 +58,10 @@ class LanguageModel:
     session, whose run() may be called from many threads."""
 
     def __init__(self, artifact: Artifact, session: ort.InferenceSession, tokenizer: Tokenizer,
-                 *, io_binding: bool | None = None):
+                 *, io_binding: bool | None = None,
+                 prefill_session: ort.InferenceSession | None = None):
         self.artifact, self.session, self.tokenizer = artifact, session, tokenizer
+        self.prefill_session = prefill_session  # a shared-cache pair's prompt graph
         self.config = artifact.config
         self.provider = session.get_providers()[0]
         self._outputs = [o.name for o in session.get_outputs()]
@@ -73,7 +75,8 @@ class LanguageModel:
         self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
         if artifact.kind == GQA_KIND:
             self._caches = CachePool(lambda b: SharedCache(
-                self.session, self.config, b, self.context, kv_dtype=self._kv_dtype))
+                self.session, self.config, b, self.context, kv_dtype=self._kv_dtype,
+                prefill_session=self.prefill_session))
         # The most tokens a sequence can hold: block_size, or a pinned graph's window.
         self.context = self.config.block_size if artifact.fixed is None else min(
             self.config.block_size, capacity(artifact.kind, artifact.fixed))

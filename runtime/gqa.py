@@ -35,32 +35,45 @@ class SharedCache:
     (a buffer that the next call overwrites)."""
 
     def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, batch: int,
-                 capacity: int, *, kv_dtype=np.float32):
+                 capacity: int, *, kv_dtype=np.float32,
+                 prefill_session: ort.InferenceSession | None = None):
         self.session, self.cfg, self.B, self.capacity = session, cfg, batch, capacity
+        # A pair: prompts run through prefill_session's graph (made for many rows), steps
+        # through session's; both read and write the same cache buffers.
+        self.prefill_session = prefill_session or session
         self.binding = session.io_binding()
+        self.prefill_binding = (self.binding if prefill_session is None
+                                else prefill_session.io_binding())
         shape = (batch, cfg.n_head, capacity, cfg.head_dim)
         self.kv = []
+        self.logits = np.zeros((batch, 1, cfg.vocab_size), dtype=np.float32)
+        self.seqlens = np.zeros(batch, dtype=np.int32)
+        self.qlens = np.zeros(batch, dtype=np.int32)
+        self.total = np.zeros((), dtype=np.int32)
+        self.lens = np.zeros(batch, dtype=np.int64)  # tokens in the cache per row
         for i in range(cfg.n_layer):
             for kv in ("key", "value"):
                 buf = np.zeros(shape, dtype=kv_dtype)
                 self.kv.append(buf)  # past and present are the same memory
                 self._bind(f"past_key_values.{i}.{kv}", buf)
                 self._bind(f"present.{i}.{kv}", buf, output=True)
-        self.logits = np.zeros((batch, 1, cfg.vocab_size), dtype=np.float32)
         self._bind("logits", self.logits, output=True)
-        self.seqlens = np.zeros(batch, dtype=np.int32)
-        self.qlens = np.zeros(batch, dtype=np.int32)
-        self.total = np.zeros((), dtype=np.int32)
-        self.lens = np.zeros(batch, dtype=np.int64)  # tokens in the cache per row
         for name, buf in (("seqlens_k", self.seqlens), ("query_seqlens", self.qlens),
                           ("total_sequence_length", self.total)):
             self._bind(name, buf)
         self.ids = np.zeros((batch, 1), dtype=np.int64)
         self.pos = np.zeros((batch, 1), dtype=np.int64)
+        self._bind("input_ids", self.ids, prefill=False)  # one token per row per step
+        self._bind("position_ids", self.pos, prefill=False)
 
-    def _bind(self, name: str, buf: np.ndarray, output: bool = False) -> None:
-        bind = self.binding.bind_output if output else self.binding.bind_input
-        bind(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+    def _bind(self, name: str, buf: np.ndarray, output: bool = False,
+              prefill: bool | None = None) -> None:
+        """Bind `buf` in the step binding (prefill=False), the prompt's (True), or both."""
+        for binding in {id(b): b for b, phase in ((self.binding, False),
+                                                  (self.prefill_binding, True))
+                        if prefill is None or phase == prefill}.values():
+            bind = binding.bind_output if output else binding.bind_input
+            bind(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
 
     def prefill(self, rows: list[list[int]], pad: int) -> np.ndarray:
         """Run every row's prompt (right-padded into one chunk); logits of each last token."""
@@ -73,15 +86,16 @@ class SharedCache:
         for b, row in enumerate(rows):
             ids[b, :len(row)] = row
         pos = np.minimum(np.arange(T, dtype=np.int64), lens[:, None] - 1)  # padding: any valid
-        self._bind("input_ids", ids)
-        self._bind("position_ids", pos)
+        self._bind("input_ids", ids, prefill=True)
+        self._bind("position_ids", pos, prefill=True)
         self.qlens[:] = lens
         self.seqlens[:] = lens - 1
         self.total[...] = T
-        self.session.run_with_iobinding(self.binding)
+        self.prefill_session.run_with_iobinding(self.prefill_binding)
         self.lens[:] = lens
-        self._bind("input_ids", self.ids)  # from here on one token per row, bound once
-        self._bind("position_ids", self.pos)
+        if self.prefill_binding is self.binding:  # one graph: steps need their inputs back
+            self._bind("input_ids", self.ids)
+            self._bind("position_ids", self.pos)
         return self.logits
 
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:

@@ -41,6 +41,7 @@ class Artifact:
     manifest: dict
     model_file: str = "model.onnx"  # model.ort for an ORT-format package
     fixed: dict | None = None  # pinned axes (tinyt package --fixed), else None
+    prefill_file: str | None = None  # a shared-cache pair's prompt graph (runtime/gqa.py)
 
 
 def installation_problems() -> list[str]:
@@ -79,7 +80,7 @@ def open_artifact(directory: str | os.PathLike) -> Artifact:
                             f"runs {', '.join(KINDS)} graphs")
     model_file = manifest.get("model_file", "model.onnx")
     return Artifact(directory, cfg, kind, block.get("labels"), manifest, model_file,
-                    manifest.get("fixed_shape"))
+                    manifest.get("fixed_shape"), manifest.get("prefill_model_file"))
 
 
 def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
@@ -103,7 +104,7 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
 
 
 def session_options(artifact: Artifact, *, threads: int | None, spinning: bool | None,
-                    level: str | None) -> ort.SessionOptions:
+                    level: str | None, stop_spinning: bool = False) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or physical_cores()
     opts.inter_op_num_threads = 1
@@ -116,6 +117,8 @@ def session_options(artifact: Artifact, *, threads: int | None, spinning: bool |
     # there is more than one thread; pass spinning=False to give the cores back at once.
     spin = opts.intra_op_num_threads > 1 if spinning is None else spinning
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if stop_spinning:  # spin inside a run, sleep as soon as it ends (a pair's prompt graph)
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     # Shapes change every step (the KV cache grows): memory patterns planned for one shape
     # would be thrown away at the next, so don't plan them.
     opts.enable_mem_pattern = False
@@ -128,15 +131,18 @@ def session_options(artifact: Artifact, *, threads: int | None, spinning: bool |
 
 
 def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | None = None,
-                   spinning: bool | None = None,
-                   level: str | None = None) -> ort.InferenceSession:
-    """A session on exactly the requested provider ('auto': the best that really works)."""
+                   spinning: bool | None = None, level: str | None = None,
+                   prefill: bool = False) -> ort.InferenceSession:
+    """A session on exactly the requested provider ('auto': the best that really works).
+    prefill=True: on a shared-cache pair's prompt graph, its threads never spinning between
+    runs (the decode graph's run next)."""
     if provider not in (*PROVIDERS, "auto"):
         raise ProviderError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}, auto")
     if level is not None and level not in LEVELS:
         raise ProviderError(f"level={level!r} is not one of {', '.join(LEVELS)}")
-    opts = session_options(artifact, threads=threads, spinning=spinning, level=level)
-    model = str(artifact.path / artifact.model_file)
+    opts = session_options(artifact, threads=threads, spinning=spinning, level=level,
+                           stop_spinning=prefill)
+    model = str(artifact.path / (artifact.prefill_file if prefill else artifact.model_file))
     if provider != "auto":
         session = _on(provider, model, opts)
     else:

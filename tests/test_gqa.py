@@ -109,3 +109,43 @@ def test_cli(opt, tmp_path):
     assert "GroupQueryAttention with a shared KV cache in 2 layers" in r.stdout
     r = run_tinyt("generate", tmp_path / "g", "def ", "--max-new-tokens", "5")
     assert r.returncode == 0 and r.stdout.startswith("def "), r.stderr
+
+
+def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(opt, corpus_dir, tmp_path):
+    int8 = quantize(opt, tmp_path / "int8", data=str(corpus_dir))
+    qgemm = quantize(opt, tmp_path / "qgemm", kernel="qgemm", data=str(corpus_dir))
+    pair = optimize(int8, tmp_path / "pair", target="gqa", prefill_from=qgemm)
+    manifest = check_manifest(pair)
+    assert manifest["prefill_model_file"] == "prefill.onnx"
+    assert {"model.onnx", "prefill.onnx"} <= set(manifest["files"])
+    ops = op_counts(onnx.load(str(pair / "prefill.onnx")))
+    assert ops["com.microsoft.DynamicQuantizeMatMul"] and ops["com.microsoft.GroupQueryAttention"]
+    assert manifest["pair"]["logits_max_abs"] <= manifest["pair"]["tolerance"]
+    lm = rt.load(pair, threads=1)
+    calls = {"prefill": 0, "step": 0}
+    for name, sess in (("prefill", lm.prefill_session), ("step", lm.session)):
+        class Counting:  # the session, counting its runs
+            def __init__(self, s, key):
+                self.s, self.key = s, key
+
+            def run_with_iobinding(self, *a):
+                calls[self.key] += 1
+                return self.s.run_with_iobinding(*a)
+
+            def __getattr__(self, attr):
+                return getattr(self.s, attr)
+        setattr(lm, "prefill_session" if name == "prefill" else "session", Counting(sess, name))
+    lm._caches.free.clear()
+    out = lm.generate_details(PROMPTS, max_new_tokens=6)
+    assert calls == {"prefill": 1, "step": 5}  # one prompt pass, then one graph per token
+    ref = rt.load(int8).generate_details(PROMPTS, max_new_tokens=6)
+    same = sum(a == b for r, o in zip(ref, out) for a, b in zip(r.token_ids, o.token_ids))
+    assert same >= 0.5 * sum(len(r.token_ids) for r in ref)  # two quantizations, one model
+    other = tmp_path / "other"
+    import shutil
+    shutil.copytree(qgemm, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["tinyt"]["model"]["block_size"] += 1
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match="not the same model|does not match"):
+        optimize(int8, tmp_path / "bad", target="gqa", prefill_from=other)

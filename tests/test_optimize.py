@@ -82,7 +82,7 @@ def test_classifier_optimizes(tiny_clf, tmp_path):
 
 
 @pytest.mark.parametrize("kw,needle", [
-    (dict(target="tpu"), "target='tpu' is not one of cpu, portable, cuda"),
+    (dict(target="tpu"), "target='tpu' is not one of cpu, portable, gqa, cuda"),
     (dict(level="max"), "level='max' is not one of basic, extended, all"),
     (dict(target="portable", level="extended"), "use level='basic'"),
     (dict(target="cuda"), "needs ONNX Runtime.s CUDAExecutionProvider"),

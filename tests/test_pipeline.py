@@ -9,7 +9,7 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     # bench=False: the README test runs the main job with its benchmark and checks the report
     report = pipeline(out, preset="test", data=str(corpus_dir), bench=False, log=logs.append)
     for sub in ("checkpoint", "onnx", "onnx-opt", "onnx-int8", "onnx-int8-static",
-                "onnx-int8-gqa"):
+                "onnx-int8-qgemm", "onnx-int8-gqa"):
         assert (out / sub).is_dir(), sub
     assert json.loads((out / "onnx-verify.json").read_text())["passed"]
     assert json.loads((out / "onnx-opt-verify.json").read_text())["passed"]
@@ -24,8 +24,8 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     logs.clear()
     pipeline(out, preset="test", data=str(corpus_dir), bench=False, log=logs.append)
     assert "[train] finished run" in logs[0]
-    # export, optimize, 2 × quantize, shared-cache
-    assert sum("up to date" in line for line in logs) == 5
+    # export, optimize, 3 × quantize, shared-cache
+    assert sum("up to date" in line for line in logs) == 6
     assert not any("running" in line for line in logs)
 
 

@@ -212,8 +212,8 @@ def test_providers_never_fall_back_silently(lm_onnx, monkeypatch):
                         lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     real = ort.InferenceSession
     monkeypatch.setattr(S.ort, "InferenceSession",
-                        lambda path, opts, providers: real(path, opts,
-                                                           providers=["CPUExecutionProvider"]))
+                        lambda path, opts, providers, **kw: real(
+                            path, opts, providers=["CPUExecutionProvider"], **kw))
     with pytest.raises(rt.ProviderError, match="did not initialise .* libraries are likely"):
         rt.load(lm_onnx, provider="cuda")
 

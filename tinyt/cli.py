@@ -160,6 +160,9 @@ def optimize(
                                              "cuda.")] = "cpu",
     level: Annotated[str, typer.Option(help="ONNX Runtime offline optimization: basic, "
                                             "extended or all (all: this CPU only).")] = "extended",
+    prefill_from: Annotated[Optional[Path], typer.Option(
+        help="gqa: another quantization of the same model (quantize --kernel qgemm) whose "
+             "graph runs the prompts, sharing the KV cache with SRC's.")] = None,
 ) -> None:
     """Fuse attention / LayerNorm / GELU and apply ONNX Runtime's graph optimizations; the
     result is checked against the input graph before it is written."""
@@ -167,13 +170,20 @@ def optimize(
 
     from tinyt.export.optimize import optimize as run_optimize
 
-    path = run_optimize(src, out, target=target, level=level)
+    if prefill_from is not None and target != "gqa":
+        raise TinytError("--prefill-from goes with --target gqa")
+    path = run_optimize(src, out, target=target, level=level, prefill_from=prefill_from)
     manifest = json.loads((path / "manifest.json").read_text())
     if target == "gqa":
         eq = manifest["equivalence"]
         typer.echo(f"GroupQueryAttention with a shared KV cache in {manifest['layers']} layers; "
                    f"logits max abs diff vs input graph {eq['logits_max_abs']:.2e} (tolerance "
                    f"{eq['tolerance']}), greedy agreement {eq['greedy_agreement']:.0%}")
+        if "pair" in manifest:
+            p = manifest["pair"]
+            typer.echo(f"prompts run by {manifest['prefill_model_file']} (from {prefill_from}); "
+                       f"the pair vs {src}: logits max abs diff {p['logits_max_abs']:.2e}, "
+                       f"top-1 agreement {p['top1_agreement']:.0%}")
         typer.echo(f"onnx: {path}")
         return
     typer.echo(f"fusions: {manifest['fusions'] or 'none'}")

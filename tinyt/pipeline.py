@@ -3,8 +3,9 @@
     OUT/checkpoint ──export──▶ OUT/onnx ──optimize──▶ OUT/onnx-opt ──quantize──▶ OUT/onnx-int8
          (train)                  │                                               │
                                   └──quantize --mode static──▶ OUT/onnx-int8-static
-                                 OUT/onnx-int8 ──optimize --target gqa──▶ OUT/onnx-int8-gqa
-                                 (the shared-KV-cache variant: the fastest to generate with)
+      OUT/onnx-opt ──quantize --kernel qgemm──▶ OUT/onnx-int8-qgemm ─┐ (prompts)
+      OUT/onnx-int8 ──optimize --target gqa --prefill-from ─────────┴─▶ OUT/onnx-int8-gqa
+                 (the shared-KV-cache pair: the fastest to generate with)
     verify (onnx, onnx-opt) ─▶ OUT/*-verify.json      bench --quick ─▶ OUT/bench/
     report ─▶ OUT/report.md (summary table per variant, plots)
 
@@ -98,8 +99,11 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
           lambda: quantize(out / "onnx-opt", out / "onnx-int8", data=data))
     stage("quantize-static", out / "onnx-int8-static", out / "onnx",
           lambda: quantize(out / "onnx", out / "onnx-int8-static", mode="static", data=data))
+    stage("quantize-qgemm", out / "onnx-int8-qgemm", out / "onnx-opt",
+          lambda: quantize(out / "onnx-opt", out / "onnx-int8-qgemm", kernel="qgemm", data=data))
     stage("shared-cache", out / "onnx-int8-gqa", out / "onnx-int8",
-          lambda: optimize(out / "onnx-int8", out / "onnx-int8-gqa", target="gqa"))
+          lambda: optimize(out / "onnx-int8", out / "onnx-int8-gqa", target="gqa",
+                           prefill_from=out / "onnx-int8-qgemm"))
     checks = {}
     for name in ("onnx", "onnx-opt"):
         report = verify(ckpt, out / name, report_path=out / f"{name}-verify.json")
@@ -135,7 +139,8 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
     rows = ["| variant | bytes | val loss change | decode tokens/s | prefill ms | equivalence |",
             "|---|---|---|---|---|---|"]
     names = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "ort-int8-dynamic",
-             "onnx-int8-static": "ort-int8-static", "onnx-int8-gqa": "ort-int8-gqa"}
+             "onnx-int8-static": "ort-int8-static", "onnx-int8-qgemm": "ort-int8-qgemm",
+             "onnx-int8-gqa": "ort-int8-gqa"}
     for sub, name in names.items():
         manifest = _manifest(out / sub) or {}
         size = (out / sub / "model.onnx").stat().st_size
