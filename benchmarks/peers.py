@@ -144,14 +144,18 @@ def _outside_run(artifacts: Path, sub: str, threads: int, ids: list[int], n: int
                 inside[0] += time.perf_counter() - t
         return call
 
-    class Timed:  # the session, with its run calls timed
-        run = staticmethod(timed(session.run))
-        run_with_iobinding = staticmethod(timed(session.run_with_iobinding))
+    class Timed:  # a session, with its run calls timed
+        def __init__(self, session):
+            self.session = session
+            self.run = timed(session.run)
+            self.run_with_iobinding = timed(session.run_with_iobinding)
 
         def __getattr__(self, attr):
-            return getattr(session, attr)
+            return getattr(self.session, attr)
 
-    lm.session = Timed()
+    lm.session = Timed(lm.session)
+    if lm.prefill_session is not None:  # a shared-cache pair: its prompt graph's runs too
+        lm.prefill_session = Timed(lm.prefill_session)
     runs = []
     for _ in range(6):
         inside[0] = 0.0

@@ -38,6 +38,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "past_sequence_length=127": "past_sequence_length=31",
     "--max-new-tokens 64": "--max-new-tokens 16",
     "--prefill 128": "--prefill 32",
+    # the GPT-2-small-shaped model of the peer benchmark -> the test preset
+    "--preset article --n-layer 12 --n-head 12 --n-embd 768 --block-size 256 --vocab-size 8192":
+        "--block-size 32",
+    "--rounds 10": "--rounds 1", "--rounds 5": "--rounds 1",
 }
 
 
@@ -177,7 +181,8 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
         scratch_ran = pool.submit(_run_block, tour, scratch, env)
         ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env)
         report = (main / "artifacts" / "report.md").read_text()
-        assert "edge install" in report and "Targets: decode_int8_vs_torch_kv" in report
+        assert "edge install" in report and "tinyt against the fastest peer" in report
+        assert "decode_ms_per_token@1t" in report and "(peers/peers.png)" in report
         assert "![decode](bench/decode_tokens_per_s.png)" in report
         assert (main / "artifacts" / "bench" / "decode_tokens_per_s.png").is_file()
         shutil.copytree(main, after, symlinks=True)
