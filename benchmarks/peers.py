@@ -82,19 +82,7 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
             "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
         model = og.Model(config)
-
-        def genai(ids, n):
-            params = og.GeneratorParams(model)
-            params.set_search_options(max_length=len(ids) + n, min_length=len(ids) + n,
-                                      do_sample=False)
-            gen = og.Generator(model, params)
-            gen.append_tokens(np.asarray([ids], dtype=np.int32))
-            out = []
-            while not gen.is_done():
-                gen.generate_next_token()
-                out.append(int(gen.get_next_tokens()[0]))
-            return out
-        return genai
+        return lambda ids, n: genai_greedy(model, ids, n, min_length=True)
     if name.startswith("ct2-"):
         import ctranslate2
 
@@ -124,6 +112,23 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
             return out[0, len(ids):].tolist()
         return eager
     raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+
+
+def genai_greedy(model, ids: list[int], n: int, *, min_length: bool = False) -> list[int]:
+    """Up to n greedy tokens from an onnxruntime_genai Model (exactly n with min_length:
+    the end-of-text token held back)."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + n, do_sample=False,
+                              **({"min_length": len(ids) + n} if min_length else {}))
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.asarray([ids], dtype=np.int32))
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out
 
 
 def _outside_run(artifacts: Path, sub: str, threads: int, ids: list[int], n: int) -> dict:
@@ -358,14 +363,14 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                     raw[w.label][i] += ts
                 time.sleep(REST_S)
         loop = {}
-        for w in workers:
+        for w in workers if rounds else []:  # rounds=0: agreement only
             if w.name in TINYT:
                 loop[w.label] = w.ask(op="outside_run", ids=calls[1]["ids"], n=decode_new)
     finally:
         for w in workers:
             w.close()
     rows = {}
-    for label, per_call in raw.items():
+    for label, per_call in raw.items() if rounds else ():
         med = [statistics.median(ts) * 1e3 for ts in per_call]
         rows[label] = {"decode_ms_per_token": (med[1] - med[0]) / (decode_new - 1),
                        **{f"prefill_{L}_ms": med[2 + i] for i, L in enumerate(prefills)},
@@ -492,6 +497,8 @@ def markdown(result: dict) -> str:
 
 
 def _plot(result: dict, path: Path) -> None:
+    if not result["rows"]:
+        return
     try:
         import matplotlib
 
@@ -521,16 +528,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifacts", type=Path)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/peers"))
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=8, help="0: greedy agreement only, no timing")
     ap.add_argument("--threads", type=int, action="append")
     ap.add_argument("--engine", action="append", help=f"one of {', '.join(ENGINES)} (repeat)")
+    ap.add_argument("--agreement-prompts", type=int, default=16,
+                    help="held-out prompts for the greedy agreement (64 new tokens each)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.artifacts, args.threads[0])
     try:
         result = run(args.artifacts, args.out, threads=args.threads, rounds=args.rounds,
-                     engines=args.engine)
+                     engines=args.engine, agreement_prompts=args.agreement_prompts)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

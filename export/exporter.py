@@ -27,6 +27,7 @@ from tinyt.config import ModelConfig
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
 from tinyt.genai import write_genai_config
+from tinyt.hfgpt2 import gpt2_config
 from tinyt.manifest import check_output_dir, io_spec, write_manifest
 
 DEFAULT_OPSET = 18
@@ -166,16 +167,8 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
                 "id2label": {str(i): n for i, n in enumerate(labels)},
                 "label2id": {n: i for i, n in enumerate(labels)},
                 "pad_token_id": eos, "tinyt": tinyt_block}
-    return {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-        "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_layer": cfg.n_layer,
-        "n_inner": 4 * cfg.n_embd, "vocab_size": cfg.vocab_size,
-        "n_positions": cfg.block_size, "n_ctx": cfg.block_size,
-        "activation_function": "gelu", "layer_norm_epsilon": 1e-5,
-        "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,
-        "tie_word_embeddings": cfg.tie_weights, "use_cache": kind == "decoder_with_past",
-        "tinyt": tinyt_block,
-    }
+    return {**gpt2_config(cfg, eos), "tie_word_embeddings": cfg.tie_weights,
+            "use_cache": kind == "decoder_with_past", "tinyt": tinyt_block}
 
 
 def _check_opset(opset: int) -> None:

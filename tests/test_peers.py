@@ -4,7 +4,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnxruntime_genai as og
 import pytest
 import torch
@@ -40,16 +39,7 @@ def lm_int8(lm_opt, corpus_dir, tmp_path_factory):
 def genai_greedy(path, ids, n):
     config = og.Config(str(path))
     config.clear_providers()
-    model = og.Model(config)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + n, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.asarray([ids], dtype=np.int32))
-    out = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
-    return out
+    return peers.genai_greedy(og.Model(config), ids, n)
 
 
 def test_every_decoder_stage_writes_a_genai_config(lm_onnx, lm_opt, lm_int8, tmp_path):
@@ -188,7 +178,7 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path):
     t = result["targets"]["decode_ms_per_token@1t"]
     assert t["ratio"] == pytest.approx(rows[f"{t['tinyt']}@1t"]["decode_ms_per_token"]
                                        / rows[f"{t['fastest_peer']}@1t"]["decode_ms_per_token"])
-    assert (tmp_path / "out" / "peers.md").read_text().count("| genai-int8 |") == 2
+    assert "| genai-int8 | 1 |" in (tmp_path / "out" / "peers.md").read_text()
     assert (tmp_path / "out" / "peers.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown engine"):
         peers.run(art, tmp_path / "out2", engines=["vllm"])
