@@ -157,6 +157,10 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
         raise PackageError(f"format={format!r} is not one of {', '.join(FORMATS)}")
     manifest = check_manifest(src_dir)
     check_output_dir(src_dir, out_dir)
+    if manifest.get("graph") == "decoder_gqa":
+        raise PackageError(f"{src_dir} is a shared-cache variant (graph decoder_gqa), built for "
+                           "tinyt.runtime's bound buffers; package the artifact it was made from "
+                           f"({manifest.get('source', {}).get('path', 'its source')})")
     if manifest.get("stage") == "package":
         raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
                            "from")

@@ -24,6 +24,7 @@ from tinyt.manifest import check_manifest
 from tinyt.model import generate
 from tinyt.runtime.feeds import prefill_feeds
 from tinyt.runtime.fixed import capacity
+from tinyt.runtime.gqa import GQA_KIND
 
 from .compare import ort_greedy
 from .exporter import ONNX_FILE, contract_for
@@ -131,6 +132,12 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     kind = manifest.get("graph")
     ckpt = load_checkpoint(checkpoint_dir)
     cfg, model = ckpt.config, ckpt.model
+    if kind == GQA_KIND:
+        report = _verify_shared_cache(ckpt, onnx_dir, seed, gen_tokens)
+        report.update(checkpoint=str(Path(checkpoint_dir).resolve()), onnx=str(onnx_dir.resolve()))
+        if report_path is not None:
+            write_json(report_path, report)
+        return report
     inputs, outputs = contract_for(cfg, kind)
     fixed = manifest.get("fixed_shape")
     sess = cpu_session(onnx_dir / manifest.get("model_file", ONNX_FILE))
@@ -185,3 +192,65 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     if report_path is not None:
         write_json(report_path, report)
     return report
+
+
+def _verify_shared_cache(ckpt, onnx_dir: Path, seed: int, gen_tokens: int) -> dict[str, Any]:
+    """A shared-cache artifact (runtime/gqa.py) through the runtime, against PyTorch: the last
+    token's logits of single and ragged prompts (random and corpus text), then of decode steps
+    fed PyTorch's greedy tokens, with a row finishing early; then greedy generation."""
+    from tinyt.runtime import load
+
+    cfg, model = ckpt.config, ckpt.model.eval()
+    lm = load(onnx_dir, threads=1)
+    rng = np.random.default_rng(seed)
+    corpus = _corpus_tokens(ckpt.tokenizer)
+    T = cfg.block_size
+    cases, failures = [], []
+    for lens in ([1], [min(7, T - 2)], [T // 2], [3, T // 3, 1]):
+        for source in ("random", "corpus"):
+            rows = [_ids(rng, cfg.vocab_size, corpus, 1, n, source)[0].tolist() for n in lens]
+            width = max(lens)
+            ids = np.zeros((len(rows), width), np.int64)
+            mask = np.zeros_like(ids)
+            for b, row in enumerate(rows):
+                ids[b, width - len(row):], mask[b, width - len(row):] = row, 1
+            steps = lm._steps(prefill_feeds(cfg, "decoder_with_past", ids, mask))
+            ours, active = next(steps)[:, -1].copy(), np.ones(len(rows), bool)
+            worst, agree, seen = 0.0, 0, 0
+            for step in range(min(6, T - width - 1) + 1):
+                with torch.no_grad():  # each row alone, its whole sequence so far
+                    ref = np.stack([model(torch.tensor([r]))[0][0, -1].numpy() for r in rows])
+                live = np.flatnonzero(active)
+                worst = max(worst, float(np.abs(ours[live] - ref[live]).max()))
+                agree += int((ours[live].argmax(-1) == ref[live].argmax(-1)).sum())
+                seen += len(live)
+                if step == min(6, T - width - 1):
+                    break
+                if step == 1 and len(rows) > 1:
+                    active[0] = False  # a finished row idles while the others go on
+                nxt = ref.argmax(-1)
+                for b in np.flatnonzero(active):
+                    rows[b] = rows[b] + [int(nxt[b])]
+                ours = steps.send((nxt, active.copy()))[:, -1].copy()
+            cases.append({"prompts": lens, "inputs": source, "logits_max_abs": worst,
+                          "top1_agreement": agree / seen})
+    worst_case = max(cases, key=lambda c: c["logits_max_abs"])
+    if not worst_case["logits_max_abs"] <= FP32_LOGITS_ATOL:
+        failures.append(f"logits: max abs diff {worst_case['logits_max_abs']:.3g} > "
+                        f"{FP32_LOGITS_ATOL} at {worst_case['prompts']} ({worst_case['inputs']})")
+    generation = []
+    for text in PROMPTS:
+        prompt = ckpt.tokenizer.encode(text)[: T - 1]
+        steps = min(gen_tokens, T - len(prompt))
+        ref = generate(model, torch.tensor([prompt]), steps, temperature=0)[0, len(prompt):]
+        ours = lm.generate_ids([prompt], max_new_tokens=steps, min_new_tokens=steps)[0]
+        same = ours.token_ids == ref.tolist()[:len(ours.token_ids)]
+        generation.append({"prompt": text, "tokens": steps, "identical": same,
+                           "torch": ref.tolist(), "onnxruntime": ours.token_ids})
+        if not same:
+            failures.append(f"greedy generation differs for prompt {text!r}")
+    return {"passed": not failures, "failures": failures, "graph": GQA_KIND,
+            "tolerances": {"logits_max_abs": FP32_LOGITS_ATOL},
+            "worst": {"logits": {"max_abs": worst_case["logits_max_abs"],
+                                 "case": {k: worst_case[k] for k in ("prompts", "inputs")}}},
+            "cases": cases, "generation": generation}

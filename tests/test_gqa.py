@@ -149,3 +149,16 @@ def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(opt, corpus_dir, 
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(Exception, match="not the same model|does not match"):
         optimize(int8, tmp_path / "bad", target="gqa", prefill_from=other)
+
+
+def test_verify_against_pytorch_and_package_refusal(tiny_ckpt, opt_gqa, tmp_path):
+    from tinyt.export import verify
+    from tinyt.export.package import PackageError
+
+    report = verify(tiny_ckpt, opt_gqa, report_path=tmp_path / "v.json")
+    assert report["passed"], report["failures"]
+    assert report["graph"] == "decoder_gqa" and report["worst"]["logits"]["max_abs"] <= 1e-4
+    assert any(c["prompts"] == [3, 10, 1] for c in report["cases"])  # ragged, one row finishing
+    assert all(g["identical"] for g in report["generation"])
+    with pytest.raises(PackageError, match="shared-cache variant"):
+        package(opt_gqa, tmp_path / "pkg", format="ort")
