@@ -266,3 +266,19 @@ def test_io_binding_path_gives_the_same_tokens(lm_onnx, lm):
             [r.token_ids for r in lm.generate_details(prompts, **kw)]
     assert "".join(bound.stream("def ", max_new_tokens=15)) == lm.generate("def ",
                                                                           max_new_tokens=15)
+
+
+def test_spinning_follows_the_thread_count(lm_onnx):
+    from tinyt.runtime.session import open_artifact, session_options
+
+    art = open_artifact(lm_onnx)
+
+    def spin(**kw):
+        opts = session_options(art, level=None, **kw)
+        return opts.get_session_config_entry("session.intra_op.allow_spinning")
+
+    assert spin(threads=2, spinning=None) == "1"  # measured: decode and prefill both gain
+    assert spin(threads=1, spinning=None) == "0"
+    assert spin(threads=2, spinning=False) == "0" and spin(threads=1, spinning=True) == "1"
+    opts = session_options(art, threads=2, spinning=None, level=None, stop_spinning=True)
+    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
