@@ -464,8 +464,10 @@ def markdown(result: dict) -> str:
              f"t(L-token prompt, 1 new). Median of {m['rounds']} interleaved rounds × "
              f"{m['block']} calls, each engine in its own process.", ""]
     keys = ["decode_ms_per_token"] + [f"prefill_{L}_ms" for L in m["prefill_tokens"]]
+    if not result["rows"]:
+        lines[-2] = "Greedy agreement only (--rounds 0: nothing timed)."
     lines += ["| engine | threads | " + " | ".join(keys) + " |",
-              "|---|---|" + "---|" * len(keys)]
+              "|---|---|" + "---|" * len(keys)] if result["rows"] else []
     for label, row in sorted(result["rows"].items(), key=lambda kv: (kv[0].split("@")[1],
                                                                       kv[1][keys[0]])):
         name, n = label.rsplit("@", 1)
@@ -480,7 +482,9 @@ def markdown(result: dict) -> str:
         lines.append(f"| {name} | {'—' if ag is None else f'{ag:.1%}'} "
                      f"({a.get('matching_tokens')}/{a.get('tokens')}) | "
                      f"{a.get('must_equal', '—')} | {a.get('identical_to', '—')} |")
-    lines += ["", "| target | tinyt | fastest peer | ratio | goal | met |", "|---|---|---|---|---|---|"]
+    if result["targets"]:
+        lines += ["", "| target | tinyt | fastest peer | ratio | goal | met |",
+                  "|---|---|---|---|---|---|"]
     for key, t in result["targets"].items():
         if "ratio" in t:
             lines.append(f"| {key} | {t['tinyt']} | {t['fastest_peer']} | {t['ratio']:.2f} | "
