@@ -41,7 +41,7 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the GPT-2-small-shaped model of the peer benchmark -> the test preset
     "--preset article --n-layer 12 --n-head 12 --n-embd 768 --block-size 256 --vocab-size 8192":
         "--block-size 32",
-    "--rounds 10": "--rounds 1", "--rounds 5": "--rounds 1",
+    "--rounds 10": "--rounds 1", "--rounds 5": "--rounds 1", "--max-steps 150": "--max-steps 3",
 }
 
 
