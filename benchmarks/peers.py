@@ -219,8 +219,9 @@ class Worker:
         self.name, self.threads, self.label = name, threads, f"{name}@{threads}t"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.peers", str(artifacts), "--worker", name,
-             "--threads", str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "benchmarks.peers", str(artifacts.resolve()),  # cwd differs
+             "--worker", name, "--threads", str(threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=env,
             cwd=Path(__file__).resolve().parents[1])
         hello = self._read()
@@ -344,6 +345,9 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                     w.close()
                 else:
                     workers.append(w)
+        if not workers:
+            raise RuntimeError("no engine could start: " + "; ".join(
+                f"{k}: {v}" for k, v in skipped.items()))
         # 1. the same computation: greedy tokens on held-out prompts
         tokens = {w.name: w.ask(op="greedy", prompts=agree_prompts, n=agree_new)["tokens"]
                   for w in workers if w.threads == threads[0]}

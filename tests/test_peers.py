@@ -152,11 +152,12 @@ def test_held_out_prompts(lm_onnx, corpus_dir):
         held_out_prompts(tok, val, 10_000, 12)
 
 
-def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path):
-    art = tmp_path / "art"  # the layout tinyt pipeline writes
-    art.mkdir()
+def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, monkeypatch):
+    (tmp_path / "art").mkdir()  # the layout tinyt pipeline writes
     for name, src in (("checkpoint", tiny_ckpt), ("onnx-opt", lm_opt), ("onnx-int8", lm_int8)):
-        (art / name).symlink_to(src)
+        (tmp_path / "art" / name).symlink_to(src)
+    monkeypatch.chdir(tmp_path)
+    art = Path("art")  # relative, as on the command line: the workers run elsewhere
     result = peers.run(art, tmp_path / "out", threads=[1], rounds=1, block=1,
                        agreement_prompts=2, agreement_tokens=8,
                        engines=["tinyt-fp32", "tinyt-int8", "genai-int8", "ct2-float32",
@@ -182,3 +183,5 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path):
     assert (tmp_path / "out" / "peers.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown engine"):
         peers.run(art, tmp_path / "out2", engines=["vllm"])
+    with pytest.raises(RuntimeError, match="no engine could start: llama.cpp-q8_0: "):
+        peers.run(art, tmp_path / "out3", engines=["llama.cpp-q8_0"])
