@@ -425,10 +425,11 @@ def targets(result: dict) -> dict[str, Any]:
         at = {k.rsplit("@", 1)[0]: v for k, v in rows.items() if k.endswith(f"@{n}t")}
         peers = {k: v for k, v in at.items() if k not in TINYT}
         ours = {k: v for k, v in at.items() if k in TINYT}
-        for key in [k for k in next(iter(at.values()), {}) if k.endswith("_ms")
-                    or k == "decode_ms_per_token"]:
-            if key in ("first_token_ms", "generate_ms") or not peers or not ours:
-                continue
+        if not peers or not ours:
+            continue
+        keys = ["decode_ms_per_token"] + [f"prefill_{L}_ms"
+                                          for L in result["method"]["prefill_tokens"]]
+        for key in keys:
             peer = min(peers, key=lambda k: peers[k][key])
             mine = min(ours, key=lambda k: ours[k][key])
             goal = TARGETS["decode_vs_fastest_peer_max" if key.startswith("decode")

@@ -30,7 +30,7 @@ from onnx import helper
 PERM_BSNH_BNSH = [0, 2, 1, 3]  # (B, S, N, H) <-> (B, N, S, H), its own inverse
 
 
-def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     return {o: n for n in graph.node for o in n.output if o}
 
 
@@ -100,7 +100,7 @@ def attention_with_past(proto: onnx.ModelProto) -> int:
     that takes past_key/past_value and emits present_key/present_value itself. Returns the
     number of layers rewritten."""
     graph = proto.graph
-    prod, used = _producers(graph), _consumers(graph)
+    prod, used = producers(graph), _consumers(graph)
     rewritten = 0
     for node in graph.node:
         if node.op_type != "MultiHeadAttention" or node.domain != "com.microsoft":
@@ -127,11 +127,11 @@ def attention_with_past(proto: onnx.ModelProto) -> int:
             cat.output[0] = ""  # dead now; removed below
         rewritten += 1
     if rewritten:
-        _drop_dead(graph)
+        drop_dead(graph)
     return rewritten
 
 
-def _drop_dead(graph: onnx.GraphProto) -> None:
+def drop_dead(graph: onnx.GraphProto) -> None:
     """Remove nodes whose outputs nothing reads, repeatedly, then unused initializers."""
     while True:
         used = _consumers(graph)

@@ -22,7 +22,7 @@ from tinyt.fsutil import write_json
 from tinyt.errors import TinytError
 from tinyt.manifest import check_manifest
 from tinyt.model import generate
-from tinyt.runtime.feeds import prefill_feeds
+from tinyt.runtime.feeds import left_pad, prefill_feeds
 from tinyt.runtime.fixed import capacity
 from tinyt.runtime.gqa import GQA_KIND
 
@@ -210,10 +210,7 @@ def _verify_shared_cache(ckpt, onnx_dir: Path, seed: int, gen_tokens: int) -> di
         for source in ("random", "corpus"):
             rows = [_ids(rng, cfg.vocab_size, corpus, 1, n, source)[0].tolist() for n in lens]
             width = max(lens)
-            ids = np.zeros((len(rows), width), np.int64)
-            mask = np.zeros_like(ids)
-            for b, row in enumerate(rows):
-                ids[b, width - len(row):], mask[b, width - len(row):] = row, 1
+            ids, mask = left_pad(rows)
             steps = lm._steps(prefill_feeds(cfg, "decoder_with_past", ids, mask))
             ours, active = next(steps)[:, -1].copy(), np.ones(len(rows), bool)
             worst, agree, seen = 0.0, 0, 0

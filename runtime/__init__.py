@@ -31,8 +31,9 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
          io_binding: bool | None = None) -> LanguageModel | Classifier:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
     classifier graphs. threads defaults to the physical cores; spinning to on when there is
-    more than one thread (see session_options); level to the artifact's own; io_binding (KV cache kept on the provider's device between steps) to on for accelerators,
-    off for CPU."""
+    more than one thread (see session_options); level to the artifact's own; io_binding (KV
+    cache kept on the provider's device between steps) to on for accelerators, off for CPU.
+    A shared-cache pair (runtime/gqa.py) gets a second session for its prompt graph."""
     artifact = open_artifact(path)
     session = create_session(artifact, provider=provider, threads=threads, spinning=spinning,
                              level=level)

@@ -11,6 +11,16 @@ import numpy as np
 from tinyt.config import ModelConfig
 
 
+def left_pad(rows: list[list[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows of different lengths as ids and attention mask [B, T], left-padded."""
+    B, T = len(rows), max(map(len, rows))
+    ids = np.full((B, T), pad, dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.int64)
+    for r, row in enumerate(rows):
+        ids[r, T - len(row):], mask[r, T - len(row):] = row, 1
+    return ids, mask
+
+
 def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray, mask: np.ndarray | None = None,
                   *, kv_dtype=np.float32) -> dict[str, np.ndarray]:
     """Feeds that run `ids` [B, T] from scratch: past length 0, positions counted from the

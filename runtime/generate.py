@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from tinyt.tokenizer import Tokenizer
 
-from .feeds import grow_mask, prefill_feeds, step_feeds
+from .feeds import grow_mask, left_pad, prefill_feeds, step_feeds
 from .fixed import FixedWindow, capacity
 from .gqa import GQA_KIND, CachePool, SharedCache, rows_from_left_padded
 from .sampling import SamplingParams, next_token
@@ -156,11 +156,8 @@ class LanguageModel:
               ) -> Iterator[tuple[list[list[int]], list[str | None]]]:
         """After every step: the tokens generated so far per row, and each row's finish
         reason (None while it runs). Finished rows are fed padding that nobody reads."""
-        B, T = len(rows), max(map(len, rows))
-        ids = np.full((B, T), self._pad, dtype=np.int64)
-        mask = np.zeros((B, T), dtype=np.int64)
-        for r, row in enumerate(rows):
-            ids[r, T - len(row):], mask[r, T - len(row):] = row, 1  # left padding
+        B = len(rows)
+        ids, mask = left_pad(rows, self._pad)
         rngs = [np.random.default_rng(params.seed) if params.temperature > 0 else None
                 for _ in rows]  # greedy draws nothing
         out: list[list[int]] = [[] for _ in rows]
@@ -211,7 +208,7 @@ class LanguageModel:
                 nxt, active = yield outputs[0]
                 feeds = step_feeds(kind, feeds, nxt, self._outputs, outputs, active)
         if not self.io_binding:
-            yield from self._cpu_steps(feeds)
+            return (yield from self._cpu_steps(feeds))
         # I/O binding: present keys/values stay where the provider put them (device memory on
         # CUDA) and become the next step's past without a round trip through numpy.
         binding = self.session.io_binding()
@@ -261,7 +258,7 @@ class LanguageModel:
         if eos is not None and len(out[r]) < params.min_new_tokens:
             logits[eos] = -np.inf  # end-of-text is not allowed yet (the row is ours to change)
         tok = next_token(logits, params, rng, history)
-        if tok == self.tokenizer.eos_id:
+        if tok == eos:
             return "eos"
         out[r].append(tok)
         if len(out[r]) >= params.max_new_tokens:

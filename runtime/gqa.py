@@ -24,7 +24,6 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import CAPACITY  # noqa: F401  (the symbolic axis of the shared buffers)
 
 GQA_KIND = "decoder_gqa"
 

@@ -18,10 +18,10 @@ from tinyt.manifest import ManifestError, check_manifest, read_model_config
 KINDS = ("decoder_with_past", "decoder_gqa", "decoder", "classifier")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
-AUTO_ORDER = ("cuda", "cpu")
+AUTO_ORDER = ("cuda", "cpu")  # TensorRT builds engines per shape: only when asked for by name
 # Fusions ONNX Runtime must not redo at load: SkipLayerNormalization's CPU kernel is 4-5x
 # slower than Add + LayerNormalization over a prompt's rows (export/gqa.py unfuses it).
-UNFUSED = ["SkipLayerNormFusion"]  # TensorRT builds engines per shape: only when asked for by name
+UNFUSED = ["SkipLayerNormFusion"]
 LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
           "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,

@@ -402,7 +402,7 @@ def bench(
         from benchmarks.peers import run as run_peers
 
         try:
-            result = run_peers(artifacts, out, rounds=rounds or 8)
+            run_peers(artifacts, out, rounds=rounds or 8)
         except (ValueError, RuntimeError) as e:
             raise TinytError(str(e)) from None
         typer.echo((out / "peers.md").read_text())
