@@ -32,10 +32,11 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from tinyt.contract import CAPACITY
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
+from tinyt.graphio import load_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
-from tinyt.contract import CAPACITY
 from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import UNFUSED
 
@@ -186,7 +187,7 @@ def _convert(src_dir: Path, tmp: Path, name: str) -> tuple[dict, Path, dict]:
                                f"{' with pinned shapes' if manifest.get('fixed_shape') else ''};"
                                " the shared-cache variant is made from a KV-cache decoder with "
                                "dynamic shapes")
-    proto = onnx.load(str(src_dir / manifest.get("model_file", ONNX_FILE)))
+    proto = load_graph(str(src_dir / manifest.get("model_file", ONNX_FILE)))
     layers = to_gqa(proto, cfg.n_head)
     if layers != cfg.n_layer:
         raise SharedCacheError(

@@ -29,6 +29,7 @@ from onnxscript.rewriter.ort_fusions import optimize_for_ort
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
+from tinyt.graphio import load_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 
 from .compare import compare_graphs
@@ -155,7 +156,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     _check_request(src_dir, target, level, manifest)
     cfg, _ = read_model_config(src_dir)
     kind = manifest["graph"]
-    proto = onnx.load(str(src_dir / ONNX_FILE))
+    proto = load_graph(str(src_dir / ONNX_FILE))
     if QUANTIZED_OPS & {n.op_type for n in proto.graph.node}:
         raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
                             "export, then quantize")

@@ -26,6 +26,7 @@ import onnxruntime as ort
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
+from tinyt.graphio import load_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.fixed import AXES, capacity
 
@@ -167,7 +168,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     cfg, _ = read_model_config(src_dir)
     kind = manifest["graph"]
     pins = parse_fixed(fixed)
-    proto = onnx.load(str(src_dir / ONNX_FILE))
+    proto = load_graph(str(src_dir / ONNX_FILE))
     if pins:
         _pin(proto, pins, kind, cfg.block_size)
     name = name or f"tinyt-{kind.replace('_', '-')}"

@@ -22,6 +22,7 @@ import onnxruntime as ort
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
+from tinyt.graphio import load_graph
 from tinyt.hardware import int8_preset
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.tokenizer import Tokenizer
@@ -83,7 +84,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     manifest = check_manifest(src_dir)
     check_output_dir(src_dir, out_dir)
-    proto = onnx.load(str(src_dir / ONNX_FILE))
+    proto = load_graph(str(src_dir / ONNX_FILE))
     _check_request(src_dir, manifest, proto, mode, bits, block_size)
     if kernel not in KERNELS or (kernel == "qgemm" and (bits != 8 or mode != "dynamic")):
         raise QuantizeError(f"kernel={kernel!r} with mode={mode!r}, bits={bits}: kernels are "

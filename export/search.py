@@ -9,6 +9,7 @@ absolute accuracy drop for a classifier (0.02 = 2 points).
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -46,9 +47,10 @@ def cost(accuracy: dict[str, Any]) -> float:
 def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                     max_loss_increase: float, data: str | None = None) -> Path:
     src_dir = Path(src_dir)
-    if not (isinstance(max_loss_increase, (int, float)) and max_loss_increase >= 0):
-        raise QuantizeError(f"max_loss_increase={max_loss_increase!r} must be a number >= 0 "
-                            "(0.02 = validation loss at most 2% above the source's)")
+    if not (isinstance(max_loss_increase, (int, float)) and math.isfinite(max_loss_increase)
+            and max_loss_increase >= 0):
+        raise QuantizeError(f"max_loss_increase={max_loss_increase!r} must be a finite number "
+                            ">= 0 (0.02 = validation loss at most 2% above the source's)")
     manifest = check_manifest(src_dir)
     cfg, _ = read_model_config(src_dir)
     kind = manifest["graph"]

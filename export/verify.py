@@ -239,7 +239,8 @@ def _verify_shared_cache(ckpt, onnx_dir: Path, seed: int, gen_tokens: int) -> di
     for text in PROMPTS:
         prompt = ckpt.tokenizer.encode(text)[: T - 1]
         steps = min(gen_tokens, T - len(prompt))
-        ref = generate(model, torch.tensor([prompt]), steps, temperature=0)[0, len(prompt):]
+        ref = generate(model, torch.tensor([prompt]), steps, temperature=0,
+                       vocab_limit=ckpt.tokenizer.vocab_size)[0, len(prompt):]
         ours = lm.generate_ids([prompt], max_new_tokens=steps, min_new_tokens=steps)[0]
         same = ours.token_ids == ref.tolist()[:len(ours.token_ids)]
         generation.append({"prompt": text, "tokens": steps, "identical": same,

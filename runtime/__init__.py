@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from tinyt.manifest import ManifestError
 from tinyt.tokenizer import Tokenizer
 
 from .classify import Classifier, Prediction
@@ -38,6 +39,10 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     session = create_session(artifact, provider=provider, threads=threads, spinning=spinning,
                              level=level)
     tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
+    if tokenizer.vocab_size > artifact.config.vocab_size:
+        raise ManifestError(f"{artifact.path}/tokenizer.json has {tokenizer.vocab_size} tokens but "
+                            f"config.json's vocab_size is {artifact.config.vocab_size}: the "
+                            "tokenizer does not belong to this model")
     if artifact.kind == "classifier":
         return Classifier(artifact, session, tokenizer)
     prefill = None if artifact.prefill_file is None else create_session(

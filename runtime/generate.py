@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import onnxruntime as ort
 
+from tinyt.errors import NonFiniteError
 from tinyt.tokenizer import Tokenizer
 
 from .feeds import grow_mask, left_pad, prefill_feeds, step_feeds
@@ -67,6 +68,10 @@ class LanguageModel:
         self._outputs = [o.name for o in session.get_outputs()]
         self._past_names = [n.replace("present", "past_key_values") for n in self._outputs[1:]]
         self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+        # A vocabulary padded beyond the tokenizer (nanoGPT's 50304 for GPT-2's 50257): the
+        # padded ids are never chosen, since no text stands for them.
+        self._choosable = (tokenizer.vocab_size if tokenizer.vocab_size < self.config.vocab_size
+                           else None)
         # On an accelerator the KV cache stays in device memory between steps (I/O binding);
         # on CPU plain numpy feeds measured as fast (benchmarks/cpu_iobinding.py).
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
@@ -169,7 +174,9 @@ class LanguageModel:
         while not all(reasons):
             for r in range(B):
                 if reasons[r] is None:
-                    reasons[r] = self._choose(r, logits[r, -1], params, rngs[r], rows, out)
+                    row = logits[r, -1] if self._choosable is None else \
+                        logits[r, -1, :self._choosable]
+                    reasons[r] = self._choose(r, row, params, rngs[r], rows, out)
                     nxt[r] = out[r][-1] if out[r] and reasons[r] != "eos" else self._pad
                 else:
                     nxt[r] = self._pad
@@ -257,7 +264,11 @@ class LanguageModel:
         eos = self.tokenizer.eos_id
         if eos is not None and len(out[r]) < params.min_new_tokens:
             logits[eos] = -np.inf  # end-of-text is not allowed yet (the row is ours to change)
-        tok = next_token(logits, params, rng, history)
+        try:
+            tok = next_token(logits, params, rng, history)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"generation stopped at new token {len(out[r]) + 1} of row "
+                                 f"{r}: {e}") from None
         if tok == eos:
             return "eos"
         out[r].append(tok)

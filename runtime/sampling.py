@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyt.errors import NonFiniteError
+
 MAX_NEW_TOKENS_LIMIT = 1 << 20  # beyond this a request is a mistake, not a plan
 
 
@@ -56,14 +58,23 @@ class SamplingParams:
 
 def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
                history: list[int]) -> int:
-    """One token id from one row of logits [vocab]."""
+    """One token id from one row of logits [vocab]. Non-finite logits raise NonFiniteError:
+    argmax returns the first NaN and max propagates it, so checking the one value that decides
+    costs a scalar test per token, not a pass over the row (an isolated -inf among finite
+    logits is allowed: it only rules a token out)."""
     if params.temperature == 0 and params.repetition_penalty == 1.0:
-        return int(logits.argmax())  # greedy: no copy of the row per token
+        tok = int(logits.argmax())  # greedy: no copy of the row per token
+        if not math.isfinite(logits[tok]):
+            raise _nonfinite(logits[tok])
+        return tok
     z = logits.astype(np.float64)
     if params.repetition_penalty != 1.0 and history:
         seen = np.unique(np.asarray(history))
         z[seen] = np.where(z[seen] > 0, z[seen] / params.repetition_penalty,
                            z[seen] * params.repetition_penalty)
+    top = z.max()
+    if not math.isfinite(top):
+        raise _nonfinite(top)
     if params.temperature == 0:
         return int(z.argmax())
     z = z / params.temperature
@@ -81,3 +92,9 @@ def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
         probs = mask / mask.sum()
     pick = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
     return min(pick, probs.size - 1)
+
+
+def _nonfinite(value) -> NonFiniteError:
+    return NonFiniteError(f"the model's logits are not finite ({float(value)}): its weights or "
+                          "the artifact are damaged; check it against its checkpoint with "
+                          "'tinyt verify CHECKPOINT ARTIFACT'")

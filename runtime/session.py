@@ -7,15 +7,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 
 from tinyt import contract
 from tinyt.config import ModelConfig
-from tinyt.errors import TinytError
+from tinyt.errors import ConfigError, NonFiniteError, TinytError
+from tinyt.graphio import GraphError
 from tinyt.hardware import physical_cores
 from tinyt.manifest import ManifestError, check_manifest, read_model_config
 
-KINDS = ("decoder_with_past", "decoder_gqa", "decoder", "classifier")
+from .gqa import GQA_KIND
+
+KINDS = ("decoder_with_past", GQA_KIND, "decoder", "classifier")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
 AUTO_ORDER = ("cuda", "cpu")  # TensorRT builds engines per shape: only when asked for by name
@@ -88,19 +92,79 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
     cfg, kind = artifact.config, artifact.kind
     if kind == "classifier":
         want = contract.classifier_inputs(cfg), contract.classifier_outputs(cfg)
-    elif kind == "decoder_gqa":
+    elif kind == GQA_KIND:
         want = contract.gqa_inputs(cfg), contract.gqa_outputs(cfg)
     else:
         past = kind == "decoder_with_past"
         want = (contract.decoder_inputs(cfg, with_past=past),
                 contract.decoder_outputs(cfg, with_past=past))
+    model = f"{artifact.path}/{artifact.model_file}"
+    layers = sum(t.name.startswith("past_key_values.") for t in session.get_inputs()) // 2
+    if kind in ("decoder_with_past", GQA_KIND) and layers != cfg.n_layer:
+        raise ManifestError(f"config.json says n_layer={cfg.n_layer} but {model} has a KV cache "
+                            f"for {layers} layers: the config does not belong to this graph")
     for got, specs, side in ((session.get_inputs(), want[0], "inputs"),
                              (session.get_outputs(), want[1], "outputs")):
         have = [(t.name, len(t.shape)) for t in got]
         expected = [(t.name, len(t.shape)) for t in specs]
         if have != expected:
-            raise ManifestError(f"{artifact.path}/model.onnx {side} {have} do not follow the "
-                                f"{kind} contract {expected}")
+            raise ManifestError(f"{model} {side} {have} do not follow the {kind} contract "
+                                f"{expected}")
+        for t, spec in zip(got, specs):  # the config's sizes against the graph's static axes
+            for axis, (dim, want_dim) in enumerate(zip(t.shape, spec.shape)):
+                if isinstance(dim, int) and isinstance(want_dim, int) and dim != want_dim:
+                    field = _CONFIG_AXES.get((spec.name.split(".")[0], axis), "its shape")
+                    raise ManifestError(
+                        f"config.json says {field}={getattr(cfg, field, want_dim)} but {model}'s "
+                        f"{t.name} has {dim} on axis {axis}: the config does not belong to this "
+                        "graph")
+    _probe(artifact, session, model)
+
+
+# Which config field a static axis of the contract comes from (logits' last axis, the cache's
+# heads and head size).
+_CONFIG_AXES = {("logits", 2): "vocab_size", ("logits", 1): "num_labels",
+                ("past_key_values", 1): "n_head", ("present", 1): "n_head",
+                ("past_key_values", 3): "head_dim", ("present", 3): "head_dim"}
+_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
+           "tensor(float16)": np.float16}
+
+
+def _probe(artifact: Artifact, session: ort.InferenceSession, model: str) -> None:
+    """One run at the last position the config allows (block_size - 1): a position table with
+    fewer rows than config.json's block_size fails here, at load, not in the middle of a
+    generation; and logits that are not finite on it mean broken weights."""
+    cfg = artifact.config
+    inputs = session.get_inputs()
+    last = cfg.block_size - 1
+    # With position_ids as an input one token reaches the last position; without (classifier,
+    # no-cache decoder) the sequence itself must be block_size long.
+    S = 1 if any(i.name == "position_ids" for i in inputs) else cfg.block_size
+    sizes = {contract.BATCH: 1, contract.SEQ: S, contract.PAST: 0, contract.TOTAL: S,
+             contract.CAPACITY: S}
+    values = {"attention_mask": 1, "position_ids": last, "seqlens_k": S - 1,
+              "total_sequence_length": S, "query_seqlens": S}
+    feeds = {}
+    for i in inputs:
+        shape = [d if isinstance(d, int) else sizes.get(d, 1) for d in i.shape]
+        feeds[i.name] = np.full(shape, values.get(i.name, 0), dtype=_DTYPES.get(i.type, np.float32))
+    try:
+        logits = session.run(["logits"], feeds)[0]
+    except Exception as e:  # ONNX Runtime's own error types
+        raise ManifestError(
+            f"config.json says block_size={cfg.block_size}, but a run of {model} at position "
+            f"{last} fails ({str(e).splitlines()[0][:300]}): the config does not belong to this "
+            "graph") from None
+    if not np.isfinite(logits).all():
+        raise NonFiniteError(f"{model} computes non-finite logits on a probe input: its weights "
+                             "hold NaN or inf (re-export it from a good checkpoint)")
+
+
+def check_threads(threads) -> None:
+    if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool)
+                                    and threads >= 1):
+        raise ConfigError(f"threads={threads!r} is invalid: a positive integer, or None for "
+                          f"the physical cores ({physical_cores()} here)")
 
 
 def session_options(artifact: Artifact, *, threads: int | None, spinning: bool | None,
@@ -140,6 +204,7 @@ def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | 
         raise ProviderError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}, auto")
     if level is not None and level not in LEVELS:
         raise ProviderError(f"level={level!r} is not one of {', '.join(LEVELS)}")
+    check_threads(threads)
     opts = session_options(artifact, threads=threads, spinning=spinning, level=level,
                            stop_spinning=prefill)
     model = str(artifact.path / (artifact.prefill_file if prefill else artifact.model_file))
@@ -180,6 +245,9 @@ def _on(provider: str, model: str, opts: ort.SessionOptions) -> ort.InferenceSes
         chain = [wanted] if provider == "cpu" else [wanted, "CPUExecutionProvider"]
         sess = ort.InferenceSession(model, opts, providers=chain, disabled_optimizers=UNFUSED)
     except Exception as e:  # ORT raises its own Fail / RuntimeException types
+        if "INVALID_PROTOBUF" in str(e) or "Protobuf parsing failed" in str(e):
+            raise GraphError(f"{model} is not a valid ONNX model ({str(e).splitlines()[0]})") \
+                from None
         raise ProviderError(f"provider {provider!r} failed to initialise: {e}") from None
     got = sess.get_providers()
     if got[0] != wanted:  # ONNX Runtime fell back (for example, CUDA libraries missing)

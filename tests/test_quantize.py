@@ -209,7 +209,7 @@ def test_search_with_an_impossible_budget(lm_onnx, corpus_dir, tmp_path, monkeyp
         S.quantize_search(lm_onnx, tmp_path / "none", max_loss_increase=0.01,
                           data=str(corpus_dir))
     assert not (tmp_path / "none").exists()
-    with pytest.raises(QuantizeError, match="must be a number >= 0"):
+    with pytest.raises(QuantizeError, match="must be a finite number >= 0"):
         S.quantize_search(lm_onnx, tmp_path / "none", max_loss_increase=-1)
 
 

@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 
 from tinyt import __version__
 from tinyt.config import ModelConfig, TrainConfig
-from tinyt.errors import CheckpointError, ConfigError
+from tinyt.errors import CheckpointError, ConfigError, NonFiniteError
+from tinyt.finite import describe
 from tinyt.fsutil import atomic_dir, write_json
 from tinyt.model import build_model
 from tinyt.tokenizer import Tokenizer
@@ -70,19 +71,33 @@ def unique_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Raise NonFiniteError naming the first floating-point tensor that holds NaN or +-inf."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            counts = (int(torch.isnan(t).sum()), int(torch.isposinf(t).sum()),
+                      int(torch.isneginf(t).sum()))
+            raise NonFiniteError(f"{source}: {describe(name, *counts, t.numel())}; weights must "
+                                 "be finite (the model diverged in training or the file is "
+                                 "damaged)")
+
+
 def save_checkpoint(out: str | Path, model: nn.Module, tokenizer: Tokenizer, *,
                     labels: list[str] | None = None, metrics: dict[str, Any] | None = None,
                     run: dict[str, Any] | None = None, state: TrainState | None = None) -> Path:
     """Write a complete checkpoint directory atomically; returns its path. `run` records how
     the run was made (data path) so that a resume uses the same inputs."""
     cfg: ModelConfig = model.config
+    weights = unique_state_dict(model)
+    check_finite(weights, f"refusing to write checkpoint {out}")
+    padding = cfg.vocab_size - tokenizer.vocab_size
     with atomic_dir(out) as tmp:
-        save_file(unique_state_dict(model), str(tmp / MODEL_FILE))
+        save_file(weights, str(tmp / MODEL_FILE))
         tokenizer.save(tmp / TOKENIZER_FILE)
         write_json(tmp / CONFIG_FILE, {
             "format": FORMAT, "format_version": FORMAT_VERSION, "tinyt_version": __version__,
             "model": cfg.to_dict(), "labels": labels, "metrics": metrics or {},
-            "run": run or {},
+            "run": run or {}, "vocab_padding": padding,
         })
         if state is not None:
             _save_train_state(tmp, model, state)
@@ -156,6 +171,7 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
            for k, v in expected.items() if tuple(tensors[k].shape) != tuple(v.shape)]
     if bad:
         raise CheckpointError(f"{source} has shapes that do not match its config: {bad[:8]}")
+    check_finite(tensors, source)
     with torch.no_grad():
         params = dict(model.named_parameters())
         params.update(dict(model.named_buffers()))

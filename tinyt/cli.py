@@ -5,6 +5,7 @@ Torch and the other heavy modules are imported inside the verb that needs them, 
 """
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -38,23 +39,23 @@ def train(
              "label). Default: the Python standard library's source.")] = None,
     task: Annotated[str, typer.Option(help="causal_lm or classifier.")] = "causal_lm",
     tokenizer: Annotated[Optional[str], typer.Option(help="bpe or byte.")] = None,
-    max_steps: Annotated[Optional[int], typer.Option()] = None,
-    batch_size: Annotated[Optional[int], typer.Option()] = None,
+    max_steps: Annotated[Optional[int], typer.Option(min=1)] = None,
+    batch_size: Annotated[Optional[int], typer.Option(min=1)] = None,
     learning_rate: Annotated[Optional[float], typer.Option("--lr")] = None,
-    n_layer: Annotated[Optional[int], typer.Option()] = None,
-    n_head: Annotated[Optional[int], typer.Option()] = None,
-    n_embd: Annotated[Optional[int], typer.Option()] = None,
-    block_size: Annotated[Optional[int], typer.Option()] = None,
-    vocab_size: Annotated[Optional[int], typer.Option()] = None,
+    n_layer: Annotated[Optional[int], typer.Option(min=1)] = None,
+    n_head: Annotated[Optional[int], typer.Option(min=1)] = None,
+    n_embd: Annotated[Optional[int], typer.Option(min=1)] = None,
+    block_size: Annotated[Optional[int], typer.Option(min=2)] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(min=2)] = None,
     pos_encoding: Annotated[Optional[str], typer.Option(help="learned or sinusoidal.")] = None,
     dropout: Annotated[Optional[float], typer.Option()] = None,
-    eval_interval: Annotated[Optional[int], typer.Option()] = None,
-    seed: Annotated[Optional[int], typer.Option()] = None,
+    eval_interval: Annotated[Optional[int], typer.Option(min=1)] = None,
+    seed: Annotated[Optional[int], typer.Option(min=0)] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu or cuda.")] = None,
     resume: Annotated[bool, typer.Option(
         help="Continue the run saved in --out with its saved settings.")] = False,
     stop_after: Annotated[Optional[int], typer.Option(
-        help="Stop after this step, leaving a checkpoint to --resume.")] = None,
+        min=1, help="Stop after this step, leaving a checkpoint to --resume.")] = None,
 ) -> None:
     """Train a causal LM (default) or a classifier; torchrun runs it data-parallel."""
     from tinyt import data as D
@@ -83,10 +84,10 @@ def train(
 def sample(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory.")] = DEFAULT_CKPT,
     prompt: Annotated[str, typer.Option(help="Text to continue.")] = "def ",
-    max_new_tokens: Annotated[int, typer.Option()] = 200,
+    max_new_tokens: Annotated[int, typer.Option(min=0)] = 200,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.8,
-    top_k: Annotated[Optional[int], typer.Option()] = 50,
-    seed: Annotated[int, typer.Option()] = 0,
+    top_k: Annotated[Optional[int], typer.Option(min=1)] = 50,
+    seed: Annotated[int, typer.Option(min=0)] = 0,
 ) -> None:
     """Continue a prompt with the PyTorch model (KV cache), for a quick look at a checkpoint."""
     from tinyt.sampling import sample_text
@@ -207,8 +208,8 @@ def package(
              "past_sequence_length.")] = None,
     name: Annotated[Optional[str], typer.Option(help="Triton model name.")] = None,
     device: Annotated[str, typer.Option(help="Triton instance kind: cpu or gpu.")] = "cpu",
-    instances: Annotated[int, typer.Option(help="Triton instances of the model.")] = 1,
-    max_batch_size: Annotated[int, typer.Option(help="Triton dynamic batching limit "
+    instances: Annotated[int, typer.Option(min=1, help="Triton instances of the model.")] = 1,
+    max_batch_size: Annotated[int, typer.Option(min=1, help="Triton dynamic batching limit "
                                                      "(classifier, no-cache decoder).")] = 8,
 ) -> None:
     """Package an artifact for deployment: .ort for edge builds, a Triton model repository,
@@ -301,15 +302,16 @@ def quantize(
 def generate_cmd(
     artifact: Annotated[Path, typer.Argument(help="Causal-LM artifact directory.")],
     prompt: Annotated[str, typer.Argument(help="Text to continue.")],
-    max_new_tokens: Annotated[int, typer.Option()] = 64,
+    max_new_tokens: Annotated[int, typer.Option(min=0)] = 64,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.8,
-    top_k: Annotated[Optional[int], typer.Option()] = 50,
+    top_k: Annotated[Optional[int], typer.Option(min=1)] = 50,
     top_p: Annotated[Optional[float], typer.Option()] = None,
     repetition_penalty: Annotated[float, typer.Option()] = 1.0,
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
-    seed: Annotated[Optional[int], typer.Option()] = None,
+    seed: Annotated[Optional[int], typer.Option(min=0)] = None,
     provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or auto.")] = "cpu",
-    threads: Annotated[Optional[int], typer.Option(help="Default: physical cores.")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Default: physical cores.")]
+        = None,
 ) -> None:
     """Stream a continuation of PROMPT with ONNX Runtime (no torch needed)."""
     import tinyt.runtime as rt
@@ -384,7 +386,7 @@ def bench(
              "--peers).")] = None,
     mode: Annotated[str, typer.Option(help="quick (< 1 min) or full.")] = "quick",
     rounds: Annotated[Optional[int], typer.Option(
-        help="Interleaved rounds per shape (each: 3 untimed + 5 timed calls per variant); "
+        min=0, help="Interleaved rounds per shape (each: 3 untimed + 5 timed calls per variant); "
              "default: the mode's (quick 6, full 20; --peers 8).")] = None,
     peers: Annotated[bool, typer.Option(
         "--peers", help="tinyt against CTranslate2, ONNX Runtime GenAI and PyTorch on the same "
@@ -449,11 +451,42 @@ def info() -> None:
 
 
 def main() -> None:
+    """Run the CLI: tinyt's errors exit 2 with one line; Ctrl-C exits 130 with one line,
+    whatever the library was doing when it came (torch's exporter, for one, turns a
+    KeyboardInterrupt inside it into errors of its own), and leaves earlier outputs intact."""
+    interrupted = []
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not if ignored (nohup)
+        def on_sigint(signum, frame):
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         app()
+    except SystemExit as e:
+        if interrupted and e.code != 0:
+            _exit_interrupted(e)
+        raise
     except TinytError as e:
+        if interrupted:
+            _exit_interrupted(e)
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)
+    except BaseException as e:
+        if interrupted:
+            _exit_interrupted(e)
+        raise
+
+
+def _exit_interrupted(e: BaseException) -> None:
+    """One line, the notes of the interrupted work (train says which step it kept), exit 130."""
+    notes, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        notes += getattr(e, "__notes__", [])
+        e = e.__cause__ or e.__context__
+    typer.echo("interrupted: " + ("; ".join(notes) or "the output being written was "
+                                  "discarded; outputs already written are intact"), err=True)
+    sys.exit(130)
 
 
 if __name__ == "__main__":

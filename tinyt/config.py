@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite int or float: NaN and +-inf are never a valid setting."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 class _JsonMixin:
@@ -95,7 +97,7 @@ class ModelConfig(_JsonMixin):
             _is_number(self.dropout) and 0.0 <= self.dropout < 1.0,
             "dropout",
             self.dropout,
-            "must be a number in [0, 1)",
+            "must be a finite number in [0, 1)",
         )
         _require(isinstance(self.bias, bool), "bias", self.bias, "must be true or false")
         _require(
@@ -151,7 +153,7 @@ class TrainConfig(_JsonMixin):
             _require(_is_int(v) and v >= 0, name, v, "must be an integer >= 0")
         for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
             v = getattr(self, name)
-            _require(_is_number(v) and v >= 0, name, v, "must be a number >= 0")
+            _require(_is_number(v) and v >= 0, name, v, "must be a finite number >= 0")
         _require(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
         _require(
             self.min_lr <= self.learning_rate, "min_lr", self.min_lr,
@@ -159,7 +161,7 @@ class TrainConfig(_JsonMixin):
         )
         for name in ("beta1", "beta2"):
             v = getattr(self, name)
-            _require(_is_number(v) and 0 <= v < 1, name, v, "must be a number in [0, 1)")
+            _require(_is_number(v) and 0 <= v < 1, name, v, "must be a finite number in [0, 1)")
         _require(
             self.tokenizer in TOKENIZER_KINDS, "tokenizer", self.tokenizer,
             f"allowed: {', '.join(TOKENIZER_KINDS)}",

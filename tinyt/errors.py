@@ -16,3 +16,7 @@ class DataError(TinytError, ValueError):
 
 class CheckpointError(TinytError, ValueError):
     """A checkpoint directory or an imported checkpoint file is missing, corrupt or mismatched."""
+
+
+class NonFiniteError(TinytError, ValueError):
+    """A weight, a loss or a model output is NaN or infinite."""

@@ -223,10 +223,12 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 @torch.no_grad()
 def generate(model: TinyTransformer, input_ids: torch.Tensor, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None,
+             vocab_limit: int | None = None) -> torch.Tensor:
     """Sample with the KV cache: one prefill, then one token per step. temperature=0 is greedy.
     Stops at eos_id (batch 1) or when the sequence reaches block_size: positions past the
-    model's block_size were never trained, so it does not go there."""
+    model's block_size were never trained, so it does not go there. vocab_limit: ids from it
+    on are never chosen (a vocabulary padded beyond its tokenizer)."""
     B, T = input_ids.shape
     block = model.config.block_size
     if T < 1 or T > block:
@@ -237,7 +239,7 @@ def generate(model: TinyTransformer, input_ids: torch.Tensor, max_new_tokens: in
     out = input_ids
     logits, cache = model(input_ids)
     for _ in range(steps):
-        last = logits[:, -1, :]  # (B, vocab)
+        last = logits[:, -1, :vocab_limit]  # (B, vocab)
         if temperature == 0:
             nxt = last.argmax(dim=-1, keepdim=True)
         else:

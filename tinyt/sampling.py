@@ -1,6 +1,7 @@
 """Text in, text out with the PyTorch model: a quick look at what a checkpoint learned."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -19,8 +20,9 @@ def sample_text(checkpoint: str | Path, prompt: str, *, max_new_tokens: int = 20
     if ckpt.config.task != "causal_lm":
         raise ConfigError(f"{checkpoint} is a {ckpt.config.task} checkpoint; sampling needs a "
                           "causal_lm one")
-    if temperature < 0:
-        raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and temperature >= 0):
+        raise ConfigError(f"temperature={temperature} must be a finite number >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"top_k={top_k} must be >= 1 (or omitted)")
     if max_new_tokens < 0:
@@ -32,5 +34,6 @@ def sample_text(checkpoint: str | Path, prompt: str, *, max_new_tokens: int = 20
     ids = ids[-(block - 1):] if block > 1 else ids[-1:]
     gen = torch.Generator().manual_seed(seed)
     out = generate(ckpt.model, torch.tensor([ids]), max_new_tokens, temperature=temperature,
-                   top_k=top_k, eos_id=ckpt.tokenizer.eos_id, generator=gen)
+                   top_k=top_k, eos_id=ckpt.tokenizer.eos_id, generator=gen,
+                   vocab_limit=ckpt.tokenizer.vocab_size)
     return prompt + ckpt.tokenizer.decode(out[0, len(ids):].tolist())

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 from tinyt import data as D
 from tinyt.checkpoint import (TrainState, has_train_state, load_checkpoint, load_train_state,
-                              save_checkpoint)
+                              save_checkpoint, unique_state_dict)
 from tinyt.config import ModelConfig, TrainConfig
-from tinyt.errors import ConfigError, DataError
+from tinyt.errors import ConfigError, DataError, NonFiniteError
 from tinyt.model import build_model
 from tinyt.tokenizer import Tokenizer
 
@@ -221,7 +221,22 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: str | Path, *,
     if dd.main:
         log(f"model: {model.num_parameters():,} parameters, {model_cfg.to_dict()}")
 
+    def diverged(what: str) -> NonFiniteError:
+        saved = history[-1]["step"] if history else None
+        lr = optimizer.param_groups[0]["lr"]
+        return NonFiniteError(
+            f"training diverged at step {step}: {what} (learning rate {lr:.3g}); the learning "
+            f"rate is likely too high for this model: lower --lr"
+            + ("" if train_cfg.grad_clip > 0 else " and keep gradient clipping on")
+            + (f"; {out} still holds the checkpoint of step {saved}" if saved
+               else "; no checkpoint was written"))
+
     def checkpoint(metrics: dict[str, Any]) -> None:
+        # Every rank checks (the weights are the same everywhere), so all of them stop together.
+        bad = next((n for n, t in unique_state_dict(model).items()
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+        if bad is not None:
+            raise diverged(f"weight {bad!r} is no longer finite")
         if dd.main:
             meta = {**metrics, "parameters": model.num_parameters()}
             save_checkpoint(out, model, tok, labels=labels, metrics=meta, run=run,
@@ -240,8 +255,14 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: str | Path, *,
             local = tuple(t.to(device) for t in _slice(batch, dd.rank, dd.world))
             loss = task.loss(ddp_model, local)
             loss.backward()
-            if train_cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+            # The gradient norm is the same on every rank (gradients are all-reduced): a NaN
+            # loss on any rank stops them all at the same step. max_norm=inf only measures.
+            norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), train_cfg.grad_clip if train_cfg.grad_clip > 0 else math.inf)
+            if not bool(torch.isfinite(norm)):
+                step += 1
+                raise diverged(f"the loss is {float(loss.detach()):.4g} and the gradient norm "
+                               f"{float(norm):.4g}")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -265,10 +286,10 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: str | Path, *,
                 checkpoint(metrics)
                 if dd.world > 1:
                     dist.barrier()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         bar.close()
         saved = history[-1]["step"] if history else None
-        log(f"interrupted at step {step}; " + (
+        e.add_note(f"training stopped at step {step}; " + (
             f"the checkpoint in {out} holds step {saved}: continue with --resume"
             if saved else "no checkpoint was written yet"))
         raise
