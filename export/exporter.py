@@ -11,6 +11,7 @@ choice", and benchmarks/compare_exporters.py for the measurement).
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import platform
 import warnings
@@ -29,6 +30,10 @@ from tinyt.fsutil import atomic_dir, sha256_file, write_json
 from tinyt.genai import write_genai_config
 from tinyt.hfgpt2 import gpt2_config
 from tinyt.manifest import check_output_dir, io_spec, write_manifest
+
+# torch's exporter warns on every export that torchvision (whose ops tinyt never uses) is
+# missing; a user reads that as a problem with their model.
+logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 18  # torch's dynamo exporter (onnxscript torchlib) writes opset 18 and later

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tinyt.fsutil import sha256_file
+from tinyt.fsutil import sha256_file, write_text
 from tinyt.manifest import toolkit_digest
 
 CKPT_FILES = ("model.safetensors", "config.json")
@@ -183,5 +183,5 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
         lines += ["![decode](bench/decode_tokens_per_s.png)", "",
             "![prefill](bench/latency_vs_prompt.png)", "", "![size](bench/size_vs_loss.png)", ""]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    write_text(path, "\n".join(lines))
     return path

@@ -1,0 +1,216 @@
+"""Interrupted and concurrent writes: every writing stage killed at random points leaves the
+previous output intact and loadable, the next run succeeds and sweeps up what the killed one
+left; Ctrl-C exits 130 with one line; atomic_dir's swap holds under kills and races."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import tinyt.runtime as rt
+from tinyt.checkpoint import has_train_state, load_checkpoint
+from tinyt.fsutil import atomic_dir, remove_stale, write_json
+from tinyt.manifest import check_manifest
+
+TINYT = [sys.executable, "-m", "tinyt"]
+
+
+def leftovers(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.glob(f".{out.name}.*"))
+
+
+def run_full(cmd: list) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(TINYT + [str(c) for c in cmd], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return time.perf_counter() - t0
+
+
+def kill_after(cmd: list, seconds: float) -> int:
+    proc = subprocess.Popen(TINYT + [str(c) for c in cmd], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    time.sleep(seconds)
+    proc.send_signal(signal.SIGKILL)
+    return proc.wait()
+
+
+def loads_whole(out: Path) -> None:
+    """Nothing half-written: every file matches the manifest and the runtime opens it."""
+    check_manifest(out)
+    rt.load(out, threads=1)
+
+
+@pytest.fixture(scope="module")
+def stages(tiny_ckpt, lm_onnx, corpus_dir):
+    return {
+        "export": ([tiny_ckpt], loads_whole),
+        "optimize": ([lm_onnx], loads_whole),
+        "quantize": ([lm_onnx, "--data", corpus_dir], loads_whole),
+        "package": ([lm_onnx], loads_whole),
+    }
+
+
+@pytest.mark.parametrize("stage", ["export", "optimize", "quantize", "package"])
+def test_a_stage_killed_at_random_points_leaves_the_previous_output(stage, stages, tmp_path):
+    args, check = stages[stage]
+    out = tmp_path / "out"
+    cmd = [stage, args[0], out, *args[1:]]
+    full = run_full(cmd)
+    check(out)
+    before = check_manifest(out)
+    rng = random.Random(stage)
+    for _ in range(2 if stage == "export" else 3):  # export: the slowest, 6 s a run
+        kill_after(cmd, rng.uniform(0.4, 1.0) * full)
+        check(out)  # the previous output, or a complete new one
+        assert check_manifest(out)["files"].keys() == before["files"].keys()
+    run_full(cmd)  # the next run succeeds ...
+    check(out)
+    assert leftovers(out) == []  # ... and removes what the killed runs left
+
+
+def test_training_killed_at_random_points_always_leaves_a_loadable_checkpoint(corpus_dir,
+                                                                               tmp_path):
+    out = tmp_path / "ck"
+    fresh = ["train", "--preset", "test", "--data", corpus_dir, "--out", out,
+             "--max-steps", "300", "--eval-interval", "2"]  # a checkpoint written every 2 steps
+    rng = random.Random(0)
+    for _ in range(3):
+        kill_after(["train", "--out", out, "--resume"] if out.exists() else fresh,
+                   rng.uniform(3.0, 5.0))
+        if out.exists():
+            ck = load_checkpoint(out)
+            assert has_train_state(out) and ck.meta["metrics"]["step"] % 2 == 0
+    assert out.exists(), "no kill came after the first checkpoint: the test proves nothing"
+    run_full(["train", "--out", out, "--resume"])
+    assert load_checkpoint(out).meta["metrics"]["step"] == 300
+    assert leftovers(out) == []
+
+
+def test_ctrl_c_exits_130_with_one_line_and_the_previous_output_intact(tiny_ckpt, tmp_path):
+    out = tmp_path / "onnx"
+    full = run_full(["export", tiny_ckpt, out])
+    before = check_manifest(out)
+    for fraction in (0.3, 0.6, 0.9):  # during imports, tracing and conversion, writing
+        proc = subprocess.Popen(TINYT + ["export", str(tiny_ckpt), str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(fraction * full)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode == 0:
+            continue  # it finished first
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert proc.returncode == 130 and len(lines) == 1, (proc.returncode, err)
+        assert lines[0].startswith("interrupted: "), err
+        assert check_manifest(out) == before
+        assert leftovers(out) == []  # a Ctrl-C cleans up after itself
+
+
+def test_ctrl_c_during_training_says_which_checkpoint_it_kept(corpus_dir, tmp_path):
+    out = tmp_path / "ck"
+    proc = subprocess.Popen(TINYT + ["train", "--preset", "test", "--data", str(corpus_dir),
+                                     "--out", str(out), "--max-steps", "100000",
+                                     "--eval-interval", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "config.json").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert last.startswith("interrupted: training stopped at step") and "--resume" in last, last
+    assert load_checkpoint(out).meta["metrics"]["step"] % 5 == 0
+
+
+# -- atomic_dir itself ---------------------------------------------------------------------------
+def test_a_failed_write_keeps_the_previous_directory(tmp_path):
+    out = tmp_path / "out"
+    with atomic_dir(out) as tmp:
+        (tmp / "a").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_dir(out) as tmp:
+            (tmp / "a").write_text("half")
+            raise RuntimeError("stage failed")
+    assert (out / "a").read_text() == "old" and leftovers(out) == []
+
+
+def test_stale_temporaries_of_dead_writers_go_and_live_ones_stay(tmp_path):
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # a pid now gone
+    (tmp_path / f".out.tmp-{dead}-0badc0de").mkdir()
+    (tmp_path / f".out.tmp-{os.getppid()}-0011aabb").mkdir()  # pytest's parent: alive
+    with atomic_dir(out) as tmp:
+        (tmp / "a").write_text("new")
+    assert leftovers(out) == [f".out.tmp-{os.getppid()}-0011aabb"]
+
+
+def test_concurrent_writers_each_leave_a_whole_directory(tmp_path):
+    out = tmp_path / "out"
+
+    def write(i: int) -> None:
+        with atomic_dir(out) as tmp:
+            for k in range(30):
+                (tmp / f"f{k}").write_text(str(i))
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({(out / f"f{k}").read_text() for k in range(30)}) == 1  # one writer's, whole
+    assert leftovers(out) == []
+
+
+def test_a_kill_between_the_two_renames_of_the_fallback_swap_loses_nothing(tmp_path):
+    """Where there is no atomic exchange, the swap is two renames; a process killed between
+    them strands the previous output under `.old-`: the next write puts it back first."""
+    out = tmp_path / "out"
+    with atomic_dir(out) as tmp:
+        (tmp / "a").write_text("previous")
+    script = textwrap.dedent(f"""
+        import os, signal
+        import tinyt.fsutil as fs
+        fs._exchange = lambda a, b: False  # the fallback
+        real = os.rename
+        def rename(src, dst):
+            real(src, dst)
+            if ".old-" in str(dst):
+                os.kill(os.getpid(), signal.SIGKILL)
+        os.rename = rename
+        with fs.atomic_dir({str(out)!r}) as tmp:
+            (tmp / "a").write_text("next")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script])
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists() and any(".old-" in n for n in leftovers(out))
+    remove_stale(out)  # what the next writer does first
+    assert (out / "a").read_text() == "previous" and leftovers(out) == []
+    with pytest.raises(RuntimeError):  # and a next write that fails keeps it
+        with atomic_dir(out):
+            raise RuntimeError("failed")
+    assert (out / "a").read_text() == "previous"
+
+
+def test_write_json_is_whole_or_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    write_json(path, {"a": 1})
+
+    def broken(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", broken)
+    with pytest.raises(OSError):
+        write_json(path, {"a": 2})
+    monkeypatch.undo()
+    assert path.read_text().strip().endswith("}") and '"a": 1' in path.read_text()
+    assert leftovers(path) == []
