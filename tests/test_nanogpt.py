@@ -57,11 +57,11 @@ def test_unexpected_keys_are_named(tmp_path):
 
 def test_tokenizer_larger_than_vocab(tmp_path, corpus_dir):
     nanogpt_ckpt(tmp_path / "ckpt.pt", vocab=200)
-    with pytest.raises(CheckpointError, match="tokenizer has 257 tokens but the model's vocab"):
-        import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "out", tokenizer="byte")
     texts = [p.read_text() for p in corpus_dir.iterdir()]
     tok_path = tmp_path / "tok.json"
     Tokenizer.train_bpe(texts, 300).save(tok_path)
+    with pytest.raises(CheckpointError, match="tokenizer has 300 tokens but the model's vocab"):
+        import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "out", tokenizer=str(tok_path))
     nanogpt_ckpt(tmp_path / "ckpt.pt", vocab=320)
     ck = load_checkpoint(import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "ok",
                                         tokenizer=str(tok_path)))

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 import tinyt.runtime as rt
 from tinyt.checkpoint import load_checkpoint, save_checkpoint
 from tinyt.config import ModelConfig, TrainConfig
-from tinyt.errors import ConfigError, NonFiniteError
+from tinyt.errors import CheckpointError, ConfigError, NonFiniteError
 from tinyt.fsutil import sha256_file
 from tinyt.graphio import GraphError
 from tinyt.manifest import ManifestError
@@ -241,3 +241,52 @@ def test_integer_options_have_their_range_checked(args, option):
     assert proc.returncode == 2, proc.stderr
     text = " ".join(proc.stderr.replace("│", " ").split())  # the message box wraps lines
     assert f"Invalid value for '{option}'" in text and "greater than or equal to" in text, text
+
+
+# -- vocabularies that do not match --------------------------------------------------------------
+def test_a_vocabulary_padded_beyond_the_tokenizer_never_samples_the_padding(tmp_path):
+    from test_nanogpt import nanogpt_ckpt
+
+    from tinyt.export import export_onnx
+    from tinyt.model import generate
+    nanogpt_ckpt(tmp_path / "ckpt.pt", vocab=320)  # random weights: padded ids are likely picks
+    proc = run_tinyt("import-nanogpt", tmp_path / "ckpt.pt", tmp_path / "ck", "--tokenizer",
+                     "byte")
+    assert proc.returncode == 0, proc.stderr
+    assert "ids 257..319 are padding" in proc.stderr
+    ck = load_checkpoint(tmp_path / "ck")
+    assert ck.meta["vocab_padding"] == 63 and ck.config.vocab_size == 320
+    ids = torch.tensor([ck.tokenizer.encode("hello")])
+    for temperature in (0, 2.0):
+        gen = torch.Generator().manual_seed(0)
+        free = generate(ck.model, ids, 18, temperature=temperature, generator=gen)
+        gen = torch.Generator().manual_seed(0)
+        masked = generate(ck.model, ids, 18, temperature=temperature, generator=gen,
+                          vocab_limit=257)
+        assert int(masked[0, 5:].max()) < 257
+    assert int(free[0, 5:].max()) >= 257  # unmasked, the padding does come up
+    lm = rt.load(export_onnx(tmp_path / "ck", tmp_path / "onnx"), threads=1)
+    for kw in ({"temperature": 0}, {"temperature": 2.0, "seed": 1}):
+        res = lm.generate_details(["hello", "x"], max_new_tokens=18, min_new_tokens=18, **kw)
+        for r in res:
+            assert max(r.token_ids) < 257 and len(r.token_ids) == 18, r.token_ids
+
+
+def test_a_byte_level_model_without_end_of_text_imports_and_runs(tmp_path):
+    from test_nanogpt import nanogpt_ckpt
+
+    from tinyt.export import export_onnx
+    from tinyt.nanogpt import import_nanogpt
+    ref = nanogpt_ckpt(tmp_path / "ckpt.pt", vocab=256)
+    ck = load_checkpoint(import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "ck", tokenizer="byte"))
+    assert ck.tokenizer.vocab_size == 256 and ck.tokenizer.eos_id is None
+    assert ck.tokenizer.encode("é!") == list("é!".encode("utf-8"))
+    x = torch.tensor([ck.tokenizer.encode("print(1)")])
+    with torch.no_grad():
+        assert torch.allclose(ck.model(x)[0], ref(x), atol=1e-5)
+    lm = rt.load(export_onnx(tmp_path / "ck", tmp_path / "onnx"), threads=1)
+    res = lm.generate_details(["print("], max_new_tokens=10, temperature=0)[0]
+    assert len(res.token_ids) == 10 and res.finish_reason == "length"
+    nanogpt_ckpt(tmp_path / "small.pt", vocab=65)  # shakespeare_char's size
+    with pytest.raises(CheckpointError, match="vocab_size is 65.*meta.pkl.*--tokenizer"):
+        import_nanogpt(tmp_path / "small.pt", tmp_path / "small", tokenizer="byte")

@@ -101,13 +101,13 @@ def import_nanogpt(
     ckpt_pt: Annotated[Path, typer.Argument(help="nanoGPT's ckpt.pt (as its train.py writes).")],
     out: Annotated[Path, typer.Argument(help="tinyt checkpoint directory to write.")],
     tokenizer: Annotated[str, typer.Option(
-        help="tokenizer.json matching the model's vocabulary, or 'byte' for tinyt's "
-             "256-byte tokenizer.")] = ...,
+        help="tokenizer.json matching the model's vocabulary, or 'byte' for the 256 bytes "
+             "(plus an end-of-text id when the model has more than 256).")] = ...,
 ) -> None:
     """Import a nanoGPT checkpoint (loaded with weights_only=True) as a tinyt checkpoint."""
     from tinyt.nanogpt import import_nanogpt as run_import
 
-    path = run_import(ckpt_pt, out, tokenizer=tokenizer)
+    path = run_import(ckpt_pt, out, tokenizer=tokenizer, log=lambda s: typer.echo(s, err=True))
     typer.echo(f"checkpoint: {path}")
 
 

@@ -7,6 +7,7 @@ once `torch.compile`'s `_orig_mod.` prefix is removed.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -59,13 +60,28 @@ def config_from_model_args(args: dict, tie_weights: bool) -> ModelConfig:
         raise CheckpointError(f"nanoGPT model_args are not a valid model: {e}") from None
 
 
-def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str) -> Path:
+def _tokenizer(tokenizer: str, vocab_size: int) -> Tokenizer:
+    if tokenizer != "byte":
+        return Tokenizer.from_file(tokenizer)
+    if vocab_size < 256:
+        raise CheckpointError(
+            f"the model's vocab_size is {vocab_size}, fewer than the byte tokenizer's 256 ids; "
+            "a character-level nanoGPT model (meta.pkl) needs a tokenizer.json of its own "
+            "characters: pass it with --tokenizer")
+    # A byte-level nanoGPT model of exactly 256 ids has no end-of-text token.
+    return Tokenizer.byte_level(end_of_text=vocab_size > 256)
+
+
+def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str,
+                   log: Callable[[str], None] = lambda s: None) -> Path:
     """Write a tinyt checkpoint directory from nanoGPT's ckpt.pt. `tokenizer` is the path of a
-    tokenizer.json for the model's vocabulary, or 'byte' for tinyt's 256-byte tokenizer."""
+    tokenizer.json for the model's vocabulary, or 'byte' for the 256 bytes (with an
+    end-of-text id 256 when the model has room for it). A vocabulary padded beyond the
+    tokenizer (nanoGPT pads GPT-2's 50257 to 50304) stays padded; the padded ids are never
+    sampled, and the checkpoint records the padding (config.json 'vocab_padding')."""
     ckpt_path, out = Path(ckpt_path), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"output directory {out} exists and is not empty; choose a new one")
-    tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_file(tokenizer)
     ckpt = _load(ckpt_path)
     state = {}
     for key, value in ckpt["model"].items():
@@ -78,6 +94,7 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str) ->
     if tied:
         state.pop("lm_head.weight", None)
     cfg = config_from_model_args(dict(ckpt["model_args"]), tie_weights=tied)
+    tok = _tokenizer(tokenizer, cfg.vocab_size)
     if tok.vocab_size > cfg.vocab_size:
         raise CheckpointError(
             f"the tokenizer has {tok.vocab_size} tokens but the model's vocab_size is "
@@ -92,4 +109,9 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str) ->
         "best_val_loss": float(best) if best is not None else None,
         "parameters": model.num_parameters(),
     }
-    return save_checkpoint(out, model, tok, metrics=metrics)
+    path = save_checkpoint(out, model, tok, metrics=metrics)
+    if tok.vocab_size < cfg.vocab_size:
+        log(f"the model's vocabulary has {cfg.vocab_size} ids and the tokenizer "
+            f"{tok.vocab_size}: ids {tok.vocab_size}..{cfg.vocab_size - 1} are padding, kept "
+            "for speed and never sampled (recorded as vocab_padding in config.json)")
+    return path

@@ -3,7 +3,8 @@
 Two kinds, one file format:
 - `bpe`: byte-level BPE trained on the corpus (GPT-2's scheme), vocab size configurable;
 - `byte`: the 256 bytes themselves (token id == byte value), no merges.
-Both end with one special token, `<|endoftext|>`, used as document separator, EOS and pad.
+Both end with one special token, `<|endoftext|>`, used as document separator, EOS and pad
+(a `byte` tokenizer made for an imported byte-level model may have none).
 Any UTF-8 text round-trips exactly: encode never drops or normalises a byte.
 """
 from __future__ import annotations
@@ -56,13 +57,15 @@ class Tokenizer:
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def byte_level(cls) -> "Tokenizer":
-        """The plain 256-byte tokenizer: id == byte value, then <|endoftext|> = 256."""
+    def byte_level(cls, *, end_of_text: bool = True) -> "Tokenizer":
+        """The plain 256-byte tokenizer: id == byte value, then <|endoftext|> = 256.
+        end_of_text=False: the 256 bytes alone (a byte-level nanoGPT model has no such token)."""
         table = bytes_to_unicode()
         vocab = {table[b]: b for b in range(256)}
         hf = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
         _byte_level_parts(hf)
-        hf.add_special_tokens([EOS_TOKEN])
+        if end_of_text:
+            hf.add_special_tokens([EOS_TOKEN])
         return cls(hf)
 
     @classmethod
