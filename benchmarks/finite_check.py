@@ -1,5 +1,6 @@
 """What does the runtime's non-finite logits check cost per token? (Evidence for
-runtime/sampling.next_token: it tests the one logit that decides, not the whole row.)
+runtime/sampling.next_token: it tests the one logit that decides, not the whole row; and its
+top-k path, which no longer widens the whole row to float64.)
 
 Three measurements, each interleaved (checked, unchecked, checked, ...) over ROUNDS rounds,
 medians, with the CPU flags printed beside them:
@@ -66,6 +67,7 @@ def main(artifact: str) -> None:
     flags = {k: v for k, v in cpu_features().items() if v is True}
     print(f"cpu: {cpu_features()['model']}; flags: {', '.join(sorted(flags))}")
     rng = np.random.default_rng(0)
+    # "unchecked" is next_token as it was before the check (and before the top-k rework).
     variants = {"checked": next_token, "unchecked": unchecked, "full-row check": full_row}
     for vocab in (2048, 50257):
         row = rng.standard_normal(vocab).astype(np.float32)

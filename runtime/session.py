@@ -87,6 +87,15 @@ def open_artifact(directory: str | os.PathLike) -> Artifact:
                     manifest.get("fixed_shape"), manifest.get("prefill_model_file"))
 
 
+def check_source(directory: str | os.PathLike) -> Artifact:
+    """A stage's source artifact, opened as the runtime would (manifest, contract, the config
+    against the graph, one probe step) so that a mismatch is refused by name before the stage
+    runs it in its own checks."""
+    artifact = open_artifact(directory)
+    create_session(artifact, threads=1, spinning=False, level="disabled")
+    return artifact
+
+
 def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
     """The session's inputs and outputs are the contract's, by name and rank, in order."""
     cfg, kind = artifact.config, artifact.kind

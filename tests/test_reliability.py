@@ -207,6 +207,18 @@ def test_a_config_that_disagrees_is_refused_for_every_kind(lm_onnx, tiny_clf, tm
     assert rt.load(gqa).generate("ab", max_new_tokens=3)  # the untouched ones load
 
 
+@pytest.mark.parametrize("changes", [{"n_layer": 3}, {"block_size": 64}, {"n_head": 4}])
+def test_stages_refuse_a_source_whose_config_disagrees_with_its_graph(lm_onnx, tmp_path, changes):
+    from tinyt.export.optimize import optimize
+    from tinyt.export.package import package
+    from tinyt.export.quantize import quantize
+    bad = _edited_config(lm_onnx, tmp_path, **changes)
+    for stage in (optimize, quantize, package):
+        with pytest.raises(ManifestError, match="does not belong to this graph"):
+            stage(bad, tmp_path / stage.__name__)
+    one_line_error(run_tinyt("optimize", bad, tmp_path / "o"), "does not belong to this graph")
+
+
 def test_random_bytes_for_a_model_file_are_not_an_onnx_model(lm_onnx, tmp_path):
     from tinyt.export.optimize import optimize
     copy = tmp_path / "random"

@@ -282,3 +282,41 @@ def test_spinning_follows_the_thread_count(lm_onnx):
     assert spin(threads=2, spinning=False) == "0" and spin(threads=1, spinning=True) == "1"
     opts = session_options(art, threads=2, spinning=None, level=None, stop_spinning=True)
     assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+def _reference_next_token(logits, params, rng, history):
+    """The plain full-row sampler (float64 over every id, masked ids at -inf): what
+    next_token's candidate-only top-k path must choose exactly."""
+    z = logits.astype(np.float64)
+    if params.repetition_penalty != 1.0 and history:
+        seen = np.unique(np.asarray(history))
+        z[seen] = np.where(z[seen] > 0, z[seen] / params.repetition_penalty,
+                           z[seen] * params.repetition_penalty)
+    z = z / params.temperature
+    if params.top_k is not None and params.top_k < z.size:
+        z = np.where(z < np.partition(z, -params.top_k)[-params.top_k], -np.inf, z)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if params.top_p is not None and params.top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        keep = order[: int(np.searchsorted(np.cumsum(probs[order]), params.top_p)) + 1]
+        mask = np.zeros_like(probs)
+        mask[keep] = probs[keep]
+        probs = mask / mask.sum()
+    return min(int(np.searchsorted(np.cumsum(probs), rng.random(), side="right")),
+               probs.size - 1)
+
+
+def test_top_k_sampling_picks_what_the_full_row_sampler_picks():
+    from tinyt.runtime.sampling import next_token
+    rng = np.random.default_rng(0)
+    for trial in range(150):
+        vocab = int(rng.choice([50, 2048, 50257]))
+        row = (rng.standard_normal(vocab) * rng.uniform(0.5, 4)).astype(np.float32)
+        row[rng.integers(0, vocab, 3)] = row.max()  # ties at the top
+        for kw in (dict(temperature=0.8, top_k=50), dict(temperature=1.3, top_k=5, top_p=0.9),
+                   dict(temperature=0.7, top_p=0.95), dict(temperature=0.33, top_k=2),
+                   dict(temperature=1.0, top_k=40, repetition_penalty=1.2)):
+            params = rt.SamplingParams(**kw)
+            assert next_token(row, params, np.random.default_rng(trial), [1, 5, 9]) == \
+                _reference_next_token(row, params, np.random.default_rng(trial), [1, 5, 9])

@@ -5,7 +5,6 @@ Torch and the other heavy modules are imported inside the verb that needs them, 
 """
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -451,15 +450,17 @@ def info() -> None:
 
 
 def main() -> None:
-    """Run the CLI: tinyt's errors exit 2 with one line; Ctrl-C exits 130 with one line,
-    whatever the library was doing when it came (torch's exporter, for one, turns a
-    KeyboardInterrupt inside it into errors of its own), and leaves earlier outputs intact."""
-    interrupted = []
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not if ignored (nohup)
-        def on_sigint(signum, frame):
-            interrupted.append(True)
-            raise KeyboardInterrupt
-        signal.signal(signal.SIGINT, on_sigint)
+    """The `tinyt` console script (see tinyt/__main__.py)."""
+    from tinyt.__main__ import entry
+
+    entry()
+
+
+def run(interrupted: list[bool]) -> None:
+    """Run the CLI: tinyt's errors exit 2 with one line; Ctrl-C (`interrupted` is appended to
+    by the SIGINT handler) exits 130 with one line, whatever the library was doing when it came
+    (torch's exporter, for one, turns a KeyboardInterrupt inside it into errors of its own),
+    and earlier outputs stay intact."""
     try:
         app()
     except SystemExit as e:
