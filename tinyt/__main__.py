@@ -19,7 +19,12 @@ def entry() -> None:
     except KeyboardInterrupt:
         print("interrupted: nothing was started", file=sys.stderr)
         sys.exit(130)
-    run(interrupted)
+    try:
+        run(interrupted)
+    finally:
+        # The work is done (or refused): a Ctrl-C during interpreter teardown (torch's can take
+        # a while) must not turn the exit status into death by SIGINT with no word said.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
