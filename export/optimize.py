@@ -45,6 +45,7 @@ OPT_ATOL = 1e-4  # optimized vs input graph, max abs diff on every output (fp32)
 ATTENTION_OPS = {"MultiHeadAttention", "Attention", "GroupQueryAttention",
                  "PackedMultiHeadAttention"}
 CONTRIB = "com.microsoft"
+GELU_OPS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",)}  # with / without bias
 QUANTIZED_OPS = {"DequantizeLinear", "QuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
                  "MatMulNBits", "GatherBlockQuantized", "QLinearMatMul", "DynamicQuantizeLinear"}
 COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
@@ -170,6 +171,13 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     if target != "portable" and attention < cfg.n_layer:
         raise OptimizeError(f"attention fused in {attention} of {cfg.n_layer} layers for target "
                             f"{target!r}; ops now: {dict(counts)}")
+    # The MLP's activation in one kernel with its bias: BiasGelu (exact erf GELU) or FastGelu
+    # (the tanh approximation, GPT-2's gelu_new).
+    gelu_ops = GELU_OPS[cfg.activation]
+    gelu = sum(counts.get(f"{CONTRIB}.{op}", 0) for op in gelu_ops)
+    if target == "cpu" and gelu < cfg.n_layer:
+        raise OptimizeError(f"{cfg.activation} fused into {' / '.join(gelu_ops)} in {gelu} of "
+                            f"{cfg.n_layer} layers; ops now: {dict(counts)}")
     cached = fusions.get("attention_with_past", 0)
     if target == "cpu" and kind == "decoder_with_past" and cached < cfg.n_layer:
         raise OptimizeError(f"the KV cache moved into attention in {cached} of {cfg.n_layer} "

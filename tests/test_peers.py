@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import tinyt.runtime as rt
-from tinyt.checkpoint import load_checkpoint, save_checkpoint
-from tinyt.config import ModelConfig
+from tinyt.checkpoint import load_checkpoint
 from tinyt.data import DataError, held_out_prompts
 from tinyt.export.optimize import optimize
 from tinyt.export.package import package
@@ -18,7 +17,6 @@ from tinyt.export.quantize import quantize
 from tinyt.genai import GENAI_CONFIG
 from tinyt.hfgpt2 import HF_LOGITS_ATOL, ConversionError, to_hf_gpt2
 from tinyt.manifest import check_manifest
-from tinyt.model import TinyTransformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import peers  # noqa: E402
@@ -85,23 +83,7 @@ def test_hf_gpt2_has_tinyts_logits(tiny_ckpt, tmp_path):
     assert json.loads((out / "config.json").read_text())["activation_function"] == "gelu"
 
 
-def test_hf_gpt2_of_a_sinusoidal_bias_free_model(tiny_ckpt, tmp_path):
-    from transformers import GPT2LMHeadModel
-
-    tok = load_checkpoint(tiny_ckpt).tokenizer
-    cfg = ModelConfig(block_size=16, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16,
-                      pos_encoding="sinusoidal", bias=False)
-    torch.manual_seed(0)
-    model = TinyTransformer(cfg)
-    src = save_checkpoint(tmp_path / "ck", model, tok)
-    out = to_hf_gpt2(src, tmp_path / "hf")
-    ids = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        diff = (GPT2LMHeadModel.from_pretrained(out)(ids).logits - model.eval()(ids)[0])
-    assert diff.abs().max().item() <= HF_LOGITS_ATOL
-
-
-def test_hf_gpt2_refuses_a_classifier(tiny_clf, tmp_path):
+def test_hf_gpt2_refuses_a_classifier(tiny_clf, tmp_path):  # more in test_hf.py
     with pytest.raises(ConversionError, match="causal LMs"):
         to_hf_gpt2(tiny_clf, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()

@@ -82,6 +82,16 @@ def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
                                  "damaged)")
 
 
+def padding_note(cfg: ModelConfig, tokenizer: Tokenizer) -> str | None:
+    """What an importer says about a vocabulary padded beyond its tokenizer, else None."""
+    if tokenizer.vocab_size >= cfg.vocab_size:
+        return None
+    return (f"the model's vocabulary has {cfg.vocab_size} ids and the tokenizer "
+            f"{tokenizer.vocab_size}: ids {tokenizer.vocab_size}..{cfg.vocab_size - 1} are "
+            "padding, kept for speed and never sampled (recorded as vocab_padding in "
+            "config.json)")
+
+
 def save_checkpoint(out: str | Path, model: nn.Module, tokenizer: Tokenizer, *,
                     labels: list[str] | None = None, metrics: dict[str, Any] | None = None,
                     run: dict[str, Any] | None = None, state: TrainState | None = None) -> Path:
@@ -125,7 +135,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not readable JSON: {e}") from None
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
@@ -195,7 +205,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"{path / CONFIG_FILE}: a classifier needs 'labels', a list of {cfg.num_labels} names"
         )
     model = build_model(cfg)
-    load_weights(model, _read_safetensors(path / MODEL_FILE), str(path / MODEL_FILE))
+    load_weights(model, read_safetensors(path / MODEL_FILE), str(path / MODEL_FILE))
     model.eval()
     return Checkpoint(model, cfg, tokenizer, labels, meta, path)
 
@@ -214,7 +224,7 @@ def load_train_state(path: str | Path, model: nn.Module,
             "keeps them; an imported checkpoint has none)"
         )
     info = _read_json(path / STATE_JSON)
-    tensors = _read_safetensors(path / STATE_FILE)
+    tensors = read_safetensors(path / STATE_FILE)
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:

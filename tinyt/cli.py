@@ -32,7 +32,7 @@ def presets() -> None:
 @app.command()
 def train(
     out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = DEFAULT_CKPT,
-    preset: Annotated[str, typer.Option(help="Named preset: test, demo, article.")] = "demo",
+    preset: Annotated[str, typer.Option(help="Named preset: test, demo, article, gpt2-small (tinyt presets).")] = "demo",
     data: Annotated[Optional[Path], typer.Option(
         help="Text file or directory (classifier: a directory with one subdirectory per "
              "label). Default: the Python standard library's source.")] = None,
@@ -108,6 +108,39 @@ def import_nanogpt(
 
     path = run_import(ckpt_pt, out, tokenizer=tokenizer, log=lambda s: typer.echo(s, err=True))
     typer.echo(f"checkpoint: {path}")
+
+
+@app.command("import-hf")
+def import_hf(
+    directory: Annotated[Path, typer.Argument(help="Local Hugging Face GPT2LMHeadModel "
+                                                   "directory (config.json, model.safetensors "
+                                                   "or shards, tokenizer.json or vocab.json + "
+                                                   "merges.txt).")],
+    out: Annotated[Path, typer.Argument(help="tinyt checkpoint directory to write.")],
+) -> None:
+    """Import a GPT-2-family model (GPT-2, DistilGPT-2, their fine-tunes) from a Hugging Face
+    directory; options tinyt's model does not implement are refused by name."""
+    from tinyt.hfgpt2 import import_hf as run_import
+
+    path = run_import(directory, out, log=lambda s: typer.echo(s, err=True))
+    typer.echo(f"checkpoint: {path}")
+
+
+@app.command("export-hf")
+def export_hf(
+    checkpoint: Annotated[Path, typer.Argument(help="Causal-LM checkpoint directory.")],
+    out: Annotated[Path, typer.Argument(help="Hugging Face directory to write.")],
+) -> None:
+    """Write a checkpoint as a Hugging Face GPT2LMHeadModel directory (safetensors), for
+    transformers, CTranslate2, llama.cpp's converter, vLLM; its logits are checked first."""
+    import json
+
+    from tinyt.hfgpt2 import to_hf_gpt2
+
+    path = to_hf_gpt2(checkpoint, out)
+    meta = json.loads((path / "config.json").read_text())
+    typer.echo(f"logits max abs diff vs tinyt: {meta['tinyt']['logits_max_abs_diff']:.2e}")
+    typer.echo(f"huggingface: {path}")
 
 
 @app.command("export")
@@ -357,7 +390,7 @@ def classify_cmd(
 def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for every stage.")]
         = Path("artifacts"),
-    preset: Annotated[str, typer.Option(help="Model preset: test, demo, article.")] = "demo",
+    preset: Annotated[str, typer.Option(help="Model preset: test, demo, article, gpt2-small.")] = "demo",
     data: Annotated[Optional[Path], typer.Option(
         help="Your text corpus (default: the Python standard library's source).")] = None,
     skip_train: Annotated[Optional[Path], typer.Option(

@@ -13,6 +13,7 @@ from typing import Any
 from tinyt.errors import ConfigError
 
 POS_ENCODINGS = ("learned", "sinusoidal")
+ACTIVATIONS = ("gelu", "gelu_tanh")  # exact (erf) GELU; its tanh approximation (GPT-2's)
 TASKS = ("causal_lm", "classifier")
 TOKENIZER_KINDS = ("bpe", "byte")
 DEVICES = ("cpu", "cuda")
@@ -77,6 +78,9 @@ class ModelConfig(_JsonMixin):
     tie_weights: bool = True  # lm_head shares the token-embedding matrix
     task: str = "causal_lm"
     num_labels: int = 0  # classifier only
+    activation: str = "gelu"  # the MLP's: gelu (exact, nanoGPT) or gelu_tanh (GPT-2's gelu_new)
+    norm_eps: float = 1e-5  # LayerNorm epsilon (GPT-2's layer_norm_epsilon)
+    n_inner: int | None = None  # MLP width; None = 4 * n_embd
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -120,9 +124,20 @@ class ModelConfig(_JsonMixin):
                 "must be 0 for task='causal_lm' (labels belong to the classifier)",
             )
 
+        _require(self.activation in ACTIVATIONS, "activation", self.activation,
+                 f"allowed: {', '.join(ACTIVATIONS)}")
+        _require(_is_number(self.norm_eps) and 0 < self.norm_eps < 1, "norm_eps", self.norm_eps,
+                 "must be a finite number in (0, 1)")
+        _require(self.n_inner is None or (_is_int(self.n_inner) and self.n_inner >= 1),
+                 "n_inner", self.n_inner, "must be null (4 * n_embd) or an integer >= 1")
+
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def mlp_width(self) -> int:
+        return self.n_inner or 4 * self.n_embd
 
 
 @dataclass(frozen=True)
@@ -189,6 +204,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "model": dict(block_size=256, vocab_size=8192, n_layer=4, n_head=4, n_embd=768),
         "train": dict(max_steps=2000, batch_size=16, learning_rate=6e-4, min_lr=6e-5,
                       warmup_steps=100, eval_interval=250, eval_batches=16),
+    },
+    # GPT-2 small's shape (124 M parameters with GPT-2's 50257 ids; the vocabulary is what the
+    # tokenizer reaches). For the deployment chain at real size; training it takes a GPU.
+    "gpt2-small": {
+        "model": dict(block_size=1024, vocab_size=50257, n_layer=12, n_head=12, n_embd=768,
+                      activation="gelu_tanh"),
+        "train": dict(max_steps=5000, batch_size=8, learning_rate=6e-4, min_lr=6e-5,
+                      warmup_steps=200, eval_interval=500, eval_batches=4),
     },
 }
 DEFAULT_PRESET = "demo"

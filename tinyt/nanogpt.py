@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from tinyt.checkpoint import load_weights, save_checkpoint
+from tinyt.checkpoint import load_weights, padding_note, save_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConfigError
 from tinyt.model import TinyTransformer
@@ -55,6 +55,7 @@ def config_from_model_args(args: dict, tie_weights: bool) -> ModelConfig:
             n_layer=args["n_layer"], n_head=args["n_head"], n_embd=args["n_embd"],
             bias=args.get("bias", True), dropout=float(args.get("dropout", 0.0)),
             pos_encoding="learned", tie_weights=tie_weights,
+            activation="gelu", norm_eps=1e-5,  # nanoGPT: nn.GELU() (exact), F.layer_norm 1e-5
         )
     except ConfigError as e:
         raise CheckpointError(f"nanoGPT model_args are not a valid model: {e}") from None
@@ -110,8 +111,7 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str,
         "parameters": model.num_parameters(),
     }
     path = save_checkpoint(out, model, tok, metrics=metrics)
-    if tok.vocab_size < cfg.vocab_size:
-        log(f"the model's vocabulary has {cfg.vocab_size} ids and the tokenizer "
-            f"{tok.vocab_size}: ids {tok.vocab_size}..{cfg.vocab_size - 1} are padding, kept "
-            "for speed and never sampled (recorded as vocab_padding in config.json)")
+    note = padding_note(cfg, tok)
+    if note:
+        log(note)
     return path
