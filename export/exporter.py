@@ -28,6 +28,7 @@ from tinyt.config import ModelConfig
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
 from tinyt.genai import write_genai_config
+from tinyt.graphio import save_graph
 from tinyt.hfgpt2 import gpt2_config
 from tinyt.manifest import check_output_dir, io_spec, write_manifest
 
@@ -38,7 +39,6 @@ logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(loggin
 DEFAULT_OPSET = 18
 MIN_OPSET = 18  # torch's dynamo exporter (onnxscript torchlib) writes opset 18 and later
 ONNX_FILE = "model.onnx"
-MAX_FILE_BYTES = 2 * 1024**3  # protobuf's limit on one serialized message
 # Example sizes: >= 2 and distinct, so no axis can be specialised to a constant.
 EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
 
@@ -185,19 +185,18 @@ def _check_opset(opset: int) -> None:
 
 
 def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                opset: int = DEFAULT_OPSET, with_past: bool = True) -> Path:
+                opset: int = DEFAULT_OPSET, with_past: bool = True,
+                external_data: bool | None = None) -> Path:
     """Export a checkpoint to an ONNX artifact directory (written atomically); returns it.
 
     Causal LMs get one decoder graph with a KV cache (with_past=True) or a no-cache graph;
-    classifiers get input_ids, attention_mask -> logits."""
+    classifiers get input_ids, attention_mask -> logits. external_data: weights in
+    model.onnx.data (None: when they pass tinyt.graphio's threshold, below protobuf's 2 GB)."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     check_output_dir(checkpoint_dir, out_dir)
     _check_opset(opset)
     ckpt = load_checkpoint(checkpoint_dir)
     cfg = ckpt.config
-    if 4 * ckpt.model.num_parameters() >= MAX_FILE_BYTES:
-        raise ExportError(f"{ckpt.model.num_parameters():,} parameters need more than the 2 GB "
-                          "a single-file ONNX model can hold (protobuf's limit)")
     kind = graph_kind(cfg, with_past)
     wrapper = {"decoder_with_past": DecoderWithPast, "decoder": Decoder,
                "classifier": lambda m: m}[kind](ckpt.model).eval()
@@ -214,9 +213,9 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     _name_axes(proto, inputs, outputs)
     _tidy_nodes(proto, wrapped=kind != "classifier")
     proto.producer_name, proto.producer_version = "tinyt", __version__
-    onnx.checker.check_model(proto, full_check=True)
     with atomic_dir(out_dir) as tmp:
-        onnx.save_model(proto, str(tmp / ONNX_FILE))
+        files = save_graph(proto, tmp / ONNX_FILE, external=external_data)
+        onnx.checker.check_model(str(tmp / ONNX_FILE), full_check=True)  # by path: any size
         ckpt.tokenizer.save(tmp / "tokenizer.json")
         write_json(tmp / "config.json", hf_config(cfg, ckpt.tokenizer, ckpt.labels, kind))
         eos = ckpt.tokenizer.eos_id
@@ -227,7 +226,8 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
         write_manifest(tmp, stage="export", source={
             "kind": "checkpoint", "path": str(checkpoint_dir.resolve()),
             "sha256": {f: sha256_file(checkpoint_dir / f) for f in (MODEL_FILE, CONFIG_FILE)},
-        }, options={"opset": opset, "with_past": with_past}, extra={
+        }, options={"opset": opset, "with_past": with_past,
+                    "external_data": len(files) > 1}, extra={
             "graph": kind, "opset": opset, "io": io_spec(inputs, outputs),
             "exporter": "torch.onnx.export(dynamo=True)",
             "versions": {"torch": torch.__version__, "onnx": onnx.__version__,

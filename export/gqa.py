@@ -35,7 +35,7 @@ from onnx import TensorProto, helper
 from tinyt.contract import CAPACITY
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
-from tinyt.graphio import load_graph
+from tinyt.graphio import copy_graph, load_graph, save_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import UNFUSED, check_source
@@ -195,7 +195,7 @@ def _convert(src_dir: Path, tmp: Path, name: str) -> tuple[dict, Path, dict]:
             f"{src_dir}: attention with a KV cache in {layers} of {cfg.n_layer} layers; make the "
             "variant from the output of `tinyt optimize --target cpu` (or its quantized form)")
     path = tmp / name
-    onnx.save_model(proto, str(path))
+    save_graph(proto, path)
     ops = {n.op_type for n in proto.graph.node}
     return manifest, path, _check_against_source(src_dir, path, cfg, ops)
 
@@ -231,9 +231,9 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 prefill_quantization=p_manifest.get("quantization"),
                 pair=_check_pair(src_dir, path, p_path, cfg))
         with atomic_dir(out_dir) as out:
-            shutil.copy(path, out / ONNX_FILE)
+            copy_graph(path, out)
             if prefill_from is not None:
-                shutil.copy(Path(tmp) / PREFILL_FILE, out / PREFILL_FILE)
+                copy_graph(Path(tmp) / PREFILL_FILE, out)
             for name in COPIED_FILES:
                 shutil.copy(src_dir / name, out / name)
             write_manifest(out, stage="shared-cache", source={

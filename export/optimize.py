@@ -29,7 +29,7 @@ from onnxscript.rewriter.ort_fusions import optimize_for_ort
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
-from tinyt.graphio import load_graph
+from tinyt.graphio import copy_graph, load_graph, save_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.session import check_source
 
@@ -133,10 +133,15 @@ def refold_transposed_copies(proto: onnx.ModelProto) -> int:
 def _ort_offline(proto: onnx.ModelProto, level: str, tmp: Path) -> onnx.ModelProto:
     """Let ONNX Runtime apply its graph optimizations at `level` and save the result."""
     src, dst = tmp / "fused.onnx", tmp / "ort.onnx"
-    onnx.save_model(proto, str(src))
+    external = len(save_graph(proto, src)) > 1
     opts = ort.SessionOptions()
     opts.graph_optimization_level = LEVELS[level]
     opts.optimized_model_filepath = str(dst)
+    if external:  # ONNX Runtime writes a big graph's weights beside it too
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", dst.name + ".data")
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "0")
     opts.log_severity_level = 3  # level 'all' warns that its layouts suit this CPU only
     ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
     optimized = onnx.load(str(dst))
@@ -188,7 +193,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         raise OptimizeError(f"the portable graph still holds contrib ops {contrib}")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
-        onnx.save_model(optimized, str(path))
+        save_graph(optimized, path)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         before = ort.InferenceSession(str(src_dir / ONNX_FILE), opts,
@@ -200,7 +205,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
             raise OptimizeError(f"the optimized graph differs from its input beyond {OPT_ATOL}: "
                                 f"{bad}")
         with atomic_dir(out_dir) as out:
-            shutil.copy(path, out / ONNX_FILE)
+            copy_graph(path, out)
             for name in COPIED_FILES:
                 shutil.copy(src_dir / name, out / name)
             write_genai_config(out, cfg, kind=kind)

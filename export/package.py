@@ -26,7 +26,7 @@ import onnxruntime as ort
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
-from tinyt.graphio import load_graph
+from tinyt.graphio import copy_graph, load_graph, save_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.fixed import AXES, capacity
 from tinyt.runtime.session import check_source
@@ -182,7 +182,11 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     level = "basic" if manifest.get("options", {}).get("target") == "portable" else "extended"
     with tempfile.TemporaryDirectory() as tmp:
         graph_path = Path(tmp) / ONNX_FILE
-        onnx.save_model(proto, str(graph_path))
+        external = len(save_graph(proto, graph_path)) > 1
+        if external and format == "ort":
+            raise PackageError(f"{src_dir} keeps its weights in external data (a graph over "
+                               "protobuf's 2 GB); the ORT format cannot hold them: package it "
+                               "with --format onnx or --format triton")
         try:
             _session(graph_path)
         except Exception as e:  # e.g. a pinned size the graph's ops cannot take
@@ -203,7 +207,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
                 version = out / name / "1"
                 version.mkdir(parents=True)
                 (out / name / "config.pbtxt").write_text(text)
-                shutil.copy(graph_path, version / ONNX_FILE)
+                copy_graph(graph_path, version)
                 for f in COPIED_FILES:
                     shutil.copy(src_dir / f, version / f)
                 extra["triton"] = {"model": name, "max_batch_size": parsed.max_batch_size,
@@ -219,7 +223,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
                     extra["ort"] = {"level": level, "model_file": ORT_FILE}
                     extra["model_file"] = ORT_FILE
                 else:
-                    shutil.copy(graph_path, out / ONNX_FILE)
+                    copy_graph(graph_path, out)
                 write_genai_config(out, cfg, kind=kind, fixed=pins,
                                    model_file=extra.get("model_file", ONNX_FILE))
             write_manifest(out, stage="package", source={

@@ -21,6 +21,7 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
 from tinyt import data as D
 from tinyt.config import ModelConfig
 from tinyt.errors import DataError
+from tinyt.graphio import graph_files
 from tinyt.runtime.feeds import prefill_feeds
 from tinyt.tokenizer import Tokenizer
 
@@ -105,6 +106,7 @@ def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: T
             per_channel=per_channel, reduce_range=reduce_range,
             activation_type=_TYPES[activation_type], weight_type=QuantType.QInt8,
             calibrate_method=CALIBRATIONS[calibration],
+            use_external_data_format=len(graph_files(src)) > 1,
         )
     root.setLevel(level)
     q = onnx.load(str(dst))

@@ -22,7 +22,7 @@ import onnxruntime as ort
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
-from tinyt.graphio import load_graph
+from tinyt.graphio import copy_graph, graph_files, load_graph, save_graph
 from tinyt.hardware import int8_preset
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.session import check_source
@@ -116,7 +116,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                                       accuracy_level=MODES[mode], exclude=list(exclude),
                                       kernel=kernel,
                                       reduce_range=bool(preset["reduce_range"]))
-            onnx.save_model(proto, str(path))
+            save_graph(proto, path)
         unused = [e for e in exclude if not any(f"by '{e}'" in x for x in report.excluded)]
         if unused:
             raise QuantizeError(f"--exclude {', '.join(unused)} names no module with weights; "
@@ -132,11 +132,11 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
         else:
             accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data)
         with atomic_dir(out_dir) as out:
-            shutil.copy(path, out / ONNX_FILE)
+            copy_graph(path, out)
             for name in COPIED_FILES:
                 shutil.copy(src_dir / name, out / name)
             write_genai_config(out, cfg, kind=kind)
-            src_bytes = (src_dir / ONNX_FILE).stat().st_size
+            src_bytes = _bytes(src_dir / ONNX_FILE)
             write_manifest(out, stage="quantize", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
             }, options={"mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
@@ -149,10 +149,15 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                 "quantization": {
                     "quantized": report.quantized, "excluded": report.excluded,
                     "skipped": report.skipped, "shared_tables": report.shared_tables,
-                    "contrib_domain": MS, "bytes": path.stat().st_size,
-                    "bytes_of_source": src_bytes, "size_ratio": path.stat().st_size / src_bytes,
+                    "contrib_domain": MS, "bytes": _bytes(path),
+                    "bytes_of_source": src_bytes, "size_ratio": _bytes(path) / src_bytes,
                 },
                 "accuracy": accuracy, **({"search": search} if search else {}),
                 "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__},
             })
     return out_dir
+
+
+def _bytes(model: Path) -> int:
+    """A model's size on disk, its external data included."""
+    return sum(f.stat().st_size for f in graph_files(model))

@@ -151,11 +151,17 @@ def export_cmd(
     no_cache: Annotated[bool, typer.Option(
         "--no-cache", help="Causal LM without KV cache I/O (input_ids, attention_mask -> "
                            "logits).")] = False,
+    external_data: Annotated[Optional[bool], typer.Option(
+        "--external-data/--single-file",
+        help="Weights in model.onnx.data beside the graph (default: when they pass ~1.8 GB, "
+             "below protobuf's 2 GB limit).")] = None,
 ) -> None:
     """Export a checkpoint to ONNX (KV-cache decoder, no-cache decoder, or classifier)."""
     from tinyt.export import export_onnx
 
-    typer.echo(f"onnx: {export_onnx(checkpoint, out, opset=opset, with_past=not no_cache)}")
+    path = export_onnx(checkpoint, out, opset=opset, with_past=not no_cache,
+                       external_data=external_data)
+    typer.echo(f"onnx: {path}")
 
 
 @app.command()
