@@ -16,10 +16,11 @@ from tinyt.errors import DataError
 from tinyt.runtime.feeds import prefill_feeds
 from tinyt.tokenizer import Tokenizer
 
-from .compare import ort_greedy
+from .compare import ort_greedy, row_chunks
 
-EVAL_WINDOWS = 48  # validation windows of block_size tokens
-EVAL_BATCH = 8
+EVAL_TOKENS = 6144  # validation tokens: 48 windows of the demo's 128, 6 of GPT-2's 1024
+EVAL_BATCH = 8  # windows (classifier: examples) per batch, at most
+EVAL_LOGITS = 1 << 24  # logits per LM batch (64 MB): 8 windows of the demo, 1 at GPT-2's size
 # Greedy agreement: prompts cut from the held-out split (each alone, batch 1), GREEDY_TOKENS
 # new tokens after each; position by position against the reference's tokens.
 GREEDY_PROMPTS = 32
@@ -31,11 +32,17 @@ def _logits(sess: ort.InferenceSession, cfg: ModelConfig, kind: str, x: np.ndarr
     return sess.run(["logits"], prefill_feeds(cfg, kind, x))[0]
 
 
-def _nll(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64)
-    z -= z.max(axis=-1, keepdims=True)
-    lse = np.log(np.exp(z).sum(axis=-1))
-    return lse - np.take_along_axis(z, y[..., None], axis=-1)[..., 0]  # (B, T)
+def _nll_sum(logits: np.ndarray, y: np.ndarray) -> float:
+    """Summed negative log-likelihood of the targets y, in float64, chunk by chunk (GPT-2's
+    vocabulary over 1024 positions is 206 MB of logits a row; float64 copies of a whole batch
+    took 13 GB)."""
+    total = 0.0
+    for z, t in row_chunks(logits, y[..., None]):
+        z = z.astype(np.float64)
+        z -= z.max(axis=-1, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=-1))
+        total += float((lse - np.take_along_axis(z, t, axis=-1)[:, 0]).sum())
+    return total
 
 
 def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: ModelConfig,
@@ -43,15 +50,16 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
     corpus = D.load_corpus(data)
     tokens = D.encode_documents(tokenizer, corpus.val)
     D.check_lm_tokens(tokens, cfg.block_size, "validation")
-    x, y = D.lm_eval_windows(tokens, cfg.block_size, EVAL_WINDOWS)
+    x, y = D.lm_eval_windows(tokens, cfg.block_size, max(4, EVAL_TOKENS // cfg.block_size))
     byte_len = tokenizer.token_byte_lengths()
     nats = {"reference": 0.0, "candidate": 0.0}
     agree = 0
-    for i in range(0, len(x), EVAL_BATCH):
-        xb, yb = x[i:i + EVAL_BATCH], y[i:i + EVAL_BATCH]
+    batch = max(1, min(EVAL_BATCH, EVAL_LOGITS // (cfg.block_size * cfg.vocab_size)))
+    for i in range(0, len(x), batch):
+        xb, yb = x[i:i + batch], y[i:i + batch]
         a, b = _logits(ref, cfg, kind, xb), _logits(cand, cfg, kind, xb)
-        nats["reference"] += float(_nll(a, yb).sum())
-        nats["candidate"] += float(_nll(b, yb).sum())
+        nats["reference"] += _nll_sum(a, yb)
+        nats["candidate"] += _nll_sum(b, yb)
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
     n_tokens, n_bytes = y.size, int(byte_len[y].sum())
     length = min(GREEDY_PROMPT_TOKENS, cfg.block_size // 4)
