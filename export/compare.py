@@ -48,9 +48,8 @@ def row_chunks(*arrays: np.ndarray):
     """The arrays viewed as rows of their last axis, in aligned chunks of about CHUNK_VALUES
     values: a [3, 1024, 50257] logits tensor is compared in 100 MB pieces, not as float64
     copies of 1.2 GB each."""
-    last = arrays[0].shape[-1] if arrays[0].ndim else 1
-    flat = [a.reshape(-1, last) for a in arrays]
-    step = max(1, CHUNK_VALUES // max(last, 1))
+    flat = [a.reshape(-1, a.shape[-1] if a.ndim else 1) for a in arrays]  # same row count
+    step = max(1, CHUNK_VALUES // max(flat[0].shape[1], 1))
     for i in range(0, flat[0].shape[0], step):
         yield tuple(f[i:i + step] for f in flat)
 

@@ -67,7 +67,7 @@ def test_every_stage_follows_external_data(ext, lm_onnx, tmp_path, monkeypatch, 
     gqa = optimize(q, tmp_path / "gqa", target="gqa")
     assert (gqa / DATA).is_file() and tokens(gqa) == tokens(q)
     pinned = package(ext, tmp_path / "pinned", format="onnx",
-                     fixed=["batch_size=1", "past_sequence_length=31"])
+                     fixed=["batch_size=1", "sequence_length=1", "past_sequence_length=31"])
     assert (pinned / DATA).is_file() and tokens(pinned) == want
     triton = package(ext, tmp_path / "triton", format="triton")
     assert (triton / "tinyt-decoder-with-past" / "1" / DATA).is_file()

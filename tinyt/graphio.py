@@ -75,7 +75,7 @@ def save_graph(proto, path: str | Path, *, external: bool | None = None) -> list
         onnx.save_model(proto, str(path))
         return [path]
     onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=0)
+                    location=data.name, size_threshold=1024)  # shape constants stay inline
     return [path, data]
 
 
