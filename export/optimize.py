@@ -169,8 +169,10 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
                             "export, then quantize")
     fused, fusions = _fuse(proto, target)
+    del proto  # each copy of a GPT-2-small graph is 0.5 GB: keep one at a time
     with tempfile.TemporaryDirectory() as tmp:
         optimized = _ort_offline(fused, level, Path(tmp))
+    del fused
     counts = op_counts(optimized)
     attention = sum(counts.get(f"{CONTRIB}.{op}", 0) for op in ATTENTION_OPS)
     if target != "portable" and attention < cfg.n_layer:
@@ -194,6 +196,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
         save_graph(optimized, path)
+        del optimized  # the sessions below read the files
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         before = ort.InferenceSession(str(src_dir / ONNX_FILE), opts,
