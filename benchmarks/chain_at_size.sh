@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
-# The deployment chain at GPT-2 small's size: each stage's wall time and peak memory
-# (GNU time's maximum resident set size), one stage at a time on an otherwise idle machine.
+# The deployment chain at a preset's size: each stage's wall time and peak memory (GNU time's
+# maximum resident set size), one stage at a time on an otherwise idle machine.
 #
-#   bash benchmarks/chain_at_size.sh [WORK_DIR] [RESULTS_DIR]
+#   bash benchmarks/chain_at_size.sh PRESET WORK_DIR RESULTS_DIR [CORPUS]
 #
-# The model is the gpt2-small preset (12 layers, 12 heads, width 768, context 1024, vocabulary
-# as far as a BPE trained on the built-in corpus reaches toward 50257) after one training step:
-# briefly trained weights, real sizes. Writes RESULTS_DIR/chain.md (default
-# benchmarks/results/chain-gpt2-small) with the commands beside the figures.
+# README runs it on the gpt2-small preset (12 layers, 12 heads, width 768, context 1024,
+# vocabulary as far as a BPE trained on the corpus reaches toward 50257) after one training
+# step: briefly trained weights, real sizes. Writes RESULTS_DIR/chain.md with the commands
+# beside the figures, and chain.log with their output. Paths are relative to where it runs;
+# tinyt and python come from PATH (an activated environment), else from .venv/bin.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-WORK=${1:-artifacts-gpt2-small}
-RESULTS=${2:-benchmarks/results/chain-gpt2-small}
-TINYT=.venv/bin/tinyt
+PRESET=${1:?preset}
+WORK=${2:?work directory}
+RESULTS=${3:?results directory}
+DATA=(${4:+--data "$4"})
+TINYT=$(command -v tinyt || echo .venv/bin/tinyt)
+PY="$(dirname "$TINYT")/python"
 mkdir -p "$RESULTS"
 OUT="$RESULTS/chain.md"
 LOG="$RESULTS/chain.log"
 : > "$LOG"
+trap 'echo "a stage failed; the end of $LOG:" >&2; tail -5 "$LOG" >&2' ERR
 
 {
-  echo "# The chain at GPT-2 small's size"
+  echo "# The chain at the $PRESET preset's size"
   echo
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
        "flags: $(grep -m1 -o -w -E 'avx512_vnni|avx_vnni|amx_int8|avx2' /proc/cpuinfo | sort -u | xargs)"
-  echo "tinyt $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(.venv/bin/python -c 'import torch, onnxruntime; print("torch", torch.__version__, "onnxruntime", onnxruntime.__version__)')"
+  echo "tinyt $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?'), $("$PY" -c 'import torch, onnxruntime; print("torch", torch.__version__, "onnxruntime", onnxruntime.__version__)')"
   echo
   echo "| stage | command | wall s | peak MiB |"
   echo "|---|---|---|---|"
@@ -41,12 +45,12 @@ stage() {  # stage NAME COMMAND...
 }
 
 rm -rf "$WORK"
-stage train "$TINYT" train --preset gpt2-small --max-steps 1 --batch-size 1 --eval-interval 1 \
-  --out "$WORK/checkpoint"
+stage train "$TINYT" train --preset "$PRESET" --max-steps 1 --batch-size 1 --eval-interval 1 \
+  --out "$WORK/checkpoint" "${DATA[@]}"
 stage export "$TINYT" export "$WORK/checkpoint" "$WORK/onnx"
 stage verify "$TINYT" verify "$WORK/checkpoint" "$WORK/onnx"
 stage optimize "$TINYT" optimize "$WORK/onnx" "$WORK/onnx-opt"
-stage quantize "$TINYT" quantize "$WORK/onnx-opt" "$WORK/onnx-int8"
+stage quantize "$TINYT" quantize "$WORK/onnx-opt" "$WORK/onnx-int8" "${DATA[@]}"
 stage package "$TINYT" package "$WORK/onnx-int8" "$WORK/edge"
 stage gqa "$TINYT" optimize "$WORK/onnx-int8" "$WORK/onnx-int8-gqa" --target gqa
 stage generate "$TINYT" generate "$WORK/onnx-int8-gqa" "def fibonacci(n):" --max-new-tokens 64 \
@@ -56,7 +60,7 @@ rm -f "$RESULTS/.time"
   echo
   echo "Sizes: fp32 $(du -b "$WORK/onnx/model.onnx" | cut -f1) bytes," \
        "INT8 $(du -b "$WORK/onnx-int8/model.onnx" | cut -f1) bytes" \
-       "($(.venv/bin/python -c "import json; q = json.load(open('$WORK/onnx-int8/manifest.json'))['quantization']; print(f\"{q['size_ratio']:.1%}\")") of the optimized fp32 graph)."
-  echo "Model: $(.venv/bin/python -c "import json; m = json.load(open('$WORK/checkpoint/config.json'))['model']; print(m)")"
+       "($("$PY" -c "import json; q = json.load(open('$WORK/onnx-int8/manifest.json'))['quantization']; print(f\"{q['size_ratio']:.1%}\")") of the optimized fp32 graph)."
+  echo "Model: $("$PY" -c "import json; m = json.load(open('$WORK/checkpoint/config.json'))['model']; print(m)")"
 } >> "$OUT"
 cat "$OUT"

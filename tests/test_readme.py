@@ -42,6 +42,9 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "--preset article --n-layer 12 --n-head 12 --n-embd 768 --block-size 256 --vocab-size 8192":
         "--block-size 32",
     "--rounds 10": "--rounds 1", "--rounds 5": "--rounds 1", "--max-steps 150": "--max-steps 3",
+    # the chain at GPT-2 small's size -> at the test preset's, its results in the work dir
+    "chain_at_size.sh gpt2-small artifacts-gpt2-small benchmarks/results/chain-gpt2-small":
+        "chain_at_size.sh test chain-work chain-results corpus",
 }
 
 
@@ -76,6 +79,8 @@ def small(command: str, work: Path) -> list[str]:
             argv[1] = str(ROOT / argv[1])
     if argv[0] == "bash" and argv[1] == "benchmarks/gpu.sh":
         return ["bash", str(ROOT / argv[1]), str(work / "artifacts"), sys.executable]
+    if argv[0] == "bash" and argv[1].startswith("benchmarks/"):
+        return ["bash", str(ROOT / argv[1]), *argv[2:]]  # from the checkout, into `work`
     if argv[0] == "torchrun":
         argv[0] = str(BIN / "torchrun")
     if "tinyt" in argv:
@@ -206,6 +211,9 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
     assert (after / "artifacts" / "edge" / "model.ort").is_file()
     assert (after / "benchmarks" / "results" / "cpu-full" / "results.json").is_file()
     assert (scratch / "artifacts" / "from-nanogpt" / "model.safetensors").is_file()
+    assert (scratch / "artifacts" / "from-hf" / "model.safetensors").is_file()
+    chain = (after / "chain-results" / "chain.md").read_text()
+    assert chain.count("| `") == 8 and "test preset" in chain
     assert ran > 45
     # the runs wrote into their work directories only, never over the committed results
     assert {p: p.stat().st_mtime_ns for p in results.rglob("*") if p.is_file()} == committed
