@@ -12,7 +12,10 @@ The swap is one atomic exchange of the two directory entries where the system ha
 renameat2 RENAME_EXCHANGE), else two renames with signals held off between them. Temporaries
 left by a writer that was killed (SIGKILL, a power cut) are removed by the next write of the
 same OUT, never those of a process that is still running; a previous OUT stranded under its
-`.old-` name by a kill between the two renames is put back first.
+`.old-` name by a kill between the two renames is put back first. A writer is known by its
+PID on this machine: a temporary left on a shared filesystem by a writer on another host (or
+in another PID namespace) may look dead or alive by coincidence — tinyt's stages write their
+outputs from one machine.
 """
 from __future__ import annotations
 
