@@ -1,11 +1,26 @@
-"""tinyt.export: ONNX export and verification against PyTorch (optimization and quantization
-follow in issue 4).
+"""tinyt.export: from a checkpoint to deployable ONNX artifacts.
 
-    export_onnx(checkpoint_dir, out_dir, *, opset=18, with_past=True) -> Path
-    verify(checkpoint_dir, onnx_dir, *, report_path=None) -> report dict
+    export_onnx(checkpoint_dir, out_dir, *, opset=18, with_past=True) -> Path      (torch)
+    verify(checkpoint_dir, onnx_dir, *, report_path=None) -> report dict            (torch)
+    tinyt.export.optimize / quantize / package / search                             (no torch)
+
+The names below are imported when first used, so `import tinyt.export.optimize` (and
+`tinyt optimize / quantize / package`) never load torch: an edge build machine or a CI job
+that only derives artifacts from an ONNX file installs onnxruntime, onnx and onnxscript
+(extra `onnx`), not torch.
 """
-from .exporter import DEFAULT_OPSET, ExportError, export_onnx
-from .verify import FP32_KV_ATOL, FP32_LOGITS_ATOL, VerificationError, verify
+from __future__ import annotations
 
-__all__ = ["export_onnx", "verify", "ExportError", "VerificationError", "DEFAULT_OPSET",
-           "FP32_LOGITS_ATOL", "FP32_KV_ATOL"]
+import importlib
+
+_LAZY = {"export_onnx": "exporter", "ExportError": "exporter", "DEFAULT_OPSET": "exporter",
+         "verify": "verifier", "VerificationError": "verifier", "FP32_LOGITS_ATOL": "verifier",
+         "FP32_KV_ATOL": "verifier"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
+from tinyt.contract import past_names
 from tinyt.runtime.feeds import prefill_feeds, step_feeds
 from tinyt.runtime.fixed import FixedWindow
 
@@ -34,10 +35,8 @@ def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
              "attention_mask": mask}
     if kind == "decoder_with_past":
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)[:, p:]
-        for i in range(cfg.n_layer):
-            for kv in ("key", "value"):
-                feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal(
-                    (b, cfg.n_head, p, cfg.head_dim)).astype(np.float32)
+        for name in past_names(cfg.n_layer):
+            feeds[name] = rng.standard_normal((b, cfg.n_head, p, cfg.head_dim)).astype(np.float32)
     return feeds
 
 

@@ -23,6 +23,7 @@ import torch.nn as nn
 from torch.export import Dim
 
 from tinyt import __version__, contract
+from tinyt.contract import ONNX_FILE, contract_for
 from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.errors import TinytError
@@ -38,7 +39,6 @@ logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(loggin
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 18  # torch's dynamo exporter (onnxscript torchlib) writes opset 18 and later
-ONNX_FILE = "model.onnx"
 # Example sizes: >= 2 and distinct, so no axis can be specialised to a constant.
 EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
 
@@ -75,15 +75,6 @@ def graph_kind(cfg: ModelConfig, with_past: bool) -> str:
     if cfg.task == "classifier":
         return "classifier"
     return "decoder_with_past" if with_past else "decoder"
-
-
-def contract_for(cfg: ModelConfig, kind: str):
-    """(inputs, outputs) TensorSpecs of a graph kind."""
-    if kind == "classifier":
-        return contract.classifier_inputs(cfg), contract.classifier_outputs(cfg)
-    with_past = kind == "decoder_with_past"
-    return (contract.decoder_inputs(cfg, with_past=with_past),
-            contract.decoder_outputs(cfg, with_past=with_past))
 
 
 def _example(cfg: ModelConfig, kind: str):

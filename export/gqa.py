@@ -32,7 +32,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from tinyt.contract import CAPACITY
+from tinyt.contract import CAPACITY, ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, load_graph, save_graph
@@ -40,7 +40,6 @@ from tinyt.manifest import check_manifest, check_output_dir, read_model_config, 
 from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import UNFUSED, check_source
 
-from .exporter import ONNX_FILE
 from .kvfuse import drop_dead, producers
 from .optimize import COPIED_FILES, OPT_ATOL
 

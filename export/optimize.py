@@ -26,6 +26,7 @@ import onnxscript.optimizer
 from onnx import numpy_helper
 from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
+from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
@@ -34,7 +35,6 @@ from tinyt.manifest import check_manifest, check_output_dir, read_model_config, 
 from tinyt.runtime.session import check_source
 
 from .compare import compare_graphs
-from .exporter import ONNX_FILE
 from .kvfuse import attention_with_past
 
 TARGETS = ("cpu", "portable", "gqa", "cuda")

@@ -23,6 +23,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
+from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
@@ -32,7 +33,6 @@ from tinyt.runtime.fixed import AXES, capacity
 from tinyt.runtime.session import check_source
 
 from .compare import compare_graphs
-from .exporter import ONNX_FILE
 from .optimize import COPIED_FILES, LEVELS
 from .triton import check_config, config_pbtxt
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
+from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
@@ -30,7 +31,6 @@ from tinyt.tokenizer import Tokenizer
 
 from .accuracy import classifier_accuracy, lm_accuracy
 from .blockquant import MS, quantize_weights
-from .exporter import ONNX_FILE
 from .optimize import COPIED_FILES, QUANTIZED_OPS
 from .qdq import CALIBRATIONS, quantize_qdq
 

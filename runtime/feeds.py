@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyt.config import ModelConfig
+from tinyt.contract import past_name, past_names
 
 
 def left_pad(rows: list[list[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -31,8 +32,7 @@ def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray, mask: np.ndarray
     if kind == "decoder_with_past":
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)
         empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=kv_dtype)
-        feeds.update({f"past_key_values.{i}.{kv}": empty
-                      for i in range(cfg.n_layer) for kv in ("key", "value")})
+        feeds.update(dict.fromkeys(past_names(cfg.n_layer), empty))
     return feeds
 
 
@@ -54,7 +54,6 @@ def step_feeds(kind: str, feeds: dict[str, np.ndarray], nxt: np.ndarray, output_
     if kind != "decoder_with_past":
         return {"input_ids": np.concatenate([feeds["input_ids"], nxt[:, None]], axis=1),
                 "attention_mask": mask}
-    past = {n.replace("present", "past_key_values"): v
-            for n, v in zip(output_names[1:], outputs[1:])}
+    past = {past_name(n): v for n, v in zip(output_names[1:], outputs[1:])}
     return {"input_ids": nxt[:, None].astype(np.int64), "attention_mask": mask,
             "position_ids": np.clip(mask.sum(-1, keepdims=True) - 1, 0, None), **past}

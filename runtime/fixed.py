@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyt.config import ModelConfig
+from tinyt.contract import past_name, past_names
 
 AXES = ("batch_size", "sequence_length", "past_sequence_length")
 
@@ -46,9 +47,8 @@ class FixedWindow:
         self.names = [o.name for o in session.get_outputs()]
         self.mask = np.zeros((self.B, self.P), dtype=np.int64)  # history of the cache slots
         self.overflow = False  # a real token had to leave the window: nothing more may run
-        self.past = {f"past_key_values.{i}.{kv}":
-                     np.zeros((self.B, cfg.n_head, self.P, cfg.head_dim), dtype=kv_dtype)
-                     for i in range(cfg.n_layer) for kv in ("key", "value")}
+        self.past = {name: np.zeros((self.B, cfg.n_head, self.P, cfg.head_dim), dtype=kv_dtype)
+                     for name in past_names(cfg.n_layer)}
         # no-cache graphs run the last S tokens of the history again at every step
         self.ids = np.zeros((self.B, 0), dtype=np.int64)
         self.hist = np.zeros((self.B, 0), dtype=np.int64)
@@ -79,8 +79,7 @@ class FixedWindow:
         # keep P slots per row: empty ones first, then every real one, each group in order
         keep = np.argsort(full, axis=1, kind="stable")[:, full.shape[1] - self.P:]
         self.overflow = bool((full[: self.rows].sum(-1) > self.P).any())  # a real one dropped
-        self.past = {name.replace("present", "past_key_values"):
-                     np.take_along_axis(value, keep[:, None, :, None], axis=2)
+        self.past = {past_name(name): np.take_along_axis(value, keep[:, None, :, None], axis=2)
                      for name, value in zip(self.names[1:], outputs[1:])}
         self.mask = np.take_along_axis(full, keep, axis=1)
         return outputs[0][:, -1]

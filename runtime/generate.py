@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import onnxruntime as ort
 
+from tinyt.contract import past_name
 from tinyt.errors import NonFiniteError
 from tinyt.tokenizer import Tokenizer
 
@@ -66,7 +67,7 @@ class LanguageModel:
         self.config = artifact.config
         self.provider = session.get_providers()[0]
         self._outputs = [o.name for o in session.get_outputs()]
-        self._past_names = [n.replace("present", "past_key_values") for n in self._outputs[1:]]
+        self._past_names = [past_name(n) for n in self._outputs[1:]]
         self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         # A vocabulary padded beyond the tokenizer (nanoGPT's 50304 for GPT-2's 50257): the
         # padded ids are never chosen, since no text stands for them.
@@ -235,7 +236,7 @@ class LanguageModel:
             binding.bind_cpu_input("position_ids", np.clip(mask.sum(-1, keepdims=True) - 1, 0,
                                                            None))
             for name, value in zip(self._outputs[1:], outputs[1:]):
-                binding.bind_ortvalue_input(name.replace("present", "past_key_values"), value)
+                binding.bind_ortvalue_input(past_name(name), value)
 
     def _cpu_steps(self, feeds: dict[str, np.ndarray]):
         """The KV-cache loop of _steps with numpy feeds, doing as little per step as it can:

@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
+from tinyt.contract import past_names, present_names
 
 GQA_KIND = "decoder_gqa"
 
@@ -50,12 +51,11 @@ class SharedCache:
         self.qlens = np.zeros(batch, dtype=np.int32)
         self.total = np.zeros((), dtype=np.int32)
         self.lens = np.zeros(batch, dtype=np.int64)  # tokens in the cache per row
-        for i in range(cfg.n_layer):
-            for kv in ("key", "value"):
-                buf = np.zeros(shape, dtype=kv_dtype)
-                self.kv.append(buf)  # past and present are the same memory
-                self._bind(f"past_key_values.{i}.{kv}", buf)
-                self._bind(f"present.{i}.{kv}", buf, output=True)
+        for past, present in zip(past_names(cfg.n_layer), present_names(cfg.n_layer)):
+            buf = np.zeros(shape, dtype=kv_dtype)
+            self.kv.append(buf)  # past and present are the same memory
+            self._bind(past, buf)
+            self._bind(present, buf, output=True)
         self._bind("logits", self.logits, output=True)
         for name, buf in (("seqlens_k", self.seqlens), ("query_seqlens", self.qlens),
                           ("total_sequence_length", self.total)):

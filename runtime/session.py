@@ -19,7 +19,7 @@ from tinyt.manifest import ManifestError, check_manifest, read_model_config
 
 from .gqa import GQA_KIND
 
-KINDS = ("decoder_with_past", GQA_KIND, "decoder", "classifier")
+KINDS = contract.KINDS
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
 AUTO_ORDER = ("cuda", "cpu")  # TensorRT builds engines per shape: only when asked for by name
@@ -99,14 +99,7 @@ def check_source(directory: str | os.PathLike) -> Artifact:
 def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
     """The session's inputs and outputs are the contract's, by name and rank, in order."""
     cfg, kind = artifact.config, artifact.kind
-    if kind == "classifier":
-        want = contract.classifier_inputs(cfg), contract.classifier_outputs(cfg)
-    elif kind == GQA_KIND:
-        want = contract.gqa_inputs(cfg), contract.gqa_outputs(cfg)
-    else:
-        past = kind == "decoder_with_past"
-        want = (contract.decoder_inputs(cfg, with_past=past),
-                contract.decoder_outputs(cfg, with_past=past))
+    want = contract.contract_for(cfg, kind)
     model = f"{artifact.path}/{artifact.model_file}"
     layers = sum(t.name.startswith("past_key_values.") for t in session.get_inputs()) // 2
     if kind in ("decoder_with_past", GQA_KIND) and layers != cfg.n_layer:

@@ -10,7 +10,7 @@ from tinyt import contract as C
 from tinyt.checkpoint import load_checkpoint
 from tinyt.errors import CheckpointError
 from tinyt.export import FP32_LOGITS_ATOL, ExportError, export_onnx, verify
-from tinyt.export.verify import _feeds, _torch_run, cpu_session
+from tinyt.export.verifier import _feeds, _torch_run, cpu_session
 from tinyt.manifest import ManifestError, check_manifest
 
 

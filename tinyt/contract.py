@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from tinyt.config import ModelConfig
 
+ONNX_FILE = "model.onnx"  # an artifact's graph (a package may hold model.ort instead)
+KINDS = ("decoder_with_past", "decoder_gqa", "decoder", "classifier")
+
 BATCH = "batch_size"
 SEQ = "sequence_length"
 PAST = "past_sequence_length"
@@ -32,6 +35,11 @@ def past_names(n_layer: int) -> list[str]:
 
 def present_names(n_layer: int) -> list[str]:
     return [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+
+
+def past_name(present: str) -> str:
+    """The input a present output feeds at the next step: present.3.key -> past_key_values.3.key."""
+    return present.replace("present", "past_key_values", 1)
 
 
 def decoder_inputs(cfg: ModelConfig, *, with_past: bool = True,
@@ -84,3 +92,17 @@ def classifier_inputs(cfg: ModelConfig) -> list[TensorSpec]:
 
 def classifier_outputs(cfg: ModelConfig) -> list[TensorSpec]:
     return [TensorSpec("logits", "float32", (BATCH, cfg.num_labels))]
+
+
+def contract_for(cfg: ModelConfig, kind: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """(inputs, outputs) of a graph kind: the one place the runtime, the exporter and the
+    verifier take them from."""
+    if kind == "classifier":
+        return classifier_inputs(cfg), classifier_outputs(cfg)
+    if kind == "decoder_gqa":
+        return gqa_inputs(cfg), gqa_outputs(cfg)
+    if kind not in KINDS:
+        raise ValueError(f"graph kind {kind!r} is not one of {', '.join(KINDS)}")
+    with_past = kind == "decoder_with_past"
+    return (decoder_inputs(cfg, with_past=with_past),
+            decoder_outputs(cfg, with_past=with_past))

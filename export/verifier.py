@@ -18,6 +18,7 @@ import torch
 from tinyt import data as D
 from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
+from tinyt.contract import ONNX_FILE, contract_for, past_names
 from tinyt.fsutil import write_json
 from tinyt.errors import TinytError
 from tinyt.manifest import check_manifest
@@ -27,7 +28,6 @@ from tinyt.runtime.fixed import capacity
 from tinyt.runtime.gqa import GQA_KIND
 
 from .compare import ort_greedy, row_chunks
-from .exporter import ONNX_FILE, contract_for
 
 FP32_LOGITS_ATOL = 1e-4  # max abs diff of logits, fp32 export vs PyTorch
 FP32_KV_ATOL = 1e-4  # max abs diff of present keys/values
@@ -106,8 +106,8 @@ def _torch_run(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
             return [model(t["input_ids"], t["attention_mask"]).numpy()]
         if kind == "decoder":
             return [model(t["input_ids"], t["attention_mask"])[0].numpy()]
-        past = tuple((t[f"past_key_values.{i}.key"], t[f"past_key_values.{i}.value"])
-                     for i in range(n_layer))
+        names = past_names(n_layer)
+        past = tuple((t[names[2 * i]], t[names[2 * i + 1]]) for i in range(n_layer))
         logits, present = model(t["input_ids"], t["attention_mask"], t["position_ids"], past)
     return [logits.numpy(), *(x.numpy() for kv in present for x in kv)]
 
@@ -125,8 +125,7 @@ def _feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: int,
     with torch.no_grad():
         _, cache = model(torch.from_numpy(ids[:, :past_len]), torch.from_numpy(mask[:, :past_len]),
                          torch.from_numpy(positions[:, :past_len]))
-    feeds.update({f"past_key_values.{i}.{kv}": cache[i][j].numpy()
-                  for i in range(cfg.n_layer) for j, kv in enumerate(("key", "value"))})
+    feeds.update(zip(past_names(cfg.n_layer), (t.numpy() for kv in cache for t in kv)))
     feeds.update(input_ids=ids[:, past_len:], position_ids=positions[:, past_len:])
     return feeds
 
