@@ -74,10 +74,9 @@ def measure(kind: str, path: Path, threads: int) -> dict:
 
 
 def measure_in_subprocess(kind: str, path: Path, threads: int) -> dict:
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.footprint", kind, str(path),
-                           "--threads", str(threads)], capture_output=True, text=True,
-                          cwd=root, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "tinyt.benchmarks.footprint", kind,
+                           str(path.resolve()), "--threads", str(threads)],
+                          capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -32,9 +32,9 @@ import onnxruntime as ort
 from tinyt.hardware import cpu_features, physical_cores
 from tinyt.manifest import check_manifest, read_model_config
 
-from benchmarks.footprint import measure_in_subprocess
-from benchmarks.plots import write_plots
-from benchmarks.variants import (OrtVariant, plain_int8_baseline, torch_classifier,
+from .footprint import measure_in_subprocess
+from .plots import write_plots
+from .variants import (OrtVariant, plain_int8_baseline, torch_classifier,
                                  torch_variants)
 
 # Artifact subdirectories the main job writes, and the names they are reported under.

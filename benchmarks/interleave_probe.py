@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tinyt.manifest import read_model_config
 
-from benchmarks.variants import OrtVariant, torch_variants
+from .variants import OrtVariant, torch_variants
 
 
 def main() -> None:

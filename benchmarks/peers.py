@@ -219,11 +219,10 @@ class Worker:
         self.name, self.threads, self.label = name, threads, f"{name}@{threads}t"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.peers", str(artifacts.resolve()),  # cwd differs
+            [sys.executable, "-m", "tinyt.benchmarks.peers", str(artifacts.resolve()),
              "--worker", name, "--threads", str(threads)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, env=env,
-            cwd=Path(__file__).resolve().parents[1])
+            stderr=subprocess.DEVNULL, text=True, env=env)
         hello = self._read()
         self.error = hello.get("error")
 

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from benchmarks import harness
+from tinyt.benchmarks import harness
 from tinyt.export.quantize import quantize
 
 
@@ -110,7 +110,7 @@ def test_full_mode_sizes_fit_a_small_model():
 
 
 def test_plain_baseline_is_reused_while_current(artifacts, tmp_path):
-    from benchmarks.variants import plain_int8_baseline
+    from tinyt.benchmarks.variants import plain_int8_baseline
     out = plain_int8_baseline(artifacts / "checkpoint", tmp_path / "baseline")
     stamp = (out / "model.onnx").stat().st_mtime_ns
     assert plain_int8_baseline(artifacts / "checkpoint", out) == out

@@ -43,12 +43,15 @@ def wheel(tmp_path_factory) -> Path:
     return path
 
 
-def test_wheel_holds_the_three_packages(wheel):
+def test_wheel_holds_the_four_packages(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for must in ("tinyt/__init__.py", "tinyt/model.py", "tinyt/export/__init__.py",
-                 "tinyt/runtime/__init__.py"):
+                 "tinyt/runtime/__init__.py", "tinyt/benchmarks/harness.py",
+                 "tinyt/benchmarks/peers.py"):
         assert must in names, f"{must} missing from the wheel"
-    assert not [n for n in names if n.startswith(("export/", "runtime/", "tests/"))]
+    top = ("export/", "runtime/", "tests/", "benchmarks/")
+    assert not [n for n in names if n.startswith(top)]
+    assert not [n for n in names if "/results/" in n]  # the evidence stays in the checkout
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert f"Version: {tinyt.__version__}" in meta
     assert "Provides-Extra: gpu" in meta and "Provides-Extra: cpu" in meta
@@ -91,3 +94,29 @@ def test_edge_install_from_the_wheel_generates_without_torch(wheel, lm_onnx, tmp
     pip_itself = sum(p.stat().st_size for p in site.glob("pip*/**/*") if p.is_file())
     reported = edge_footprint()["total"]
     assert 0.7 < (on_disk - pip_itself) / reported < 1.3, (on_disk, pip_itself, reported)
+
+
+def test_tinyt_bench_runs_from_the_installed_wheel(wheel, tiny_ckpt, lm_onnx, tmp_path):
+    """The wheel's own tinyt (installed into a directory of its own, first on the path, run
+    outside the checkout) benchmarks a user's artifacts: the harness ships as tinyt.benchmarks."""
+    import os
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                           "--disable-pip-version-check", "--target", str(target), str(wheel)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "checkpoint").symlink_to(tiny_ckpt)
+    (art / "onnx").symlink_to(lm_onnx)
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    where = subprocess.run([sys.executable, "-c", "import tinyt.benchmarks.harness as h; "
+                            "print(h.__file__)"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path)
+    assert where.stdout.strip().startswith(str(target)), where.stdout + where.stderr
+    proc = subprocess.run([sys.executable, "-m", "tinyt", "bench", "art", "--out", "results",
+                           "--rounds", "1"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "results" / "results.json").is_file()
+    assert "results:" in proc.stdout

@@ -1,7 +1,6 @@
 """Peers on the same weights: the Hugging Face GPT-2 conversion, CTranslate2 and ONNX Runtime
 GenAI computing tinyt's tokens, held-out prompts, and the side-by-side peer benchmark."""
 import json
-import sys
 from pathlib import Path
 
 import onnxruntime_genai as og
@@ -9,6 +8,7 @@ import pytest
 import torch
 
 import tinyt.runtime as rt
+from tinyt.benchmarks import peers
 from tinyt.checkpoint import load_checkpoint
 from tinyt.data import DataError, held_out_prompts
 from tinyt.export.optimize import optimize
@@ -17,9 +17,6 @@ from tinyt.export.quantize import quantize
 from tinyt.genai import GENAI_CONFIG
 from tinyt.hfgpt2 import HF_LOGITS_ATOL, ConversionError, to_hf_gpt2
 from tinyt.manifest import check_manifest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import peers  # noqa: E402
 
 PROMPTS = ["def alpha", "import os\n", "    return ", "x"]
 

@@ -432,14 +432,9 @@ def bench(
 ) -> None:
     """Latency and throughput of PyTorch and every ONNX Runtime variant, side by side; with
     --peers, tinyt against the engines a user would pick instead."""
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "benchmarks" / "harness.py").is_file():
-        raise TinytError("tinyt bench runs from a source checkout: benchmarks/ is not part of "
-                         "the installed package")
-    sys.path.insert(0, str(root))
     out = out or Path("benchmarks/results") / ("peers" if peers else "cpu")
     if peers:
-        from benchmarks.peers import run as run_peers
+        from tinyt.benchmarks.peers import run as run_peers
 
         try:
             run_peers(artifacts, out, rounds=rounds or 8)
@@ -447,7 +442,7 @@ def bench(
             raise TinytError(str(e)) from None
         typer.echo((out / "peers.md").read_text())
         return
-    from benchmarks.harness import run
+    from tinyt.benchmarks.harness import run
 
     result = run(artifacts, out, mode=mode, rounds=rounds)
     for name, t in result["targets"].items():

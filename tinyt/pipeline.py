@@ -111,17 +111,12 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
         log(f"[verify] {name}: {'passed' if report['passed'] else 'FAILED'}")
     result = peers = None
     if bench:
-        import sys
-        root = Path(__file__).resolve().parents[1]
-        if (root / "benchmarks" / "harness.py").is_file():
-            sys.path.insert(0, str(root))
-            from benchmarks.harness import run
-            from benchmarks.peers import run as run_peers
-            result = run(_bench_view(out, ckpt), out / "bench", mode="quick")
-            log("[bench] peers: tinyt against CTranslate2, ONNX Runtime GenAI, PyTorch")
-            peers = run_peers(out, out / "peers", rounds=3)
-        else:
-            log("[bench] skipped: benchmarks/ ships with the source checkout only")
+        from tinyt.benchmarks.harness import run
+        from tinyt.benchmarks.peers import run as run_peers
+
+        result = run(_bench_view(out, ckpt), out / "bench", mode="quick")
+        log("[bench] peers: tinyt against CTranslate2, ONNX Runtime GenAI, PyTorch")
+        peers = run_peers(out, out / "peers", rounds=3)
     return write_report(out, ckpt, checks, result, timings, peers)
 
 
