@@ -32,7 +32,7 @@ import onnxruntime as ort
 from tinyt.hardware import cpu_features, physical_cores
 from tinyt.manifest import check_manifest, read_model_config
 
-from .footprint import measure_in_subprocess
+from .load_cost import measure_in_subprocess
 from .plots import write_plots
 from .variants import (OrtVariant, plain_int8_baseline, torch_classifier,
                                  torch_variants)

@@ -13,7 +13,7 @@
     prefill ms      = t(L-token prompt, 1 new token), for L = 128 (or block_size - 1) and
                       block_size - 1
     ──▶ peers.json (environment, every raw time), peers.md, peers.png; ratios of tinyt to the
-        fastest peer, the targets of issue 11
+        fastest peer, the targets tinyt aims at
 
     .venv/bin/python -m benchmarks.peers artifacts --out benchmarks/results/peers-demo
     tinyt bench artifacts --peers --out benchmarks/results/peers-demo

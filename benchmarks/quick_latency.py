@@ -1,4 +1,4 @@
-"""Side-by-side latency of artifact directories (a quick check; the full harness is issue 6).
+"""Side-by-side latency of artifact directories (a quick check; the full harness is harness.py).
 
 Decode: one new token with a past of 64 (batch 1); prefill: 128 tokens (batch 1); both capped
 by the model's block_size. 2 intra-op

@@ -89,7 +89,7 @@ def sample(
     seed: Annotated[int, typer.Option(min=0)] = 0,
 ) -> None:
     """Continue a prompt with the PyTorch model (KV cache), for a quick look at a checkpoint."""
-    from tinyt.sampling import sample_text
+    from tinyt.torch_sampling import sample_text
 
     typer.echo(sample_text(checkpoint, prompt, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_k=top_k, seed=seed))
@@ -194,9 +194,9 @@ def optimize(
     src: Annotated[Path, typer.Argument(help="Exported artifact directory (tinyt export).")],
     out: Annotated[Path, typer.Argument(help="Optimized artifact directory to write.")],
     target: Annotated[str, typer.Option(help="cpu (fused contrib ops), portable (standard "
-                                             "ONNX ops only), gqa (the shared-KV-cache variant "
-                                             "of a cpu-optimized or quantized artifact) or "
-                                             "cuda.")] = "cpu",
+                                             "ONNX ops only) or gqa (the shared-KV-cache "
+                                             "variant of a cpu-optimized or quantized "
+                                             "artifact).")] = "cpu",
     level: Annotated[str, typer.Option(help="ONNX Runtime offline optimization: basic, "
                                             "extended or all (all: this CPU only).")] = "extended",
     prefill_from: Annotated[Optional[Path], typer.Option(

@@ -17,8 +17,6 @@ import torch.nn.functional as F
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
 
-KVCache = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: (key, value), (B, nh, S, hs)
-
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention on scaled_dot_product_attention, with an optional KV cache."""

@@ -1,8 +1,8 @@
 """Load time, first-call latency and peak resident memory of one variant, measured in a fresh
 process (so variants never share memory and each pays its own imports):
 
-    python -m benchmarks.footprint ort artifacts/onnx-int8 --threads 2
-    python -m benchmarks.footprint torch artifacts/checkpoint --threads 2
+    python -m benchmarks.load_cost ort artifacts/onnx-int8 --threads 2
+    python -m benchmarks.load_cost torch artifacts/checkpoint --threads 2
 
 prints one JSON object. `measure_in_subprocess` runs it for the harness.
 """
@@ -74,7 +74,7 @@ def measure(kind: str, path: Path, threads: int) -> dict:
 
 
 def measure_in_subprocess(kind: str, path: Path, threads: int) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tinyt.benchmarks.footprint", kind,
+    proc = subprocess.run([sys.executable, "-m", "tinyt.benchmarks.load_cost", kind,
                            str(path.resolve()), "--threads", str(threads)],
                           capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
