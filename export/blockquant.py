@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .kvfuse import drop_dead
+
 MS = "com.microsoft"
 
 
@@ -104,7 +106,7 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
     report = QuantReport()
     inits = {i.name: i for i in graph.initializer}
     tables: dict[str, tuple[str, str, int, int]] = {}  # weight name -> (q name, scales, N, K)
-    new_nodes, new_inits, dead = [], [], set()
+    new_nodes, new_inits = [], []
 
     def table(name: str, rows: np.ndarray, blk: int) -> tuple[str, str]:
         if name not in tables:
@@ -112,7 +114,6 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
             new_inits.extend([numpy_helper.from_array(q, f"{name}_q{bits}"),
                               numpy_helper.from_array(s, f"{name}_scales")])
             tables[name] = (f"{name}_q{bits}", f"{name}_scales", *rows.shape)
-            dead.add(name)
         return tables[name][:2]
 
     # MatMul(x, Transpose(W)) is x @ W^T, the tied lm_head as exported: read W directly.
@@ -165,7 +166,6 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
             qn, sn, zn = f"{weight}_s8", f"{weight}_channel_scales", f"{weight}_zero"
             new_inits.extend([numpy_helper.from_array(q, qn), numpy_helper.from_array(sc, sn),
                               numpy_helper.from_array(np.zeros(sc.shape, np.int8), zn)])
-            dead.add(weight)
             new_nodes.append(helper.make_node(
                 "DynamicQuantizeMatMul", [node.input[0], qn, sn, zn], list(node.output),
                 name=node.name.replace("MatMul", "DynamicQuantizeMatMul"), domain=MS))
@@ -190,24 +190,15 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
                 name=node.name.replace(node.op_type, "MatMulNBits"), domain=MS, K=K, N=N,
                 bits=bits, block_size=blk, accuracy_level=accuracy_level))
         report.quantized.append(f"{module} ({node.op_type})")
-    outputs = {o.name for o in graph.output}
-    while True:  # drop nodes whose results nothing reads any more (the lm_head's Transpose)
-        read = {name for node in new_nodes for name in node.input} | outputs
-        alive = [n for n in new_nodes if any(o in read for o in n.output)]
-        if len(alive) == len(new_nodes):
-            break
-        new_nodes = alive
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    graph.initializer.extend(new_inits)
+    drop_dead(graph)  # the lm_head's Transpose, and the fp32 weights nothing reads any more
     users: dict[str, int] = {}
-    for node in new_nodes:
+    for node in graph.node:
         for name in node.input:
             users[name] = users.get(name, 0) + 1
     report.shared_tables = sorted(q for q, *_ in tables.values() if users.get(q, 0) > 1)
-    still_used = {name for node in new_nodes for name in node.input}
-    keep = [i for i in graph.initializer if i.name not in dead or i.name in still_used]
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    del graph.initializer[:]
-    graph.initializer.extend(keep + new_inits)
     if not any(o.domain == MS for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(MS, 1))
     return report
