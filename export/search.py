@@ -9,6 +9,7 @@ absolute accuracy drop for a classifier (0.02 = 2 points).
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import tempfile
@@ -44,9 +45,26 @@ def cost(accuracy: dict[str, Any]) -> float:
     return -accuracy["accuracy_change"]
 
 
+# The choices the search makes itself: a caller that also fixes one of them is refused.
+CHOICES = ("bits", "block_size", "mode", "calibration", "per_channel", "reduce_range",
+           "exclude", "kernel")
+
+
 def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                    max_loss_increase: float, data: str | None = None) -> Path:
+                    max_loss_increase: float, data: str | None = None, **choices) -> Path:
+    """`choices`: any of CHOICES a caller passed along (a CLI passes its flags); one that is
+    not quantize()'s default is refused, since the search picks it."""
     src_dir = Path(src_dir)
+    unknown = sorted(set(choices) - set(CHOICES))
+    if unknown:
+        raise TypeError(f"quantize_search() got unexpected arguments {unknown}")
+    defaults = inspect.signature(quantize).parameters
+    given = [k for k, v in choices.items()
+             if v != defaults[k].default and not (k == "exclude" and not v)]
+    if given:
+        flags = ", ".join("--no-per-channel" if k == "per_channel" else
+                          "--" + k.replace("_", "-") for k in given)
+        raise QuantizeError(f"--max-loss-increase chooses the variant itself; drop {flags}")
     if not (isinstance(max_loss_increase, (int, float)) and math.isfinite(max_loss_increase)
             and max_loss_increase >= 0):
         raise QuantizeError(f"max_loss_increase={max_loss_increase!r} must be a finite number "

@@ -222,6 +222,10 @@ def test_quantize_cli(lm_onnx, corpus_dir, tmp_path):
     assert "val_loss_change" in proc.stdout
     proc = tinyt("quantize", lm_onnx, tmp_path / "x", "--max-loss-increase", "0.02", "--bits", "4")
     assert proc.returncode == 2 and "drop --bits" in proc.stderr
+    from tinyt.export.search import quantize_search
+    with pytest.raises(QuantizeError, match="drop --no-per-channel, --kernel"):
+        quantize_search(lm_onnx, tmp_path / "x", max_loss_increase=0.02, per_channel=False,
+                        kernel="qgemm", bits=8, exclude=[])  # defaults passed along are fine
     proc = tinyt("quantize", lm_onnx, tmp_path / "x", "--exclude", "h.9")
     assert proc.returncode == 2 and "--exclude h.9 names no module" in proc.stderr
     assert not (tmp_path / "x").exists()

@@ -304,20 +304,14 @@ def quantize(
     from tinyt.export.search import quantize_search
 
     data_arg = None if data is None else str(data)
+    choices = dict(bits=bits, block_size=block_size, mode=mode, exclude=exclude or [],
+                   calibration=calibration, per_channel=per_channel, reduce_range=reduce_range,
+                   kernel=kernel)
     if max_loss_increase is not None:
-        manual = {"--bits": bits != 8, "--block-size": block_size != 64,
-                  "--mode": mode != "dynamic", "--calibration": calibration != "minmax",
-                  "--no-per-channel": not per_channel, "--reduce-range": reduce_range is not None,
-                  "--exclude": bool(exclude), "--kernel": kernel != "nbits"}
-        given = [flag for flag, set_ in manual.items() if set_]
-        if given:
-            raise TinytError(f"--max-loss-increase chooses the variant itself; drop "
-                             f"{', '.join(given)}")
-        path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg)
+        path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg,
+                               **choices)
     else:
-        path = run_quantize(src, out, bits=bits, block_size=block_size, mode=mode,
-                            exclude=exclude or [], data=data_arg, calibration=calibration,
-                            per_channel=per_channel, reduce_range=reduce_range, kernel=kernel)
+        path = run_quantize(src, out, data=data_arg, **choices)
     manifest = json.loads((path / "manifest.json").read_text())
     q, a = manifest["quantization"], manifest["accuracy"]
     for t in manifest.get("search", {}).get("tried", []):
