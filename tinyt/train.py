@@ -171,131 +171,184 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: str | Path, *,
     stop_after=K stops after step K as an interruption would, leaving a resumable checkpoint.
     """
     out = Path(out)
-    run: dict[str, Any] = {"data": None if data is None else str(Path(data).resolve())}
-    if resume:
-        ckpt = load_checkpoint(out)  # clear errors for a missing or corrupt directory
-        if not has_train_state(out):
-            raise ConfigError(f"{out} holds no resumable run (train_state files are missing)")
-        model_cfg, tok = ckpt.config, ckpt.tokenizer
-        saved = {"data": ckpt.meta.get("run", {}).get("data")}
-        if data is not None and saved != run:
-            raise ConfigError(f"--data {data} differs from the resumed run's data "
-                              f"{saved['data'] or '(built-in corpus)'}; a resume reuses its data")
-        run = saved
-    elif out.exists() and any(out.iterdir()):
-        raise ConfigError(f"output directory {out} is not empty; pass --resume to continue the "
-                          "run saved there, or choose a new --out")
+    if stop_after is not None and not (isinstance(stop_after, int) and stop_after >= 1):
+        raise ConfigError(f"stop_after={stop_after!r} is invalid: None or an integer >= 1")
+    # 1) the run: a new one, or the one saved in `out` (its config, tokenizer and data win)
+    run, saved = _open_run(out, data, resume)
+    tok = None
+    if saved is not None:
+        model_cfg, tok = saved.config, saved.tokenizer
+    # 2) processes and device; 3) data, tokenizer and the task they make
     dd = _dist_setup(train_cfg.device)
     if train_cfg.batch_size % dd.world:
         raise ConfigError(f"batch_size={train_cfg.batch_size} must be divisible by the "
                           f"{dd.world} data-parallel processes")
     device = _device(train_cfg.device)
-    labels = None
-    if model_cfg.task == "classifier":
-        cdata = D.load_classification(run["data"])
-        labels = cdata.labels
-        if model_cfg.num_labels != len(labels):
-            model_cfg = dataclasses.replace(model_cfg, num_labels=len(labels))
-    else:
-        corpus = D.load_corpus(run["data"])
-        if dd.main:
-            log(corpus.describe())
-    if not resume:
-        tok = _make_tokenizer(train_cfg, model_cfg, corpus.train if labels is None
-                              else [t for t, _ in cdata.train], dd)
-        model_cfg = dataclasses.replace(model_cfg, vocab_size=tok.vocab_size)
-    task = _LMTask(tok, corpus, model_cfg) if labels is None else _ClassifierTask(tok, cdata, model_cfg)
-
+    task, tok, model_cfg, labels = _make_task(model_cfg, train_cfg, run["data"], tok, dd, log)
+    # 4) model and optimizer, restored on resume
     torch.manual_seed(train_cfg.seed)  # same initial weights on every rank
     model = build_model(model_cfg).to(device)
     optimizer = make_optimizer(model, train_cfg)
-    step, history = 0, []
-    if resume:
-        model.load_state_dict(ckpt.model.state_dict())
-        step, train_cfg, history = load_train_state(out, model, optimizer)
+    r = _Run(out, model, model, optimizer, task, tok, labels, run, train_cfg, dd, device)
+    if saved is not None:
+        model.load_state_dict(saved.model.state_dict())
+        r.step, r.train_cfg, r.history = load_train_state(out, model, optimizer)
         if dd.main:
-            log(f"resuming {out} at step {step} of {train_cfg.max_steps}")
-    ddp_model = model
+            log(f"resuming {out} at step {r.step} of {r.train_cfg.max_steps}")
     if dd.world > 1:
-        ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+        r.ddp_model = torch.nn.parallel.DistributedDataParallel(model)
     if dd.main:
         log(f"model: {model.num_parameters():,} parameters, {model_cfg.to_dict()}")
-
-    def diverged(what: str) -> NonFiniteError:
-        saved = history[-1]["step"] if history else None
-        lr = optimizer.param_groups[0]["lr"]
-        return NonFiniteError(
-            f"training diverged at step {step}: {what} (learning rate {lr:.3g}); the learning "
-            f"rate is likely too high for this model: lower --lr"
-            + ("" if train_cfg.grad_clip > 0 else " and keep gradient clipping on")
-            + (f"; {out} still holds the checkpoint of step {saved}" if saved
-               else "; no checkpoint was written"))
-
-    def checkpoint(metrics: dict[str, Any]) -> None:
-        # Every rank checks (the weights are the same everywhere), so all of them stop together.
-        bad = next((n for n, t in unique_state_dict(model).items()
-                    if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
-        if bad is not None:
-            raise diverged(f"weight {bad!r} is no longer finite")
-        if dd.main:
-            meta = {**metrics, "parameters": model.num_parameters()}
-            save_checkpoint(out, model, tok, labels=labels, metrics=meta, run=run,
-                            state=TrainState(step, train_cfg, optimizer, history))
-
-    last_stop = train_cfg.max_steps if stop_after is None else min(stop_after, train_cfg.max_steps)
-    bar = _progress(step, train_cfg.max_steps, enabled=dd.main)
+    # 5) the loop: a step, then every eval_interval an evaluation and a checkpoint
+    cfg = r.train_cfg
+    last = cfg.max_steps if stop_after is None else min(stop_after, cfg.max_steps)
+    bar = _progress(r.step, cfg.max_steps, enabled=dd.main)
     t_train, examples_done, loss_ema = 0.0, 0, None
     model.train()
     try:
-        while step < last_stop:
+        while r.step < last:
             t0 = time.perf_counter()
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, train_cfg)
-            batch = task.batch(train_cfg.seed, step, train_cfg.batch_size)
-            local = tuple(t.to(device) for t in _slice(batch, dd.rank, dd.world))
-            loss = task.loss(ddp_model, local)
-            loss.backward()
-            # The gradient norm is the same on every rank (gradients are all-reduced): a NaN
-            # loss on any rank stops them all at the same step. max_norm=inf only measures.
-            norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), train_cfg.grad_clip if train_cfg.grad_clip > 0 else math.inf)
-            if not bool(torch.isfinite(norm)):
-                step += 1
-                raise diverged(f"the loss is {float(loss.detach()):.4g} and the gradient norm "
-                               f"{float(norm):.4g}")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
+            value = _step(r)
             t_train += time.perf_counter() - t0
-            examples_done += train_cfg.batch_size
-            value = float(loss.detach())
+            examples_done += cfg.batch_size
             loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
             tokens_per_s = examples_done * task.tokens_per_example / t_train
-            bar.update(step, loss_ema, tokens_per_s)
-            if step % train_cfg.eval_interval == 0 or step == last_stop:
-                metrics = {"step": step, "train_loss": loss_ema, "tokens_per_s": tokens_per_s,
-                           "train_seconds": t_train}
-                if dd.main:
-                    model.eval()
-                    metrics.update(task.evaluate(model, train_cfg.eval_batches * train_cfg.batch_size,
-                                                 train_cfg.batch_size, device))
-                    model.train()
-                    history.append(metrics)
-                    bar.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                        for k, v in metrics.items()))
-                checkpoint(metrics)
-                if dd.world > 1:
-                    dist.barrier()
+            bar.update(r.step, loss_ema, tokens_per_s)
+            if r.step % cfg.eval_interval == 0 or r.step == last:
+                _evaluate_and_save(r, bar, {"step": r.step, "train_loss": loss_ema,
+                                            "tokens_per_s": tokens_per_s,
+                                            "train_seconds": t_train})
     except KeyboardInterrupt as e:
         bar.close()
-        saved = history[-1]["step"] if history else None
-        e.add_note(f"training stopped at step {step}; " + (
-            f"the checkpoint in {out} holds step {saved}: continue with --resume"
-            if saved else "no checkpoint was written yet"))
+        kept = r.saved_step()
+        e.add_note(f"training stopped at step {r.step}; " + (
+            f"the checkpoint in {out} holds step {kept}: continue with --resume"
+            if kept else "no checkpoint was written yet"))
         raise
     bar.close()
     model.eval()
     return out
+
+
+@dataclass
+class _Run:
+    """What the steps of one training run share."""
+
+    out: Path
+    model: torch.nn.Module
+    ddp_model: torch.nn.Module  # the model itself, or its DistributedDataParallel wrapper
+    optimizer: torch.optim.Optimizer
+    task: Any
+    tok: Tokenizer
+    labels: list[str] | None
+    run: dict[str, Any]  # how the run was made (data path): a resume reuses it
+    train_cfg: TrainConfig
+    dd: _Dist
+    device: torch.device
+    step: int = 0
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def saved_step(self) -> int | None:
+        return self.history[-1]["step"] if self.history else None
+
+    def diverged(self, what: str) -> NonFiniteError:
+        lr = self.optimizer.param_groups[0]["lr"]
+        kept = self.saved_step()
+        return NonFiniteError(
+            f"training diverged at step {self.step}: {what} (learning rate {lr:.3g}); the "
+            "learning rate is likely too high for this model: lower --lr"
+            + ("" if self.train_cfg.grad_clip > 0 else " and keep gradient clipping on")
+            + (f"; {self.out} still holds the checkpoint of step {kept}" if kept
+               else "; no checkpoint was written"))
+
+
+def _open_run(out: Path, data: str | None, resume: bool):
+    """(run record, the saved checkpoint when resuming else None)."""
+    run: dict[str, Any] = {"data": None if data is None else str(Path(data).resolve())}
+    if not resume:
+        if out.exists() and any(out.iterdir()):
+            raise ConfigError(f"output directory {out} is not empty; pass --resume to continue "
+                              "the run saved there, or choose a new --out")
+        return run, None
+    saved = load_checkpoint(out)  # clear errors for a missing or corrupt directory
+    if not has_train_state(out):
+        raise ConfigError(f"{out} holds no resumable run (train_state files are missing)")
+    before = {"data": saved.meta.get("run", {}).get("data")}
+    if data is not None and before != run:
+        raise ConfigError(f"--data {data} differs from the resumed run's data "
+                          f"{before['data'] or '(built-in corpus)'}; a resume reuses its data")
+    return before, saved
+
+
+def _make_task(model_cfg: ModelConfig, train_cfg: TrainConfig, data: str | None,
+               tok: Tokenizer | None, dd: _Dist, log: Callable[[str], None]):
+    """(task, tokenizer, model config sized to them, labels): a new run trains its tokenizer
+    and takes its vocabulary; a classifier takes its label count from the data."""
+    labels = None
+    if model_cfg.task == "classifier":
+        cdata = D.load_classification(data)
+        labels = cdata.labels
+        if model_cfg.num_labels != len(labels):
+            model_cfg = dataclasses.replace(model_cfg, num_labels=len(labels))
+        texts = [t for t, _ in cdata.train]
+    else:
+        corpus = D.load_corpus(data)
+        if dd.main:
+            log(corpus.describe())
+        texts = corpus.train
+    if tok is None:
+        tok = _make_tokenizer(train_cfg, model_cfg, texts, dd)
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=tok.vocab_size)
+    task = _LMTask(tok, corpus, model_cfg) if labels is None else \
+        _ClassifierTask(tok, cdata, model_cfg)
+    return task, tok, model_cfg, labels
+
+
+def _step(r: _Run) -> float:
+    """One optimizer step on this rank's slice of the global batch; returns its loss. A loss
+    or gradient that is not finite stops the run (NonFiniteError) before the weights change."""
+    cfg = r.train_cfg
+    for group in r.optimizer.param_groups:
+        group["lr"] = lr_at(r.step, cfg)
+    batch = r.task.batch(cfg.seed, r.step, cfg.batch_size)
+    local = tuple(t.to(r.device) for t in _slice(batch, r.dd.rank, r.dd.world))
+    loss = r.task.loss(r.ddp_model, local)
+    loss.backward()
+    # The gradient norm is the same on every rank (gradients are all-reduced): a NaN loss on
+    # any rank stops them all at the same step. max_norm=inf only measures.
+    norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(),
+                                          cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    r.step += 1
+    if not bool(torch.isfinite(norm)):
+        raise r.diverged(f"the loss is {float(loss.detach()):.4g} and the gradient norm "
+                         f"{float(norm):.4g}")
+    r.optimizer.step()
+    r.optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def _evaluate_and_save(r: _Run, bar, metrics: dict[str, Any]) -> None:
+    """The weights checked (on every rank: they are the same everywhere, so all stop
+    together; a non-finite checkpoint is never written), validation metrics (rank 0), then the
+    checkpoint of this step."""
+    cfg = r.train_cfg
+    bad = next((n for n, t in unique_state_dict(r.model).items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise r.diverged(f"weight {bad!r} is no longer finite")
+    if r.dd.main:
+        r.model.eval()
+        metrics.update(r.task.evaluate(r.model, cfg.eval_batches * cfg.batch_size,
+                                       cfg.batch_size, r.device))
+        r.model.train()
+        r.history.append(metrics)
+        bar.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in metrics.items()))
+        save_checkpoint(r.out, r.model, r.tok, labels=r.labels,
+                        metrics={**metrics, "parameters": r.model.num_parameters()},
+                        run=r.run, state=TrainState(r.step, cfg, r.optimizer, r.history))
+    if r.dd.world > 1:
+        dist.barrier()
 
 
 def _make_tokenizer(train_cfg: TrainConfig, model_cfg: ModelConfig, texts: list[str],
