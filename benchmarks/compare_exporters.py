@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 
 from tinyt import contract as C
+from tinyt.benchmarks.timing import session_latency_ms
 from tinyt.checkpoint import load_checkpoint
 from tinyt.export import export_onnx
 from tinyt.export.exporter import DecoderWithPast, _example
@@ -80,18 +78,7 @@ def decode_latency(paths: dict[str, Path], ckpt, past: int, rounds: int) -> dict
         **{n: np.random.default_rng(0).standard_normal(
             (1, cfg.n_head, past, cfg.head_dim)).astype(np.float32)
            for n in C.past_names(cfg.n_layer)}}
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sessions = {k: ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
-                for k, p in paths.items()}
-    times = {k: [] for k in sessions}
-    for _ in range(rounds):  # interleaved: each round runs every variant once
-        for k, s in sessions.items():
-            t = time.perf_counter()
-            s.run(None, feeds)
-            times[k].append(time.perf_counter() - t)
-    return {k: 1e3 * statistics.median(v[rounds // 10:]) for k, v in times.items()}
+    return session_latency_ms(paths, feeds, rounds=rounds, threads=2)
 
 
 def main() -> None:

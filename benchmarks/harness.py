@@ -34,6 +34,7 @@ from tinyt.manifest import check_manifest, read_model_config
 
 from .load_cost import measure_in_subprocess
 from .plots import write_plots
+from .timing import measure
 from .variants import (OrtVariant, plain_int8_baseline, torch_classifier,
                                  torch_variants)
 
@@ -76,25 +77,6 @@ def percentiles(times: list[float]) -> dict[str, float]:
     ms = sorted(1e3 * t for t in times)
     pick = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
     return {"p50_ms": statistics.median(ms), "p90_ms": pick(0.90), "p99_ms": pick(0.99)}
-
-
-def measure(closures: dict[str, Any], rounds: int, warmup: int, block: int = 1,
-            settle: int = 0) -> dict[str, list[float]]:
-    """Seconds per call of each closure: rounds interleaved across them, in each round
-    `settle` untimed calls then `block` timed ones per closure (rounds * block samples)."""
-    for fn in closures.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in closures}
-    for _ in range(rounds):
-        for name, fn in closures.items():
-            for _ in range(settle):
-                fn()
-            for _ in range(block):
-                t = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t)
-    return times
 
 
 def _resolve(values, cfg, limit: int | None = None) -> list[int]:

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
+from tinyt.benchmarks.timing import session_latency_ms
 from tinyt.export.compare import random_feeds
 from tinyt.manifest import check_manifest, read_model_config
 
@@ -31,28 +29,18 @@ def main() -> None:
     kinds = {check_manifest(d)["graph"] for d in args.dirs}
     if kinds != {"decoder_with_past"}:
         raise SystemExit(f"expects KV-cache decoder artifacts, got {kinds}")
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = args.threads
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sessions = {str(d): ort.InferenceSession(str(d / "model.onnx"), opts,
-                                             providers=["CPUExecutionProvider"])
-                for d in args.dirs}
     rng = np.random.default_rng(0)
     past, prompt = min(64, cfg.block_size - 1), min(128, cfg.block_size)  # demo: 64 and 128
     shapes = {f"decode_ms_past{past}": random_feeds(cfg, "decoder_with_past", 1, 1, past, 0, rng),
               f"prefill_ms_{prompt}": random_feeds(cfg, "decoder_with_past", 1, prompt, 0, 0,
                                                    rng)}
-    result = {d: {"bytes": (Path(d) / "model.onnx").stat().st_size} for d in sessions}
+    paths = {str(d): Path(d) / "model.onnx" for d in args.dirs}
+    result = {d: {"bytes": p.stat().st_size} for d, p in paths.items()}
     for label, feeds in shapes.items():
         rounds = args.rounds if "decode" in label else max(args.rounds // 5, 20)
-        times = {d: [] for d in sessions}
-        for _ in range(rounds):
-            for d, sess in sessions.items():
-                t = time.perf_counter()
-                sess.run(None, feeds)
-                times[d].append(time.perf_counter() - t)
-        for d, v in times.items():
-            result[d][label] = round(1e3 * statistics.median(v[rounds // 10:]), 3)
+        for d, ms in session_latency_ms(paths, feeds, rounds=rounds,
+                                        threads=args.threads).items():
+            result[d][label] = round(ms, 3)
     print(json.dumps(result, indent=2))
 
 

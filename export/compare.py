@@ -3,8 +3,6 @@ of shapes and report the worst difference per output. Used by the optimize stage
 ones) to check its own output against its input."""
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
 import numpy as np
@@ -103,26 +101,3 @@ def ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int,
         out.append(int(outputs[0][0, -1].argmax()))
         feeds = step_feeds(kind, feeds, np.asarray(out[-1:]), names, outputs)
     return out
-
-
-def latency_ms(paths: dict[str, str], cfg: ModelConfig, kind: str, *, rounds: int = 200,
-               threads: int = 2) -> dict[str, float]:
-    """Median ms of one decode step (batch 1, one new token, past block_size/2) per graph;
-    for graphs without a cache, one forward of block_size/2 tokens. Rounds are interleaved
-    across the graphs, so a noisy machine slows them alike."""
-    past = cfg.block_size // 2
-    rng = np.random.default_rng(0)
-    feeds = (random_feeds(cfg, kind, 1, 1, past, 0, rng) if kind == "decoder_with_past"
-             else random_feeds(cfg, kind, 1, past, 0, 0, rng))
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sessions = {k: ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
-                for k, p in paths.items()}
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for _ in range(rounds):
-        for k, sess in sessions.items():
-            t = time.perf_counter()
-            sess.run(None, feeds)
-            times[k].append(time.perf_counter() - t)
-    return {k: 1e3 * statistics.median(v[rounds // 10:]) for k, v in times.items()}

@@ -32,7 +32,7 @@ from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, load_graph, save_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
-from tinyt.runtime.session import check_source
+from tinyt.runtime.session import check_source, graph_session
 
 from .compare import compare_graphs
 from .kvfuse import attention_with_past
@@ -188,11 +188,8 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         path = Path(tmp) / ONNX_FILE
         save_graph(optimized, path)
         del optimized  # the sessions below read the files
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        before = ort.InferenceSession(str(src_dir / ONNX_FILE), opts,
-                                      providers=["CPUExecutionProvider"])
-        after = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        before = graph_session(src_dir / ONNX_FILE, level="disabled")
+        after = graph_session(path, level="all")
         worst = compare_graphs(before, after, cfg, kind)
         bad = {n: w for n, w in worst.items() if not w["max_abs"] <= OPT_ATOL}
         if bad:

@@ -30,7 +30,7 @@ from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, load_graph, save_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.fixed import AXES, capacity
-from tinyt.runtime.session import check_source
+from tinyt.runtime.session import check_source, graph_session
 
 from .compare import compare_graphs
 from .optimize import COPIED_FILES, LEVELS
@@ -91,16 +91,6 @@ def _pin(proto: onnx.ModelProto, fixed: dict[str, int], kind: str, block: int) -
     del graph.value_info[:]  # intermediate shapes: ONNX Runtime infers them from the inputs
 
 
-def _session(path: Path, level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-             **config: str) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = level
-    opts.log_severity_level = 3
-    for key, value in config.items():
-        opts.add_session_config_entry(key, value)
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
 def _check_same(src: Path, dst: Path, cfg, kind: str, fixed: dict[str, int]) -> dict:
     """Worst max-abs difference per output, src vs dst, on the pinned shape (or a small grid),
     random ids, row 0 left-padded when there are two rows or more."""
@@ -114,7 +104,7 @@ def _check_same(src: Path, dst: Path, cfg, kind: str, fixed: dict[str, int]) -> 
         if kind == "decoder_with_past":
             cases.append((2, 1, T - 1, 0))
     try:
-        found = compare_graphs(_session(src), _session(dst), cfg, kind, cases=cases)
+        found = compare_graphs(graph_session(src), graph_session(dst), cfg, kind, cases=cases)
     except ValueError as e:  # an output of another shape
         raise PackageError(f"the packaged graph does not match its source: {e}") from None
     worst = {name: w["max_abs"] for name, w in found.items()}
@@ -188,7 +178,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
                                "protobuf's 2 GB); the ORT format cannot hold them: package it "
                                "with --format onnx or --format triton")
         try:
-            _session(graph_path)
+            graph_session(graph_path)
         except Exception as e:  # e.g. a pinned size the graph's ops cannot take
             raise PackageError(f"ONNX Runtime cannot load the packaged graph: {e}") from None
         worst = _check_same(src_dir / ONNX_FILE, graph_path, cfg, kind, pins)

@@ -26,7 +26,7 @@ from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, graph_files, load_graph, save_graph
 from tinyt.hardware import int8_preset
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
-from tinyt.runtime.session import check_source
+from tinyt.runtime.session import check_source, graph_session
 from tinyt.tokenizer import Tokenizer
 
 from .accuracy import classifier_accuracy, lm_accuracy
@@ -125,8 +125,8 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             raise QuantizeError(f"nothing in {src_dir / ONNX_FILE} was quantized: "
                                 f"{report.skipped}")
         onnx.checker.check_model(str(path))
-        ref = ort.InferenceSession(str(src_dir / ONNX_FILE), providers=["CPUExecutionProvider"])
-        cand = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        ref = graph_session(src_dir / ONNX_FILE, level="all")
+        cand = graph_session(path, level="all")
         if kind == "classifier":
             accuracy = classifier_accuracy(ref, cand, cfg, tokenizer, block["labels"], data)
         else:

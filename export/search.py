@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tinyt.benchmarks.timing import latency_ms
 from tinyt.contract import ONNX_FILE
 from tinyt.manifest import check_manifest, read_model_config
 
-from .compare import latency_ms
 from .quantize import QuantizeError, quantize
 
 # (name, quantize keyword arguments); static variants need the plain export.

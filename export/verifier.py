@@ -26,6 +26,7 @@ from tinyt.model import generate
 from tinyt.runtime.feeds import left_pad, prefill_feeds
 from tinyt.runtime.fixed import capacity
 from tinyt.runtime.gqa import GQA_KIND
+from tinyt.runtime.session import graph_session
 
 from .compare import ort_greedy, row_chunks
 
@@ -44,10 +45,7 @@ def _tolerance(output: str) -> float:
 
 
 def cpu_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return graph_session(path, level="all", threads=threads)
 
 
 def _cases(cfg: ModelConfig, kind: str, fixed: dict | None = None

@@ -87,6 +87,21 @@ def open_artifact(directory: str | os.PathLike) -> Artifact:
                     manifest.get("fixed_shape"), manifest.get("prefill_model_file"))
 
 
+def graph_session(path: str | os.PathLike, *, level: str = "disabled",
+                  threads: int | None = None) -> ort.InferenceSession:
+    """A CPU session on one graph file for a check or a measurement (not an artifact's
+    serving session: see create_session). level: the graph optimizations ONNX Runtime may
+    still apply ('disabled' runs the graph as written); spinning off, so that sessions taking
+    turns do not steal each other's cores."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = LEVELS[level]
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
 def check_source(directory: str | os.PathLike) -> Artifact:
     """A stage's source artifact, opened as the runtime would (manifest, contract, the config
     against the graph, one probe step) so that a mismatch is refused by name before the stage
