@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -35,13 +34,14 @@ from onnx import TensorProto, helper
 from tinyt.contract import CAPACITY, ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
-from tinyt.graphio import copy_graph, load_graph, save_graph
-from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.graphio import copy_graph, save_graph
+from tinyt.manifest import check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.gqa import GQA_KIND
-from tinyt.runtime.session import UNFUSED, check_source
+from tinyt.runtime.session import UNFUSED
 
 from .kvfuse import drop_dead, producers
-from .optimize import COPIED_FILES, OPT_ATOL
+from .optimize import OPT_ATOL
+from .stage import COPIED_FILES, open_source
 
 MS = "com.microsoft"
 GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
@@ -179,15 +179,14 @@ PREFILL_FILE = "prefill.onnx"
 
 def _convert(src_dir: Path, tmp: Path, name: str) -> tuple[dict, Path, dict]:
     """(source manifest, converted graph, its check against the source)."""
-    manifest = check_manifest(src_dir)
-    cfg, _ = read_model_config(src_dir)
+    src = open_source(src_dir)
+    manifest, cfg = src.manifest, src.config
     if manifest.get("graph") != "decoder_with_past" or manifest.get("fixed_shape"):
         raise SharedCacheError(f"{src_dir} holds a {manifest.get('graph')!r} graph"
                                f"{' with pinned shapes' if manifest.get('fixed_shape') else ''};"
                                " the shared-cache variant is made from a KV-cache decoder with "
                                "dynamic shapes")
-    proto = load_graph(str(src_dir / manifest.get("model_file", ONNX_FILE)))
-    check_source(src_dir)
+    proto = src.graph()
     layers = to_gqa(proto, cfg.n_head)
     if layers != cfg.n_layer:
         raise SharedCacheError(

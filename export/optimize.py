@@ -13,7 +13,6 @@ ONNX Runtime's own `transformers.optimizer` never fuses attention in these graph
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -28,14 +27,12 @@ from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
 from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
-from tinyt.fsutil import atomic_dir
-from tinyt.genai import write_genai_config
-from tinyt.graphio import copy_graph, load_graph, save_graph
-from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
-from tinyt.runtime.session import check_source, graph_session
+from tinyt.graphio import save_graph
+from tinyt.runtime.session import graph_session
 
 from .compare import compare_graphs
 from .kvfuse import attention_with_past
+from .stage import open_source, write_artifact
 
 TARGETS = ("cpu", "portable", "gqa")  # no cuda: there was no GPU to build it against
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -48,7 +45,6 @@ CONTRIB = "com.microsoft"
 GELU_OPS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",)}  # with / without bias
 QUANTIZED_OPS = {"DequantizeLinear", "QuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
                  "MatMulNBits", "GatherBlockQuantized", "QLinearMatMul", "DynamicQuantizeLinear"}
-COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
 
 
 class OptimizeError(TinytError, ValueError):
@@ -149,13 +145,10 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         from .gqa import shared_cache
 
         return shared_cache(src_dir, out_dir, prefill_from=prefill_from)
-    manifest = check_manifest(src_dir)
-    check_output_dir(src_dir, out_dir)
-    _check_request(src_dir, target, level, manifest)
-    cfg, _ = read_model_config(src_dir)
-    kind = manifest["graph"]
-    proto = load_graph(str(src_dir / ONNX_FILE))
-    check_source(src_dir)
+    src = open_source(src_dir, out_dir)
+    _check_request(src_dir, target, level, src.manifest)
+    cfg, kind = src.config, src.kind
+    proto = src.graph()
     if QUANTIZED_OPS & {n.op_type for n in proto.graph.node}:
         raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
                             "export, then quantize")
@@ -195,19 +188,9 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         if bad:
             raise OptimizeError(f"the optimized graph differs from its input beyond {OPT_ATOL}: "
                                 f"{bad}")
-        with atomic_dir(out_dir) as out:
-            copy_graph(path, out)
-            for name in COPIED_FILES:
-                shutil.copy(src_dir / name, out / name)
-            write_genai_config(out, cfg, kind=kind)
-            write_manifest(out, stage="optimize", source={
-                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
-            }, options={"target": target, "level": level}, extra={
-                "graph": kind, "opset": manifest.get("opset"), "io": manifest.get("io"),
-                "fusions": fusions, "op_counts": dict(sorted(counts.items())),
-                "contrib_ops": contrib,
-                "equivalence": {"tolerance": OPT_ATOL, "worst": worst},
-                "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__,
-                             "onnxscript": onnxscript.__version__},
-            })
-    return out_dir
+        return write_artifact(out_dir, src, [path], stage="optimize", options={
+            "target": target, "level": level}, extra={
+            "graph": kind, "opset": src.manifest.get("opset"), "io": src.manifest.get("io"),
+            "fusions": fusions, "op_counts": dict(sorted(counts.items())),
+            "contrib_ops": contrib, "equivalence": {"tolerance": OPT_ATOL, "worst": worst},
+            "versions": src.versions(onnxscript=onnxscript.__version__)})

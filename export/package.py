@@ -27,13 +27,14 @@ from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
-from tinyt.graphio import copy_graph, load_graph, save_graph
-from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.graphio import copy_graph, save_graph
+from tinyt.manifest import write_manifest
 from tinyt.runtime.fixed import AXES, capacity
-from tinyt.runtime.session import check_source, graph_session
+from tinyt.runtime.session import graph_session
 
 from .compare import compare_graphs
-from .optimize import COPIED_FILES, LEVELS
+from .optimize import LEVELS
+from .stage import COPIED_FILES, open_source
 from .triton import check_config, config_pbtxt
 
 FORMATS = ("onnx", "ort", "triton")
@@ -147,8 +148,8 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if format not in FORMATS:
         raise PackageError(f"format={format!r} is not one of {', '.join(FORMATS)}")
-    manifest = check_manifest(src_dir)
-    check_output_dir(src_dir, out_dir)
+    src = open_source(src_dir, out_dir)
+    manifest = src.manifest
     if manifest.get("graph") == "decoder_gqa":
         raise PackageError(f"{src_dir} is a shared-cache variant (graph decoder_gqa), built for "
                            "tinyt.runtime's bound buffers; package the artifact it was made from "
@@ -156,11 +157,9 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     if manifest.get("stage") == "package":
         raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
                            "from")
-    cfg, _ = read_model_config(src_dir)
-    kind = manifest["graph"]
+    cfg, kind = src.config, src.kind
     pins = parse_fixed(fixed)
-    proto = load_graph(str(src_dir / ONNX_FILE))
-    check_source(src_dir)
+    proto = src.graph()
     if pins:
         _pin(proto, pins, kind, cfg.block_size)
     name = name or f"tinyt-{kind.replace('_', '-')}"

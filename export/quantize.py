@@ -12,27 +12,23 @@ ONNX ops, from the plain export; settings from the CPU's INT8 preset (tinyt.hard
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 
 from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
-from tinyt.fsutil import atomic_dir
-from tinyt.genai import write_genai_config
-from tinyt.graphio import copy_graph, graph_files, load_graph, save_graph
+from tinyt.graphio import graph_files, save_graph
 from tinyt.hardware import int8_preset
-from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
-from tinyt.runtime.session import check_source, graph_session
+from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
 
 from .accuracy import classifier_accuracy, lm_accuracy
 from .blockquant import MS, quantize_weights
-from .optimize import COPIED_FILES, QUANTIZED_OPS
+from .optimize import QUANTIZED_OPS
 from .qdq import CALIBRATIONS, quantize_qdq
+from .stage import open_source, write_artifact
 
 MODES = {"dynamic": 4, "weight-only": 0, "static": None}  # -> MatMulNBits accuracy_level
 BITS = (8, 4)
@@ -83,10 +79,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
     CPU's preset."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
-    manifest = check_manifest(src_dir)
-    check_output_dir(src_dir, out_dir)
-    proto = load_graph(str(src_dir / ONNX_FILE))
-    check_source(src_dir)
+    src = open_source(src_dir, out_dir)
+    manifest = src.manifest
+    proto = src.graph()
     _check_request(src_dir, manifest, proto, mode, bits, block_size)
     if kernel not in KERNELS or (kernel == "qgemm" and (bits != 8 or mode != "dynamic")):
         raise QuantizeError(f"kernel={kernel!r} with mode={mode!r}, bits={bits}: kernels are "
@@ -94,8 +89,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     if calibration not in CALIBRATIONS:
         raise QuantizeError(f"calibration={calibration!r} is not one of "
                             f"{', '.join(CALIBRATIONS)}")
-    cfg, block = read_model_config(src_dir)
-    kind = manifest["graph"]
+    cfg, block, kind = src.config, src.block, src.kind
     if mode == "static" and kind == "classifier":
         raise QuantizeError("static calibration reads corpus text windows; for a classifier use "
                             "mode='dynamic'")
@@ -131,31 +125,23 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             accuracy = classifier_accuracy(ref, cand, cfg, tokenizer, block["labels"], data)
         else:
             accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data)
-        with atomic_dir(out_dir) as out:
-            copy_graph(path, out)
-            for name in COPIED_FILES:
-                shutil.copy(src_dir / name, out / name)
-            write_genai_config(out, cfg, kind=kind)
-            src_bytes = _bytes(src_dir / ONNX_FILE)
-            write_manifest(out, stage="quantize", source={
-                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
-            }, options={"mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
-                        "kernel": kernel, **({"reduce_range": bool(preset["reduce_range"])}
-                                             if kernel == "qgemm" else {}),
-                        **({"calibration": calibration, "per_channel": per_channel,
-                            "hardware_preset": preset} if mode == "static"
-                           else {"block_size": block_size})}, extra={
-                "graph": kind, "opset": manifest.get("opset"), "io": manifest.get("io"),
-                "quantization": {
-                    "quantized": report.quantized, "excluded": report.excluded,
-                    "skipped": report.skipped, "shared_tables": report.shared_tables,
-                    "contrib_domain": MS, "bytes": _bytes(path),
-                    "bytes_of_source": src_bytes, "size_ratio": _bytes(path) / src_bytes,
-                },
-                "accuracy": accuracy, **({"search": search} if search else {}),
-                "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__},
-            })
-    return out_dir
+        src_bytes = _bytes(src_dir / ONNX_FILE)
+        return write_artifact(out_dir, src, [path], stage="quantize", options={
+            "mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
+            "kernel": kernel,
+            **({"reduce_range": bool(preset["reduce_range"])} if kernel == "qgemm" else {}),
+            **({"calibration": calibration, "per_channel": per_channel,
+                "hardware_preset": preset} if mode == "static" else {"block_size": block_size})},
+            extra={
+            "graph": kind, "opset": manifest.get("opset"), "io": manifest.get("io"),
+            "quantization": {
+                "quantized": report.quantized, "excluded": report.excluded,
+                "skipped": report.skipped, "shared_tables": report.shared_tables,
+                "contrib_domain": MS, "bytes": _bytes(path),
+                "bytes_of_source": src_bytes, "size_ratio": _bytes(path) / src_bytes,
+            },
+            "accuracy": accuracy, **({"search": search} if search else {}),
+            "versions": src.versions()})
 
 
 def _bytes(model: Path) -> int:

@@ -1,0 +1,86 @@
+"""The opening and the tail every stage that derives an artifact from another shares
+(torch-free). The stages themselves stay plain functions:
+
+    src = open_source(src_dir, out_dir)     # manifest checked, output dir allowed, config read
+    ...the stage's own checks of its request...
+    proto = src.graph()                     # the graph, finite weights, config vs graph
+    ...the stage's own work, written to a temporary `path` and checked...
+    write_artifact(out_dir, src, [path], stage="optimize", options={...}, extra={...})
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from tinyt.config import ModelConfig
+from tinyt.contract import ONNX_FILE
+from tinyt.fsutil import atomic_dir
+from tinyt.genai import write_genai_config
+from tinyt.graphio import copy_graph, load_graph
+from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.runtime.session import check_source
+
+COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
+
+
+@dataclass
+class Source:
+    path: Path
+    manifest: dict[str, Any]
+    config: ModelConfig
+    block: dict[str, Any]  # config.json's tinyt block (labels, ...)
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["graph"]
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / self.manifest.get("model_file", ONNX_FILE)
+
+    def graph(self):
+        """The source's ModelProto: weights checked finite, config checked against the graph
+        the way the runtime checks it (one probe step)."""
+        proto = load_graph(self.model_path)
+        check_source(self.path)
+        return proto
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's `source` entry of an artifact made from this one."""
+        return {"kind": "artifact", "path": str(self.path.resolve()), "manifest": self.manifest}
+
+    def versions(self, **more: str) -> dict[str, str]:
+        return {**self.manifest.get("versions", {}), "onnxruntime": ort.__version__, **more}
+
+
+def open_source(src_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Source:
+    """The source artifact, its files checked against its manifest; `out_dir` (if given) may
+    be replaced by a stage's output (not the source, not a directory holding it, not a
+    directory that is not an artifact)."""
+    src_dir = Path(src_dir)
+    manifest = check_manifest(src_dir)
+    if out_dir is not None:
+        check_output_dir(src_dir, Path(out_dir))
+    cfg, block = read_model_config(src_dir)
+    return Source(src_dir, manifest, cfg, block)
+
+
+def write_artifact(out_dir: str | os.PathLike, src: Source, graphs: list[Path], *, stage: str,
+                   options: dict[str, Any], extra: dict[str, Any],
+                   genai: bool = True) -> Path:
+    """The output directory, whole or not at all: the graphs (with external data), the
+    source's config and tokenizer files, genai_config.json, the manifest with its lineage."""
+    with atomic_dir(out_dir) as out:
+        for graph in graphs:
+            copy_graph(graph, out)
+        for name in COPIED_FILES:
+            shutil.copy(src.path / name, out / name)
+        if genai:
+            write_genai_config(out, src.config, kind=src.kind)
+        write_manifest(out, stage=stage, source=src.record(), options=options, extra=extra)
+    return Path(out_dir)
