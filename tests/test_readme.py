@@ -1,5 +1,5 @@
-"""README.md's commands run, at small sizes: every line of every ```bash block (and the
-```python block), with the test preset and a synthetic corpus instead of the demo model and the
+"""README.md's and docs/'s commands run, at small sizes: every line of every ```bash block
+(and the ```python blocks), with the test preset and a synthetic corpus instead of the demo model and the
 standard library. The few that cannot run here are listed below with the reason and what
 covers them instead.
 
@@ -48,9 +48,22 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
 }
 
 
+# The documents whose blocks run, in the order their sections build on each other; README
+# last, as its runtime example loads what the documents' commands made.
+DOCUMENTS = ["docs/model.md", "docs/export.md", "docs/quantization.md", "docs/peers.md",
+             "docs/benchmarks.md", "docs/runtime.md", "docs/packaging.md",
+             "docs/architecture.md", "docs/reliability.md", "docs/status.md", "README.md"]
+
+
+def test_every_document_is_run():
+    docs = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert docs <= set(DOCUMENTS), f"add {sorted(docs - set(DOCUMENTS))} to DOCUMENTS"
+
+
 def readme_blocks() -> list[tuple[str, str, list[str]]]:
-    """(label, language, commands or [code]) for each fenced bash / python block, in order."""
-    text = (ROOT / "README.md").read_text()
+    """(label, language, commands or [code]) for each fenced bash / python block of the
+    documents, in order."""
+    text = "\n".join((ROOT / doc).read_text() for doc in DOCUMENTS)
     blocks = []
     for label, lang, body in re.findall(r"(?:<!-- ([\w-]+) -->\s*)?```(\w*)\n(.*?)```", text,
                                         re.S):
