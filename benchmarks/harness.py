@@ -79,7 +79,7 @@ def percentiles(times: list[float]) -> dict[str, float]:
     return {"p50_ms": statistics.median(ms), "p90_ms": pick(0.90), "p99_ms": pick(0.99)}
 
 
-def _resolve(values, cfg, limit: int | None = None) -> list[int]:
+def resolve_sizes(values, cfg, limit: int | None = None) -> list[int]:
     """Sizes from a mode's spec ('last' = block_size - 1, 'block' = block_size), those that fit
     the model kept (at most `limit`, default block_size)."""
     values = [values] if isinstance(values, str) else values
@@ -164,14 +164,14 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, devic
         skipped.append({"variant": "ort-*", "why": "this onnxruntime has no GPU provider "
                         f"({ort.get_available_providers()}); install onnxruntime-gpu"})
     shapes = [("decode", b, p) for b in spec["batches"]  # past + the new token fit the model
-              for p in _resolve(spec["pasts"], cfg, cfg.block_size - 1)]
-    shapes += [("prefill", b, t) for b in spec["batches"] for t in _resolve(spec["prompts"], cfg)]
+              for p in resolve_sizes(spec["pasts"], cfg, cfg.block_size - 1)]
+    shapes += [("prefill", b, t) for b in spec["batches"] for t in resolve_sizes(spec["prompts"], cfg)]
     rows = _rows(variants, shapes, spec)
     clf = _classifier_variants(artifacts, threads, device, providers, skipped)
     if clf:
         clf_cfg = clf[0].cfg
         rows += _rows(clf, [("classify", b, t) for b in spec["clf_batches"]
-                            for t in _resolve(spec["clf_tokens"], clf_cfg)], spec)
+                            for t in resolve_sizes(spec["clf_tokens"], clf_cfg)], spec)
     sizes = {v.name.split("@")[0]: (v.path / "model.onnx").stat().st_size
              for v in variants + clf if isinstance(v, OrtVariant)}
     # Footprint: each variant alone in a fresh process (imports, session, first call, memory).

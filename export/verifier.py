@@ -96,7 +96,7 @@ def _compare(name: str, ours: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
     return worst
 
 
-def _torch_run(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
+def torch_outputs(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
     """PyTorch outputs for the same feeds, as numpy, in contract order."""
     t = {k: torch.from_numpy(v) for k, v in feeds.items()}
     with torch.no_grad():
@@ -110,7 +110,7 @@ def _torch_run(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
     return [logits.numpy(), *(x.numpy() for kv in present for x in kv)]
 
 
-def _feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: int,
+def case_feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: int,
            pad: int) -> dict[str, np.ndarray]:
     """Inputs for one case; ids holds past_len prefix tokens then the new ones, and `pad`
     leading positions of row 0 are padding. The prefix becomes a KV cache made by PyTorch."""
@@ -161,9 +161,9 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
             ids = _ids(rng, cfg.vocab_size, corpus, b, p + s,
                        "corpus" if source != "random" else "random")
             pad = (p + s) // 2 if source == "left-padded" else 0
-            feeds = _feeds(model, cfg, kind, ids, p, pad)
+            feeds = case_feeds(model, cfg, kind, ids, p, pad)
             ours = sess.run(out_names, feeds)
-            ref = _torch_run(model, kind, feeds, cfg.n_layer)
+            ref = torch_outputs(model, kind, feeds, cfg.n_layer)
             if pad and kind != "classifier":  # logits at padding are unspecified: skip them
                 keep = max(pad - p, 0)
                 ours[0], ref[0] = ours[0][:, keep:], ref[0][:, keep:]

@@ -105,8 +105,8 @@ def test_full_mode_sizes_fit_a_small_model():
     from tinyt.config import ModelConfig
     cfg = ModelConfig(block_size=32, vocab_size=300, n_layer=1, n_head=2, n_embd=32)
     full = harness.MODES["full"]
-    assert harness._resolve(full["pasts"], cfg, cfg.block_size - 1) == [31]  # not 32: 33 > 32
-    assert harness._resolve(full["prompts"], cfg) == [1, 32]
+    assert harness.resolve_sizes(full["pasts"], cfg, cfg.block_size - 1) == [31]  # not 32: 33 > 32
+    assert harness.resolve_sizes(full["prompts"], cfg) == [1, 32]
 
 
 def test_plain_baseline_is_reused_while_current(artifacts, tmp_path):

@@ -18,7 +18,16 @@ def test_default_corpus_is_the_stdlib_split_by_file():
 
 
 def test_split_is_a_stable_hash_of_the_name():
-    assert D.is_validation("asyncio/tasks.py") == D.is_validation("asyncio/tasks.py")
+    import subprocess
+    import sys
+    names = [f"pkg/m{i}.py" for i in range(50)]
+    here = [D.is_validation(n) for n in names]
+    for seed in ("0", "12345"):  # not Python's salted hash(): the same split in every process
+        out = subprocess.run([sys.executable, "-c", "import sys; from tinyt import data as D; "
+                              f"print([D.is_validation(n) for n in {names!r}])"],
+                             capture_output=True, text=True, env={"PYTHONHASHSEED": seed,
+                                                                  "PATH": ""})
+        assert out.stdout.strip() == str(here), out.stderr
     names = [f"pkg/m{i}.py" for i in range(2000)]
     share = np.mean([D.is_validation(n) for n in names])
     assert abs(share - D.VAL_PERCENT / 100) < 0.02

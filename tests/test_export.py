@@ -10,7 +10,7 @@ from tinyt import contract as C
 from tinyt.checkpoint import load_checkpoint
 from tinyt.errors import CheckpointError
 from tinyt.export import FP32_LOGITS_ATOL, ExportError, export_onnx, verify
-from tinyt.export.verifier import _feeds, _torch_run, cpu_session
+from tinyt.export.verifier import case_feeds, cpu_session, torch_outputs
 from tinyt.manifest import ManifestError, check_manifest
 
 
@@ -75,10 +75,10 @@ def test_any_mix_of_batch_sequence_and_past(lm_onnx, tiny_ckpt, b, s, p):
     ck = load_checkpoint(tiny_ckpt)
     sess = cpu_session(lm_onnx / "model.onnx")
     ids = np.random.default_rng(b * 100 + s * 10 + p).integers(0, ck.config.vocab_size, (b, p + s))
-    feeds = _feeds(ck.model, ck.config, "decoder_with_past", ids, p, pad=0)
+    feeds = case_feeds(ck.model, ck.config, "decoder_with_past", ids, p, pad=0)
     names = [o.name for o in sess.get_outputs()]
     ours = sess.run(names, feeds)
-    ref = _torch_run(ck.model, "decoder_with_past", feeds, ck.config.n_layer)
+    ref = torch_outputs(ck.model, "decoder_with_past", feeds, ck.config.n_layer)
     assert ours[0].shape == (b, s, ck.config.vocab_size)
     assert ours[1].shape == (b, ck.config.n_head, p + s, ck.config.head_dim)
     for name, o, r in zip(names, ours, ref):

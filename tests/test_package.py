@@ -133,6 +133,7 @@ def _triton_config(out, name):
 
 
 def test_triton_repository_for_the_kv_cache_decoder(lm_opt, tiny_ckpt, tmp_path):
+    pytest.importorskip("tritonclient.grpc", reason="the triton extra is not installed")
     out = package(lm_opt, tmp_path / "repo", format="triton", name="tiny-lm")
     assert (out / "tiny-lm" / "1" / "model.onnx").is_file()
     config = _triton_config(out, "tiny-lm")
@@ -150,6 +151,7 @@ def test_triton_repository_for_the_kv_cache_decoder(lm_opt, tiny_ckpt, tmp_path)
 
 
 def test_triton_repository_batches_the_classifier_on_gpu_instances(clf_onnx, tmp_path):
+    pytest.importorskip("tritonclient.grpc", reason="the triton extra is not installed")
     out = package(clf_onnx, tmp_path / "repo", format="triton", device="gpu", instances=2,
                   max_batch_size=16)
     name = check_manifest(out)["triton"]["model"]
@@ -163,6 +165,7 @@ def test_triton_repository_batches_the_classifier_on_gpu_instances(clf_onnx, tmp
 
 
 def test_triton_config_that_disagrees_with_the_graph_is_refused(clf_onnx):
+    pytest.importorskip("tritonclient.grpc", reason="the triton extra is not installed")
     graph = onnx.load(str(clf_onnx / "model.onnx")).graph
     good = ('name: "c" platform: "onnxruntime_onnx" max_batch_size: 8 '
             'input [ { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] }, '
