@@ -82,12 +82,12 @@ def test_gpu_script_stops_clearly_where_a_gpu_is_needed(artifacts, tmp_path):
                            sys.executable], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "run the main job first" in proc.stderr
     proc = subprocess.run(["bash", str(root / "benchmarks/gpu.sh"), str(artifacts),
-                           sys.executable], capture_output=True, text=True, timeout=120)
+                           sys.executable, str(tmp_path / "gpu")], capture_output=True,
+                          text=True, timeout=120)  # never into the checkout's results
     import torch
     if torch.cuda.is_available():  # a GPU machine runs it for real
         assert proc.returncode == 0, proc.stderr
-        assert json.loads((root / "benchmarks/results/gpu/results.json").read_text())["device"] \
-            == "cuda"
+        assert json.loads((tmp_path / "gpu" / "results.json").read_text())["device"] == "cuda"
     else:
         assert proc.returncode == 2
         assert proc.stderr.strip() == ("error: device='cuda' needs a GPU that torch can see; "

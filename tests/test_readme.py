@@ -91,7 +91,8 @@ def small(command: str, work: Path) -> list[str]:
         if argv[1].startswith("benchmarks/") and argv[1].endswith(".py"):
             argv[1] = str(ROOT / argv[1])
     if argv[0] == "bash" and argv[1] == "benchmarks/gpu.sh":
-        return ["bash", str(ROOT / argv[1]), str(work / "artifacts"), sys.executable]
+        return ["bash", str(ROOT / argv[1]), str(work / "artifacts"), sys.executable,
+                str(work / "gpu-results")]
     if argv[0] == "bash" and argv[1].startswith("benchmarks/"):
         return ["bash", str(ROOT / argv[1]), *argv[2:]]  # from the checkout, into `work`
     if argv[0] == "torchrun":
