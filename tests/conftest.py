@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tinyt.config import ModelConfig, TrainConfig
@@ -13,6 +14,18 @@ from tinyt.config import ModelConfig, TrainConfig
 TINY_MODEL = dict(block_size=32, vocab_size=300, n_layer=2, n_head=2, n_embd=32)
 TINY_TRAIN = dict(max_steps=8, batch_size=8, warmup_steps=2, eval_interval=4, eval_batches=2,
                   learning_rate=3e-3, min_lr=3e-4)
+
+
+def assert_close(a, b, tol: float, what: str) -> float:
+    """The one way tests compare outputs (torch tensors or numpy arrays): shape, then dtype,
+    then the worst absolute difference against `tol`; returns that difference."""
+    assert tuple(a.shape) == tuple(b.shape), f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
+    x, y = (np.asarray(t.detach().cpu() if hasattr(t, "detach") else t, dtype=np.float64)
+            for t in (a, b))
+    worst = float(np.abs(x - y).max(initial=0.0))  # NaN fails the check below
+    assert worst <= tol, f"{what}: max abs diff {worst:.3g} > {tol}"
+    return worst
 
 
 def run_tinyt(*args) -> subprocess.CompletedProcess:

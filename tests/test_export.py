@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import run_tinyt
+from conftest import assert_close, run_tinyt
 from tinyt import contract as C
 from tinyt.checkpoint import load_checkpoint
 from tinyt.errors import CheckpointError
@@ -82,7 +82,7 @@ def test_any_mix_of_batch_sequence_and_past(lm_onnx, tiny_ckpt, b, s, p):
     assert ours[0].shape == (b, s, ck.config.vocab_size)
     assert ours[1].shape == (b, ck.config.n_head, p + s, ck.config.head_dim)
     for name, o, r in zip(names, ours, ref):
-        assert np.abs(o - r).max() <= FP32_LOGITS_ATOL, name
+        assert_close(o, r, FP32_LOGITS_ATOL, name)
 
 
 def test_verify_passes_and_writes_a_report(lm_onnx, tiny_ckpt, tmp_path):

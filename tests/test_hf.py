@@ -20,7 +20,7 @@ from tinyt.hfgpt2 import ConversionError, import_hf, to_hf_gpt2  # noqa: E402
 from tinyt.model import TinyTransformer, generate  # noqa: E402
 from tinyt.tokenizer import Tokenizer  # noqa: E402
 
-from conftest import run_tinyt  # noqa: E402
+from conftest import assert_close, run_tinyt  # noqa: E402
 
 IMPORT_ATOL = 1e-4  # the bound; measured differences are below 1e-6
 
@@ -50,8 +50,7 @@ def assert_same_model(ck, hf, cfg_tokens: int, steps: int = 8) -> None:
     T = ck.config.block_size
     x = torch.randint(0, cfg_tokens, (2, T), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        full = (ck.model(x)[0] - hf(x).logits).abs().max().item()
-        assert full <= IMPORT_ATOL, full
+        assert_close(ck.model(x)[0], hf(x).logits, IMPORT_ATOL, "full-sequence logits")
         ours, cache = ck.model(x[:, :5])
         theirs = hf(x[:, :5], use_cache=True)
         past = theirs.past_key_values
@@ -59,7 +58,7 @@ def assert_same_model(ck, hf, cfg_tokens: int, steps: int = 8) -> None:
             ours, cache = ck.model(x[:, t:t + 1], past_key_values=cache)
             theirs = hf(x[:, t:t + 1], past_key_values=past, use_cache=True)
             past = theirs.past_key_values
-            assert (ours - theirs.logits).abs().max().item() <= IMPORT_ATOL
+            assert_close(ours, theirs.logits, IMPORT_ATOL, f"cached logits at {t}")
         prompt = x[:1, :6]
         want = hf.generate(prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
                            pad_token_id=0, attention_mask=torch.ones_like(prompt))
@@ -178,7 +177,7 @@ def test_export_hf_round_trip_is_bit_identical(tiny_ckpt, tmp_path):
     ck = load_checkpoint(tiny_ckpt)
     x = torch.randint(0, ck.config.vocab_size, (2, ck.config.block_size))
     with torch.no_grad():
-        assert (hf(x).logits - ck.model(x)[0]).abs().max().item() <= 1e-5
+        assert_close(hf(x).logits, ck.model(x)[0], 1e-5, "exported vs tinyt logits")
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["activation_function"] \
         == "gelu"
     _same_checkpoint(ck, load_checkpoint(import_hf(tmp_path / "hf", tmp_path / "back")))

@@ -5,6 +5,8 @@ from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
 from tinyt.model import TinyClassifier, TinyTransformer, build_model, generate
 
+from conftest import assert_close
+
 CACHE_TOL = 1e-5  # cached step-by-step decoding vs the full forward
 PAD_TOL = 1e-5  # padding / batching vs one row alone (float summation order only)
 
@@ -14,13 +16,6 @@ BASE = dict(block_size=32, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 def lm(pos="learned", **kw) -> TinyTransformer:
     torch.manual_seed(0)
     return TinyTransformer(ModelConfig(**{**BASE, "pos_encoding": pos, **kw})).eval()
-
-
-def assert_close(a, b, tol, what):
-    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
-    worst = (a - b).abs().max().item()
-    assert worst <= tol, f"{what}: max abs diff {worst:.3g} > {tol}"
 
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal"])

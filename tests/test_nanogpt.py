@@ -9,6 +9,8 @@ from tinyt.errors import CheckpointError
 from tinyt.nanogpt import import_nanogpt
 from tinyt.tokenizer import Tokenizer
 
+from conftest import assert_close
+
 IMPORT_TOL = 1e-5  # imported tinyt model vs nanoGPT's architecture, logits max abs diff
 
 
@@ -43,9 +45,7 @@ def test_import_matches_nanogpt_logits(tmp_path, compiled, bias):
     with torch.no_grad():
         expected = ref(x)
         got, _ = ck.model(x)
-    assert got.shape == expected.shape
-    worst = (got - expected).abs().max().item()
-    assert worst <= IMPORT_TOL, f"logits differ by {worst:.3g}"
+    assert_close(got, expected, IMPORT_TOL, "imported vs nanoGPT logits")
 
 
 def test_unexpected_keys_are_named(tmp_path):

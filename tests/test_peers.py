@@ -18,6 +18,8 @@ from tinyt.genai import GENAI_CONFIG
 from tinyt.hfgpt2 import HF_LOGITS_ATOL, ConversionError, to_hf_gpt2
 from tinyt.manifest import check_manifest
 
+from conftest import assert_close
+
 PROMPTS = ["def alpha", "import os\n", "    return ", "x"]
 
 
@@ -74,8 +76,7 @@ def test_hf_gpt2_has_tinyts_logits(tiny_ckpt, tmp_path):
     ids = torch.randint(0, ck.config.vocab_size, (3, ck.config.block_size),
                         generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        diff = (hf(ids).logits - ck.model.eval()(ids)[0]).abs().max().item()
-    assert diff <= HF_LOGITS_ATOL
+        assert_close(hf(ids).logits, ck.model.eval()(ids)[0], HF_LOGITS_ATOL, "HF vs tinyt")
     assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()  # still tied
     assert json.loads((out / "config.json").read_text())["activation_function"] == "gelu"
 

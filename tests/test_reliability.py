@@ -24,7 +24,7 @@ from tinyt.graphio import GraphError
 from tinyt.manifest import ManifestError
 from tinyt.runtime.sampling import SamplingParams, next_token
 
-from conftest import TINY_MODEL, TINY_TRAIN, run_tinyt
+from conftest import TINY_MODEL, TINY_TRAIN, assert_close, run_tinyt
 
 
 def rehash(directory: Path, *names: str) -> None:
@@ -295,7 +295,7 @@ def test_a_byte_level_model_without_end_of_text_imports_and_runs(tmp_path):
     assert ck.tokenizer.encode("é!") == list("é!".encode("utf-8"))
     x = torch.tensor([ck.tokenizer.encode("print(1)")])
     with torch.no_grad():
-        assert torch.allclose(ck.model(x)[0], ref(x), atol=1e-5)
+        assert_close(ck.model(x)[0], ref(x), 1e-5, "byte-level import vs nanoGPT")
     lm = rt.load(export_onnx(tmp_path / "ck", tmp_path / "onnx"), threads=1)
     res = lm.generate_details(["print("], max_new_tokens=10, temperature=0)[0]
     assert len(res.token_ids) == 10 and res.finish_reason == "length"
