@@ -109,6 +109,7 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
     new_nodes, new_inits = [], []
 
     def table(name: str, rows: np.ndarray, blk: int) -> tuple[str, str]:
+        """The block-quantized table of weight `name`, made once however many nodes read it."""
         if name not in tables:
             q, s = block_quantize(rows, bits, blk)
             new_inits.extend([numpy_helper.from_array(q, f"{name}_q{bits}"),
@@ -121,15 +122,12 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
                   if n.op_type == "Transpose" and n.input[0] in inits
                   and [helper.get_attribute_value(a) for a in n.attribute] in ([], [[1, 0]])}
     for node in graph.node:
-        weight = node.input[1] if node.op_type in ("MatMul", "FusedMatMul") else (
-            node.input[0] if node.op_type == "Gather" else None)
-        through_transpose = node.op_type == "MatMul" and weight in transposed
-        if through_transpose:
-            weight = transposed[weight]
-        init = inits.get(weight) if weight else None
-        if init is None or len(init.dims) != 2 or init.data_type != onnx.TensorProto.FLOAT:
+        # 1) the node's fp32 weight matrix, if it has one
+        weight, through_transpose = _weight_of(node, inits, transposed)
+        if weight is None:
             new_nodes.append(node)
             continue
+        # 2) excluded by the caller?
         module = module_of(node, weight)
         report.modules.add(module)
         why = excluded_by(module, list(exclude))
@@ -137,58 +135,25 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
             report.excluded.append(f"{module} ({node.op_type}, by '{why}')")
             new_nodes.append(node)
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        w = numpy_helper.to_array(init)
-        if node.op_type == "Gather":
-            if attrs.get("axis", 0) != 0:
-                report.skipped[node.name] = "gathers along an axis other than 0"
-                new_nodes.append(node)
-                continue
-            rows, K = w, w.shape[1]  # one row per token, quantized along the embedding
-        elif through_transpose:
-            rows, K = w, w.shape[1]
-        elif node.op_type == "FusedMatMul":
-            if attrs.get("transB") != 1 or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
-                report.skipped[node.name] = f"FusedMatMul with {attrs}"
-                new_nodes.append(node)
-                continue
-            rows, K = w, w.shape[1]  # x @ W^T: W's rows are the outputs
-        else:
-            rows, K = w.T, w.shape[0]  # x @ W: W^T's rows are the outputs
-        blk = pick_block(K, block)
-        if blk is None:
-            report.skipped[node.name] = f"K={K} has no power-of-two block >= 16"
+        # 3) the matrix as rows of outputs, and a block size that divides their length
+        w = numpy_helper.to_array(inits[weight])
+        layout = _output_rows(node, w, through_transpose)
+        blk = None if isinstance(layout, str) else pick_block(layout[1], block)
+        if isinstance(layout, str) or blk is None:
+            report.skipped[node.name] = layout if isinstance(layout, str) else \
+                f"K={layout[1]} has no power-of-two block >= 16"
             new_nodes.append(node)
             continue
+        rows, K = layout
+        # 4) the replacement: int8 per channel (qgemm), or a block-quantized table
         if kernel == "qgemm" and node.op_type == "MatMul" and not through_transpose \
                 and weight not in tables:
-            q, sc = channel_quantize(w, 63 if reduce_range else 127)
-            qn, sn, zn = f"{weight}_s8", f"{weight}_channel_scales", f"{weight}_zero"
-            new_inits.extend([numpy_helper.from_array(q, qn), numpy_helper.from_array(sc, sn),
-                              numpy_helper.from_array(np.zeros(sc.shape, np.int8), zn)])
-            new_nodes.append(helper.make_node(
-                "DynamicQuantizeMatMul", [node.input[0], qn, sn, zn], list(node.output),
-                name=node.name.replace("MatMul", "DynamicQuantizeMatMul"), domain=MS))
+            new_nodes.append(_qgemm_node(node, weight, w, reduce_range, new_inits))
             report.quantized.append(f"{module} (MatMul, int8 per channel)")
             continue
         qname, sname = table(weight, np.ascontiguousarray(rows), blk)
-        N = rows.shape[0]
-        if node.op_type == "Gather":
-            flat = f"{qname}_2d"
-            shape = numpy_helper.from_array(np.array([N, K * bits // 8], dtype=np.int64),
-                                            f"{flat}_shape")
-            new_inits.append(shape)
-            new_nodes.append(helper.make_node("Reshape", [qname, shape.name], [flat],
-                                              name=f"{node.name}/Reshape"))
-            new_nodes.append(helper.make_node(
-                "GatherBlockQuantized", [flat, node.input[1], sname], list(node.output),
-                name=f"{node.name}BlockQuantized", domain=MS, bits=bits, block_size=blk,
-                gather_axis=0, quantize_axis=1))
-        else:
-            new_nodes.append(helper.make_node(
-                "MatMulNBits", [node.input[0], qname, sname], list(node.output),
-                name=node.name.replace(node.op_type, "MatMulNBits"), domain=MS, K=K, N=N,
-                bits=bits, block_size=blk, accuracy_level=accuracy_level))
+        new_nodes.extend(_nbits_nodes(node, qname, sname, rows.shape[0], K, bits, blk,
+                                      accuracy_level, new_inits))
         report.quantized.append(f"{module} ({node.op_type})")
     del graph.node[:]
     graph.node.extend(new_nodes)
@@ -202,3 +167,62 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
     if not any(o.domain == MS for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(MS, 1))
     return report
+
+
+def _weight_of(node: onnx.NodeProto, inits: dict, transposed: dict) -> tuple[str | None, bool]:
+    """(name of the 2-D fp32 initializer a MatMul / FusedMatMul / Gather reads, whether it is
+    read through a Transpose), or (None, False)."""
+    weight = node.input[1] if node.op_type in ("MatMul", "FusedMatMul") else (
+        node.input[0] if node.op_type == "Gather" else None)
+    through_transpose = node.op_type == "MatMul" and weight in transposed
+    if through_transpose:
+        weight = transposed[weight]
+    init = inits.get(weight) if weight else None
+    if init is None or len(init.dims) != 2 or init.data_type != onnx.TensorProto.FLOAT:
+        return None, False
+    return weight, through_transpose
+
+
+def _output_rows(node: onnx.NodeProto, w: np.ndarray,
+                 through_transpose: bool) -> tuple[np.ndarray, int] | str:
+    """The weight as one row per output and the row length K, or why it cannot be."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Gather":
+        if attrs.get("axis", 0) != 0:
+            return "gathers along an axis other than 0"
+        return w, w.shape[1]  # one row per token, quantized along the embedding
+    if through_transpose:
+        return w, w.shape[1]
+    if node.op_type == "FusedMatMul":
+        if attrs.get("transB") != 1 or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
+            return f"FusedMatMul with {attrs}"
+        return w, w.shape[1]  # x @ W^T: W's rows are the outputs
+    return w.T, w.shape[0]  # x @ W: W^T's rows are the outputs
+
+
+def _qgemm_node(node: onnx.NodeProto, weight: str, w: np.ndarray, reduce_range: bool,
+                new_inits: list) -> onnx.NodeProto:
+    q, sc = channel_quantize(w, 63 if reduce_range else 127)
+    qn, sn, zn = f"{weight}_s8", f"{weight}_channel_scales", f"{weight}_zero"
+    new_inits.extend([numpy_helper.from_array(q, qn), numpy_helper.from_array(sc, sn),
+                      numpy_helper.from_array(np.zeros(sc.shape, np.int8), zn)])
+    return helper.make_node("DynamicQuantizeMatMul", [node.input[0], qn, sn, zn],
+                            list(node.output),
+                            name=node.name.replace("MatMul", "DynamicQuantizeMatMul"), domain=MS)
+
+
+def _nbits_nodes(node: onnx.NodeProto, qname: str, sname: str, N: int, K: int, bits: int,
+                 blk: int, accuracy_level: int, new_inits: list) -> list[onnx.NodeProto]:
+    """MatMulNBits for a matmul; Reshape + GatherBlockQuantized for an embedding lookup."""
+    if node.op_type != "Gather":
+        return [helper.make_node(
+            "MatMulNBits", [node.input[0], qname, sname], list(node.output),
+            name=node.name.replace(node.op_type, "MatMulNBits"), domain=MS, K=K, N=N,
+            bits=bits, block_size=blk, accuracy_level=accuracy_level)]
+    flat = f"{qname}_2d"
+    shape = numpy_helper.from_array(np.array([N, K * bits // 8], dtype=np.int64), f"{flat}_shape")
+    new_inits.append(shape)
+    return [helper.make_node("Reshape", [qname, shape.name], [flat], name=f"{node.name}/Reshape"),
+            helper.make_node("GatherBlockQuantized", [flat, node.input[1], sname],
+                             list(node.output), name=f"{node.name}BlockQuantized", domain=MS,
+                             bits=bits, block_size=blk, gather_axis=0, quantize_axis=1)]
