@@ -41,7 +41,7 @@ from tinyt.runtime.session import UNFUSED
 
 from .kvfuse import drop_dead, producers
 from .optimize import OPT_ATOL
-from .stage import COPIED_FILES, open_source
+from .stage import COPIED_FILES, built, open_source
 
 MS = "com.microsoft"
 GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
@@ -234,12 +234,12 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 copy_graph(Path(tmp) / PREFILL_FILE, out)
             for name in COPIED_FILES:
                 shutil.copy(src_dir / name, out / name)
-            write_manifest(out, stage="shared-cache", source={
+            written = write_manifest(out, stage="shared-cache", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
             }, options={"level": manifest.get("options", {}).get("level"),
                         "prefill_from": None if prefill_from is None else str(prefill_from)},
                 extra=extra)
-    return out_dir
+    return built(out_dir, written)
 
 
 def _check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:

@@ -34,7 +34,7 @@ from tinyt.runtime.session import graph_session
 
 from .compare import compare_graphs
 from .optimize import LEVELS
-from .stage import COPIED_FILES, open_source
+from .stage import COPIED_FILES, built, open_source
 from .triton import check_config, config_pbtxt
 
 FORMATS = ("onnx", "ort", "triton")
@@ -215,9 +215,9 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
                     copy_graph(graph_path, out)
                 write_genai_config(out, cfg, kind=kind, fixed=pins,
                                    model_file=extra.get("model_file", ONNX_FILE))
-            write_manifest(out, stage="package", source={
+            written = write_manifest(out, stage="package", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
             }, options={"format": format, "fixed": pins, "name": name, "device": device,
                         "instances": instances, "max_batch_size": max_batch_size,
                         "level": manifest.get("options", {}).get("level")}, extra=extra)
-    return out_dir
+    return built(out_dir, written)

@@ -28,6 +28,19 @@ from tinyt.runtime.session import check_source
 COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
 
 
+class Built(type(Path())):
+    """The path of a directory a stage wrote, carrying what the stage did: its manifest (the
+    summary a caller prints, without reading the file back)."""
+
+    manifest: dict[str, Any]
+
+
+def built(path: str | os.PathLike, manifest: dict[str, Any]) -> Built:
+    out = Built(path)
+    out.manifest = manifest
+    return out
+
+
 @dataclass
 class Source:
     path: Path
@@ -72,7 +85,7 @@ def open_source(src_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
 
 def write_artifact(out_dir: str | os.PathLike, src: Source, graphs: list[Path], *, stage: str,
                    options: dict[str, Any], extra: dict[str, Any],
-                   genai: bool = True) -> Path:
+                   genai: bool = True) -> Built:
     """The output directory, whole or not at all: the graphs (with external data), the
     source's config and tokenizer files, genai_config.json, the manifest with its lineage."""
     with atomic_dir(out_dir) as out:
@@ -82,5 +95,6 @@ def write_artifact(out_dir: str | os.PathLike, src: Source, graphs: list[Path], 
             shutil.copy(src.path / name, out / name)
         if genai:
             write_genai_config(out, src.config, kind=src.kind)
-        write_manifest(out, stage=stage, source=src.record(), options=options, extra=extra)
-    return Path(out_dir)
+        manifest = write_manifest(out, stage=stage, source=src.record(), options=options,
+                                  extra=extra)
+    return built(out_dir, manifest)

@@ -127,3 +127,16 @@ def test_refold_keeps_one_copy():
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.ones((1, 3), dtype=np.float32)
     assert np.array_equal(sess.run(None, {"x": x})[0], x @ w.T)
+
+
+def test_stages_return_what_they_did(cpu_opt, corpus_dir, tmp_path):
+    """The path a stage returns carries the manifest it wrote: callers (the CLI) print from it
+    without reading the file back."""
+    from tinyt.export.package import package
+    from tinyt.export.quantize import quantize
+    q = quantize(cpu_opt, tmp_path / "q", data=str(corpus_dir))
+    p = package(q, tmp_path / "p", format="onnx")
+    g = optimize(q, tmp_path / "g", target="gqa")
+    for path in (cpu_opt, q, p, g):
+        assert path.manifest == check_manifest(path)
+    assert q.manifest["stage"] == "quantize" and g.manifest["stage"] == "shared-cache"

@@ -205,14 +205,12 @@ def optimize(
 ) -> None:
     """Fuse attention / LayerNorm / GELU and apply ONNX Runtime's graph optimizations; the
     result is checked against the input graph before it is written."""
-    import json
-
     from tinyt.export.optimize import optimize as run_optimize
 
     if prefill_from is not None and target != "gqa":
         raise TinytError("--prefill-from goes with --target gqa")
     path = run_optimize(src, out, target=target, level=level, prefill_from=prefill_from)
-    manifest = json.loads((path / "manifest.json").read_text())
+    manifest = path.manifest  # the stage says what it did
     if target == "gqa":
         eq = manifest["equivalence"]
         typer.echo(f"GroupQueryAttention with a shared KV cache in {manifest['layers']} layers; "
@@ -252,13 +250,11 @@ def package(
 ) -> None:
     """Package an artifact for deployment: .ort for edge builds, a Triton model repository,
     or a graph with pinned shapes; checked against its source before it is written."""
-    import json
-
     from tinyt.export.package import package as run_package
 
     path = run_package(src, out, format=format, fixed=fixed, name=name, device=device,
                        instances=instances, max_batch_size=max_batch_size)
-    manifest = json.loads((path / "manifest.json").read_text())
+    manifest = path.manifest  # the stage says what it did
     worst = max(manifest["equivalence"]["worst"].values())
     typer.echo(f"files: {', '.join(manifest['files'])}")
     if manifest.get("fixed_shape"):
@@ -298,8 +294,6 @@ def quantize(
              "fraction above the source's (0.02 = +2%; classifier: accuracy points).")] = None,
 ) -> None:
     """Quantize weights (the tied embedding / lm_head once) and report the accuracy change."""
-    import json
-
     from tinyt.export.quantize import quantize as run_quantize
     from tinyt.export.search import quantize_search
 
@@ -312,7 +306,7 @@ def quantize(
                                **choices)
     else:
         path = run_quantize(src, out, data=data_arg, **choices)
-    manifest = json.loads((path / "manifest.json").read_text())
+    manifest = path.manifest  # the stage says what it did
     q, a = manifest["quantization"], manifest["accuracy"]
     for t in manifest.get("search", {}).get("tried", []):
         typer.echo(f"tried {t['variant']:32s} " + (
