@@ -181,7 +181,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         path = Path(tmp) / ONNX_FILE
         save_graph(optimized, path)
         del optimized  # the sessions below read the files
-        before = graph_session(src_dir / ONNX_FILE, level="disabled")
+        before = graph_session(src.model_path, level="disabled")
         after = graph_session(path, level="all")
         worst = compare_graphs(before, after, cfg, kind)
         bad = {n: w for n, w in worst.items() if not w["max_abs"] <= OPT_ATOL}

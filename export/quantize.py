@@ -125,7 +125,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             accuracy = classifier_accuracy(ref, cand, cfg, tokenizer, block["labels"], data)
         else:
             accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data)
-        src_bytes = _bytes(src_dir / ONNX_FILE)
+        src_bytes, out_bytes = _bytes(src.model_path), _bytes(path)
         return write_artifact(out_dir, src, [path], stage="quantize", options={
             "mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
             "kernel": kernel,
@@ -137,8 +137,8 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             "quantization": {
                 "quantized": report.quantized, "excluded": report.excluded,
                 "skipped": report.skipped, "shared_tables": report.shared_tables,
-                "contrib_domain": MS, "bytes": _bytes(path),
-                "bytes_of_source": src_bytes, "size_ratio": _bytes(path) / src_bytes,
+                "contrib_domain": MS, "bytes": out_bytes,
+                "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
             },
             "accuracy": accuracy, **({"search": search} if search else {}),
             "versions": src.versions()})

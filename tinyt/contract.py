@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from tinyt.config import ModelConfig
 
 ONNX_FILE = "model.onnx"  # an artifact's graph (a package may hold model.ort instead)
-KINDS = ("decoder_with_past", "decoder_gqa", "decoder", "classifier")
+GQA_KIND = "decoder_gqa"  # the shared-cache variant (export/gqa.py, runtime/gqa.py)
+KINDS = ("decoder_with_past", GQA_KIND, "decoder", "classifier")
 
 BATCH = "batch_size"
 SEQ = "sequence_length"
@@ -99,7 +100,7 @@ def contract_for(cfg: ModelConfig, kind: str) -> tuple[list[TensorSpec], list[Te
     verifier take them from."""
     if kind == "classifier":
         return classifier_inputs(cfg), classifier_outputs(cfg)
-    if kind == "decoder_gqa":
+    if kind == GQA_KIND:
         return gqa_inputs(cfg), gqa_outputs(cfg)
     if kind not in KINDS:
         raise ValueError(f"graph kind {kind!r} is not one of {', '.join(KINDS)}")
