@@ -14,30 +14,46 @@ from __future__ import annotations
 
 import os
 
+from tinyt.hardware import physical_cores
 from tinyt.manifest import ManifestError
 from tinyt.tokenizer import Tokenizer
 
 from .classify import Classifier, Prediction
 from .generate import GenerationResult, LanguageModel
+from .gqa import GQA_KIND
 from .sampling import SamplingParams
-from .session import (PROVIDERS, ProviderError, create_session, installation_problems,
-                      open_artifact)
+from .session import (PROVIDERS, ProviderError, check_threads, create_session,
+                      installation_problems, open_artifact)
+from .tuning import Plan, plan_sessions
 
 __all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Prediction",
-           "SamplingParams", "ProviderError", "PROVIDERS", "installation_problems"]
+           "SamplingParams", "Plan", "ProviderError", "PROVIDERS", "installation_problems"]
 
 
 def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
          spinning: bool | None = None, level: str | None = None,
-         io_binding: bool | None = None) -> LanguageModel | Classifier:
+         io_binding: bool | None = None, tune: bool = True) -> LanguageModel | Classifier:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
     classifier graphs. threads defaults to the physical cores; spinning to on when there is
     more than one thread (see session_options); level to the artifact's own; io_binding (KV
     cache kept on the provider's device between steps) to on for accelerators, off for CPU.
-    A shared-cache pair (runtime/gqa.py) gets a second session for its prompt graph."""
+
+    A shared-cache artifact on CPU takes `threads` as a budget: with tune=True (default) it
+    times, at load and on this CPU, decode steps at 1 thread and at `threads`, and a pair's
+    prompt graph against its step graph, and keeps the fastest for each phase (runtime/tuning.py;
+    the choice is in LanguageModel.plan). tune=False: every phase at exactly `threads`."""
     artifact = open_artifact(path)
-    session = create_session(artifact, provider=provider, threads=threads, spinning=spinning,
-                             level=level)
+    if artifact.kind == GQA_KIND and provider == "cpu":
+        check_threads(threads)
+        plan, session, prefill = plan_sessions(
+            artifact, threads=threads or physical_cores(), spinning=spinning, level=level,
+            tune=tune)
+    else:
+        plan, session = None, create_session(artifact, provider=provider, threads=threads,
+                                             spinning=spinning, level=level)
+        prefill = None if artifact.prefill_file is None else create_session(
+            artifact, provider=provider, threads=threads, spinning=spinning, level=level,
+            graph=artifact.prefill_file, stop_spinning=True)
     tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
     if tokenizer.vocab_size > artifact.config.vocab_size:
         raise ManifestError(f"{artifact.path}/tokenizer.json has {tokenizer.vocab_size} tokens but "
@@ -45,8 +61,5 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
                             "tokenizer does not belong to this model")
     if artifact.kind == "classifier":
         return Classifier(artifact, session, tokenizer)
-    prefill = None if artifact.prefill_file is None else create_session(
-        artifact, provider=provider, threads=threads, spinning=spinning, level=level,
-        prefill=True)
     return LanguageModel(artifact, session, tokenizer, io_binding=io_binding,
-                         prefill_session=prefill)
+                         prefill_session=None if prefill is session else prefill, plan=plan)

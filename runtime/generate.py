@@ -61,8 +61,9 @@ class LanguageModel:
 
     def __init__(self, artifact: Artifact, session: ort.InferenceSession, tokenizer: Tokenizer,
                  *, io_binding: bool | None = None,
-                 prefill_session: ort.InferenceSession | None = None):
+                 prefill_session: ort.InferenceSession | None = None, plan=None):
         self.artifact, self.session, self.tokenizer = artifact, session, tokenizer
+        self.plan = plan  # a shared-cache model's per-phase choice (runtime/tuning.Plan)
         self.prefill_session = prefill_session  # a shared-cache pair's prompt graph
         self.config = artifact.config
         self.provider = session.get_providers()[0]

@@ -213,18 +213,20 @@ def session_options(artifact: Artifact, *, threads: int | None, spinning: bool |
 
 def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | None = None,
                    spinning: bool | None = None, level: str | None = None,
-                   prefill: bool = False) -> ort.InferenceSession:
+                   graph: str | None = None, stop_spinning: bool = False
+                   ) -> ort.InferenceSession:
     """A session on exactly the requested provider ('auto': the best that really works).
-    prefill=True: on a shared-cache pair's prompt graph, its threads never spinning between
-    runs (the decode graph's run next)."""
+    graph: a file of the artifact other than its model (a shared-cache pair's prompt graph);
+    stop_spinning: its threads spin inside a run and sleep as soon as it ends (a session that
+    takes turns with another, as a pair's prompt graph does with its step graph)."""
     if provider not in (*PROVIDERS, "auto"):
         raise ProviderError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}, auto")
     if level is not None and level not in LEVELS:
         raise ProviderError(f"level={level!r} is not one of {', '.join(LEVELS)}")
     check_threads(threads)
     opts = session_options(artifact, threads=threads, spinning=spinning, level=level,
-                           stop_spinning=prefill)
-    model = str(artifact.path / (artifact.prefill_file if prefill else artifact.model_file))
+                           stop_spinning=stop_spinning)
+    model = str(artifact.path / (graph or artifact.model_file))
     if provider != "auto":
         session = _on(provider, model, opts)
     else:

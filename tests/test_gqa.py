@@ -1,6 +1,8 @@
 """The shared-KV-cache variant (GroupQueryAttention): graph shape, equivalence with its source,
 and generation through the runtime."""
+import dataclasses
 import json
+from pathlib import Path
 
 import onnx
 import pytest
@@ -11,6 +13,8 @@ from tinyt.export.optimize import OPT_ATOL, op_counts, optimize
 from tinyt.export.package import package
 from tinyt.export.quantize import quantize
 from tinyt.manifest import check_manifest
+from tinyt.runtime import tuning
+from tinyt.runtime.session import open_artifact
 
 PROMPTS = ["def alpha", "import os\n", "    return ", "x"]
 
@@ -111,17 +115,24 @@ def test_cli(opt, tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("def "), r.stderr
 
 
-def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(opt, corpus_dir, tmp_path):
-    int8 = quantize(opt, tmp_path / "int8", data=str(corpus_dir))
-    qgemm = quantize(opt, tmp_path / "qgemm", kernel="qgemm", data=str(corpus_dir))
-    pair = optimize(int8, tmp_path / "pair", target="gqa", prefill_from=qgemm)
+@pytest.fixture(scope="module")
+def pair(opt, corpus_dir, tmp_path_factory):
+    """(INT8 MatMulNBits artifact, INT8 qgemm artifact, the shared-cache pair of the two)."""
+    tmp = tmp_path_factory.mktemp("pair")
+    int8 = quantize(opt, tmp / "int8", data=str(corpus_dir))
+    qgemm = quantize(opt, tmp / "qgemm", kernel="qgemm", data=str(corpus_dir))
+    return int8, qgemm, optimize(int8, tmp / "pair", target="gqa", prefill_from=qgemm)
+
+
+def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(pair, tmp_path):
+    int8, qgemm, pair = pair
     manifest = check_manifest(pair)
     assert manifest["prefill_model_file"] == "prefill.onnx"
     assert {"model.onnx", "prefill.onnx"} <= set(manifest["files"])
     ops = op_counts(onnx.load(str(pair / "prefill.onnx")))
     assert ops["com.microsoft.DynamicQuantizeMatMul"] and ops["com.microsoft.GroupQueryAttention"]
     assert manifest["pair"]["logits_max_abs"] <= manifest["pair"]["tolerance"]
-    lm = rt.load(pair, threads=1)
+    lm = rt.load(pair, threads=1, tune=False)  # the pair as built (tuning: the next test)
     calls = {"prefill": 0, "step": 0}
     for name, sess in (("prefill", lm.prefill_session), ("step", lm.session)):
         class Counting:  # the session, counting its runs
@@ -162,3 +173,68 @@ def test_verify_against_pytorch_and_package_refusal(tiny_ckpt, opt_gqa, tmp_path
     assert all(g["identical"] for g in report["generation"])
     with pytest.raises(PackageError, match="shared-cache variant"):
         package(opt_gqa, tmp_path / "pkg", format="ort")
+
+
+AVX2 = {"machine": "x86_64", "avx2": True}  # u8 x s8 products can saturate
+VNNI = {"machine": "x86_64", "avx2": True, "avx512_vnni": True}
+
+
+def _graph(session) -> str:
+    return Path(session._model_path).name  # which file of the artifact a session runs
+
+
+def test_the_runtime_times_each_phase_and_keeps_the_fastest(pair):
+    pair = pair[2]
+    fixed = rt.load(pair, threads=2, tune=False)  # exactly the threads asked for, no timing
+    assert not fixed.plan.tuned and fixed.plan.measured_ms == {}
+    assert (fixed.plan.decode_threads, fixed.plan.prompt_graph) == (2, "prefill.onnx")
+    assert fixed.session.get_session_options().intra_op_num_threads == 2
+    lm = rt.load(pair, threads=2)
+    plan = lm.plan
+    assert plan.tuned and set(plan.measured_ms) == {
+        "decode@1", "decode@2", "prompt:prefill.onnx", "prompt:model.onnx"}
+    assert all(ms > 0 for ms in plan.measured_ms.values())
+    # the sessions are the ones the plan names, and the choice follows the measurements
+    assert lm.session.get_session_options().intra_op_num_threads == plan.decode_threads
+    assert _graph(lm.prefill_session or lm.session) == plan.prompt_graph
+    assert plan.decode_threads == tuning._choose(1, {n: plan.measured_ms[f"decode@{n}"]
+                                                     for n in (1, 2)})
+    assert plan.prompt_graph == tuning._choose("prefill.onnx", {
+        g: plan.measured_ms[f"prompt:{g}"] for g in ("prefill.onnx", "model.onnx")})
+    assert lm.generate("def alpha", max_new_tokens=4, temperature=0)
+    assert rt.load(pair, threads=1).plan.measured_ms.keys() == {
+        "decode@1", "prompt:prefill.onnx", "prompt:model.onnx"}  # one thread: nothing to split
+
+
+def test_a_candidate_must_win_by_the_margin():
+    assert tuning._choose(1, {1: 1.0, 2: 0.97}) == 1  # 3% is noise: the core stays free
+    assert tuning._choose(1, {1: 1.0, 2: 0.90}) == 2
+    assert tuning._choose("prefill.onnx", {"prefill.onnx": 1.0, "model.onnx": 0.5}) == "model.onnx"
+    assert tuning._choose("prefill.onnx", {"prefill.onnx": 0.5, "model.onnx": 1.0}) == "prefill.onnx"
+
+
+def test_full_range_int8_gemms_are_not_run_where_they_saturate(pair):
+    artifact = open_artifact(pair[2])
+    options = artifact.manifest["prefill_source"]["manifest"]["options"]
+    assert options["kernel"] == "qgemm"
+    full = dataclasses.replace(artifact, manifest=_with_options(artifact, reduce_range=False))
+    seven = dataclasses.replace(artifact, manifest=_with_options(artifact, reduce_range=True))
+    unknown = dataclasses.replace(artifact, manifest={
+        k: v for k, v in artifact.manifest.items() if k != "prefill_source"})
+    assert "saturate" in tuning.prompt_graph_allowed(full, AVX2)
+    assert "does not say" in tuning.prompt_graph_allowed(unknown, AVX2)
+    assert tuning.prompt_graph_allowed(seven, AVX2) is None  # 7-bit weights: made for it
+    for a in (full, unknown, seven):
+        assert tuning.prompt_graph_allowed(a, VNNI) is None
+    plan, step, prompt = tuning.plan_sessions(full, threads=1, spinning=None, level=None,
+                                              tune=False, features=AVX2)
+    assert plan.prompt_graph == "model.onnx" and prompt is step and "saturate" in plan.reasons[0]
+    plan, step, prompt = tuning.plan_sessions(full, threads=1, spinning=None, level=None,
+                                              tune=False, features=VNNI)
+    assert plan.prompt_graph == _graph(prompt) == "prefill.onnx" and plan.reasons == []
+
+
+def _with_options(artifact, **options) -> dict:
+    source = artifact.manifest["prefill_source"]
+    return {**artifact.manifest, "prefill_source": {**source, "manifest": {
+        **source["manifest"], "options": {**source["manifest"]["options"], **options}}}}

@@ -338,15 +338,22 @@ def generate_cmd(
     provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or auto.")] = "cpu",
     threads: Annotated[Optional[int], typer.Option(min=1, help="Default: physical cores.")]
         = None,
+    tune: Annotated[bool, typer.Option(
+        help="Shared-cache artifacts: time each phase's threads and graph at load and keep "
+             "the fastest (--no-tune: every phase at exactly --threads).")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v",
+                                          help="Say what each phase runs with.")] = False,
 ) -> None:
     """Stream a continuation of PROMPT with ONNX Runtime (no torch needed)."""
     import tinyt.runtime as rt
 
-    lm = rt.load(artifact, provider=provider, threads=threads)
+    lm = rt.load(artifact, provider=provider, threads=threads, tune=tune)
     if not isinstance(lm, rt.LanguageModel):
         raise TinytError(f"{artifact} is a classifier; use 'tinyt classify'")
-    if provider == "auto":
+    if provider == "auto" or verbose:
         typer.echo(f"provider: {lm.provider}", err=True)
+    if verbose and lm.plan is not None:
+        typer.echo(f"plan: {lm.plan.describe()}; measured ms: {lm.plan.measured_ms}", err=True)
     try:
         pieces = lm.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                            top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
