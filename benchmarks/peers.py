@@ -72,8 +72,10 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
         import tinyt.runtime as rt
 
         lm = rt.load(artifacts / TINYT_DIRS[name], threads=threads)
-        return lambda ids, n: lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n)[0] \
-            .token_ids
+        gen = lambda ids, n: lm.generate_ids(  # noqa: E731
+            [ids], max_new_tokens=n, min_new_tokens=n)[0].token_ids
+        gen.plan = None if lm.plan is None else lm.plan.describe()  # what load chose
+        return gen
     if name == "genai-int8":
         import onnxruntime_genai as og
 
@@ -179,7 +181,7 @@ def worker(name: str, artifacts: Path, threads: int) -> None:
     sys.stdout = sys.stderr  # libraries' chatter must not reach the protocol
     try:
         gen = _engine(name, artifacts, threads)
-        out.write(json.dumps({"ready": True}) + "\n")
+        out.write(json.dumps({"ready": True, "plan": getattr(gen, "plan", None)}) + "\n")
     except Exception as e:
         out.write(json.dumps({"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}) + "\n")
         out.flush()
@@ -224,7 +226,7 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=env)
         hello = self._read()
-        self.error = hello.get("error")
+        self.error, self.plan = hello.get("error"), hello.get("plan")
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -390,6 +392,7 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
         "engines": {k: v[0] for k, v in ENGINES.items() if k in engines},
         "skipped": skipped, "mismatched": bad, "agreement": agreement, "rows": rows,
         "outside_run": loop, "raw_s": raw,
+        "plans": {w.label: w.plan for w in workers if w.plan},  # tinyt's per-phase choices
     }
     result["targets"] = targets(result)
     out.mkdir(parents=True, exist_ok=True)
@@ -496,6 +499,9 @@ def markdown(result: dict) -> str:
         else:
             lines.append(f"| {key} | {t['measured']:.1f} µs | — | — | ≤ {t['target_max']} | "
                          f"{t['met']} |")
+    if result.get("plans"):
+        lines += ["", "What tinyt's shared-cache runtime chose at load (runtime/tuning.py):", ""]
+        lines += [f"- {label}: {plan}" for label, plan in result["plans"].items()]
     if result["skipped"]:
         lines += ["", "Skipped:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()]
     if result["mismatched"]:
