@@ -295,8 +295,9 @@ def _stamp(path: Path) -> str | None:
 
 def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 8,
         block: int = 3, settle: int = 1, engines: list[str] | None = None,
-        agreement_prompts: int = 16, agreement_tokens: int = 64) -> dict[str, Any]:
+        agreement_prompts: int = 32, agreement_tokens: int = 64) -> dict[str, Any]:
     """Measure every engine side by side; write peers.json, peers.md and peers.png."""
+    from tinyt.data import agreement_prompts as cut_agreement_prompts
     from tinyt.data import held_out_prompts, load_corpus
     from tinyt.hardware import cpu_features, physical_cores
     from tinyt.manifest import read_model_config
@@ -323,16 +324,14 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     decode_prompt = min(64, block_size // 2)
     decode_new = min(60, block_size - decode_prompt - 1)
     prefills = sorted({min(128, block_size - 1), block_size - 1})
-    agree_len = min(32, block_size // 4)
-    agree_new = min(agreement_tokens, block_size - agree_len - 1)
-    prompts = held_out_prompts(tokenizer, val, agreement_prompts + 1 + len(prefills),
-                               max(prefills))
-    agree_prompts = [p[:agree_len] for p in prompts[:agreement_prompts]]
-    timing_prompt = prompts[agreement_prompts]
-    calls = [{"ids": timing_prompt[:decode_prompt], "n": 1},
-             {"ids": timing_prompt[:decode_prompt], "n": decode_new}]
-    calls += [{"ids": prompts[agreement_prompts + 1 + i][:L], "n": 1}
-              for i, L in enumerate(prefills)]
+    # the accuracy report's prompts (tinyt.data.agreement_prompts), so that the two agree
+    agree_prompts, agree_new = cut_agreement_prompts(tokenizer, val, block_size,
+                                                     agreement_prompts)
+    agree_new = min(agree_new, agreement_tokens)
+    prompts = held_out_prompts(tokenizer, val, 1 + len(prefills), max(prefills))
+    calls = [{"ids": prompts[0][:decode_prompt], "n": 1},
+             {"ids": prompts[0][:decode_prompt], "n": decode_new}]
+    calls += [{"ids": prompts[1 + i][:L], "n": 1} for i, L in enumerate(prefills)]
 
     workers: list[Worker] = []
     try:
@@ -387,8 +386,9 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                         "versions": _versions(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
         "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
                    "decode_prompt": decode_prompt, "decode_new": decode_new,
-                   "prefill_tokens": prefills, "agreement_prompts": agreement_prompts,
-                   "agreement_prompt_tokens": agree_len, "agreement_new_tokens": agree_new},
+                   "prefill_tokens": prefills, "agreement_prompts": len(agree_prompts),
+                   "agreement_prompt_tokens": len(agree_prompts[0]),
+                   "agreement_new_tokens": agree_new},
         "engines": {k: v[0] for k, v in ENGINES.items() if k in engines},
         "skipped": skipped, "mismatched": bad, "agreement": agreement, "rows": rows,
         "outside_run": loop, "raw_s": raw,
@@ -545,7 +545,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8, help="0: greedy agreement only, no timing")
     ap.add_argument("--threads", type=int, action="append")
     ap.add_argument("--engine", action="append", help=f"one of {', '.join(ENGINES)} (repeat)")
-    ap.add_argument("--agreement-prompts", type=int, default=16,
+    ap.add_argument("--agreement-prompts", type=int, default=32,
                     help="held-out prompts for the greedy agreement (64 new tokens each)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """Task metrics of a graph against a reference graph, on held-out corpus data (torch-free).
 
 Causal LM: validation loss (nats per token and per byte) of both, its relative change, next-token
-top-1 agreement, and greedy-generation agreement. Classifier: accuracy of both and its change.
+top-1 agreement, mean KL divergence, and greedy-generation agreement. Classifier: accuracy of both and its change.
 """
 from __future__ import annotations
 
@@ -21,15 +21,25 @@ from .compare import ort_greedy, row_chunks
 EVAL_TOKENS = 6144  # validation tokens: 48 windows of the demo's 128, 6 of GPT-2's 1024
 EVAL_BATCH = 8  # windows (classifier: examples) per batch, at most
 EVAL_LOGITS = 1 << 24  # logits per LM batch (64 MB): 8 windows of the demo, 1 at GPT-2's size
-# Greedy agreement: prompts cut from the held-out split (each alone, batch 1), GREEDY_TOKENS
-# new tokens after each; position by position against the reference's tokens.
-GREEDY_PROMPTS = 32
-GREEDY_PROMPT_TOKENS = 32
-GREEDY_TOKENS = 64
 
 
 def _logits(sess: ort.InferenceSession, cfg: ModelConfig, kind: str, x: np.ndarray) -> np.ndarray:
     return sess.run(["logits"], prefill_feeds(cfg, kind, x))[0]
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64)
+    z -= z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def _kl_sum(ref: np.ndarray, cand: np.ndarray) -> float:
+    """Summed KL(reference || candidate) over positions, in float64, chunk by chunk."""
+    total = 0.0
+    for a, b in row_chunks(ref, cand):
+        la, lb = _log_softmax(a), _log_softmax(b)
+        total += float((np.exp(la) * (la - lb)).sum())
+    return total
 
 
 def _nll_sum(logits: np.ndarray, y: np.ndarray) -> float:
@@ -53,7 +63,7 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
     x, y = D.lm_eval_windows(tokens, cfg.block_size, max(4, EVAL_TOKENS // cfg.block_size))
     byte_len = tokenizer.token_byte_lengths()
     nats = {"reference": 0.0, "candidate": 0.0}
-    agree = 0
+    agree, kl = 0, 0.0
     batch = max(1, min(EVAL_BATCH, EVAL_LOGITS // (cfg.block_size * cfg.vocab_size)))
     for i in range(0, len(x), batch):
         xb, yb = x[i:i + batch], y[i:i + batch]
@@ -61,10 +71,9 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
         nats["reference"] += _nll_sum(a, yb)
         nats["candidate"] += _nll_sum(b, yb)
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        kl += _kl_sum(a, b)
     n_tokens, n_bytes = y.size, int(byte_len[y].sum())
-    length = min(GREEDY_PROMPT_TOKENS, cfg.block_size // 4)
-    steps = min(GREEDY_TOKENS, cfg.block_size - length)
-    prompts = D.held_out_prompts(tokenizer, corpus.val, GREEDY_PROMPTS, length, minimum=1)
+    prompts, steps = D.agreement_prompts(tokenizer, corpus.val, cfg.block_size)
     same = total = 0
     for prompt in prompts:
         ga, gb = ort_greedy(ref, cfg, kind, prompt, steps), ort_greedy(cand, cfg, kind, prompt, steps)
@@ -78,8 +87,12 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
         "val_nats_per_byte": nats["candidate"] / n_bytes,
         "val_loss_change": loss_cand / loss_ref - 1.0,
         "top1_agreement": agree / n_tokens,
+        # mean KL(reference || candidate), nats per token: how far the whole next-token
+        # distribution moved, where greedy agreement only sees the near-ties that flip
+        "kl_divergence": kl / n_tokens,
         "greedy_agreement": same / max(total, 1),
-        "greedy_prompts": len(prompts), "greedy_prompt_tokens": length, "greedy_tokens": steps,
+        "greedy_prompts": len(prompts), "greedy_prompt_tokens": len(prompts[0]),
+        "greedy_tokens": steps,
     }
 
 

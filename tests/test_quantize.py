@@ -63,6 +63,14 @@ def test_int8_accuracy_report(int8):
     assert a["top1_agreement"] >= 0.9
     assert 0.0 <= a["greedy_agreement"] <= 1.0
     assert a["val_nats_per_byte"] > 0 and a["tokens"] > 0
+    assert 0.0 < a["kl_divergence"] < 0.01  # nats per token: INT8 barely moves the distribution
+
+
+def test_kl_divergence_is_the_closed_form():
+    from tinyt.export.accuracy import _kl_sum
+    p, q = np.log([[0.5, 0.25, 0.25]]), np.log([[0.25, 0.5, 0.25]])
+    assert _kl_sum(p, p) == pytest.approx(0.0, abs=1e-12)
+    assert _kl_sum(p + 3.0, q) == pytest.approx(0.5 * np.log(2) + 0.25 * np.log(0.5))
 
 
 def test_quantize_optimized_graph_and_4bit(lm_onnx, corpus_dir, tmp_path):
@@ -76,6 +84,8 @@ def test_quantize_optimized_graph_and_4bit(lm_onnx, corpus_dir, tmp_path):
     s4 = check_manifest(q4)["quantization"]["bytes"]
     assert s4 < s8
     assert check_manifest(q4)["quantization"]["shared_tables"] == ["model.lm_head.weight_q4"]
+    kl8, kl4 = (check_manifest(q)["accuracy"]["kl_divergence"] for q in (q8, q4))
+    assert 0 < kl8 < kl4  # 4-bit weights move the distribution further than 8-bit ones
 
 
 def test_exclusions_are_mapped_and_reported(lm_onnx, corpus_dir, tmp_path):

@@ -320,7 +320,8 @@ def quantize(
     typer.echo(f"size: {q['bytes']:,} bytes = {q['size_ratio']:.1%} of the source")
     for key, value in a.items():
         if isinstance(value, float):
-            typer.echo(f"{key:30s} {value:.4f}")
+            typer.echo(f"{key:30s} {value:.4f}" if abs(value) >= 1e-3 or value == 0
+                       else f"{key:30s} {value:.2e}")
     typer.echo(f"onnx: {path}")
 
 

@@ -166,6 +166,24 @@ def held_out_prompts(tokenizer, texts: list[str], count: int, length: int, *,
     return [list(map(int, windows[i])) for i in picks]
 
 
+# Greedy agreement, one definition for the accuracy report (export/accuracy.py) and the peer
+# benchmark (benchmarks/peers.py): AGREEMENT_PROMPTS prompts of AGREEMENT_PROMPT_TOKENS tokens
+# cut from the held-out split, each run alone, AGREEMENT_TOKENS new tokens each, compared
+# position by position with the reference's tokens.
+AGREEMENT_PROMPTS = 32
+AGREEMENT_PROMPT_TOKENS = 32
+AGREEMENT_TOKENS = 64
+
+
+def agreement_prompts(tokenizer, texts: list[str], block_size: int,
+                      count: int = AGREEMENT_PROMPTS) -> tuple[list[list[int]], int]:
+    """The greedy-agreement prompts for a model of `block_size`, and how many tokens to make
+    after each (prompt and new tokens fit the context)."""
+    length = min(AGREEMENT_PROMPT_TOKENS, block_size // 4)
+    steps = min(AGREEMENT_TOKENS, block_size - length - 1)
+    return held_out_prompts(tokenizer, texts, count, length, minimum=1), steps
+
+
 def check_lm_tokens(tokens: np.ndarray, block_size: int, split: str) -> None:
     if len(tokens) < block_size + 2:
         raise DataError(
