@@ -238,3 +238,35 @@ def _with_options(artifact, **options) -> dict:
     source = artifact.manifest["prefill_source"]
     return {**artifact.manifest, "prefill_source": {**source, "manifest": {
         **source["manifest"], "options": {**source["manifest"]["options"], **options}}}}
+
+
+def test_the_single_greedy_loop_makes_the_general_loops_tokens(opt_gqa):
+    lm = rt.load(opt_gqa, threads=1)
+    tok = lm.tokenizer
+    prompts = [tok.encode(p) for p in PROMPTS] + [[5] * (lm.context - 3), [tok.eos_id] * 3]
+    reasons = set()
+    for ids in prompts:
+        for kw in ({"max_new_tokens": 0}, {"max_new_tokens": 1}, {"max_new_tokens": 9},
+                   {"max_new_tokens": 300, "min_new_tokens": 0},
+                   {"max_new_tokens": 40, "min_new_tokens": 40}):
+            fast = lm.generate_ids([ids], temperature=0, **kw)[0]
+            # a stop string that never occurs sends the same call through the general loop
+            slow = lm.generate_ids([ids], temperature=0, stop="\x00never", **kw)[0]
+            assert (fast.token_ids, fast.finish_reason) == (slow.token_ids, slow.finish_reason)
+            reasons.add(fast.finish_reason)
+    assert {"length", "context"} <= reasons  # the loop's exits were exercised
+
+
+def test_the_single_greedy_loop_stops_on_non_finite_logits(opt_gqa, tmp_path):
+    from tinyt.errors import NonFiniteError
+    from test_reliability import _poisoned
+    bad = _poisoned(opt_gqa, tmp_path, "model.transformer.wpe.weight", (5, 0))
+    lm = rt.load(bad, threads=1)  # position 5 is NaN: the probe (last position) passes
+    assert lm.generate_ids([[7, 8]], max_new_tokens=2, temperature=0)[0].token_ids
+    messages = []
+    for extra in ({}, {"stop": "\x00never"}):  # the single greedy loop, then the general one
+        with pytest.raises(NonFiniteError, match="stopped at new token 5 of row 0: .* not finite"
+                           ) as e:
+            lm.generate_ids([[7, 8]], max_new_tokens=9, min_new_tokens=9, temperature=0, **extra)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]

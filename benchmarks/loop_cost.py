@@ -1,0 +1,81 @@
+"""Where the generation loop's own time goes: tinyt's per-token time outside ONNX Runtime's run
+calls, with warm caches and with the caches flushed after every run as a large model's step
+flushes them (it streams all its weights through them).
+
+    .venv/bin/python -m benchmarks.loop_cost artifacts/onnx-int8-gqa
+    .venv/bin/python -m benchmarks.loop_cost artifacts/onnx-int8-gqa --flush-mb 92
+
+Batch 1, greedy, 1 thread, 60 new tokens after a 64-token prompt; best of 7 generations after
+one warm-up. `--flush-mb` (default: the size of the step graph, model.onnx and its external
+data: what one decode step reads) is read after each run, inside
+the timed run, so it counts as ONNX Runtime's time, not the loop's: what changes is only how
+cold the loop's own code and data are when it gets the CPU back.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def outside_run_us(artifact: Path, flush_mb: float, tokens: int = 60, prompt: int = 64) -> float:
+    import tinyt.runtime as rt
+
+    lm = rt.load(artifact, threads=1, tune=False)
+    junk = np.ones(int(flush_mb * 2**20) // 8) if flush_mb else None
+    inside = [0.0]
+
+    class Timed:  # a session whose runs are timed (and followed by the flush)
+        def __init__(self, session):
+            self.session = session
+
+        def run_with_iobinding(self, binding):
+            t = time.perf_counter()
+            self.session.run_with_iobinding(binding)
+            if junk is not None:
+                junk.sum()
+            inside[0] += time.perf_counter() - t
+
+        def run(self, *a, **k):
+            t = time.perf_counter()
+            out = self.session.run(*a, **k)
+            if junk is not None:
+                junk.sum()
+            inside[0] += time.perf_counter() - t
+            return out
+
+        def __getattr__(self, attr):
+            return getattr(self.session, attr)
+
+    lm.session = Timed(lm.session)
+    if lm.prefill_session is not None:
+        lm.prefill_session = Timed(lm.prefill_session)
+    if hasattr(lm, "_caches"):
+        lm._caches.free.clear()  # caches bound to the untimed sessions
+    ids = [int(i) for i in np.arange(prompt) * 7919 % lm.tokenizer.vocab_size]
+    runs = []
+    for _ in range(8):
+        inside[0] = 0.0
+        t = time.perf_counter()
+        lm.generate_ids([ids], max_new_tokens=tokens, min_new_tokens=tokens, temperature=0)
+        runs.append((time.perf_counter() - t - inside[0]) / tokens * 1e6)
+    return min(runs[1:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifact", type=Path)
+    ap.add_argument("--flush-mb", type=float, default=None,
+                    help="MB read after every run (default: the step graph's files)")
+    args = ap.parse_args()
+    flush = args.flush_mb if args.flush_mb is not None else sum(
+        f.stat().st_size for f in args.artifact.glob("model.onnx*")) / 2**20
+    warm, cold = outside_run_us(args.artifact, 0), outside_run_us(args.artifact, flush)
+    print(f"{args.artifact}: loop outside run, µs/token: warm caches {warm:.1f}; "
+          f"{flush:.0f} MB flushed after each run {cold:.1f}")
+
+
+if __name__ == "__main__":
+    main()
