@@ -250,9 +250,13 @@ def test_qgemm_kernel_quantizes_layers_per_channel(lm_onnx, corpus_dir, tmp_path
     cfg = json.loads((q / "config.json").read_text())["tinyt"]["model"]
     model = onnx.load(str(q / "model.onnx"))
     counts = op_counts(model)
-    assert counts["com.microsoft.DynamicQuantizeMatMul"] == 4 * cfg["n_layer"]  # the layers
+    # the layers: attention's output projection with one activation scale per row
+    assert counts["com.microsoft.DynamicQuantizeMatMul"] == 3 * cfg["n_layer"]
+    assert counts["MatMulInteger"] == cfg["n_layer"]
     assert counts["com.microsoft.MatMulNBits"] == 1  # the tied lm_head, sharing its table
     manifest = check_manifest(q)
+    assert "transformer.h.0.attn.c_proj (MatMul, int8 per channel, activations per row)" in \
+        manifest["quantization"]["quantized"]
     assert manifest["quantization"]["shared_tables"] == ["model.lm_head.weight_q8"]
     assert manifest["options"]["kernel"] == "qgemm"
     assert manifest["accuracy"]["val_loss_change"] <= INT8_LOSS_BUDGET
@@ -266,3 +270,36 @@ def test_qgemm_kernel_quantizes_layers_per_channel(lm_onnx, corpus_dir, tmp_path
         quantize(opt, tmp_path / "bad", kernel="qgemm", bits=4)
     with pytest.raises(QuantizeError, match="kernels are nbits, qgemm"):
         quantize(opt, tmp_path / "bad", kernel="fast")
+
+
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_row_scaled_int8_matmul_is_the_quantized_product(reduce_range):
+    """One scale per row: a row of small values keeps its precision next to a huge one (per
+    tensor it would round to nothing), and the graph computes exactly the int8 arithmetic."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from tinyt.export.blockquant import _qgemm_nodes, channel_quantize
+
+    rng = np.random.default_rng(0)
+    K, N = 32, 16
+    w = rng.normal(size=(K, N)).astype(np.float32)
+    x = rng.normal(size=(1, 3, K)).astype(np.float32)
+    x[0, 0] *= 1000.0  # an outlier row
+    inits = []
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="/h.0/attn/c_proj/MatMul")
+    nodes = _qgemm_nodes(node, "w", w, reduce_range, True, inits)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                         [1, 3, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, N])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]) \
+        .run(["y"], {"x": x})[0]
+    qw, ws = channel_quantize(w, 63 if reduce_range else 127)  # [K, N], one scale per output
+    s = (np.abs(x).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    qx = np.rint(x / s)
+    want = (qx @ qw.astype(np.float64)) * s * ws
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    rel = np.abs(y - x @ w).max(-1) / np.abs(x @ w).max(-1)
+    assert rel.max() < 0.05  # every row, the small ones too, within a few percent of fp32
