@@ -113,6 +113,14 @@ def test_cli(opt, tmp_path):
     assert "GroupQueryAttention with a shared KV cache in 2 layers" in r.stdout
     r = run_tinyt("generate", tmp_path / "g", "def ", "--max-new-tokens", "5")
     assert r.returncode == 0 and r.stdout.startswith("def "), r.stderr
+    r = run_tinyt("generate", tmp_path / "g", "def ", "--max-new-tokens", "5", "--threads", "2",
+                  "--temperature", "0", "-v")
+    assert r.returncode == 0 and "measured ms: {'decode@2'" in r.stderr, r.stderr
+    fixed = run_tinyt("generate", tmp_path / "g", "def ", "--max-new-tokens", "5", "--threads",
+                      "2", "--temperature", "0", "-v", "--no-tune")
+    assert "plan: decode: 2 thread(s); prompts: model.onnx at 2 thread(s); measured ms: {}" \
+        in fixed.stderr, fixed.stderr
+    assert fixed.stdout == r.stdout  # the same tokens, whatever the threads
 
 
 @pytest.fixture(scope="module")
