@@ -53,7 +53,7 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
                                              spinning=spinning, level=level)
         prefill = None if artifact.prefill_file is None else create_session(
             artifact, provider=provider, threads=threads, spinning=spinning, level=level,
-            graph=artifact.prefill_file, stop_spinning=True)
+            graph=artifact.prefill_file, phase="prompt")
     tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
     if tokenizer.vocab_size > artifact.config.vocab_size:
         raise ManifestError(f"{artifact.path}/tokenizer.json has {tokenizer.vocab_size} tokens but "

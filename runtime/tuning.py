@@ -73,19 +73,19 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
                   level: str | None, tune: bool, features: dict | None = None
                   ) -> tuple[Plan, ort.InferenceSession, ort.InferenceSession]:
     """The plan, the decode session and the prompt session (possibly the same one)."""
-    open_ = lambda graph, n, stop=False: create_session(  # noqa: E731
-        artifact, threads=n, spinning=spinning, level=level, graph=graph, stop_spinning=stop)
+    open_ = lambda graph, n, phase: create_session(  # noqa: E731
+        artifact, threads=n, spinning=spinning, level=level, graph=graph, phase=phase)
     step_file = artifact.model_file
     refused = None if artifact.prefill_file is None else prompt_graph_allowed(artifact, features)
     prompt_file = artifact.prefill_file if artifact.prefill_file and not refused else step_file
     plan = Plan(threads, prompt_file, threads, tuned=False, reasons=[refused] if refused else [])
-    decode = {threads: open_(step_file, threads)}
+    decode = {threads: open_(step_file, threads, "any")}  # steps, and prompts if they go there
     prompt = {prompt_file: decode[threads] if prompt_file == step_file
-              else open_(prompt_file, threads, stop=True)}
+              else open_(prompt_file, threads, "prompt")}
     if not tune:
         return plan, decode[threads], prompt[prompt_file]
     if threads > 1:
-        decode[1] = open_(step_file, 1)
+        decode[1] = open_(step_file, 1, "step")
     if prompt_file != step_file:
         prompt[step_file] = decode[threads]
     if len(decode) == 1 and len(prompt) == 1:
@@ -106,7 +106,7 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
     if prompt_session is decode[threads] and step_session is not prompt_session:
         # prompts through the step graph at `threads`, steps elsewhere: its workers must not
         # spin after a prompt while the other session decodes
-        prompt_session = open_(step_file, threads, stop=True)
+        prompt_session = open_(step_file, threads, "prompt")
     return plan, step_session, prompt_session
 
 

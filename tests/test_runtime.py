@@ -280,8 +280,28 @@ def test_spinning_follows_the_thread_count(lm_onnx):
     assert spin(threads=2, spinning=None) == "1"  # measured: decode and prefill both gain
     assert spin(threads=1, spinning=None) == "0"
     assert spin(threads=2, spinning=False) == "0" and spin(threads=1, spinning=True) == "1"
-    opts = session_options(art, threads=2, spinning=None, level=None, stop_spinning=True)
+    opts = session_options(art, threads=2, spinning=None, level=None, phase="prompt")
     assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+def test_memory_planning_follows_the_graphs_shapes(lm_onnx, tmp_path):
+    """Contract graphs change shape every step: no memory pattern, the arena. A shared-cache
+    step has fixed shapes: a planned pattern and no arena (measured faster); its prompt-only
+    session plans none."""
+    import dataclasses
+
+    from tinyt.runtime.session import GQA_KIND, open_artifact, session_options
+
+    art = open_artifact(lm_onnx)
+    shared = dataclasses.replace(art, kind=GQA_KIND)
+    plans = {(a.kind, phase): session_options(a, threads=1, spinning=None, level=None,
+                                              phase=phase)
+             for a in (art, shared) for phase in ("any", "step", "prompt")}
+    for (kind, phase), opts in plans.items():
+        assert opts.enable_mem_pattern == (kind == GQA_KIND and phase != "prompt"), (kind, phase)
+        assert opts.enable_cpu_mem_arena == (kind != GQA_KIND), (kind, phase)
+    with pytest.raises(ValueError, match="phase='decode' is not one of any, step, prompt"):
+        rt.session.create_session(art, phase="decode")
 
 
 def _reference_next_token(logits, params, rng, history):
