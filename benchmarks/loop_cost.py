@@ -20,48 +20,58 @@ from pathlib import Path
 import numpy as np
 
 
-def outside_run_us(artifact: Path, flush_mb: float, tokens: int = 60, prompt: int = 64) -> float:
-    import tinyt.runtime as rt
-
-    lm = rt.load(artifact, threads=1, tune=False)
+def outside_run(lm, ids: list[int], n: int, *, flush_mb: float = 0.0,
+                generations: int = 8) -> dict:
+    """A loaded LanguageModel's time outside ONNX Runtime's run calls: generate's wall time
+    minus the time inside session.run / run_with_iobinding (and the flush, if any), per
+    generated token, best of `generations` - 1 after a warm-up. Its sessions are wrapped
+    for the measurement."""
     junk = np.ones(int(flush_mb * 2**20) // 8) if flush_mb else None
     inside = [0.0]
 
-    class Timed:  # a session whose runs are timed (and followed by the flush)
+    def timed(fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                if junk is not None:
+                    junk.sum()  # stream flush_mb through the caches, as a large step does
+                inside[0] += time.perf_counter() - t
+        return call
+
+    class Timed:  # a session, with its run calls timed
         def __init__(self, session):
             self.session = session
-
-        def run_with_iobinding(self, binding):
-            t = time.perf_counter()
-            self.session.run_with_iobinding(binding)
-            if junk is not None:
-                junk.sum()
-            inside[0] += time.perf_counter() - t
-
-        def run(self, *a, **k):
-            t = time.perf_counter()
-            out = self.session.run(*a, **k)
-            if junk is not None:
-                junk.sum()
-            inside[0] += time.perf_counter() - t
-            return out
+            self.run = timed(session.run)
+            self.run_with_iobinding = timed(session.run_with_iobinding)
 
         def __getattr__(self, attr):
             return getattr(self.session, attr)
 
     lm.session = Timed(lm.session)
-    if lm.prefill_session is not None:
+    if lm.prefill_session is not None:  # a shared-cache pair: its prompt graph's runs too
         lm.prefill_session = Timed(lm.prefill_session)
     if hasattr(lm, "_caches"):
-        lm._caches.free.clear()  # caches bound to the untimed sessions
-    ids = [int(i) for i in np.arange(prompt) * 7919 % lm.tokenizer.vocab_size]
+        lm._caches.free.clear()  # caches bound to the unwrapped sessions
     runs = []
-    for _ in range(8):
+    for _ in range(generations):
         inside[0] = 0.0
         t = time.perf_counter()
-        lm.generate_ids([ids], max_new_tokens=tokens, min_new_tokens=tokens, temperature=0)
-        runs.append((time.perf_counter() - t - inside[0]) / tokens * 1e6)
-    return min(runs[1:])
+        lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n, temperature=0)
+        total = time.perf_counter() - t
+        runs.append((total - inside[0], total, inside[0]))
+    outside, total, inside_s = min(runs[1:])
+    return {"outside_run_us_per_token": 1e6 * outside / n, "total_ms": 1e3 * total,
+            "inside_run_ms": 1e3 * inside_s, "tokens": n}
+
+
+def outside_run_us(artifact: Path, flush_mb: float, tokens: int = 60, prompt: int = 64) -> float:
+    import tinyt.runtime as rt
+
+    lm = rt.load(artifact, threads=1, tune=False)
+    ids = [int(i) for i in np.arange(prompt) * 7919 % lm.tokenizer.vocab_size]
+    return outside_run(lm, ids, tokens, flush_mb=flush_mb)["outside_run_us_per_token"]
 
 
 def main() -> None:

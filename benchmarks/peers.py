@@ -134,45 +134,13 @@ def genai_greedy(model, ids: list[int], n: int, *, min_length: bool = False) -> 
 
 
 def _outside_run(artifacts: Path, sub: str, threads: int, ids: list[int], n: int) -> dict:
-    """tinyt's per-token time outside ONNX Runtime's run: generate's wall time minus the
-    time spent inside session.run / run_with_iobinding, per generated token (best of 5)."""
+    """tinyt's per-token time outside ONNX Runtime's run calls (benchmarks/loop_cost.py),
+    best of 5 generations."""
     import tinyt.runtime as rt
 
-    lm = rt.load(artifacts / sub, threads=threads)
-    inside = [0.0]
-    session = lm.session
+    from .loop_cost import outside_run
 
-    def timed(fn):
-        def call(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                inside[0] += time.perf_counter() - t
-        return call
-
-    class Timed:  # a session, with its run calls timed
-        def __init__(self, session):
-            self.session = session
-            self.run = timed(session.run)
-            self.run_with_iobinding = timed(session.run_with_iobinding)
-
-        def __getattr__(self, attr):
-            return getattr(self.session, attr)
-
-    lm.session = Timed(lm.session)
-    if lm.prefill_session is not None:  # a shared-cache pair: its prompt graph's runs too
-        lm.prefill_session = Timed(lm.prefill_session)
-    runs = []
-    for _ in range(6):
-        inside[0] = 0.0
-        t = time.perf_counter()
-        lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n)
-        total = time.perf_counter() - t
-        runs.append((total - inside[0], total, inside[0]))
-    outside, total, inside_s = min(runs[1:])
-    return {"outside_run_us_per_token": 1e6 * outside / n, "total_ms": 1e3 * total,
-            "inside_run_ms": 1e3 * inside_s, "tokens": n}
+    return outside_run(rt.load(artifacts / sub, threads=threads), ids, n, generations=6)
 
 
 def worker(name: str, artifacts: Path, threads: int) -> None:

@@ -198,9 +198,10 @@ class LanguageModel:
                     ) -> tuple[list[list[int]], list[str]]:
         """_loop's tokens and finish reason for the commonest call — one prompt, greedy, no
         stop strings, shared-cache graph — in a loop with nothing else in it. A 4-layer model's
-        step is ~80 us, so the loop's own time matters: 5.7 us a token here against 11.8 for
-        the general loop (demo, 1 thread; at the GPT-2 shape 44 against 78, where the weights
-        streamed each step evict the interpreter's code and data). Same rules as _choose."""
+        step is ~80 us, so the loop's own time matters: 7.4 us a token here against 11.8 for
+        the general loop (demo, 1 thread, benchmarks/loop_cost.py; at the GPT-2 shape 51
+        against 78, where the weights streamed each step evict the interpreter's code and
+        data). Same rules as _choose."""
         out: list[int] = []
         if params.max_new_tokens == 0:
             return [out], ["length"]
@@ -215,8 +216,7 @@ class LanguageModel:
                     z[eos] = -np.inf  # end-of-text is not allowed yet
                 tok = int(z.argmax())
                 if not math.isfinite(z[tok]):
-                    raise NonFiniteError(f"generation stopped at new token {len(out) + 1} of "
-                                         f"row 0: {_nonfinite(z[tok])}")
+                    raise _stopped(len(out), 0, _nonfinite(z[tok]))
                 if tok == eos:
                     return [out], ["eos"]
                 out.append(tok)
@@ -307,8 +307,7 @@ class LanguageModel:
         try:
             tok = next_token(logits, params, rng, history)
         except NonFiniteError as e:
-            raise NonFiniteError(f"generation stopped at new token {len(out[r]) + 1} of row "
-                                 f"{r}: {e}") from None
+            raise _stopped(len(out[r]), r, e) from None
         if tok == eos:
             return "eos"
         out[r].append(tok)
@@ -321,6 +320,10 @@ class LanguageModel:
             if _stop_cut(text, params.stop) < len(text):
                 return "stop"
         return None
+
+
+def _stopped(made: int, row: int, error: NonFiniteError) -> NonFiniteError:
+    return NonFiniteError(f"generation stopped at new token {made + 1} of row {row}: {error}")
 
 
 def _is_int(t) -> bool:
