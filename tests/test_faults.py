@@ -77,6 +77,26 @@ def test_a_stage_killed_at_random_points_leaves_the_previous_output(stage, stage
     assert leftovers(out) == []  # ... and removes what the killed runs left
 
 
+def kill_after_evaluations(cmd: list, count: int, rng: random.Random) -> None:
+    """Start `tinyt train`, and SIGKILL it a random instant (0-0.2 s) after its `count`-th
+    evaluation line: a point of the work, not of the clock. Evaluation k is printed just
+    before checkpoint k is written, so from count >= 2 on, checkpoint 1 is whole on disk."""
+    proc = subprocess.Popen(TINYT + [str(c) for c in cmd], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(240, proc.kill)  # a hung run fails below instead of hanging
+    watchdog.start()
+    seen = 0
+    for line in proc.stderr:
+        seen += "val_loss" in line
+        if seen == count:
+            time.sleep(rng.uniform(0.0, 0.2))
+            break
+    proc.kill()
+    proc.wait()
+    watchdog.cancel()
+    assert seen == count, f"training ended after {seen} evaluations, before the kill"
+
+
 def test_training_killed_at_random_points_always_leaves_a_loadable_checkpoint(corpus_dir,
                                                                                tmp_path):
     out = tmp_path / "ck"
@@ -84,34 +104,31 @@ def test_training_killed_at_random_points_always_leaves_a_loadable_checkpoint(co
              "--max-steps", "300", "--eval-interval", "2"]  # a checkpoint written every 2 steps
     rng = random.Random(0)
     for _ in range(3):
-        kill_after(["train", "--out", out, "--resume"] if out.exists() else fresh,
-                   rng.uniform(3.0, 5.0))
-        if out.exists():
-            ck = load_checkpoint(out)
-            assert has_train_state(out) and ck.meta["metrics"]["step"] % 2 == 0
-    assert out.exists(), "no kill came after the first checkpoint: the test proves nothing"
+        kill_after_evaluations(["train", "--out", out, "--resume"] if out.exists() else fresh,
+                               rng.randint(2, 6), rng)
+        ck = load_checkpoint(out)  # evaluation 2 came after checkpoint 1 was whole
+        assert has_train_state(out) and ck.meta["metrics"]["step"] % 2 == 0
     run_full(["train", "--out", out, "--resume"])
     assert load_checkpoint(out).meta["metrics"]["step"] == 300
     assert leftovers(out) == []
 
 
-def test_ctrl_c_exits_130_with_one_line_and_the_previous_output_intact(tiny_ckpt, tmp_path):
+@pytest.mark.parametrize("point", ["import", "trace", "write"])
+def test_ctrl_c_exits_130_with_one_line_and_the_previous_output_intact(point, tiny_ckpt,
+                                                                        tmp_path):
+    """A Ctrl-C during the verb's imports, inside torch's exporter, and while writing (sent at
+    that point of the work by tests/interrupt_worker.py, not after a time)."""
     out = tmp_path / "onnx"
-    full = run_full(["export", tiny_ckpt, out])
+    run_full(["export", tiny_ckpt, out])
     before = check_manifest(out)
-    for fraction in (0.3, 0.6, 0.9):  # during imports, tracing and conversion, writing
-        proc = subprocess.Popen(TINYT + ["export", str(tiny_ckpt), str(out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(fraction * full)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        if proc.returncode == 0:
-            continue  # it finished first
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert proc.returncode == 130 and len(lines) == 1, (proc.returncode, err)
-        assert lines[0].startswith("interrupted: "), err
-        assert check_manifest(out) == before
-        assert leftovers(out) == []  # a Ctrl-C cleans up after itself
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("interrupt_worker.py")),
+                           point, "export", str(tiny_ckpt), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 130 and len(lines) == 1, (proc.returncode, proc.stderr)
+    assert lines[0].startswith("interrupted: "), proc.stderr
+    assert check_manifest(out) == before
+    assert leftovers(out) == []  # a Ctrl-C cleans up after itself
 
 
 def test_ctrl_c_during_training_says_which_checkpoint_it_kept(corpus_dir, tmp_path):

@@ -1,0 +1,60 @@
+"""`python tests/interrupt_worker.py POINT export CKPT OUT`: `tinyt export` as a user runs it,
+with a Ctrl-C (a real SIGINT, sent to itself) at a fixed point of the work instead of after
+some seconds, so what the test sees does not depend on how fast the machine is:
+
+    import   when the verb starts importing torch (the CLI has only its own modules loaded)
+    trace    when torch.onnx's exporter calls torch.export.export: deep inside torch, which
+             wraps what its internals raise in errors of its own
+    write    when the exporter starts writing the graph into its temporary directory
+
+Python runs the SIGINT handler right after os.kill returns, in the frame that sent it.
+"""
+import importlib.abc
+import os
+import signal
+import sys
+
+point, argv = sys.argv[1], sys.argv[2:]
+
+
+def interrupt() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+class _OnTorchImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            interrupt()
+        return None
+
+
+if point == "import":
+    sys.meta_path.insert(0, _OnTorchImport())
+elif point == "trace":
+    import torch
+
+    _export = torch.export.export
+
+    def export(*args, **kwargs):
+        interrupt()
+        return _export(*args, **kwargs)
+
+    torch.export.export = export
+elif point == "write":
+    import tinyt.export.exporter as exporter
+
+    _save = exporter.save_graph
+
+    def save_graph(*args, **kwargs):
+        interrupt()
+        return _save(*args, **kwargs)
+
+    exporter.save_graph = save_graph
+else:
+    sys.exit(f"unknown point {point!r}: import, trace or write")
+
+sys.argv = ["tinyt", *argv]
+from tinyt.__main__ import entry  # noqa: E402
+
+entry()
