@@ -3,26 +3,37 @@
 A prompt pass and a decode step want different things. A prompt is a few large matmuls: they
 scale with threads and gain from int8 GEMMs (the pair's prompt graph). A step at batch 1 of a
 small model is dozens of tiny ops, and a second thread can cost more to wake than it saves;
-of a large model, a stream through every weight that a second core speeds up. Which wins
-depends on the model and on the CPU the artifact runs on, not the one it was built on. So
-`rt.load` (CPU, tune=True) decides at load, within the thread budget:
+of a large model, a stream through every weight, whose speed depends on how the CPU's int8
+kernel reads memory. Which wins depends on the model and on the CPU the artifact runs on, not
+the one it was built on. So `rt.load` (CPU, tune=True) decides at load, within the thread
+budget, among every graph the artifact carries:
 
-    decode  the step graph at 1 thread  vs  at `threads`            (timed)
-    prompt  the prompt graph            vs  the step graph, both at `threads`   (timed)
+    decode  {step graph, prompt graph} x {1 thread, `threads`}          (timed)
+    prompt  the prompt graph  vs  the step graph, both at `threads`      (timed)
+
+The step graph's weights are MatMulNBits (8-bit blocks, int8 activations); the pair's prompt
+graph's are DynamicQuantizeMatMul (int8 per channel, ONNX Runtime's int8 GEMM: AMX, VNNI or
+AVX2 by CPU). At one row the two read memory differently: on an Intel Xeon with AMX the GEMM
+streams the GPT-2-small shape's weights 12% faster; on an AMD EPYC they tie
+(benchmarks/step_kernels.py measures every kernel against the memory floor).
 
 Before any timing, one rule: a prompt graph whose int8 GEMM weights use the full 8 bits is
 not run on x86 without VNNI / AMX, whose u8 x s8 products add pairs in 16 bits that can
-saturate (tinyt.hardware.int8_preset); prompts then go through the step graph.
+saturate (tinyt.hardware.int8_preset); every phase then runs the step graph.
 
 Candidates run in interleaved rounds (median of each); one replaces the default only when it
 is at least MARGIN faster, so noise does not flip a choice. The defaults: prompts through the
-prompt graph (made for them), decode at 1 thread (a thread that does not buy MARGIN is not
-spent: the core stays free for the application). LanguageModel.plan keeps the choice, the reasons and the times.
+prompt graph (made for them), decode through the step graph (made for it) at 1 thread (a
+thread that does not buy MARGIN is not spent: the core stays free for the application).
+LanguageModel.plan keeps the choice, the reasons and the times. Which graph decodes decides
+the quantization a token is computed with, so generations may differ between CPU kinds as
+INT8 graphs differ from each other; `tune=False` fixes every choice.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import onnxruntime as ort
@@ -32,6 +43,7 @@ from tinyt.hardware import int8_preset
 from .gqa import SharedCache
 from .session import Artifact, create_session
 
+T = TypeVar("T")
 MARGIN = 0.05  # a candidate replaces the default when at least 5% faster
 ROUNDS = 3  # interleaved rounds per measurement
 DECODE_STEPS = 6  # timed decode steps per round (after a short prompt)
@@ -41,16 +53,17 @@ PROMPT_TOKENS = 64  # tokens of the timed prompt (at most the context less one)
 @dataclass
 class Plan:
     """What a shared-cache model runs each phase with, and why."""
+    decode_graph: str  # a file of the artifact: model.onnx (the step graph) or prefill.onnx
     decode_threads: int
-    prompt_graph: str  # a file of the artifact: prefill.onnx (int8 GEMMs) or model.onnx
+    prompt_graph: str  # prefill.onnx (int8 GEMMs) or model.onnx
     prompt_threads: int
     tuned: bool  # False: the defaults, nothing was timed
     reasons: list[str] = field(default_factory=list)
     measured_ms: dict[str, float] = field(default_factory=dict)  # candidate -> median
 
     def describe(self) -> str:
-        return (f"decode: {self.decode_threads} thread(s); prompts: {self.prompt_graph} at "
-                f"{self.prompt_threads} thread(s)"
+        return (f"decode: {self.decode_graph} at {self.decode_threads} thread(s); prompts: "
+                f"{self.prompt_graph} at {self.prompt_threads} thread(s)"
                 + ("" if not self.reasons else " (" + "; ".join(self.reasons) + ")"))
 
 
@@ -66,65 +79,82 @@ def prompt_graph_allowed(artifact: Artifact, features: dict | None = None) -> st
             return None  # MatMulNBits or fp32 products, or 7-bit weights made for such a CPU
     return (f"{artifact.prefill_file}'s int8 GEMM weights use 8 bits (or its manifest does not "
             f"say), and this CPU ({preset['preset']}: no VNNI / AMX) adds u8 x s8 products in "
-            "16 bits that can saturate; prompts run through the step graph instead")
+            "16 bits that can saturate; prompts and steps run through the step graph instead")
 
 
 def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
                   level: str | None, tune: bool, features: dict | None = None
                   ) -> tuple[Plan, ort.InferenceSession, ort.InferenceSession]:
     """The plan, the decode session and the prompt session (possibly the same one)."""
-    open_ = lambda graph, n, phase: create_session(  # noqa: E731
-        artifact, threads=n, spinning=spinning, level=level, graph=graph, phase=phase)
+    opened: dict[tuple[str, int, str], ort.InferenceSession] = {}
+
+    def open_(graph: str, n: int, phase: str) -> ort.InferenceSession:
+        if (graph, n, phase) not in opened:
+            opened[graph, n, phase] = create_session(artifact, threads=n, spinning=spinning,
+                                                     level=level, graph=graph, phase=phase)
+        return opened[graph, n, phase]
+
     step_file = artifact.model_file
     refused = None if artifact.prefill_file is None else prompt_graph_allowed(artifact, features)
     prompt_file = artifact.prefill_file if artifact.prefill_file and not refused else step_file
-    plan = Plan(threads, prompt_file, threads, tuned=False, reasons=[refused] if refused else [])
-    decode = {threads: open_(step_file, threads, "any")}  # steps, and prompts if they go there
-    prompt = {prompt_file: decode[threads] if prompt_file == step_file
-              else open_(prompt_file, threads, "prompt")}
+    plan = Plan(step_file, threads, prompt_file, threads, tuned=False,
+                reasons=[refused] if refused else [])
+    # steps at `threads`, and prompts when they go through the step graph
+    decode = {(step_file, threads): open_(step_file, threads, "any")}
+    prompt = {prompt_file: open_(prompt_file, threads,
+                                 "any" if prompt_file == step_file else "prompt")}
     if not tune:
-        return plan, decode[threads], prompt[prompt_file]
-    if threads > 1:
-        decode[1] = open_(step_file, 1, "step")
+        return plan, decode[step_file, threads], prompt[prompt_file]
+    for graph in dict.fromkeys([step_file, prompt_file]):  # every graph this CPU may run
+        for n in sorted({1, threads}):
+            if (graph, n) not in decode:
+                decode[graph, n] = open_(graph, n, "step")
     if prompt_file != step_file:
-        prompt[step_file] = decode[threads]
+        prompt[step_file] = decode[step_file, threads]
     if len(decode) == 1 and len(prompt) == 1:
-        return plan, decode[threads], prompt[prompt_file]
+        return plan, decode[step_file, threads], prompt[prompt_file]
     times = _measure(artifact, decode, prompt)
     plan.tuned, plan.measured_ms = True, {k: round(v * 1e3, 4) for k, v in times.items()}
     # a thread that does not buy MARGIN is not spent: more threads must win by it
-    best_threads = _choose(min(decode), {n: times[f"decode@{n}"] for n in decode})
+    best_decode = _choose((step_file, 1), {c: times[_decode_key(*c)] for c in decode})
     best_prompt = _choose(prompt_file, {g: times[f"prompt:{g}"] for g in prompt})
-    plan.decode_threads, plan.prompt_graph = best_threads, best_prompt
-    if best_threads != threads:
+    (plan.decode_graph, plan.decode_threads), plan.prompt_graph = best_decode, best_prompt
+    if best_decode[0] != step_file:
+        plan.reasons.append(f"decode: {best_decode[0]} measured at least {MARGIN:.0%} faster "
+                            f"than {step_file} on this CPU")
+    if best_decode[1] != threads:
         plan.reasons.append(f"decode: {threads} threads measured less than {MARGIN:.0%} faster "
-                            f"than {best_threads} on this CPU")
+                            f"than {best_decode[1]} on this CPU")
     if best_prompt != prompt_file:
         plan.reasons.append(f"prompts: {best_prompt} measured faster than {prompt_file} on this "
                             "CPU")
-    step_session, prompt_session = decode[best_threads], prompt[best_prompt]
-    if prompt_session is decode[threads] and step_session is not prompt_session:
+    step_session, prompt_session = decode[best_decode], prompt[best_prompt]
+    if prompt_session is decode[step_file, threads] and step_session is not prompt_session:
         # prompts through the step graph at `threads`, steps elsewhere: its workers must not
         # spin after a prompt while the other session decodes
         prompt_session = open_(step_file, threads, "prompt")
     return plan, step_session, prompt_session
 
 
-def _choose(default, medians: dict) -> object:
+def _decode_key(graph: str, threads: int) -> str:
+    return f"decode:{graph}@{threads}"
+
+
+def _choose(default: T, medians: dict[T, float]) -> T:
     """The fastest candidate if it beats the default by MARGIN, else the default."""
-    best = min(medians, key=medians.get)
+    best = min(medians, key=lambda c: medians[c])
     return best if medians[best] < (1 - MARGIN) * medians[default] else default
 
 
 def _measure(artifact: Artifact, decode: dict, prompt: dict) -> dict[str, float]:
-    """Median seconds: per decode step for each decode session, per prompt pass for each
-    prompt graph; rounds interleaved across the candidates."""
+    """Median seconds: per decode step for each (graph, threads) decode session, per prompt
+    pass for each prompt graph; rounds interleaved across the candidates."""
     cfg = artifact.config
     n_prompt = max(1, min(PROMPT_TOKENS, cfg.block_size - 1))
     n_short = max(1, min(16, cfg.block_size - DECODE_STEPS - 1))
     capacity = max(n_prompt, n_short + DECODE_STEPS) + 1
     ids = (np.arange(n_prompt, dtype=np.int64) * 7919 % cfg.vocab_size).tolist()
-    caches = {f"decode@{n}": SharedCache(s, cfg, 1, capacity) for n, s in decode.items()}
+    caches = {_decode_key(*c): SharedCache(s, cfg, 1, capacity) for c, s in decode.items()}
     caches |= {f"prompt:{g}": SharedCache(s, cfg, 1, capacity) for g, s in prompt.items()}
     samples: dict[str, list[float]] = {k: [] for k in caches}
     nxt, active = np.array([ids[0]]), np.array([True])

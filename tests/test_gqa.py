@@ -115,10 +115,10 @@ def test_cli(opt, tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("def "), r.stderr
     r = run_tinyt("generate", tmp_path / "g", "def ", "--max-new-tokens", "5", "--threads", "2",
                   "--temperature", "0", "-v")
-    assert r.returncode == 0 and "measured ms: {'decode@2'" in r.stderr, r.stderr
+    assert r.returncode == 0 and "measured ms: {'decode:model.onnx@2'" in r.stderr, r.stderr
     fixed = run_tinyt("generate", tmp_path / "g", "def ", "--max-new-tokens", "5", "--threads",
                       "2", "--temperature", "0", "-v", "--no-tune")
-    assert "plan: decode: 2 thread(s); prompts: model.onnx at 2 thread(s); measured ms: {}" \
+    assert "plan: decode: model.onnx at 2 thread(s); prompts: model.onnx at 2 thread(s); measured ms: {}" \
         in fixed.stderr, fixed.stderr
     assert fixed.stdout == r.stdout  # the same tokens, whatever the threads
 
@@ -195,23 +195,58 @@ def test_the_runtime_times_each_phase_and_keeps_the_fastest(pair):
     pair = pair[2]
     fixed = rt.load(pair, threads=2, tune=False)  # exactly the threads asked for, no timing
     assert not fixed.plan.tuned and fixed.plan.measured_ms == {}
-    assert (fixed.plan.decode_threads, fixed.plan.prompt_graph) == (2, "prefill.onnx")
+    assert (fixed.plan.decode_graph, fixed.plan.decode_threads, fixed.plan.prompt_graph) == \
+        ("model.onnx", 2, "prefill.onnx")
     assert fixed.session.get_session_options().intra_op_num_threads == 2
     lm = rt.load(pair, threads=2)
     plan = lm.plan
+    decode = {(g, n): f"decode:{g}@{n}" for g in ("model.onnx", "prefill.onnx") for n in (1, 2)}
     assert plan.tuned and set(plan.measured_ms) == {
-        "decode@1", "decode@2", "prompt:prefill.onnx", "prompt:model.onnx"}
+        *decode.values(), "prompt:prefill.onnx", "prompt:model.onnx"}
     assert all(ms > 0 for ms in plan.measured_ms.values())
     # the sessions are the ones the plan names, and the choice follows the measurements
     assert lm.session.get_session_options().intra_op_num_threads == plan.decode_threads
+    assert _graph(lm.session) == plan.decode_graph
     assert _graph(lm.prefill_session or lm.session) == plan.prompt_graph
-    assert plan.decode_threads == tuning._choose(1, {n: plan.measured_ms[f"decode@{n}"]
-                                                     for n in (1, 2)})
+    assert (plan.decode_graph, plan.decode_threads) == tuning._choose(
+        ("model.onnx", 1), {c: plan.measured_ms[k] for c, k in decode.items()})
     assert plan.prompt_graph == tuning._choose("prefill.onnx", {
         g: plan.measured_ms[f"prompt:{g}"] for g in ("prefill.onnx", "model.onnx")})
     assert lm.generate("def alpha", max_new_tokens=4, temperature=0)
-    assert rt.load(pair, threads=1).plan.measured_ms.keys() == {
-        "decode@1", "prompt:prefill.onnx", "prompt:model.onnx"}  # one thread: nothing to split
+    assert rt.load(pair, threads=1).plan.measured_ms.keys() == {  # one thread: nothing to split
+        "decode:model.onnx@1", "decode:prefill.onnx@1", "prompt:prefill.onnx",
+        "prompt:model.onnx"}
+
+
+@pytest.mark.parametrize("faster, chosen", [(0.90, "prefill.onnx"), (0.97, "model.onnx")])
+def test_steps_go_through_the_int8_gemm_graph_when_it_wins_by_the_margin(pair, monkeypatch,
+                                                                          faster, chosen):
+    """The choice and its wiring, with the timings given (not measured): the prompt graph at 1
+    thread is `faster` x the step graph; it decodes only when that beats MARGIN, and then
+    generate's steps run on its session."""
+    import numpy as np
+
+    from tinyt.runtime.gqa import SharedCache
+
+    def measured(artifact, decode, prompt):
+        times = {f"decode:{g}@{n}": 1.0 * n for g, n in decode}  # one thread is best
+        times["decode:prefill.onnx@1"] = faster
+        return times | {f"prompt:{g}": 1.0 for g in prompt}
+
+    monkeypatch.setattr(tuning, "_measure", measured)
+    lm = rt.load(pair[2], threads=2)
+    assert (lm.plan.decode_graph, lm.plan.decode_threads) == (chosen, 1)
+    assert _graph(lm.session) == chosen and any("prefill.onnx measured" in r
+                                                for r in lm.plan.reasons) == (faster < 0.95)
+    ids = lm.tokenizer.encode("def alpha")
+    got = lm.generate_ids([ids], max_new_tokens=6, min_new_tokens=6)[0].token_ids
+    cache = SharedCache(lm.session, lm.config, 1, len(ids) + 8,
+                        prefill_session=lm.prefill_session)  # the plan's two sessions, by hand
+    logits, want = cache.prefill([ids], 0), []
+    for _ in range(6):
+        want.append(int(logits[0, 0, :lm.tokenizer.vocab_size].argmax()))
+        logits = cache.step(np.array([want[-1]]), np.array([True]))
+    assert got == want
 
 
 def test_a_candidate_must_win_by_the_margin():
@@ -237,6 +272,10 @@ def test_full_range_int8_gemms_are_not_run_where_they_saturate(pair):
     plan, step, prompt = tuning.plan_sessions(full, threads=1, spinning=None, level=None,
                                               tune=False, features=AVX2)
     assert plan.prompt_graph == "model.onnx" and prompt is step and "saturate" in plan.reasons[0]
+    plan, step, prompt = tuning.plan_sessions(full, threads=1, spinning=None, level=None,
+                                              tune=True, features=AVX2)
+    assert not any("prefill.onnx" in k for k in plan.measured_ms)  # not even timed for steps
+    assert plan.decode_graph == plan.prompt_graph == _graph(step) == "model.onnx"
     plan, step, prompt = tuning.plan_sessions(full, threads=1, spinning=None, level=None,
                                               tune=False, features=VNNI)
     assert plan.prompt_graph == _graph(prompt) == "prefill.onnx" and plan.reasons == []
@@ -266,8 +305,9 @@ def test_the_single_greedy_loop_makes_the_general_loops_tokens(opt_gqa):
 
 
 def test_the_single_greedy_loop_stops_on_non_finite_logits(opt_gqa, tmp_path):
-    from tinyt.errors import NonFiniteError
     from test_reliability import _poisoned
+
+    from tinyt.errors import NonFiniteError
     bad = _poisoned(opt_gqa, tmp_path, "model.transformer.wpe.weight", (5, 0))
     lm = rt.load(bad, threads=1)  # position 5 is NaN: the probe (last position) passes
     assert lm.generate_ids([[7, 8]], max_new_tokens=2, temperature=0)[0].token_ids
