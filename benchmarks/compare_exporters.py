@@ -21,10 +21,10 @@ import onnx
 import torch
 
 from tinyt import contract as C
-from tinyt.benchmarks.timing import session_latency_ms
 from tinyt.checkpoint import load_checkpoint
 from tinyt.export import export_onnx
 from tinyt.export.exporter import DecoderWithPast, _example
+from tinyt.runtime.timing import session_latency_ms
 
 
 def torchscript_export(ckpt, path: Path, opset: int) -> None:

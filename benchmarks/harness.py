@@ -31,12 +31,11 @@ import onnxruntime as ort
 
 from tinyt.hardware import cpu_features, physical_cores
 from tinyt.manifest import check_manifest, read_model_config
+from tinyt.runtime.timing import measure
 
 from .load_cost import measure_in_subprocess
 from .plots import write_plots
-from .timing import measure
-from .variants import (OrtVariant, plain_int8_baseline, torch_classifier,
-                                 torch_variants)
+from .variants import OrtVariant, plain_int8_baseline, torch_classifier, torch_variants
 
 # Artifact subdirectories the main job writes, and the names they are reported under.
 ORT_VARIANTS = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "ort-int8-dynamic",
@@ -165,7 +164,8 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, devic
                         f"({ort.get_available_providers()}); install onnxruntime-gpu"})
     shapes = [("decode", b, p) for b in spec["batches"]  # past + the new token fit the model
               for p in resolve_sizes(spec["pasts"], cfg, cfg.block_size - 1)]
-    shapes += [("prefill", b, t) for b in spec["batches"] for t in resolve_sizes(spec["prompts"], cfg)]
+    shapes += [("prefill", b, t) for b in spec["batches"]
+               for t in resolve_sizes(spec["prompts"], cfg)]
     rows = _rows(variants, shapes, spec)
     clf = _classifier_variants(artifacts, threads, device, providers, skipped)
     if clf:
@@ -265,9 +265,11 @@ def markdown(result: dict[str, Any]) -> str:
     env = result["environment"]
     lines = [f"# tinyt benchmark ({result['mode']})", "",
              f"{env['cpu']['model'] or env['cpu']['machine']}, {env['physical_cores']} physical "
-             f"cores; torch {env['versions']['torch']}, onnxruntime {env['versions']['onnxruntime']}"
+             f"cores; torch {env['versions']['torch']}, "
+             f"onnxruntime {env['versions']['onnxruntime']}"
              f"; spinning off; {env['time']}", "",
-             "| variant | shape | p50 ms | p90 ms | p99 ms | tokens/s |", "|---|---|---|---|---|---|"]
+             "| variant | shape | p50 ms | p90 ms | p99 ms | tokens/s |",
+             "|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["kind"] == "classify":
             continue

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
+import math
 import os
 import platform
 import statistics
@@ -33,8 +34,9 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -265,16 +267,15 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
         block: int = 3, settle: int = 1, engines: list[str] | None = None,
         agreement_prompts: int = 32, agreement_tokens: int = 64) -> dict[str, Any]:
     """Measure every engine side by side; write peers.json, peers.md and peers.png."""
-    from tinyt.data import agreement_prompts as cut_agreement_prompts
-    from tinyt.data import held_out_prompts, load_corpus
     from tinyt.hardware import cpu_features, physical_cores
     from tinyt.manifest import read_model_config
-    from tinyt.tokenizer import Tokenizer
 
     engines = list(engines or ENGINES)
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise ValueError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
+    if not (isinstance(rounds, int) and rounds >= 0):
+        raise ValueError(f"rounds={rounds!r} must be an integer >= 0 (0: agreement only)")
     for sub in ("checkpoint", "onnx-opt", "onnx-int8"):
         if not (artifacts / sub).is_dir():
             raise ValueError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
@@ -282,6 +283,78 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     cfg, _ = read_model_config(artifacts / "onnx-int8")
     threads = threads or sorted({1, physical_cores()})
     skipped = prepare(artifacts, engines)
+    plan = _inputs(artifacts, cfg, agreement_prompts, agreement_tokens)
+    workers = _start(engines, artifacts, threads, skipped)
+    try:
+        # 1. the same computation: greedy tokens on held-out prompts
+        tokens = {w.name: w.ask(op="greedy", prompts=plan["agree_prompts"],
+                                n=plan["agree_new"])["tokens"]
+                  for w in workers if w.threads == threads[0]}
+        agreement = _agreement(tokens)
+        bad = [e for e, a in agreement.items()
+               if a.get("must_equal") and a["identical_to"] is False]
+        # 2. time, rounds interleaved (and one core's read bandwidth between them)
+        raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block,
+                               step_bytes(cfg))
+        loop = {w.label: w.ask(op="outside_run", ids=plan["calls"][1]["ids"],
+                               n=plan["decode_new"])
+                for w in (workers if rounds else []) if w.name in TINYT}  # 0: agreement only
+    finally:
+        for w in workers:
+            w.close()
+    rows = _rows(raw, plan, bandwidth, step_bytes(cfg))
+    result = {
+        "model": cfg.to_dict(), "artifacts": str(artifacts),
+        "environment": {"cpu": cpu_features(), "physical_cores": physical_cores(),
+                        "python": platform.python_version(), "platform": platform.platform(),
+                        "versions": _versions(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
+                   "decode_prompt": plan["decode_prompt"], "decode_new": plan["decode_new"],
+                   "prefill_tokens": plan["prefills"],
+                   "agreement_prompts": len(plan["agree_prompts"]),
+                   "agreement_prompt_tokens": len(plan["agree_prompts"][0]),
+                   "agreement_new_tokens": plan["agree_new"]},
+        "memory_floor": None if bandwidth is None else {
+            "int8_step_bytes": step_bytes(cfg), "read_gb_per_s_one_core": bandwidth / 1e9,
+            "decode_ms": step_bytes(cfg) / bandwidth * 1e3},
+        "engines": {k: v[0] for k, v in ENGINES.items() if k in engines},
+        "skipped": skipped, "mismatched": bad, "agreement": agreement, "rows": rows,
+        "outside_run": loop, "raw_s": raw,
+        "plans": {w.label: w.plan for w in workers if w.plan},  # tinyt's per-phase choices
+    }
+    result["targets"] = targets(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peers.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "peers.md").write_text(markdown(result))
+    _plot(result, out / "peers.png")
+    return result
+
+
+def step_bytes(cfg) -> int:
+    """Bytes of int8 weights a decode step reads: every layer's matrices and the lm_head (the
+    embedding lookup reads one row)."""
+    C = cfg.n_embd
+    return cfg.n_layer * (4 * C * C + 2 * C * cfg.mlp_width) + C * cfg.vocab_size
+
+
+def read_bandwidth(nbytes: int, repeats: int = 5) -> float:
+    """One core's read bandwidth in bytes/s: numpy summing a buffer of `nbytes` (as large as a
+    model's weights, past the caches) viewed as int64; the best of `repeats`."""
+    buf = np.ones(max(nbytes // 8, 1), dtype=np.int64)
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t)
+    return buf.nbytes / best
+
+
+def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int) -> dict:
+    """The calls every engine times and the prompts of the agreement check."""
+    from tinyt.data import agreement_prompts as cut_agreement_prompts
+    from tinyt.data import held_out_prompts, load_corpus
+    from tinyt.tokenizer import Tokenizer
+
     tokenizer = Tokenizer.from_file(artifacts / "onnx-int8" / "tokenizer.json")
     # Held-out prompts from the corpus the INT8 stage judged accuracy on (its --data, or
     # the built-in one).
@@ -295,12 +368,18 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     # the accuracy report's prompts (tinyt.data.agreement_prompts), so that the two agree
     agree_prompts, agree_new = cut_agreement_prompts(tokenizer, val, block_size,
                                                      agreement_prompts)
-    agree_new = min(agree_new, agreement_tokens)
     prompts = held_out_prompts(tokenizer, val, 1 + len(prefills), max(prefills))
     calls = [{"ids": prompts[0][:decode_prompt], "n": 1},
              {"ids": prompts[0][:decode_prompt], "n": decode_new}]
     calls += [{"ids": prompts[1 + i][:L], "n": 1} for i, L in enumerate(prefills)]
+    return {"decode_prompt": decode_prompt, "decode_new": decode_new, "prefills": prefills,
+            "agree_prompts": agree_prompts, "agree_new": min(agree_new, agreement_tokens),
+            "calls": calls}
 
+
+def _start(engines: list[str], artifacts: Path, threads: list[int],
+           skipped: dict[str, str]) -> list[Worker]:
+    """A worker process per engine and thread count; one that fails is skipped with why."""
     workers: list[Worker] = []
     try:
         for name in engines:
@@ -313,61 +392,49 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                     w.close()
                 else:
                     workers.append(w)
-        if not workers:
-            raise RuntimeError("no engine could start: " + "; ".join(
-                f"{k}: {v}" for k, v in skipped.items()))
-        # 1. the same computation: greedy tokens on held-out prompts
-        tokens = {w.name: w.ask(op="greedy", prompts=agree_prompts, n=agree_new)["tokens"]
-                  for w in workers if w.threads == threads[0]}
-        agreement = _agreement(tokens)
-        bad = [e for e, a in agreement.items()
-               if a.get("must_equal") and a["identical_to"] is False]
-        # 2. time, rounds interleaved
-        raw: dict[str, list[list[float]]] = {w.label: [[] for _ in calls] for w in workers
-                                             if w.name not in bad}
-        for r in range(rounds):
-            order = workers[r % len(workers):] + workers[:r % len(workers)]
-            for w in order:
-                if w.name in bad:
-                    continue
-                times = w.ask(op="time", calls=calls, settle=settle, block=block)["times"]
-                for i, ts in enumerate(times):
-                    raw[w.label][i] += ts
-                time.sleep(REST_S)
-        loop = {}
-        for w in workers if rounds else []:  # rounds=0: agreement only
-            if w.name in TINYT:
-                loop[w.label] = w.ask(op="outside_run", ids=calls[1]["ids"], n=decode_new)
-    finally:
+    except BaseException:
         for w in workers:
             w.close()
+        raise
+    if not workers:
+        raise RuntimeError("no engine could start: " + "; ".join(
+            f"{k}: {v}" for k, v in skipped.items()))
+    return workers
+
+
+def _time(workers: list[Worker], bad: list[str], calls: list[dict], rounds: int,
+          settle: int, block: int, nbytes: int) -> tuple[dict, float | None]:
+    """Seconds per call per worker, rounds interleaved (each round starting at the next
+    worker), and the median of one core's read bandwidth measured once a round."""
+    raw: dict[str, list[list[float]]] = {w.label: [[] for _ in calls] for w in workers
+                                         if w.name not in bad and rounds}  # 0: nothing timed
+    bandwidth: list[float] = []
+    for r in range(rounds):
+        order = workers[r % len(workers):] + workers[:r % len(workers)]
+        for w in order:
+            if w.name in bad:
+                continue
+            times = w.ask(op="time", calls=calls, settle=settle, block=block)["times"]
+            for i, ts in enumerate(times):
+                raw[w.label][i] += ts
+            time.sleep(REST_S)
+        bandwidth.append(read_bandwidth(nbytes))
+    return raw, (statistics.median(bandwidth) if bandwidth else None)
+
+
+def _rows(raw: dict, plan: dict, bandwidth: float | None, nbytes: int) -> dict:
+    """Per engine: decode ms per token (and × the memory floor), prefill ms per length."""
     rows = {}
-    for label, per_call in raw.items() if rounds else ():
+    n = plan["decode_new"]
+    for label, per_call in raw.items():
         med = [statistics.median(ts) * 1e3 for ts in per_call]
-        rows[label] = {"decode_ms_per_token": (med[1] - med[0]) / (decode_new - 1),
-                       **{f"prefill_{L}_ms": med[2 + i] for i, L in enumerate(prefills)},
+        decode = (med[1] - med[0]) / (n - 1)
+        rows[label] = {"decode_ms_per_token": decode,
+                       **{f"prefill_{L}_ms": med[2 + i] for i, L in enumerate(plan["prefills"])},
                        "first_token_ms": med[0], "generate_ms": med[1]}
-    result = {
-        "model": cfg.to_dict(), "artifacts": str(artifacts),
-        "environment": {"cpu": cpu_features(), "physical_cores": physical_cores(),
-                        "python": platform.python_version(), "platform": platform.platform(),
-                        "versions": _versions(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
-        "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
-                   "decode_prompt": decode_prompt, "decode_new": decode_new,
-                   "prefill_tokens": prefills, "agreement_prompts": len(agree_prompts),
-                   "agreement_prompt_tokens": len(agree_prompts[0]),
-                   "agreement_new_tokens": agree_new},
-        "engines": {k: v[0] for k, v in ENGINES.items() if k in engines},
-        "skipped": skipped, "mismatched": bad, "agreement": agreement, "rows": rows,
-        "outside_run": loop, "raw_s": raw,
-        "plans": {w.label: w.plan for w in workers if w.plan},  # tinyt's per-phase choices
-    }
-    result["targets"] = targets(result)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "peers.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "peers.md").write_text(markdown(result))
-    _plot(result, out / "peers.png")
-    return result
+        if bandwidth:
+            rows[label]["decode_x_floor"] = decode / (nbytes / bandwidth * 1e3)
+    return rows
 
 
 def _agreement(tokens: dict[str, list[list[int]]]) -> dict[str, dict]:
@@ -439,6 +506,14 @@ def markdown(result: dict) -> str:
              f"t(L-token prompt, 1 new). Median of {m['rounds']} interleaved rounds × "
              f"{m['block']} calls, each engine in its own process.", ""]
     keys = ["decode_ms_per_token"] + [f"prefill_{L}_ms" for L in m["prefill_tokens"]]
+    floor = result.get("memory_floor")
+    if floor:
+        keys.insert(1, "decode_x_floor")
+        lines[-1:-1] = [f"Memory floor of a decode step: {floor['int8_step_bytes'] / 1e6:.1f} MB "
+                        "of int8 weights ÷ one core's read bandwidth "
+                        f"({floor['read_gb_per_s_one_core']:.1f} GB/s, numpy between the "
+                        f"rounds) = {floor['decode_ms']:.3f} ms; decode_x_floor is each "
+                        "engine's decode against it (fp32 engines read 4× the bytes).", ""]
     if not result["rows"]:
         lines[-2] = "Greedy agreement only (--rounds 0: nothing timed)."
     lines += ["| engine | threads | " + " | ".join(keys) + " |",
@@ -520,8 +595,8 @@ def main() -> None:
     if args.worker:
         return worker(args.worker, args.artifacts, args.threads[0])
     try:
-        result = run(args.artifacts, args.out, threads=args.threads, rounds=args.rounds,
-                     engines=args.engine, agreement_prompts=args.agreement_prompts)
+        run(args.artifacts, args.out, threads=args.threads, rounds=args.rounds,
+            engines=args.engine, agreement_prompts=args.agreement_prompts)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

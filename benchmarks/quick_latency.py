@@ -4,7 +4,8 @@ Decode: one new token with a past of 64 (batch 1); prefill: 128 tokens (batch 1)
 by the model's block_size. 2 intra-op
 threads, spinning off, rounds interleaved across the graphs, medians after a 10% warm-up.
 
-    .venv/bin/python benchmarks/quick_latency.py artifacts/onnx artifacts/onnx-opt artifacts/onnx-int8
+    .venv/bin/python -m benchmarks.quick_latency artifacts/onnx artifacts/onnx-opt \
+        artifacts/onnx-int8
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tinyt.benchmarks.timing import session_latency_ms
 from tinyt.export.compare import random_feeds
 from tinyt.manifest import check_manifest, read_model_config
+from tinyt.runtime.timing import session_latency_ms
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ MS = "com.microsoft"
 class QuantReport:
     quantized: list[str] = field(default_factory=list)  # "module (op)" now quantized
     excluded: list[str] = field(default_factory=list)  # left float on request
+    exclusions_used: set[str] = field(default_factory=set)  # the --exclude names that matched
     skipped: dict[str, str] = field(default_factory=dict)  # node -> why it stayed float
     shared_tables: list[str] = field(default_factory=list)  # initializers read by 2 ops
     modules: set[str] = field(default_factory=set)  # every module holding a weight node
@@ -134,6 +135,7 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
         why = excluded_by(module, list(exclude))
         if why:
             report.excluded.append(f"{module} ({node.op_type}, by '{why}')")
+            report.exclusions_used.add(why)
             new_nodes.append(node)
             continue
         # 3) the matrix as rows of outputs, and a block size that divides their length

@@ -39,8 +39,8 @@ from tinyt.manifest import check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import UNFUSED
 
+from .compare import OPT_ATOL
 from .kvfuse import drop_dead, producers
-from .optimize import OPT_ATOL
 from .stage import COPIED_FILES, built, open_source
 
 MS = "com.microsoft"
@@ -73,7 +73,8 @@ def to_gqa(proto: onnx.ModelProto, n_head: int) -> int:
             nodes.append(node)
             continue
         split = prod.get(node.input[0])
-        if (split is None or split.op_type != "Split" or list(split.output) != list(node.input[:3])):
+        if split is None or split.op_type != "Split" \
+                or list(split.output) != list(node.input[:3]):
             raise SharedCacheError(f"{node.name}: q, k, v do not come from one Split of a packed "
                                    "projection; only graphs from `tinyt optimize --target cpu`")
         qkv, bias = split.input[0], node.input[3]
@@ -264,7 +265,7 @@ def _check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict
         B, T = len(lens), max(lens)
         ids, mask = left_pad([rng.integers(0, cfg.vocab_size, n).tolist() for n in lens])
         feeds = prefill_feeds(cfg, "decoder_with_past", ids, mask)
-        a, b = ref._steps(dict(feeds)), cand._steps(dict(feeds))
+        a, b = ref.steps(dict(feeds)), cand.steps(dict(feeds))
         la, lb = next(a)[:, -1].copy(), next(b)[:, -1].copy()
         active = np.ones(B, bool)
         for step in range(min(6, cfg.block_size - T - 1)):
@@ -323,7 +324,7 @@ def _check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
     for n in (cfg.block_size // 4, cfg.block_size // 2):
         ids = rng.integers(0, cfg.vocab_size, (1, n))
         feeds = prefill_feeds(cfg, "decoder_with_past", ids, np.ones_like(ids))
-        a, b = ref._steps(dict(feeds)), pair._steps(dict(feeds))
+        a, b = ref.steps(dict(feeds)), pair.steps(dict(feeds))
         la, lb = next(a)[:, -1].copy(), next(b)[:, -1].copy()
         for _ in range(min(8, cfg.block_size - n - 1)):
             worst = max(worst, float(np.abs(la - lb).max()))

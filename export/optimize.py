@@ -7,8 +7,8 @@
           ONNX Runtime offline optimization (basic | extended | all), saved ──▶ self-check vs
           the input graph (OPT_ATOL) ──▶ onnx-opt/ + manifest (fused-op counts, worst diffs)
 
-ONNX Runtime's own `transformers.optimizer` never fuses attention in these graphs (see
-../shared/FINDINGS.md); onnxscript's rewriter on the dynamo export does, so that is the fuser.
+ONNX Runtime's own `transformers.optimizer` never fused attention in these graphs (with either
+torch exporter); onnxscript's rewriter on the dynamo export does, so that is the fuser.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from tinyt.errors import TinytError
 from tinyt.graphio import save_graph
 from tinyt.runtime.session import graph_session
 
-from .compare import compare_graphs
+from .compare import OPT_ATOL, compare_graphs
 from .kvfuse import attention_with_past
 from .stage import open_source, write_artifact
 
@@ -38,7 +38,6 @@ TARGETS = ("cpu", "portable", "gqa")  # no cuda: there was no GPU to build it ag
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
           "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-OPT_ATOL = 1e-4  # optimized vs input graph, max abs diff on every output (fp32)
 ATTENTION_OPS = {"MultiHeadAttention", "Attention", "GroupQueryAttention",
                  "PackedMultiHeadAttention"}
 CONTRIB = "com.microsoft"

@@ -188,36 +188,59 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
         if pins:
             extra["capacity_tokens"] = capacity(kind, pins)
         with atomic_dir(out_dir) as out:
-            if format == "triton":
-                text = config_pbtxt(proto.graph, name=name, kind=kind, pinned=bool(pins),
-                                    device=device, instances=instances,
-                                    max_batch_size=max_batch_size)
-                parsed = check_config(text, proto.graph)
-                version = out / name / "1"
-                version.mkdir(parents=True)
-                (out / name / "config.pbtxt").write_text(text)
-                copy_graph(graph_path, version)
-                for f in COPIED_FILES:
-                    shutil.copy(src_dir / f, version / f)
-                extra["triton"] = {"model": name, "max_batch_size": parsed.max_batch_size,
-                                   "device": device, "instances": instances}
-                extra["model_file"] = f"{name}/1/{ONNX_FILE}"
-            else:
-                for f in COPIED_FILES:
-                    shutil.copy(src_dir / f, out / f)
-                if format == "ort":
-                    _to_ort(graph_path, out, level)
-                    worst_ort = _check_same(graph_path, out / ORT_FILE, cfg, kind, pins)
-                    extra["equivalence"]["ort_vs_onnx"] = worst_ort
-                    extra["ort"] = {"level": level, "model_file": ORT_FILE}
-                    extra["model_file"] = ORT_FILE
-                else:
-                    copy_graph(graph_path, out)
-                write_genai_config(out, cfg, kind=kind, fixed=pins,
-                                   model_file=extra.get("model_file", ONNX_FILE))
+            writer = {"triton": _write_triton, "ort": _write_ort, "onnx": _write_onnx}[format]
+            wrote = writer(out, graph_path, proto, src_dir, cfg, kind, pins, name=name,
+                           device=device, instances=instances, max_batch_size=max_batch_size,
+                           level=level)
+            if "ort_vs_onnx" in wrote:  # the .ort file against the graph it came from
+                extra["equivalence"]["ort_vs_onnx"] = wrote.pop("ort_vs_onnx")
+            extra |= wrote
             written = write_manifest(out, stage="package", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
             }, options={"format": format, "fixed": pins, "name": name, "device": device,
                         "instances": instances, "max_batch_size": max_batch_size,
                         "level": manifest.get("options", {}).get("level")}, extra=extra)
     return built(out_dir, written)
+
+
+# The format writers: each fills the directory being written from the checked graph and
+# returns what the manifest says of it.
+def _write_triton(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: str,
+                  pins: dict, *, name: str, device: str, instances: int, max_batch_size: int,
+                  level: str) -> dict:
+    """Triton's repository layout: NAME/config.pbtxt (checked by Triton's own schema) and
+    NAME/1/ with the graph and the artifact's files."""
+    text = config_pbtxt(proto.graph, name=name, kind=kind, pinned=bool(pins), device=device,
+                        instances=instances, max_batch_size=max_batch_size)
+    parsed = check_config(text, proto.graph)
+    version = out / name / "1"
+    version.mkdir(parents=True)
+    (out / name / "config.pbtxt").write_text(text)
+    copy_graph(graph_path, version)
+    for f in COPIED_FILES:
+        shutil.copy(src_dir / f, version / f)
+    return {"triton": {"model": name, "max_batch_size": parsed.max_batch_size, "device": device,
+                       "instances": instances},
+            "model_file": f"{name}/1/{ONNX_FILE}"}
+
+
+def _write_ort(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: str, pins: dict,
+               *, level: str, **_) -> dict:
+    """The ORT format (model.ort), checked against the ONNX graph it came from."""
+    for f in COPIED_FILES:
+        shutil.copy(src_dir / f, out / f)
+    _to_ort(graph_path, out, level)
+    worst_ort = _check_same(graph_path, out / ORT_FILE, cfg, kind, pins)
+    write_genai_config(out, cfg, kind=kind, fixed=pins, model_file=ORT_FILE)
+    return {"ort": {"level": level, "model_file": ORT_FILE}, "model_file": ORT_FILE,
+            "ort_vs_onnx": worst_ort}
+
+
+def _write_onnx(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: str, pins: dict,
+                **_) -> dict:
+    """The ONNX graph (pinned, if asked) with the artifact's files."""
+    for f in COPIED_FILES:
+        shutil.copy(src_dir / f, out / f)
+    copy_graph(graph_path, out)
+    write_genai_config(out, cfg, kind=kind, fixed=pins, model_file=ONNX_FILE)
+    return {}

@@ -15,8 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
-                                      QuantType, quantize_static)
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_static,
+)
 
 from tinyt import data as D
 from tinyt.config import ModelConfig
@@ -91,6 +96,7 @@ def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: T
         why = excluded_by(module, exclude)
         if why:
             report.excluded.append(f"{module} ({node.op_type}, by '{why}')")
+            report.exclusions_used.add(why)
         else:
             wanted.append(node.name)
             report.quantized.append(f"{module} ({node.op_type})")

@@ -42,8 +42,10 @@ class QuantizeError(TinytError, ValueError):
     """The graph cannot be quantized as asked."""
 
 
-def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, mode: str, bits: int,
-                   block_size: int) -> None:
+def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str, *, mode: str,
+                   bits: int, block_size: int, kernel: str, calibration: str) -> None:
+    """Every refusal of a request that can be made before any work, each naming what is
+    allowed."""
     if mode not in MODES:
         raise QuantizeError(f"mode={mode!r} is not one of {', '.join(MODES)}")
     if bits not in BITS:
@@ -66,6 +68,15 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, mode: str,
         raise QuantizeError(f"{src} is a 'portable' graph (standard ONNX ops only), and this "
                             "quantization uses ONNX Runtime contrib ops; quantize the export "
                             "or the 'cpu' optimized graph")
+    if kernel not in KERNELS or (kernel == "qgemm" and (bits != 8 or mode != "dynamic")):
+        raise QuantizeError(f"kernel={kernel!r} with mode={mode!r}, bits={bits}: kernels are "
+                            f"{', '.join(KERNELS)}, and qgemm is for 8-bit dynamic only")
+    if calibration not in CALIBRATIONS:
+        raise QuantizeError(f"calibration={calibration!r} is not one of "
+                            f"{', '.join(CALIBRATIONS)}")
+    if mode == "static" and kind == "classifier":
+        raise QuantizeError("static calibration reads corpus text windows; for a classifier use "
+                            "mode='dynamic'")
 
 
 def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: int = 8,
@@ -82,17 +93,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
     proto = src.graph()
-    _check_request(src_dir, manifest, proto, mode, bits, block_size)
-    if kernel not in KERNELS or (kernel == "qgemm" and (bits != 8 or mode != "dynamic")):
-        raise QuantizeError(f"kernel={kernel!r} with mode={mode!r}, bits={bits}: kernels are "
-                            f"{', '.join(KERNELS)}, and qgemm is for 8-bit dynamic only")
-    if calibration not in CALIBRATIONS:
-        raise QuantizeError(f"calibration={calibration!r} is not one of "
-                            f"{', '.join(CALIBRATIONS)}")
     cfg, block, kind = src.config, src.block, src.kind
-    if mode == "static" and kind == "classifier":
-        raise QuantizeError("static calibration reads corpus text windows; for a classifier use "
-                            "mode='dynamic'")
+    _check_request(src_dir, manifest, proto, kind, mode=mode, bits=bits, block_size=block_size,
+                   kernel=kernel, calibration=calibration)
     preset = int8_preset()
     if reduce_range is not None:
         preset = {**preset, "reduce_range": reduce_range}
@@ -111,7 +114,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                                       kernel=kernel,
                                       reduce_range=bool(preset["reduce_range"]))
             save_graph(proto, path)
-        unused = [e for e in exclude if not any(f"by '{e}'" in x for x in report.excluded)]
+        unused = [e for e in exclude if e not in report.exclusions_used]
         if unused:
             raise QuantizeError(f"--exclude {', '.join(unused)} names no module with weights; "
                                 f"modules: {sorted(report.modules)}")

@@ -16,10 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tinyt.benchmarks.timing import latency_ms
+import numpy as np
+
 from tinyt.contract import ONNX_FILE
 from tinyt.manifest import check_manifest, read_model_config
+from tinyt.runtime.timing import session_latency_ms
 
+from .compare import random_feeds
 from .quantize import QuantizeError, quantize
 
 # (name, quantize keyword arguments); static variants need the plain export.
@@ -102,3 +105,14 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
               "objective": "median ms per decode step (batch 1, past block_size/2, 2 threads)",
               "tried": tried}
     return quantize(src_dir, out_dir, data=data, search=search, **best["options"])
+
+
+def latency_ms(paths: dict[str, str], cfg, kind: str, *, rounds: int = 200,
+               threads: int = 2) -> dict[str, float]:
+    """Median ms of one decode step (batch 1, one new token, past block_size/2) per graph;
+    for graphs without a cache, one forward of block_size/2 tokens."""
+    past = cfg.block_size // 2
+    rng = np.random.default_rng(0)
+    feeds = (random_feeds(cfg, kind, 1, 1, past, 0, rng) if kind == "decoder_with_past"
+             else random_feeds(cfg, kind, 1, past, 0, 0, rng))
+    return session_latency_ms(paths, feeds, rounds=rounds, threads=threads)

@@ -12,8 +12,8 @@ finish_reason 'context' when a sequence reaches block_size.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -128,12 +128,13 @@ class LanguageModel:
                 and params.repetition_penalty == 1.0 and not params.stop):
             out, reasons = self._greedy_one(rows[0], params)
         else:
-            for out, reasons in self._loop(rows, params):
+            for out, reasons in self._loop(rows, params):  # noqa: B007 (the last one counts)
                 pass
         results = []
         for row, reason in zip(out, reasons):
             text = self.tokenizer.decode(row)
-            results.append(GenerationResult(text[:_stop_cut(text, params.stop)], row, reason))
+            results.append(GenerationResult(text[:_stop_cut(text, params.stop)], row,
+                                            reason or "length"))  # every row has ended here
         return results
 
     # -- the loop ------------------------------------------------------------------------------
@@ -174,9 +175,9 @@ class LanguageModel:
                 for _ in rows]  # greedy draws nothing
         out: list[list[int]] = [[] for _ in rows]
         reasons: list[str | None] = ["length" if params.max_new_tokens == 0 else None] * B
-        steps = self._steps(prefill_feeds(self.config, self.artifact.kind, ids, mask,
+        steps = self.steps(prefill_feeds(self.config, self.artifact.kind, ids, mask,
                                           kv_dtype=self._kv_dtype))
-        logits = next(steps) if not all(reasons) else None
+        logits = next(steps) if not all(reasons) else np.zeros(0)  # read only while rows run
         nxt = np.full(B, self._pad, dtype=np.int64)
         while not all(reasons):
             for r in range(B):
@@ -195,7 +196,7 @@ class LanguageModel:
             yield out, reasons
 
     def _greedy_one(self, row: list[int], params: SamplingParams
-                    ) -> tuple[list[list[int]], list[str]]:
+                    ) -> tuple[list[list[int]], list[str | None]]:
         """_loop's tokens and finish reason for the commonest call — one prompt, greedy, no
         stop strings, shared-cache graph — in a loop with nothing else in it. A 4-layer model's
         step is ~80 us, so the loop's own time matters: 7.4 us a token here against 11.8 for
@@ -227,9 +228,17 @@ class LanguageModel:
         finally:
             self._caches.give(cache)
 
-    def _steps(self, feeds: dict[str, np.ndarray]):
-        """Coroutine: yields the logits of each step; is sent (next tokens [B], which
-        sequences are still running [B])."""
+    def steps(self, feeds: dict[str, np.ndarray]):
+        """The step API that generate and the stages' checks drive: a coroutine over the
+        feeds of a prompt batch (runtime.feeds.prefill_feeds). It yields the logits of the
+        prompt pass, then of each step; send it (next tokens [B] int64, which rows are still
+        running [B] bool) to run the next step. Finished rows are fed what the caller sends
+        and their logits are not to be read. Closing it frees the artifact's cache buffers.
+
+            steps = lm.steps(prefill_feeds(lm.config, "decoder_with_past", ids, mask))
+            logits = next(steps)                                   # [B, S or 1, V]
+            logits = steps.send((logits[:, -1].argmax(-1), active))
+        """
         kind = self.artifact.kind
         if kind == GQA_KIND:  # one shared KV buffer per layer, bound once (runtime/gqa.py)
             cache = self._caches.take(len(feeds["input_ids"]))
@@ -278,7 +287,7 @@ class LanguageModel:
                 binding.bind_ortvalue_input(past_name(name), value)
 
     def _cpu_steps(self, feeds: dict[str, np.ndarray]):
-        """The KV-cache loop of _steps with numpy feeds, doing as little per step as it can:
+        """The KV-cache loop of steps() with numpy feeds, doing as little per step as it can:
         the mask grows in a preallocated buffer, positions count up in place (a finished
         row's stop: see grow_mask), and the presents become the next pasts as they are."""
         B, T = feeds["attention_mask"].shape

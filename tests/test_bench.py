@@ -73,6 +73,33 @@ def test_bad_mode(artifacts, tmp_path):
         harness.run(artifacts, tmp_path / "x", rounds=0)
 
 
+def test_bench_cli_refuses_bad_options_in_one_line(artifacts, tmp_path, monkeypatch):
+    from conftest import run_tinyt
+    for args, says in ((["--mode", "x"], "error: --mode x is not one of quick, full"),
+                       (["--rounds", "0"], "error: --rounds 0 times nothing")):
+        proc = run_tinyt("bench", artifacts, "--out", tmp_path / "x", *args)
+        assert proc.returncode == 2 and proc.stderr.startswith(says), proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / "x").exists()
+    # --peers --rounds 0 is greedy agreement only: the 0 reaches the peer benchmark
+    from typer.testing import CliRunner
+
+    import tinyt.benchmarks.peers as peers
+    from tinyt.cli import app
+    asked = []
+
+    def fake_run(artifacts, out, *, rounds):
+        asked.append(rounds)
+        out.mkdir(parents=True)
+        (out / "peers.md").write_text("report")
+
+    monkeypatch.setattr(peers, "run", fake_run)
+    for args in ([], ["--rounds", "0"], ["--rounds", "3"]):
+        result = CliRunner().invoke(app, ["bench", str(artifacts), "--peers", "--out",
+                                          str(tmp_path / f"p{len(asked)}"), *args])
+        assert result.exit_code == 0 and "report" in result.output, result.output
+    assert asked == [8, 0, 3]
+
+
 def test_gpu_script_stops_clearly_where_a_gpu_is_needed(artifacts, tmp_path):
     import subprocess
     import sys

@@ -4,8 +4,8 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-
 from conftest import assert_close, run_tinyt
+
 from tinyt import contract as C
 from tinyt.checkpoint import load_checkpoint
 from tinyt.errors import CheckpointError
@@ -186,3 +186,40 @@ def test_export_and_verify_cli(tiny_ckpt, tmp_path):
     assert proc.returncode == 2 and "config.json does not match its sha256" in proc.stderr
     proc = tinyt("export", tiny_ckpt, tmp_path / "x", "--opset", "12")
     assert proc.returncode == 2 and "opset=12 cannot be written here" in proc.stderr
+
+
+def test_the_greedy_check_forgives_only_a_tie_at_fp32_precision(tiny_ckpt, monkeypatch):
+    """verify's one greedy check (contract graphs and the shared-cache runtime alike): tokens
+    that differ where PyTorch's two candidates are more than TIE_ATOL apart fail it; a
+    difference at a tie is recorded with its margin, not failed."""
+    import torch
+
+    from tinyt.checkpoint import load_checkpoint
+    from tinyt.export import verifier
+    from tinyt.model import generate
+
+    ck = load_checkpoint(tiny_ckpt)
+    model, limit = ck.model.eval(), verifier.vocab_limit(ck.tokenizer, ck.config)
+
+    def runner_up_first(prompt, n):  # PyTorch's tokens, the first replaced by its runner-up
+        ref = generate(model, torch.tensor([prompt]), n, temperature=0,
+                       vocab_limit=limit)[0, len(prompt):].tolist()
+        with torch.no_grad():
+            z = model(torch.tensor([prompt]))[0][0, -1, :limit]
+        return [int(z.topk(2).indices[1])] + ref[1:]
+
+    failures: list[str] = []
+    gen = verifier.greedy_generation(model, ck.tokenizer, 32, 4, runner_up_first, failures)
+    margins = [g["first_difference"]["torch_logit_margin"] for g in gen]
+    assert all(g["first_difference"]["position"] == 0 for g in gen)
+    assert len(failures) == sum(m > verifier.TIE_ATOL for m in margins) > 0
+    assert "more than a tie at fp32 precision" in failures[0]
+    monkeypatch.setattr(verifier, "TIE_ATOL", 2 * max(margins))  # every one a "tie" now
+    failures = []
+    verifier.greedy_generation(model, ck.tokenizer, 32, 4, runner_up_first, failures)
+    assert failures == []
+    same = verifier.greedy_generation(  # PyTorch against itself: identical, nothing recorded
+        model, ck.tokenizer, 32, 4, lambda p, n: generate(
+            model, torch.tensor([p]), n, temperature=0, vocab_limit=limit)[0, len(p):].tolist(),
+        failures)
+    assert failures == [] and all(g["identical"] and "first_difference" not in g for g in same)

@@ -56,7 +56,7 @@ def test_wheel_holds_the_four_packages(wheel):
     assert f"Version: {tinyt.__version__}" in meta
     assert "Provides-Extra: gpu" in meta and "Provides-Extra: cpu" in meta
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt")))
-    assert b"tinyt = tinyt.cli:main" in entry
+    assert b"tinyt = tinyt.__main__:entry" in entry
 
 
 EDGE_SCRIPT = """

@@ -6,6 +6,7 @@ from pathlib import Path
 import onnxruntime_genai as og
 import pytest
 import torch
+from conftest import assert_close
 
 import tinyt.runtime as rt
 from tinyt.benchmarks import peers
@@ -17,8 +18,6 @@ from tinyt.export.quantize import quantize
 from tinyt.genai import GENAI_CONFIG
 from tinyt.hfgpt2 import HF_LOGITS_ATOL, ConversionError, to_hf_gpt2
 from tinyt.manifest import check_manifest
-
-from conftest import assert_close
 
 PROMPTS = ["def alpha", "import os\n", "    return ", "x"]
 
@@ -159,6 +158,14 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     t = result["targets"]["decode_ms_per_token@1t"]
     assert t["ratio"] == pytest.approx(rows[f"{t['tinyt']}@1t"]["decode_ms_per_token"]
                                        / rows[f"{t['fastest_peer']}@1t"]["decode_ms_per_token"])
+    floor, cfg = result["memory_floor"], result["model"]
+    C, L, V = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+    assert floor["int8_step_bytes"] == L * (4 * C * C + 2 * C * 4 * C) + C * V  # every matrix once
+    assert floor["decode_ms"] == pytest.approx(
+        floor["int8_step_bytes"] / (floor["read_gb_per_s_one_core"] * 1e9) * 1e3)
+    for row in rows.values():
+        assert row["decode_x_floor"] == pytest.approx(row["decode_ms_per_token"]
+                                                      / floor["decode_ms"])
     assert "| genai-int8 | 1 |" in (tmp_path / "out" / "peers.md").read_text()
     assert (tmp_path / "out" / "peers.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown engine"):

@@ -306,7 +306,10 @@ def test_memory_planning_follows_the_graphs_shapes(lm_onnx, tmp_path):
 
 def _reference_next_token(logits, params, rng, history):
     """The plain full-row sampler (float64 over every id, masked ids at -inf): what
-    next_token's candidate-only top-k path must choose exactly."""
+    next_token's candidate-only top-k path must choose exactly. Nucleus and draw are written
+    from their definitions as loops, not as the sampler's cumsum / searchsorted:
+    top-p keeps the most likely ids (ties: the lower id first) until their mass reaches p;
+    the draw takes the first id whose running mass passes a uniform number."""
     z = logits.astype(np.float64)
     if params.repetition_penalty != 1.0 and history:
         seen = np.unique(np.asarray(history))
@@ -318,13 +321,21 @@ def _reference_next_token(logits, params, rng, history):
     probs = np.exp(z - z.max())
     probs /= probs.sum()
     if params.top_p is not None and params.top_p < 1:
-        order = np.argsort(-probs, kind="stable")
-        keep = order[: int(np.searchsorted(np.cumsum(probs[order]), params.top_p)) + 1]
+        mass, keep = 0.0, []
+        for i in sorted(range(probs.size), key=lambda i: (-probs[i], i)):
+            keep.append(i)
+            mass += float(probs[i])
+            if mass >= params.top_p:
+                break
         mask = np.zeros_like(probs)
         mask[keep] = probs[keep]
         probs = mask / mask.sum()
-    return min(int(np.searchsorted(np.cumsum(probs), rng.random(), side="right")),
-               probs.size - 1)
+    u, mass = rng.random(), 0.0
+    for i, p in enumerate(probs.tolist()):
+        mass += p
+        if mass > u:
+            return i
+    return probs.size - 1
 
 
 def test_top_k_sampling_picks_what_the_full_row_sampler_picks():

@@ -29,11 +29,11 @@ def test_torch_free_modules_import():
 
 
 def test_cli_help_without_torch():
-    proc = run_without_torch("from tinyt.cli import main; sys.argv = ['tinyt', '--help']; main()")
+    proc = run_without_torch("from tinyt.__main__ import entry; sys.argv = ['tinyt', '--help']; entry()")
     assert proc.returncode == 0, proc.stderr
     for verb in ("train", "sample", "import-nanogpt", "presets"):
         assert verb in proc.stdout
-    proc = run_without_torch("from tinyt.cli import main; sys.argv = ['tinyt', 'presets']; main()")
+    proc = run_without_torch("from tinyt.__main__ import entry; sys.argv = ['tinyt', 'presets']; entry()")
     assert proc.returncode == 0 and "demo (default)" in proc.stdout
 
 
@@ -47,10 +47,10 @@ def test_onnx_stages_run_without_torch(lm_onnx, corpus_dir, tmp_path):
              ["optimize", tmp_path / "int8", tmp_path / "gqa", "--target", "gqa"]]
     code = "".join(
         f"sys.argv = {['tinyt', *map(str, argv)]!r}\n"
-        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "try:\n    entry()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         for argv in steps)
     proc = run_without_torch(
-        "from tinyt.cli import main\n" + code +
+        "from tinyt.__main__ import entry\n" + code +
         "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
         "print('fine')\n")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,6 +12,7 @@ A checkpoint is written whole into a temporary directory and renamed into place.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,30 @@ def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
             raise NonFiniteError(f"{source}: {describe(name, *counts, t.numel())}; weights must "
                                  "be finite (the model diverged in training or the file is "
                                  "damaged)")
+
+
+def check_tokenizer_fits(tokenizer: Tokenizer, cfg: ModelConfig, source: str) -> None:
+    """A tokenizer with more ids than the model's vocabulary is the wrong tokenizer."""
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise CheckpointError(f"{source} has {tokenizer.vocab_size} tokens but the model's "
+                              f"vocab_size is {cfg.vocab_size}; use the tokenizer the model "
+                              "was trained with")
+
+
+def check_import_target(out: Path) -> None:
+    """An importer writes a new checkpoint directory, never into a used one."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"output directory {out} exists and is not empty; choose a new one")
+
+
+def save_import(out: Path, model: nn.Module, tokenizer: Tokenizer, metrics: dict[str, Any],
+                log: Callable[[str], None]) -> Path:
+    """The importers' tail: the checkpoint written, and a word on a padded vocabulary."""
+    path = save_checkpoint(out, model, tokenizer, metrics=metrics)
+    note = padding_note(model.config, tokenizer)
+    if note:
+        log(note)
+    return path
 
 
 def padding_note(cfg: ModelConfig, tokenizer: Tokenizer) -> str | None:
@@ -194,11 +219,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     cfg, meta = read_config(path)
     tokenizer = Tokenizer.from_file(path / TOKENIZER_FILE)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise CheckpointError(
-            f"{path / TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
-            f"vocab_size is {cfg.vocab_size}"
-        )
+    check_tokenizer_fits(tokenizer, cfg, str(path / TOKENIZER_FILE))
     labels = meta.get("labels")
     if cfg.task == "classifier" and (not isinstance(labels, list) or len(labels) != cfg.num_labels):
         raise CheckpointError(

@@ -32,7 +32,8 @@ def presets() -> None:
 @app.command()
 def train(
     out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = DEFAULT_CKPT,
-    preset: Annotated[str, typer.Option(help="Named preset: test, demo, article, gpt2-small (tinyt presets).")] = "demo",
+    preset: Annotated[str, typer.Option(
+        help="Named preset: test, demo, article, gpt2-small (tinyt presets).")] = "demo",
     data: Annotated[Optional[Path], typer.Option(
         help="Text file or directory (classifier: a directory with one subdirectory per "
              "label). Default: the Python standard library's source.")] = None,
@@ -392,7 +393,8 @@ def classify_cmd(
 def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for every stage.")]
         = Path("artifacts"),
-    preset: Annotated[str, typer.Option(help="Model preset: test, demo, article, gpt2-small.")] = "demo",
+    preset: Annotated[str, typer.Option(
+        help="Model preset: test, demo, article, gpt2-small.")] = "demo",
     data: Annotated[Optional[Path], typer.Option(
         help="Your text corpus (default: the Python standard library's source).")] = None,
     skip_train: Annotated[Optional[Path], typer.Option(
@@ -420,8 +422,9 @@ def bench(
              "--peers).")] = None,
     mode: Annotated[str, typer.Option(help="quick (< 1 min) or full.")] = "quick",
     rounds: Annotated[Optional[int], typer.Option(
-        min=0, help="Interleaved rounds per shape (each: 3 untimed + 5 timed calls per variant); "
-             "default: the mode's (quick 6, full 20; --peers 8).")] = None,
+        min=0, help="Interleaved rounds: per shape, each round 3 untimed + 5 timed calls per "
+             "variant (default quick 6, full 20); with --peers, each round 1 untimed + 3 "
+             "timed calls per engine and shape (default 8; 0: greedy agreement only).")] = None,
     peers: Annotated[bool, typer.Option(
         "--peers", help="tinyt against CTranslate2, ONNX Runtime GenAI and PyTorch on the same "
                         "weights, each engine in its own process (extra 'peers').")] = False,
@@ -433,13 +436,18 @@ def bench(
         from tinyt.benchmarks.peers import run as run_peers
 
         try:
-            run_peers(artifacts, out, rounds=rounds or 8)
+            run_peers(artifacts, out, rounds=8 if rounds is None else rounds)
         except (ValueError, RuntimeError) as e:
             raise TinytError(str(e)) from None
         typer.echo((out / "peers.md").read_text())
         return
-    from tinyt.benchmarks.harness import run
+    from tinyt.benchmarks.harness import MODES, run
 
+    if mode not in MODES:
+        raise TinytError(f"--mode {mode} is not one of {', '.join(MODES)}")
+    if rounds == 0:
+        raise TinytError("--rounds 0 times nothing; give at least 1 (0 is for --peers: "
+                         "greedy agreement only)")
     result = run(artifacts, out, mode=mode, rounds=rounds)
     for name, t in result["targets"].items():
         if name != "shape":
@@ -479,13 +487,6 @@ def info() -> None:
     typer.echo(f"int8 preset: {int8_preset()}")
 
 
-def main() -> None:
-    """The `tinyt` console script (see tinyt/__main__.py)."""
-    from tinyt.__main__ import entry
-
-    entry()
-
-
 def run(interrupted: list[bool]) -> None:
     """Run the CLI: tinyt's errors exit 2 with one line; Ctrl-C (`interrupted` is appended to
     by the SIGINT handler) exits 130 with one line, whatever the library was doing when it came
@@ -519,6 +520,3 @@ def _exit_interrupted(e: BaseException) -> None:
                                   "discarded; outputs already written are intact"), err=True)
     sys.exit(130)
 
-
-if __name__ == "__main__":
-    main()

@@ -11,13 +11,18 @@ import platform
 from pathlib import Path
 
 
+def _cpuinfo() -> str:
+    """/proc/cpuinfo, or '' where there is none (not Linux)."""
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def cpu_features(cpuinfo: str | None = None) -> dict[str, object]:
     """INT8-relevant features of this CPU (from /proc/cpuinfo on Linux)."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            cpuinfo = ""
+        cpuinfo = _cpuinfo()
     flags: set[str] = set()
     model = ""
     for line in cpuinfo.splitlines():
@@ -44,7 +49,8 @@ def int8_preset(features: dict[str, object] | None = None) -> dict[str, object]:
     if arm:
         name = "arm-dotprod" if f.get("arm_dotprod") else "arm"
     else:
-        name = "amx" if f.get("amx_int8") else "vnni" if wide else "avx2" if f.get("avx2") else "x86"
+        name = ("amx" if f.get("amx_int8") else "vnni" if wide
+                else "avx2" if f.get("avx2") else "x86")
     return {"preset": name,
             # x86 int8 kernels are u8 x s8; ARM's are s8 x s8
             "activation_type": "int8" if arm else "uint8",
@@ -54,10 +60,7 @@ def int8_preset(features: dict[str, object] | None = None) -> dict[str, object]:
 def physical_cores(cpuinfo: str | None = None) -> int:
     """Physical cores (hyper-threads counted once); the logical count where unknown."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            cpuinfo = ""
+        cpuinfo = _cpuinfo()
     cores, phys = set(), "0"
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")

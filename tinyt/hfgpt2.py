@@ -20,13 +20,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from tinyt.checkpoint import (load_checkpoint, load_weights, padding_note, read_safetensors,
-                              save_checkpoint)
+from tinyt.checkpoint import (
+    check_import_target,
+    check_tokenizer_fits,
+    load_checkpoint,
+    load_weights,
+    read_safetensors,
+    save_import,
+)
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConfigError, TinytError
 from tinyt.fsutil import atomic_dir, write_json
@@ -263,17 +270,14 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     directory, out = Path(directory), Path(out)
     if not directory.is_dir():
         raise CheckpointError(f"Hugging Face model directory {directory} does not exist")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"output directory {out} exists and is not empty; choose a new one")
+    check_import_target(out)
     try:
         hf_cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{directory / 'config.json'} is not readable JSON: {e}") from None
     cfg = config_from_hf(hf_cfg, str(directory / "config.json"))
     tok = read_hf_tokenizer(directory)
-    if tok.vocab_size > cfg.vocab_size:
-        raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the model's "
-                              f"vocab_size is {cfg.vocab_size}")
+    check_tokenizer_fits(tok, cfg, "the tokenizer")
     eos = hf_cfg.get("eos_token_id")
     if eos is not None and eos != tok.eos_id:
         raise ConversionError(f"config.json's eos_token_id={eos} is not the tokenizer's "
@@ -281,10 +285,6 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     model = build_model(cfg)
     source = f"Hugging Face model {directory}"
     load_weights(model, state_from_hf(read_hf_weights(directory), cfg, source), source)
-    path = save_checkpoint(out, model, tok, metrics={
+    return save_import(out, model, tok, {
         "imported_from": "huggingface", "source_dir": str(directory.resolve()),
-        "parameters": model.num_parameters()})
-    note = padding_note(cfg, tok)
-    if note:
-        log(note)
-    return path
+        "parameters": model.num_parameters()}, log)

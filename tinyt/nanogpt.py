@@ -6,12 +6,12 @@ once `torch.compile`'s `_orig_mod.` prefix is removed.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from tinyt.checkpoint import load_weights, padding_note, save_checkpoint
+from tinyt.checkpoint import check_import_target, check_tokenizer_fits, load_weights, save_import
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConfigError
 from tinyt.model import TinyTransformer
@@ -81,8 +81,7 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str,
     tokenizer (nanoGPT pads GPT-2's 50257 to 50304) stays padded; the padded ids are never
     sampled, and the checkpoint records the padding (config.json 'vocab_padding')."""
     ckpt_path, out = Path(ckpt_path), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"output directory {out} exists and is not empty; choose a new one")
+    check_import_target(out)
     ckpt = _load(ckpt_path)
     state = {}
     for key, value in ckpt["model"].items():
@@ -96,11 +95,7 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str,
         state.pop("lm_head.weight", None)
     cfg = config_from_model_args(dict(ckpt["model_args"]), tie_weights=tied)
     tok = _tokenizer(tokenizer, cfg.vocab_size)
-    if tok.vocab_size > cfg.vocab_size:
-        raise CheckpointError(
-            f"the tokenizer has {tok.vocab_size} tokens but the model's vocab_size is "
-            f"{cfg.vocab_size}; pass the tokenizer.json the model was trained with"
-        )
+    check_tokenizer_fits(tok, cfg, "the tokenizer")
     model = TinyTransformer(cfg)
     load_weights(model, state, f"nanoGPT checkpoint {ckpt_path}")
     best = ckpt.get("best_val_loss")
@@ -110,8 +105,4 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str,
         "best_val_loss": float(best) if best is not None else None,
         "parameters": model.num_parameters(),
     }
-    path = save_checkpoint(out, model, tok, metrics=metrics)
-    note = padding_note(cfg, tok)
-    if note:
-        log(note)
-    return path
+    return save_import(out, model, tok, metrics, log)

@@ -1,11 +1,13 @@
-"""The one interleaved timing loop, and the decode-step latency of ONNX graphs built on it
-(torch-free). Machines are noisy: every measurement here interleaves its candidates round by
-round, so a slow moment slows them all alike, and reports medians."""
+"""The one interleaved timing loop, and the latency of ONNX graphs built on it (torch-free;
+used by the benchmarks and by the quantize search). Machines are noisy: every measurement
+here interleaves its candidates round by round, so a slow moment slows them all alike, and
+reports medians."""
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def measure(closures: dict[str, Callable[[], Any]], rounds: int, warmup: int, block: int = 1,
@@ -35,24 +37,12 @@ def session_latency_ms(paths: dict[str, Any], feeds: dict, *, rounds: int,
                        threads: int = 2) -> dict[str, float]:
     """Median ms of session.run(feeds) per graph file (spinning off, `threads` threads), the
     first tenth of the rounds untimed."""
-    from tinyt.runtime.session import graph_session
+    from .session import graph_session
 
     sessions = {k: graph_session(p, level="all", threads=threads) for k, p in paths.items()}
-    times = measure({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()},
-                    rounds=rounds, warmup=max(rounds // 10, 1))
+    def run(session) -> Callable[[], Any]:
+        return lambda: session.run(None, feeds)
+
+    closures = {k: run(s) for k, s in sessions.items()}
+    times = measure(closures, rounds=rounds, warmup=max(rounds // 10, 1))
     return median_ms(times)
-
-
-def latency_ms(paths: dict[str, str], cfg, kind: str, *, rounds: int = 200,
-               threads: int = 2) -> dict[str, float]:
-    """Median ms of one decode step (batch 1, one new token, past block_size/2) per graph;
-    for graphs without a cache, one forward of block_size/2 tokens."""
-    import numpy as np
-
-    from tinyt.export.compare import random_feeds
-
-    past = cfg.block_size // 2
-    rng = np.random.default_rng(0)
-    feeds = (random_feeds(cfg, kind, 1, 1, past, 0, rng) if kind == "decoder_with_past"
-             else random_feeds(cfg, kind, 1, past, 0, 0, rng))
-    return session_latency_ms(paths, feeds, rounds=rounds, threads=threads)
