@@ -74,7 +74,8 @@ def main(artifact: str) -> None:
         for label, params in (("greedy", SamplingParams()),
                               ("top-k 50, T 0.8", SamplingParams(temperature=0.8, top_k=50))):
             n = 2000 if params.temperature == 0 else 200
-            got = interleaved(variants, lambda: (row, params, np.random.default_rng(0), []), n)
+            got = interleaved(variants, lambda row=row, params=params: (
+                row, params, np.random.default_rng(0), []), n)
             print(f"next_token vocab {vocab:6d} {label:16s} " + "  ".join(
                 f"{k} {v:7.2f} us" for k, v in got.items())
                 + f"  (checked - unchecked: {got['checked'] - got['unchecked']:+.2f} us)")

@@ -13,9 +13,9 @@ import logging
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -81,7 +81,7 @@ class OrtVariant:
     session: ort.InferenceSession | None = None
     provider: str = "CPUExecutionProvider"
 
-    def open(self) -> "OrtVariant":
+    def open(self) -> OrtVariant:
         """A tinyt artifact gets exactly the session an application gets from tinyt.runtime
         (its options, its provider checks); the plain baseline, which has no manifest, gets
         ONNX Runtime's defaults with the same threads and spinning."""

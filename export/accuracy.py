@@ -1,7 +1,8 @@
 """Task metrics of a graph against a reference graph, on held-out corpus data (torch-free).
 
 Causal LM: validation loss (nats per token and per byte) of both, its relative change, next-token
-top-1 agreement, mean KL divergence, and greedy-generation agreement. Classifier: accuracy of both and its change.
+top-1 agreement, mean KL divergence, and greedy-generation agreement. Classifier: accuracy of
+both and its change.
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
     prompts, steps = D.agreement_prompts(tokenizer, corpus.val, cfg.block_size)
     same = total = 0
     for prompt in prompts:
-        ga, gb = ort_greedy(ref, cfg, kind, prompt, steps), ort_greedy(cand, cfg, kind, prompt, steps)
+        ga = ort_greedy(ref, cfg, kind, prompt, steps)
+        gb = ort_greedy(cand, cfg, kind, prompt, steps)
         same += sum(p == q for p, q in zip(ga, gb))
         total += steps
     loss_ref, loss_cand = nats["reference"] / n_tokens, nats["candidate"] / n_tokens

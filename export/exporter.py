@@ -22,10 +22,10 @@ import torch
 import torch.nn as nn
 from torch.export import Dim
 
-from tinyt import __version__, contract
-from tinyt.contract import ONNX_FILE, contract_for
+from tinyt import __version__
 from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
 from tinyt.config import ModelConfig
+from tinyt.contract import ONNX_FILE, contract_for
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
 from tinyt.genai import write_genai_config

@@ -22,8 +22,14 @@ from .classify import Classifier, Prediction
 from .generate import GenerationResult, LanguageModel
 from .gqa import GQA_KIND
 from .sampling import SamplingParams
-from .session import (PROVIDERS, ProviderError, check_threads, create_session,
-                      installation_problems, open_artifact)
+from .session import (
+    PROVIDERS,
+    ProviderError,
+    check_threads,
+    create_session,
+    installation_problems,
+    open_artifact,
+)
 from .tuning import Plan, plan_sessions
 
 __all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Prediction",

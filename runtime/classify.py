@@ -1,8 +1,8 @@
 """Text classification on an ONNX Runtime session (torch-free)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -38,7 +38,8 @@ class Classifier:
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         if isinstance(texts, (str, bytes)):
-            return self.classify([texts], batch_size=batch_size)[0]
+            return self._batch([self.tokenizer.encode(_prompt_text(texts))
+                                [: self.config.block_size]])[0]
         if not isinstance(texts, (list, tuple)) or not texts:
             raise ValueError("texts must be a string or a non-empty list of strings")
         ids = [self.tokenizer.encode(_prompt_text(t))[: self.config.block_size] for t in texts]

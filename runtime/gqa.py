@@ -18,7 +18,7 @@ variant next to the contract artifact (`tinyt optimize SRC OUT --target gqa`), n
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -95,8 +95,9 @@ class SharedCache:
             self._bind("position_ids", self.pos)
         return self.logits
 
-    def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
-        """One token per active row (an inactive row idles: its cache is left as it is)."""
+    def step(self, nxt: np.ndarray, active: np.ndarray | None) -> np.ndarray:
+        """One token per active row (None: every row; an inactive row idles, its cache left as
+        it is)."""
         if self.B == 1:  # one row, running while the loop does: element writes, no ufuncs
             n = int(self.lens[0])
             self.ids[0, 0], self.pos[0, 0] = nxt[0], n
@@ -104,7 +105,7 @@ class SharedCache:
             self.session.run_with_iobinding(self.binding)
             self.lens[0] = n + 1
             return self.logits
-        a = active.astype(np.int32)
+        a = np.ones(self.B, np.int32) if active is None else active.astype(np.int32)
         self.ids[:, 0] = nxt
         self.pos[:, 0] = self.lens  # the new token's position: the tokens before it
         self.qlens[:] = a
@@ -126,7 +127,8 @@ class CachePool:
     by one generation at a time; at most `keep` wait here."""
 
     def __init__(self, make: Callable[[int], SharedCache], keep: int = 4):
-        self.make, self.keep, self.free = make, keep, []
+        self.make, self.keep = make, keep
+        self.free: list[SharedCache] = []
         self.lock = threading.Lock()
 
     def take(self, batch: int) -> SharedCache:

@@ -7,6 +7,7 @@ import importlib.util
 import json
 
 import pytest
+from conftest import run_tinyt
 
 import tinyt.runtime as rt
 from tinyt.export import export_onnx, verify
@@ -14,8 +15,6 @@ from tinyt.export.optimize import optimize
 from tinyt.export.package import PackageError, package
 from tinyt.export.quantize import quantize
 from tinyt.manifest import ManifestError
-
-from conftest import run_tinyt
 
 DATA = "model.onnx.data"
 

@@ -11,6 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the peers / optimum extra")
 
+from conftest import assert_close, run_tinyt  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import tinyt.runtime as rt  # noqa: E402
@@ -19,8 +20,6 @@ from tinyt.errors import CheckpointError  # noqa: E402
 from tinyt.hfgpt2 import ConversionError, import_hf, to_hf_gpt2  # noqa: E402
 from tinyt.model import TinyTransformer, generate  # noqa: E402
 from tinyt.tokenizer import Tokenizer  # noqa: E402
-
-from conftest import assert_close, run_tinyt  # noqa: E402
 
 IMPORT_ATOL = 1e-4  # the bound; measured differences are below 1e-6
 

@@ -1,11 +1,10 @@
 import pytest
 import torch
+from conftest import assert_close
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
 from tinyt.model import TinyClassifier, TinyTransformer, build_model, generate
-
-from conftest import assert_close
 
 CACHE_TOL = 1e-5  # cached step-by-step decoding vs the full forward
 PAD_TOL = 1e-5  # padding / batching vs one row alone (float summation order only)

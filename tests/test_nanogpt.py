@@ -2,14 +2,13 @@ import pickle
 
 import pytest
 import torch
-
+from conftest import assert_close
 from nanogpt_reference import GPT, GPTConfig
+
 from tinyt.checkpoint import load_checkpoint
 from tinyt.errors import CheckpointError
 from tinyt.nanogpt import import_nanogpt
 from tinyt.tokenizer import Tokenizer
-
-from conftest import assert_close
 
 IMPORT_TOL = 1e-5  # imported tinyt model vs nanoGPT's architecture, logits max abs diff
 

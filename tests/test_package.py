@@ -4,6 +4,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from conftest import run_tinyt
 
 import tinyt.runtime as rt
 from tinyt.export import export_onnx, verify
@@ -11,8 +12,6 @@ from tinyt.export.optimize import optimize
 from tinyt.export.package import PACKAGE_ATOL, PackageError, package
 from tinyt.export.triton import TritonError, check_config
 from tinyt.manifest import ManifestError, check_manifest
-
-from conftest import run_tinyt
 
 PROMPTS = ["def alpha", "import os\n", "    return "]
 

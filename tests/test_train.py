@@ -6,10 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tinyt.checkpoint import (MODEL_FILE, load_checkpoint, save_checkpoint,
-                              unique_state_dict)
+from tinyt.checkpoint import MODEL_FILE, load_checkpoint, save_checkpoint, unique_state_dict
 from tinyt.config import ModelConfig, TrainConfig
-from tinyt.errors import CheckpointError, ConfigError
+from tinyt.errors import CheckpointError, ConfigError, DataError
 from tinyt.train import lr_at, make_optimizer, train
 
 QUIET = dict(log=lambda s: None)
@@ -96,7 +95,7 @@ def test_resume_needs_a_saved_run(tiny_cfgs, tmp_path):
 def test_failed_run_leaves_no_checkpoint(tiny_cfgs, tmp_path):
     m, t = tiny_cfgs
     (tmp_path / "empty").mkdir()
-    with pytest.raises(Exception):
+    with pytest.raises(DataError, match="empty holds no readable UTF-8 text files"):
         train(m, t, tmp_path / "out", data=str(tmp_path / "empty"), **QUIET)
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["empty"]  # no temporary leftovers

@@ -37,7 +37,7 @@ class _JsonMixin:
     """JSON round trip for a flat frozen dataclass; unknown keys are an error, not ignored."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[arg-type]
+        return dataclasses.asdict(self)  # type: ignore[call-overload]  # a mixin of dataclasses
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):

@@ -3,7 +3,7 @@ load and before any stage writes an artifact (numpy only; torch tensors are chec
 tinyt.checkpoint with the same message)."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

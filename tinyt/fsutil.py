@@ -31,8 +31,9 @@ import signal
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 _SWAP_ATTEMPTS = 20  # concurrent writers of one OUT: the last one to swap wins, each whole
 
@@ -151,8 +152,8 @@ def remove_stale(out: str | os.PathLike) -> list[Path]:
     removed = []
     prefix = glob.escape(str(out.parent / f".{out.name}"))
     for kind in ("old", "tmp"):
-        for path in sorted(glob.glob(f"{prefix}.{kind}-*")):
-            path = Path(path)
+        for name in sorted(glob.glob(f"{prefix}.{kind}-*")):
+            path = Path(name)
             if _owner_alive(path.name):
                 continue
             if kind == "old" and not out.exists():

@@ -11,9 +11,10 @@ whose files do not match, naming the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from tinyt.errors import TinytError
 from tinyt.fsutil import sha256_file, write_json
@@ -40,7 +41,7 @@ def toolkit_digest() -> str:
     h = hashlib.sha256()
     for pkg in ("tinyt", "tinyt.export", "tinyt.runtime"):
         spec = importlib.util.find_spec(pkg)  # locates without importing (tinyt.export needs torch)
-        for root in spec.submodule_search_locations or []:
+        for root in (spec.submodule_search_locations if spec else None) or []:
             for path in sorted(Path(root).glob("*.py")):
                 h.update(f"{pkg}/{path.name}\0".encode())
                 h.update(path.read_bytes())

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tinyt.fsutil import sha256_file, write_text
 from tinyt.manifest import toolkit_digest

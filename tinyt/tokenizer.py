@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
@@ -57,7 +57,7 @@ class Tokenizer:
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def byte_level(cls, *, end_of_text: bool = True) -> "Tokenizer":
+    def byte_level(cls, *, end_of_text: bool = True) -> Tokenizer:
         """The plain 256-byte tokenizer: id == byte value, then <|endoftext|> = 256.
         end_of_text=False: the 256 bytes alone (a byte-level nanoGPT model has no such token)."""
         table = bytes_to_unicode()
@@ -69,7 +69,7 @@ class Tokenizer:
         return cls(hf)
 
     @classmethod
-    def train_bpe(cls, texts: Iterable[str], vocab_size: int) -> "Tokenizer":
+    def train_bpe(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
         """Train byte-level BPE on `texts`; the result has at most `vocab_size` tokens."""
         if not isinstance(vocab_size, int) or vocab_size < MIN_BPE_VOCAB:
             raise ConfigError(
@@ -88,7 +88,7 @@ class Tokenizer:
         return cls(hf)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
+    def from_file(cls, path: str | os.PathLike) -> Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise DataError(f"tokenizer file {path} does not exist")

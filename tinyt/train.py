@@ -12,9 +12,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,8 +23,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tinyt import data as D
-from tinyt.checkpoint import (TrainState, has_train_state, load_checkpoint, load_train_state,
-                              save_checkpoint, unique_state_dict)
+from tinyt.checkpoint import (
+    TrainState,
+    has_train_state,
+    load_checkpoint,
+    load_train_state,
+    save_checkpoint,
+    unique_state_dict,
+)
 from tinyt.config import ModelConfig, TrainConfig
 from tinyt.errors import ConfigError, DataError, NonFiniteError
 from tinyt.model import build_model
@@ -58,7 +65,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     if cfg.max_steps <= cfg.warmup_steps:
         return cfg.learning_rate
     progress = (step - cfg.warmup_steps) / (cfg.max_steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr + cosine * (cfg.learning_rate - cfg.min_lr)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
