@@ -158,11 +158,14 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     t = result["targets"]["decode_ms_per_token@1t"]
     assert t["ratio"] == pytest.approx(rows[f"{t['tinyt']}@1t"]["decode_ms_per_token"]
                                        / rows[f"{t['fastest_peer']}@1t"]["decode_ms_per_token"])
-    floor, cfg = result["memory_floor"], result["model"]
+    floor, cfg, m = result["memory_floor"], result["model"], result["method"]
     C, L, V = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
-    assert floor["int8_step_bytes"] == L * (4 * C * C + 2 * C * 4 * C) + C * V  # every matrix once
+    assert floor["int8_weight_bytes"] == L * (4 * C * C + 2 * C * 4 * C) + C * V  # each once
+    past = m["decode_prompt"] + m["decode_new"] / 2  # the mean past of the timed steps
+    assert floor["kv_cache_bytes"] == int(L * 2 * C * past * 4)  # fp32 keys and values
     assert floor["decode_ms"] == pytest.approx(
-        floor["int8_step_bytes"] / (floor["read_gb_per_s_one_core"] * 1e9) * 1e3)
+        (floor["int8_weight_bytes"] + floor["kv_cache_bytes"])
+        / (floor["read_gb_per_s_one_core"] * 1e9) * 1e3)
     for row in rows.values():
         assert row["decode_x_floor"] == pytest.approx(row["decode_ms_per_token"]
                                                       / floor["decode_ms"])
