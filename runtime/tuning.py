@@ -13,9 +13,10 @@ budget, among every graph the artifact carries:
 
 The step graph's weights are MatMulNBits (8-bit blocks, int8 activations); the pair's prompt
 graph's are DynamicQuantizeMatMul (int8 per channel, ONNX Runtime's int8 GEMM: AMX, VNNI or
-AVX2 by CPU). At one row the two read memory differently: on an Intel Xeon with AMX the GEMM
-streams the GPT-2-small shape's weights 12% faster; on an AMD EPYC they tie
-(benchmarks/step_kernels.py measures every kernel against the memory floor).
+AVX2 by CPU). At one row the two read memory differently: on an Intel Xeon with AMX, steps
+of the GPT-2-small shape run 11-13% faster through the GEMM graph; other CPUs may differ
+either way, which is why it is timed (benchmarks/step_kernels.py measures every kernel
+against the memory floor).
 
 Before any timing, one rule: a prompt graph whose int8 GEMM weights use the full 8 bits is
 not run on x86 without VNNI / AMX, whose u8 x s8 products add pairs in 16 bits that can

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import _python_like
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +41,9 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "--preset article --n-layer 12 --n-head 12 --n-embd 768 --block-size 256 --vocab-size 8192":
         "--block-size 32",
     "--rounds 10": "--rounds 1", "--rounds 5": "--rounds 1", "--max-steps 150": "--max-steps 3",
+    # the kernel probe at the GPT-2-small shape -> one small layer
+    "step_kernels --n-layer 12 --n-embd 768 --vocab 8192 --rounds 15":
+        "step_kernels --n-layer 1 --n-embd 64 --vocab 256 --rounds 1",
     # the chain at GPT-2 small's size -> at the test preset's, its results in the work dir
     "chain_at_size.sh gpt2-small artifacts-gpt2-small benchmarks/results/chain-gpt2-small":
         "chain_at_size.sh test chain-work chain-results corpus",
@@ -52,7 +54,8 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
 # last, as its runtime example loads what the documents' commands made.
 DOCUMENTS = ["docs/model.md", "docs/export.md", "docs/quantization.md", "docs/peers.md",
              "docs/benchmarks.md", "docs/runtime.md", "docs/packaging.md",
-             "docs/architecture.md", "docs/reliability.md", "docs/status.md", "README.md"]
+             "docs/architecture.md", "docs/reliability.md", "docs/status.md", "docs/testing.md",
+             "README.md"]
 
 
 def test_every_document_is_run():
@@ -133,8 +136,8 @@ def _scratch(work: Path) -> None:
     import random
 
     import torch
-
     from nanogpt_reference import GPT, GPTConfig
+
     from tinyt.tokenizer import Tokenizer
 
     rng = random.Random(0)
