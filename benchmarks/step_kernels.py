@@ -32,7 +32,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from tinyt.export.blockquant import block_quantize, channel_quantize
+from tinyt.export.blockquant import block_quantize, channel_quantize, pick_block
 from tinyt.hardware import cpu_features
 
 MS = "com.microsoft"
@@ -58,7 +58,10 @@ def _node(kind: str, name: str, x: str, w: np.ndarray, inits: list) -> onnx.Node
                   numpy_helper.from_array(np.zeros(N, np.int8), f"{name}.z")]
         return helper.make_node("DynamicQuantizeMatMul", [x, f"{name}.q", f"{name}.s",
                                                           f"{name}.z"], [name], domain=MS)
-    bits, block, level = (int(v[1:]) for v in kind.split("-")[1:])  # nbits-b8-k64-a4
+    bits, asked, level = (int(v[1:]) for v in kind.split("-")[1:])  # nbits-b8-k64-a4
+    block = pick_block(K, asked)  # the quantizer's rule: the block, or a smaller one dividing K
+    if block is None:
+        raise ValueError(f"K={K} has no power-of-two block >= 16 for {kind}")
     q, s = block_quantize(np.ascontiguousarray(w.T), bits, block)
     inits += [numpy_helper.from_array(q, f"{name}.q"), numpy_helper.from_array(s, f"{name}.s")]
     return helper.make_node("MatMulNBits", [x, f"{name}.q", f"{name}.s"], [name], domain=MS,
