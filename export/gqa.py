@@ -36,6 +36,7 @@ from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import check_output_dir, read_model_config, write_manifest
+from tinyt.runtime.feeds import prefill_feeds
 from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import UNFUSED
 
@@ -250,7 +251,7 @@ def _check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict
     """Ragged prompts, then decode steps: last-position logits of both graphs, and the
     runtime's greedy tokens."""
     from tinyt.runtime import load
-    from tinyt.runtime.feeds import left_pad, prefill_feeds
+    from tinyt.runtime.feeds import left_pad
 
     ref = load(src_dir, threads=1)
     cand = _gqa_model(src_dir, path, cfg)
@@ -283,14 +284,27 @@ def _check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict
                                f"{worst:.3g} (allowed {atol})")
     prompts = [[1 + i % (cfg.vocab_size - 1) for i in range(n)] for n in (1, 5, 9)]
     n = min(16, cfg.block_size - 10)
-    want = [r.token_ids for r in ref.generate_ids(prompts, max_new_tokens=n)]
-    got = [r.token_ids for r in cand.generate_ids(prompts, max_new_tokens=n)]
+    want = [r.token_ids for r in ref.generate_ids(prompts, max_new_tokens=n, min_new_tokens=n)]
+    got = [r.token_ids for r in cand.generate_ids(prompts, max_new_tokens=n, min_new_tokens=n)]
     same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
     total = sum(map(len, want))
-    if not quantized and got != want:  # fp32: the same tokens, always
-        raise SharedCacheError("the shared-cache graph generates other greedy tokens than its "
-                               f"source: {got} vs {want}")
-    return {"tolerance": atol, "logits_max_abs": worst, "greedy_agreement": same / total}
+    ties = 0
+    for prompt, g, w in zip(prompts, got, want) if not quantized else ():
+        # fp32: the same tokens, but for a tie at fp32 precision where they first differ
+        first = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), None)
+        if first is None:
+            continue
+        feeds = prefill_feeds(cfg, "decoder_with_past", np.array([prompt + w[:first]]),
+                              np.ones((1, len(prompt) + first), np.int64))
+        z = next(ref.steps(feeds))[0, -1]
+        if not z[w[first]] - z[g[first]] <= 2 * OPT_ATOL:
+            raise SharedCacheError(
+                "the shared-cache graph generates other greedy tokens than its source: "
+                f"{g} vs {w} (at token {first} the source prefers its own by "
+                f"{z[w[first]] - z[g[first]]:.3g}, more than a tie at fp32 precision)")
+        ties += 1
+    return {"tolerance": atol, "logits_max_abs": worst, "greedy_agreement": same / total,
+            "greedy_ties": ties}
 
 
 def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None):
@@ -316,7 +330,6 @@ def _check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
     graphs of one model differ by their quantization, so this is reported (and bounded by
     PAIR_ATOL), not required equal."""
     from tinyt.runtime import load
-    from tinyt.runtime.feeds import prefill_feeds
 
     ref, pair = load(src_dir, threads=1), _gqa_model(src_dir, path, cfg, prefill)
     rng = np.random.default_rng(1)
