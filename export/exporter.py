@@ -188,6 +188,11 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     _check_opset(opset)
     ckpt = load_checkpoint(checkpoint_dir)
     cfg = ckpt.config
+    if cfg.llama_options:
+        raise ExportError(f"{checkpoint_dir} uses Llama-family options "
+                          f"({', '.join(cfg.llama_options)}): they train and run in PyTorch, "
+                          "but their ONNX export (the contract's cache sized by n_kv_head, "
+                          "rotary and RMSNorm fusions) is not built yet")
     kind = graph_kind(cfg, with_past)
     wrapper = {"decoder_with_past": DecoderWithPast, "decoder": Decoder,
                "classifier": lambda m: m}[kind](ckpt.model).eval()

@@ -28,7 +28,7 @@ def test_config_is_frozen():
     ("n_layer", 0, "n_layer=0"),
     ("n_head", 3, "n_embd=128 is invalid: must be divisible by n_head=3"),
     ("dropout", 1.0, "dropout=1.0"),
-    ("pos_encoding", "rotary", "allowed: learned, sinusoidal"),
+    ("pos_encoding", "alibi", "allowed: learned, sinusoidal, rotary"),
     ("task", "seq2seq", "allowed: causal_lm, classifier"),
     ("block_size", 2.5, "block_size=2.5"),
     ("bias", "yes", "bias='yes'"),

@@ -47,7 +47,9 @@ def train(
     n_embd: Annotated[Optional[int], typer.Option(min=1)] = None,
     block_size: Annotated[Optional[int], typer.Option(min=2)] = None,
     vocab_size: Annotated[Optional[int], typer.Option(min=2)] = None,
-    pos_encoding: Annotated[Optional[str], typer.Option(help="learned or sinusoidal.")] = None,
+    pos_encoding: Annotated[Optional[str], typer.Option(
+        help="learned, sinusoidal or rotary (rotary trains and runs in PyTorch; its ONNX "
+             "export is not built yet).")] = None,
     dropout: Annotated[Optional[float], typer.Option()] = None,
     eval_interval: Annotated[Optional[int], typer.Option(min=1)] = None,
     seed: Annotated[Optional[int], typer.Option(min=0)] = None,

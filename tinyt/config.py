@@ -12,8 +12,10 @@ from typing import Any
 
 from tinyt.errors import ConfigError
 
-POS_ENCODINGS = ("learned", "sinusoidal")
-ACTIVATIONS = ("gelu", "gelu_tanh")  # exact (erf) GELU; its tanh approximation (GPT-2's)
+POS_ENCODINGS = ("learned", "sinusoidal", "rotary")  # rotary: Llama's, from position_ids
+# The MLP: exact (erf) GELU; its tanh approximation (GPT-2's); SwiGLU (Llama's gated SiLU)
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
 TASKS = ("causal_lm", "classifier")
 TOKENIZER_KINDS = ("bpe", "byte")
 DEVICES = ("cpu", "cuda")
@@ -79,8 +81,13 @@ class ModelConfig(_JsonMixin):
     task: str = "causal_lm"
     num_labels: int = 0  # classifier only
     activation: str = "gelu"  # the MLP's: gelu (exact, nanoGPT) or gelu_tanh (GPT-2's gelu_new)
-    norm_eps: float = 1e-5  # LayerNorm epsilon (GPT-2's layer_norm_epsilon)
-    n_inner: int | None = None  # MLP width; None = 4 * n_embd
+    norm_eps: float = 1e-5  # the norm's epsilon (GPT-2's layer_norm_epsilon, Llama's rms_norm_eps)
+    n_inner: int | None = None  # MLP width (Llama's intermediate_size); None = 4 * n_embd
+    # Llama-family options (the defaults are GPT-2's)
+    norm: str = "layernorm"  # or rmsnorm (no mean, no bias)
+    n_kv_head: int | None = None  # key/value heads; None = n_head, 1 = multi-query
+    rope_theta: float = 10000.0  # rotary positions' base (pos_encoding='rotary')
+    qkv_bias: bool | None = None  # biases of q, k, v; None = `bias` (Qwen2: bias=False, True)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -130,6 +137,19 @@ class ModelConfig(_JsonMixin):
                  "must be a finite number in (0, 1)")
         _require(self.n_inner is None or (_is_int(self.n_inner) and self.n_inner >= 1),
                  "n_inner", self.n_inner, "must be null (4 * n_embd) or an integer >= 1")
+        _require(self.norm in NORMS, "norm", self.norm, f"allowed: {', '.join(NORMS)}")
+        _require(self.n_kv_head is None or (_is_int(self.n_kv_head) and self.n_kv_head >= 1
+                                            and self.n_head % self.n_kv_head == 0),
+                 "n_kv_head", self.n_kv_head,
+                 f"must be null (= n_head) or an integer >= 1 that divides n_head={self.n_head}")
+        _require(_is_number(self.rope_theta) and self.rope_theta > 0, "rope_theta",
+                 self.rope_theta, "must be a finite number > 0")
+        if self.pos_encoding == "rotary":
+            _require(self.head_dim % 2 == 0, "n_embd", self.n_embd,
+                     f"must give an even head_dim for rotary positions (n_embd / n_head = "
+                     f"{self.n_embd / self.n_head:g})")
+        _require(self.qkv_bias is None or isinstance(self.qkv_bias, bool), "qkv_bias",
+                 self.qkv_bias, "must be null (= bias), true or false")
 
     @property
     def head_dim(self) -> int:
@@ -138,6 +158,24 @@ class ModelConfig(_JsonMixin):
     @property
     def mlp_width(self) -> int:
         return self.n_inner or 4 * self.n_embd
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def llama_options(self) -> list[str]:
+        """The Llama-family options this config uses (empty for a GPT-2-style model)."""
+        return [name for name, on in (
+            ("norm='rmsnorm'", self.norm == "rmsnorm"),
+            ("pos_encoding='rotary'", self.pos_encoding == "rotary"),
+            ("activation='swiglu'", self.activation == "swiglu"),
+            (f"n_kv_head={self.n_kv_head}", self.kv_heads != self.n_head),
+            (f"qkv_bias={self.qkv_bias}", self.qkv_bias not in (None, self.bias))) if on]
+
+    def kv_cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        """Bytes the KV cache grows by per token: keys and values of every layer."""
+        return self.n_layer * 2 * self.kv_heads * self.head_dim * dtype_bytes
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,10 @@ def to_hf_gpt2(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) ->
     if cfg.task != "causal_lm":
         raise ConversionError(f"{checkpoint_dir} is a {cfg.task}: only causal LMs map onto "
                               "GPT2LMHeadModel")
+    unmapped = [o for o in cfg.llama_options if not o.startswith("pos_encoding")]
+    if unmapped:  # (positions have their own message below)
+        raise ConversionError(f"{checkpoint_dir} uses Llama-family options "
+                              f"({', '.join(unmapped)}) that GPT2LMHeadModel does not have")
     if cfg.pos_encoding != "learned":
         raise ConversionError(f"{checkpoint_dir} has {cfg.pos_encoding} positions: GPT-2 learns "
                               "its position table (pos_encoding='learned'), and a computed table "

@@ -1,7 +1,9 @@
 """TinyTransformer: a GPT-style decoder-only LM with a KV cache, and an encoder classifier.
 
 Parameter names follow nanoGPT / GPT-2 (`transformer.h.0.attn.c_attn.weight`, `lm_head`), so
-checkpoints map across by name and ONNX node names read like the PyTorch modules.
+checkpoints map across by name and ONNX node names read like the PyTorch modules. The same
+modules take the Llama family's options from the config: RMSNorm, rotary positions, a SwiGLU
+MLP and fewer key/value heads than query heads (grouped-query attention).
 
 The forwards are export-clean: no branches on tensor values, no asserts on dynamic sizes, and
 the only Python branches are on which optional inputs were given, which is fixed per graph.
@@ -18,44 +20,78 @@ from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
 
 
+def rotate(x, rope):
+    """Rotary positions, non-interleaved as Llama: the first and second halves of each head
+    are a vector's two coordinates, turned by the angle of the token's position."""
+    cos, sin = rope  # (B, 1, T, hs)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
 class SelfAttention(nn.Module):
-    """Multi-head self-attention on scaled_dot_product_attention, with an optional KV cache."""
+    """Multi-head self-attention on scaled_dot_product_attention, with an optional KV cache.
+    With n_kv_head < n_head, each group of n_head / n_kv_head query heads shares one key and
+    value head (grouped-query attention): the cache holds n_kv_head heads."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_head = cfg.n_head
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # fused q, k, v
+        self.n_head, self.n_kv, self.hs = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
+        self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * self.n_kv) * self.hs,
+                                bias=qkv_bias)  # fused q, k, v
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, mask, past, is_causal: bool):
+    def forward(self, x, mask, past, is_causal: bool, rope=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q, k, v = self.c_attn(x).split([C, self.n_kv * self.hs, self.n_kv * self.hs], dim=2)
+        q = q.view(B, T, self.n_head, self.hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)
         if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (B, nh, P+T, hs)
+            k = torch.cat([past[0], k], dim=2)  # (B, nkv, P+T, hs)
             v = torch.cat([past[1], v], dim=2)
+        present = (k, v)
+        if self.n_kv != self.n_head:  # query head i reads key/value head i // group
+            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)  # (B, nh, P+T, hs)
+            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)
-        return self.resid_dropout(self.c_proj(y)), (k, v)
+        return self.resid_dropout(self.c_proj(y)), present
 
 
 class MLP(nn.Module):
+    """GELU: c_proj(gelu(c_fc(x))). SwiGLU: c_fc makes the gate and the up projection in one
+    matmul, c_proj(silu(gate) * up)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_width, bias=cfg.bias)
-        self.gelu = nn.GELU(approximate="tanh" if cfg.activation == "gelu_tanh" else "none")
-        self.c_proj = nn.Linear(cfg.mlp_width, cfg.n_embd, bias=cfg.bias)
+        self.gated = cfg.activation == "swiglu"
+        width = cfg.mlp_width
+        self.c_fc = nn.Linear(cfg.n_embd, 2 * width if self.gated else width, bias=cfg.bias)
+        self.act = nn.SiLU() if self.gated else \
+            nn.GELU(approximate="tanh" if cfg.activation == "gelu_tanh" else "none")
+        self.c_proj = nn.Linear(width, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        h = self.c_fc(x)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return self.dropout(self.c_proj(self.act(gate) * up))
+        return self.dropout(self.c_proj(self.act(h)))
+
+
+def norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 class Block(nn.Module):
@@ -63,13 +99,13 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln_1 = norm(cfg)
         self.attn = SelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln_2 = norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, mask, past, is_causal: bool):
-        a, present = self.attn(self.ln_1(x), mask, past, is_causal)
+    def forward(self, x, mask, past, is_causal: bool, rope=None):
+        a, present = self.attn(self.ln_1(x), mask, past, is_causal, rope)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, present
@@ -88,26 +124,51 @@ class SinusoidalPositions(nn.Module):
         return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (B, T, C)
 
 
+class RotaryPositions(nn.Module):
+    """cos and sin of each token's rotary angles, from its position id (so left padding does
+    not shift them): the head's i-th and (i + hs/2)-th coordinates turn by pos / theta^(2i/hs)."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (hs/2,)
+
+    def forward(self, position_ids):
+        angles = position_ids.unsqueeze(-1).float() * self.inv_freq  # (B, T, hs/2)
+        angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, T, hs)
+        return angles.cos(), angles.sin()
+
+
 class Trunk(nn.Module):
-    """Token + position embeddings, the blocks, and the final LayerNorm."""
+    """Token + position embeddings (or rotary angles for the attention), the blocks, and the
+    final norm."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = self.rope = None
         if cfg.pos_encoding == "learned":
             self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        else:
+        elif cfg.pos_encoding == "sinusoidal":
             self.wpe = SinusoidalPositions(cfg.n_embd)
+        else:
+            self.rope = RotaryPositions(cfg.head_dim, cfg.rope_theta)
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln_f = norm(cfg)
 
     def forward(self, input_ids, position_ids, mask, past_key_values, is_causal: bool):
-        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        x = self.wte(input_ids)  # (B, T, C)
+        rope = None
+        if self.rope is not None:
+            rope = self.rope(position_ids)
+        else:
+            x = x + self.wpe(position_ids)
+        x = self.drop(x)
         presents = []
         for i, block in enumerate(self.h):
             past = None if past_key_values is None else past_key_values[i]
-            x, present = block(x, mask, past, is_causal)
+            x, present = block(x, mask, past, is_causal, rope)
             presents.append(present)
         return self.ln_f(x), tuple(presents)
 
@@ -146,8 +207,8 @@ class TinyTransformer(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
         """input_ids (B, T); attention_mask (B, P+T) of 1 = token, 0 = padding; position_ids
-        (B, T); past_key_values: per layer (key, value) of (B, nh, P, hs).
-        Returns logits (B, T, vocab) and the present cache, per layer (B, nh, P+T, hs)."""
+        (B, T); past_key_values: per layer (key, value) of (B, nkv, P, hs).
+        Returns logits (B, T, vocab) and the present cache, per layer (B, nkv, P+T, hs)."""
         B, T = input_ids.shape
         P = 0 if past_key_values is None else past_key_values[0][0].shape[2]
         if position_ids is None:
