@@ -81,7 +81,7 @@ def build(kind: str, layout: list[tuple[str, int, int]], seed: int = 0) -> tuple
         f"x{k}", TensorProto.FLOAT, [1, k]) for k in inputs], outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                    helper.make_opsetid(MS, 1)])
-    weight_bytes = sum(i.raw_data.__len__() or numpy_helper.to_array(i).nbytes for i in inits)
+    weight_bytes = sum(len(i.raw_data) or numpy_helper.to_array(i).nbytes for i in inits)
     return model.SerializeToString(), weight_bytes
 
 

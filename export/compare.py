@@ -87,6 +87,11 @@ def compare_graphs(a: ort.InferenceSession, b: ort.InferenceSession, cfg: ModelC
     return worst
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Where two token lists first differ (over their common length), or None."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
 def ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int,
                fixed: dict[str, int] | None = None, vocab_limit: int | None = None) -> list[int]:
     """Greedy decoding through the ONNX graph (with its KV cache when it has one; through a

@@ -40,7 +40,7 @@ from tinyt.runtime.feeds import prefill_feeds
 from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import UNFUSED
 
-from .compare import OPT_ATOL
+from .compare import OPT_ATOL, first_difference
 from .kvfuse import drop_dead, producers
 from .stage import COPIED_FILES, built, open_source
 
@@ -291,7 +291,7 @@ def _check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict
     ties = 0
     for prompt, g, w in zip(prompts, got, want) if not quantized else ():
         # fp32: the same tokens, but for a tie at fp32 precision where they first differ
-        first = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), None)
+        first = first_difference(g, w)
         if first is None:
             continue
         feeds = prefill_feeds(cfg, "decoder_with_past", np.array([prompt + w[:first]]),

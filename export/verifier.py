@@ -29,7 +29,7 @@ from tinyt.runtime.fixed import capacity
 from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import graph_session
 
-from .compare import ort_greedy, row_chunks
+from .compare import first_difference, ort_greedy, row_chunks
 
 # fp32 export vs PyTorch, max abs diff: the same fp32 arithmetic, summed in other orders by
 # ONNX Runtime's kernels (MLAS) and PyTorch's (oneDNN / MKL), each picking its code path by
@@ -74,7 +74,7 @@ def greedy_generation(model, tokenizer, context: int, gen_tokens: int,
         ref = generate(model, torch.tensor([prompt]), steps, temperature=0,
                        vocab_limit=limit)[0, len(prompt):].tolist()
         got = ours(prompt, steps)
-        first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+        first = first_difference(got, ref)
         case = {"prompt": text, "tokens": steps, "identical": got == ref, "torch": ref,
                 "onnxruntime": got}
         if first is not None:

@@ -37,16 +37,16 @@ class Classifier:
         """Label and class probabilities of each text (one text in, one Prediction out)."""
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
-        if isinstance(texts, (str, bytes)):
-            return self._batch([self.tokenizer.encode(_prompt_text(texts))
-                                [: self.config.block_size]])[0]
+        single = isinstance(texts, (str, bytes))
+        if single:
+            texts = [texts]  # type: ignore[list-item]  # one text in, one Prediction out
         if not isinstance(texts, (list, tuple)) or not texts:
             raise ValueError("texts must be a string or a non-empty list of strings")
         ids = [self.tokenizer.encode(_prompt_text(t))[: self.config.block_size] for t in texts]
         out: list[Prediction] = []
         for i in range(0, len(ids), batch_size):
             out += self._batch(ids[i:i + batch_size])
-        return out
+        return out[0] if single else out
 
     def _batch(self, rows: list[list[int]]) -> list[Prediction]:
         fixed = self.artifact.fixed  # pinned shapes: pad every batch to them

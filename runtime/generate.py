@@ -132,9 +132,9 @@ class LanguageModel:
                 pass
         results = []
         for row, reason in zip(out, reasons):
+            assert reason is not None  # both loops end only when every row has its reason
             text = self.tokenizer.decode(row)
-            results.append(GenerationResult(text[:_stop_cut(text, params.stop)], row,
-                                            reason or "length"))  # every row has ended here
+            results.append(GenerationResult(text[:_stop_cut(text, params.stop)], row, reason))
         return results
 
     # -- the loop ------------------------------------------------------------------------------

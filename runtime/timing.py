@@ -40,6 +40,7 @@ def session_latency_ms(paths: dict[str, Any], feeds: dict, *, rounds: int,
     from .session import graph_session
 
     sessions = {k: graph_session(p, level="all", threads=threads) for k, p in paths.items()}
+
     def run(session) -> Callable[[], Any]:
         return lambda: session.run(None, feeds)
 
