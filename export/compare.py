@@ -41,7 +41,7 @@ def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
     if kind == "decoder_with_past":
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)[:, p:]
         for name in past_names(cfg.n_layer):
-            feeds[name] = rng.standard_normal((b, cfg.n_head, p, cfg.head_dim)).astype(np.float32)
+            feeds[name] = rng.standard_normal((b, cfg.kv_heads, p, cfg.head_dim)).astype(np.float32)
     return feeds
 
 

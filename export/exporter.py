@@ -30,7 +30,8 @@ from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
 from tinyt.genai import write_genai_config
 from tinyt.graphio import save_graph
-from tinyt.hfgpt2 import gpt2_config
+from tinyt.hfgpt2 import ConversionError, gpt2_config
+from tinyt.hfllama import llama_config
 from tinyt.manifest import check_output_dir, io_spec, write_manifest
 
 # torch's exporter warns on every export that torchvision (whose ops tinyt never uses) is
@@ -86,7 +87,7 @@ def _example(cfg: ModelConfig, kind: str):
     if kind != "decoder_with_past":
         return ({"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)},
                 {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn}})
-    past = [torch.randn(B, cfg.n_head, P, cfg.head_dim, generator=g)
+    past = [torch.randn(B, cfg.kv_heads, P, cfg.head_dim, generator=g)
             for _ in range(2 * cfg.n_layer)]
     kwargs = {"input_ids": ids, "attention_mask": torch.ones(B, P + S, dtype=torch.long),
               "position_ids": torch.arange(P, P + S).repeat(B, 1), "past": past}
@@ -154,7 +155,8 @@ def _tidy_nodes(proto: onnx.ModelProto, wrapped: bool) -> None:
 
 
 def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
-    """config.json: Hugging Face gpt2 keys (so Optimum loads the LM) plus a `tinyt` block."""
+    """config.json: Hugging Face gpt2 (or llama / qwen2) keys, so Optimum loads the LM, plus a
+    `tinyt` block."""
     eos = tokenizer.eos_id
     tinyt_block = {"model": cfg.to_dict(), "graph": kind, "labels": labels,
                    "tinyt_version": __version__}
@@ -163,6 +165,13 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
                 "id2label": {str(i): n for i, n in enumerate(labels)},
                 "label2id": {n: i for i, n in enumerate(labels)},
                 "pad_token_id": eos, "tinyt": tinyt_block}
+    if cfg.llama_options:  # Optimum reads a Llama-family graph by its Llama config
+        try:
+            hf = llama_config(cfg, tokenizer)
+        except ConversionError:  # a mix of the two forms: no Hugging Face class holds it
+            hf = {"model_type": "tinyt-decoder", "vocab_size": cfg.vocab_size,
+                  "eos_token_id": eos, "pad_token_id": eos}
+        return {**hf, "use_cache": kind == "decoder_with_past", "tinyt": tinyt_block}
     return {**gpt2_config(cfg, eos), "tie_word_embeddings": cfg.tie_weights,
             "use_cache": kind == "decoder_with_past", "tinyt": tinyt_block}
 
@@ -188,11 +197,6 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     _check_opset(opset)
     ckpt = load_checkpoint(checkpoint_dir)
     cfg = ckpt.config
-    if cfg.llama_options:
-        raise ExportError(f"{checkpoint_dir} uses Llama-family options "
-                          f"({', '.join(cfg.llama_options)}): they train and run in PyTorch, "
-                          "but their ONNX export (the contract's cache sized by n_kv_head, "
-                          "rotary and RMSNorm fusions) is not built yet")
     kind = graph_kind(cfg, with_past)
     wrapper = {"decoder_with_past": DecoderWithPast, "decoder": Decoder,
                "classifier": lambda m: m}[kind](ckpt.model).eval()

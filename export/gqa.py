@@ -22,7 +22,6 @@ OPT_ATOL, and the same greedy tokens from the runtime.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from tinyt.runtime.session import UNFUSED
 
 from .compare import OPT_ATOL, first_difference
 from .kvfuse import drop_dead, producers
-from .stage import COPIED_FILES, built, open_source
+from .stage import built, copy_artifact_files, open_source
 
 MS = "com.microsoft"
 GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
@@ -57,14 +56,28 @@ QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's input index of query_seqlens (
 # A pair's two graphs are two quantizations of one model: INT8-sized gaps (demo: 0.085); a
 # different model of the same shape is off by several units.
 PAIR_ATOL = 1.0
+ROTARY_HEAD_MULTIPLE = 16  # GroupQueryAttention's CPU rotary: head_size % 16 == 0
 
 
 class SharedCacheError(TinytError, ValueError):
     """The graph cannot be turned into the shared-cache layout."""
 
 
-def to_gqa(proto: onnx.ModelProto, n_head: int) -> int:
+def to_gqa(proto: onnx.ModelProto, cfg) -> int:
     """Rewrite `proto` in place (see the module docstring); returns the layers rewritten."""
+    if cfg.pos_encoding == "rotary" or cfg.kv_heads != cfg.n_head:
+        done = _cache_outside_attention_to_gqa(proto, cfg)
+    else:
+        done = _mha_with_past_to_gqa(proto, cfg.n_head)
+    g = proto.graph
+    _unfuse_skip_layernorm(g)
+    _last_position_logits(g)
+    _drop_unused(g)
+    _retype_io(g)
+    return done
+
+
+def _mha_with_past_to_gqa(proto: onnx.ModelProto, n_head: int) -> int:
     g = proto.graph
     prod = producers(g)
     nodes, done = [], 0
@@ -92,10 +105,83 @@ def to_gqa(proto: onnx.ModelProto, n_head: int) -> int:
         done += 1
     del g.node[:]
     g.node.extend(nodes)
-    _unfuse_skip_layernorm(g)
-    _last_position_logits(g)
-    _drop_unused(g)
-    _retype_io(g)
+    return done
+
+
+def _upstream(name: str, prod: dict, stop) -> onnx.NodeProto | None:
+    """The first producer up the chain of first inputs from `name` for which stop(node)."""
+    for _ in range(16):
+        node = prod.get(name)
+        if node is None or stop(node):
+            return node
+        name = node.input[0]
+    return None
+
+
+def rope_cache(cfg) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [block_size, head_dim / 2] of the rotary angles, as tinyt.model computes
+    them in float32: position times 1 / theta^(2i / head_dim)."""
+    hs = cfg.head_dim
+    inv_freq = (1.0 / cfg.rope_theta ** (np.arange(0, hs, 2, dtype=np.float32) / hs))
+    angles = np.arange(cfg.block_size, dtype=np.float32)[:, None] * \
+        inv_freq.astype(np.float32)[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
+    """The Llama form after `optimize --target cpu`: the cache grows by Concat outside
+    MultiHeadAttention, after RotaryEmbedding, and grouped heads are repeated out to it:
+
+        x ─MatMul─ qkv ─Split─┬ q ─RotaryEmbedding──────────────────────────────────┐
+                              ├ k ─Reshape─Transpose─RotaryEmbedding─┐              │
+                              │          past_k ─Concat─▶ present.i.key ─(repeat)─▶ MHA ─▶ out
+                              └ v ─Reshape─Transpose─ past_v ─Concat─▶ present.i.value ┘
+    to
+        x ─MatMul─ qkv ─▶ GQA(qkv packed, past_k, past_v, seqlens_k, total_sequence_length,
+                              cos_cache, sin_cache, query_seqlens; do_rotary, kv_num_heads)
+                             ─▶ out, present.i.key, present.i.value
+
+    GroupQueryAttention rotates q and k itself, at each row's own positions (the tokens
+    already in its cache, then one more per token of the chunk)."""
+    g = proto.graph
+    prod = producers(g)
+    rotary = cfg.pos_encoding == "rotary"
+    if rotary and cfg.head_dim % ROTARY_HEAD_MULTIPLE:
+        raise SharedCacheError(f"head_dim={cfg.head_dim}: GroupQueryAttention's rotary kernel "
+                               f"(ONNX Runtime {ort.__version__}, CPU) needs a head size that "
+                               f"is a multiple of {ROTARY_HEAD_MULTIPLE}; the contract graph "
+                               "runs this model")
+    if rotary:
+        cos, sin = rope_cache(cfg)
+        g.initializer.extend([onnx.numpy_helper.from_array(cos, "/rotary/cos_cache"),
+                              onnx.numpy_helper.from_array(sin, "/rotary/sin_cache")])
+    replaced, nodes, done = set(), {}, 0
+    for node in g.node:
+        if not (node.op_type == "MultiHeadAttention" and node.domain == MS):
+            continue
+        split = _upstream(node.input[0], prod, lambda n: n.op_type == "Split")
+        concat = _upstream(node.input[1], prod, lambda n: n.output[0].startswith("present."))
+        if split is None or len(split.output) != 3 or concat is None \
+                or concat.op_type != "Concat" or not concat.output[0].endswith(".key"):
+            raise SharedCacheError(f"{node.name}: attention is not fed by one Split of a packed "
+                                   "q, k, v projection and a cache Concat; only graphs from "
+                                   "`tinyt optimize --target cpu`")
+        layer = concat.output[0].split(".")[1]
+        past = [f"past_key_values.{layer}.{kv}" for kv in ("key", "value")]
+        present = [f"present.{layer}.{kv}" for kv in ("key", "value")]
+        replaced.update(present)
+        inputs = [split.input[0], "", "", *past, "seqlens_k", "total_sequence_length"]
+        inputs += ["/rotary/cos_cache", "/rotary/sin_cache"] if rotary else ["", ""]
+        inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
+        nodes[id(node)] = helper.make_node(
+            "GroupQueryAttention", inputs, [node.output[0], *present], domain=MS,
+            name=f"/transformer/h.{layer}/attn/GroupQueryAttention",
+            num_heads=cfg.n_head, kv_num_heads=cfg.kv_heads, do_rotary=int(rotary),
+            rotary_interleaved=0)
+        done += 1
+    kept = [nodes.get(id(n), n) for n in g.node if not set(n.output) & replaced]
+    del g.node[:]
+    g.node.extend(kept)
     return done
 
 
@@ -159,7 +245,8 @@ def _drop_unused(g: onnx.GraphProto) -> None:
     """Remove what nothing reads any more (the mask subgraph, the Splits, attention_mask)."""
     drop_dead(g)
     used = {i for n in g.node for i in n.input if i}
-    inputs = [i for i in g.input if i.name in used]
+    # position_ids stays an input when GroupQueryAttention places the rotary positions itself
+    inputs = [i for i in g.input if i.name in used or i.name == "position_ids"]
     del g.input[:]
     g.input.extend(inputs)
     del g.value_info[:]  # shapes of rewritten values; ONNX Runtime infers the rest
@@ -192,7 +279,7 @@ def _convert(src_dir: Path, tmp: Path, name: str) -> tuple[dict, Path, dict]:
                                " the shared-cache variant is made from a KV-cache decoder with "
                                "dynamic shapes")
     proto = src.graph()
-    layers = to_gqa(proto, cfg.n_head)
+    layers = to_gqa(proto, cfg)
     if layers != cfg.n_layer:
         raise SharedCacheError(
             f"{src_dir}: attention with a KV cache in {layers} of {cfg.n_layer} layers; make the "
@@ -237,8 +324,7 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             copy_graph(path, out)
             if prefill_from is not None:
                 copy_graph(Path(tmp) / PREFILL_FILE, out)
-            for name in COPIED_FILES:
-                shutil.copy(src_dir / name, out / name)
+            copy_artifact_files(src_dir, out)
             written = write_manifest(out, stage="shared-cache", source={
                 "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
             }, options={"level": manifest.get("options", {}).get("level"),

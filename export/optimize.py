@@ -68,11 +68,69 @@ def _check_request(src: Path, target: str, level: str, manifest: dict) -> None:
                             "quantization, is not supported)")
 
 
+def expected_fusions(cfg, kind: str) -> list[tuple[str, tuple[str, ...], int]]:
+    """What target 'cpu' must have fused, as (what, ops counted, how many at least)."""
+    out = []
+    if cfg.norm == "rmsnorm":  # ln_1, ln_2 per layer and ln_f; ORT fuses the residual Adds in
+        norms = ("SimplifiedLayerNormalization", f"{CONTRIB}.SkipSimplifiedLayerNormalization")
+        out.append(("RMSNorm", norms, 2 * cfg.n_layer + 1))
+    if cfg.pos_encoding == "rotary":  # queries and keys of every layer
+        out.append(("rotary positions", (f"{CONTRIB}.RotaryEmbedding",),
+                    2 * cfg.n_layer))
+    # The MLP's activation in one kernel with its bias: BiasGelu (exact erf GELU) or FastGelu
+    # (the tanh approximation, GPT-2's gelu_new). SwiGLU's SiLU-times-up has no CPU kernel.
+    if cfg.activation in GELU_OPS:
+        out.append((cfg.activation, tuple(f"{CONTRIB}.{op}" for op in GELU_OPS[cfg.activation]),
+                    cfg.n_layer))
+    return out
+
+
+def moves_cache_into_attention(cfg, kind: str) -> bool:
+    """kvfuse.py's rewrite applies to MultiHeadAttention reading the cache it extends: not
+    with fewer key/value heads than query heads (the cache is repeated out first), nor with
+    rotary positions (RotaryEmbedding sits between the projection and the cache)."""
+    return kind == "decoder_with_past" and cfg.kv_heads == cfg.n_head and \
+        cfg.pos_encoding != "rotary"
+
+
+def _check_fusions(cfg, kind: str, counts: Counter, fusions: dict[str, int]) -> None:
+    for what, ops, need in expected_fusions(cfg, kind):
+        have = sum(counts.get(op, 0) for op in ops)
+        if have < need:
+            raise OptimizeError(f"{what} fused into {' / '.join(ops)} {have} times where "
+                                f"{need} were expected; ops now: {dict(counts)}")
+    cached = fusions.get("attention_with_past", 0)
+    if moves_cache_into_attention(cfg, kind) and cached < cfg.n_layer:
+        raise OptimizeError(f"the KV cache moved into attention in {cached} of {cfg.n_layer} "
+                            "layers; the graph around attention is not the shape "
+                            "export/kvfuse.py expects")
+
+
+def _last_axis_as_minus_one(model: ir.Model) -> int:
+    """torch writes RMSNorm's mean over the last axis as ReduceMean(axes=[2]); onnxscript's
+    SimplifiedLayerNormalization fusion matches axes=[-1] only. Spell a last-axis reduction
+    the way the fusion reads it (the same op on the same axis). Returns how many changed."""
+    changed = 0
+    for node in model.graph:
+        if node.op_type != "ReduceMean" or len(node.inputs) < 2 or node.inputs[1] is None:
+            continue
+        x, axes = node.inputs[0], node.inputs[1].const_value
+        rank = None if x is None or x.shape is None else len(x.shape)
+        if axes is not None and rank and axes.numpy().tolist() == [rank - 1]:
+            minus_one = ir.Value(name=f"{node.name}/last_axis",
+                                 const_value=ir.tensor(np.array([-1], dtype=np.int64)))
+            model.graph.register_initializer(minus_one)
+            node.replace_input_with(1, minus_one)
+            changed += 1
+    return changed
+
+
 def _fuse(proto: onnx.ModelProto, target: str) -> tuple[onnx.ModelProto, dict[str, int]]:
     model = ir.from_proto(proto)
     if target == "portable":
         onnxscript.optimizer.optimize(model)  # folding and clean-up, standard ops only
         return ir.to_proto(model), {}
+    _last_axis_as_minus_one(model)
     model, counts = optimize_for_ort(model)
     fused = ir.to_proto(model)
     counts = {k: v for k, v in counts.items() if v}
@@ -161,18 +219,8 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     if target != "portable" and attention < cfg.n_layer:
         raise OptimizeError(f"attention fused in {attention} of {cfg.n_layer} layers for target "
                             f"{target!r}; ops now: {dict(counts)}")
-    # The MLP's activation in one kernel with its bias: BiasGelu (exact erf GELU) or FastGelu
-    # (the tanh approximation, GPT-2's gelu_new).
-    gelu_ops = GELU_OPS[cfg.activation]
-    gelu = sum(counts.get(f"{CONTRIB}.{op}", 0) for op in gelu_ops)
-    if target == "cpu" and gelu < cfg.n_layer:
-        raise OptimizeError(f"{cfg.activation} fused into {' / '.join(gelu_ops)} in {gelu} of "
-                            f"{cfg.n_layer} layers; ops now: {dict(counts)}")
-    cached = fusions.get("attention_with_past", 0)
-    if target == "cpu" and kind == "decoder_with_past" and cached < cfg.n_layer:
-        raise OptimizeError(f"the KV cache moved into attention in {cached} of {cfg.n_layer} "
-                            "layers; the graph around attention is not the shape "
-                            "export/kvfuse.py expects")
+    if target == "cpu":
+        _check_fusions(cfg, kind, counts, fusions)
     contrib = sorted(k for k in counts if k.startswith(CONTRIB))
     if target == "portable" and contrib:
         raise OptimizeError(f"the portable graph still holds contrib ops {contrib}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from tinyt.runtime.session import graph_session
 
 from .compare import compare_graphs
 from .optimize import LEVELS
-from .stage import COPIED_FILES, built, open_source
+from .stage import built, copy_artifact_files, open_source
 from .triton import check_config, config_pbtxt
 
 FORMATS = ("onnx", "ort", "triton")
@@ -217,8 +216,7 @@ def _write_triton(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: 
     version.mkdir(parents=True)
     (out / name / "config.pbtxt").write_text(text)
     copy_graph(graph_path, version)
-    for f in COPIED_FILES:
-        shutil.copy(src_dir / f, version / f)
+    copy_artifact_files(src_dir, version)
     return {"triton": {"model": name, "max_batch_size": parsed.max_batch_size, "device": device,
                        "instances": instances},
             "model_file": f"{name}/1/{ONNX_FILE}"}
@@ -227,8 +225,7 @@ def _write_triton(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: 
 def _write_ort(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: str, pins: dict,
                *, level: str, **_) -> dict:
     """The ORT format (model.ort), checked against the ONNX graph it came from."""
-    for f in COPIED_FILES:
-        shutil.copy(src_dir / f, out / f)
+    copy_artifact_files(src_dir, out)
     _to_ort(graph_path, out, level)
     worst_ort = _check_same(graph_path, out / ORT_FILE, cfg, kind, pins)
     write_genai_config(out, cfg, kind=kind, fixed=pins, model_file=ORT_FILE)
@@ -239,8 +236,7 @@ def _write_ort(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: str
 def _write_onnx(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: str, pins: dict,
                 **_) -> dict:
     """The ONNX graph (pinned, if asked) with the artifact's files."""
-    for f in COPIED_FILES:
-        shutil.copy(src_dir / f, out / f)
+    copy_artifact_files(src_dir, out)
     copy_graph(graph_path, out)
     write_genai_config(out, cfg, kind=kind, fixed=pins, model_file=ONNX_FILE)
     return {}

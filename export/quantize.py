@@ -19,7 +19,7 @@ import onnx
 
 from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
-from tinyt.graphio import graph_files, save_graph
+from tinyt.graphio import check_graph, graph_files, save_graph
 from tinyt.hardware import int8_preset
 from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
@@ -121,7 +121,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
         if not report.quantized:
             raise QuantizeError(f"nothing in {src_dir / ONNX_FILE} was quantized: "
                                 f"{report.skipped}")
-        onnx.checker.check_model(str(path))
+        check_graph(path)
         ref = graph_session(src_dir / ONNX_FILE, level="all")
         cand = graph_session(path, level="all")
         if kind == "classifier":

@@ -26,6 +26,16 @@ from tinyt.manifest import check_manifest, check_output_dir, read_model_config, 
 from tinyt.runtime.session import check_source
 
 COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
+CARRIED_IF_PRESENT = ("tokenizer_config.json",)  # an imported tokenizer's eos, bos, template
+
+
+def copy_artifact_files(src_dir: Path, out: Path) -> None:
+    """The files every artifact carries from its source, beside the graph."""
+    for name in COPIED_FILES:
+        shutil.copy(src_dir / name, out / name)
+    for name in CARRIED_IF_PRESENT:
+        if (src_dir / name).is_file():
+            shutil.copy(src_dir / name, out / name)
 
 
 class Built(type(Path())):
@@ -91,8 +101,7 @@ def write_artifact(out_dir: str | os.PathLike, src: Source, graphs: list[Path], 
     with atomic_dir(out_dir) as out:
         for graph in graphs:
             copy_graph(graph, out)
-        for name in COPIED_FILES:
-            shutil.copy(src.path / name, out / name)
+        copy_artifact_files(src.path, out)
         if genai:
             write_genai_config(out, src.config, kind=src.kind)
         manifest = write_manifest(out, stage=stage, source=src.record(), options=options,

@@ -31,7 +31,7 @@ def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray, mask: np.ndarray
     feeds = {"input_ids": ids, "attention_mask": mask}
     if kind == "decoder_with_past":
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)
-        empty = np.zeros((B, cfg.n_head, 0, cfg.head_dim), dtype=kv_dtype)
+        empty = np.zeros((B, cfg.kv_heads, 0, cfg.head_dim), dtype=kv_dtype)
         feeds.update(dict.fromkeys(past_names(cfg.n_layer), empty))
     return feeds
 

@@ -100,14 +100,14 @@ class LanguageModel:
         """Text, token ids and finish reason for each prompt of a batch."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a non-empty list of strings")
-        return self.generate_ids([self.tokenizer.encode(_prompt_text(p)) for p in prompts],
+        return self.generate_ids([self.tokenizer.encode_prompt(_prompt_text(p)) for p in prompts],
                                  **kwargs)
 
     def stream(self, prompt, **kwargs) -> Iterator[str]:
         """Pieces of generated text as they are decided; they concatenate to generate()'s.
         Arguments are checked here, before the first piece is asked for."""
         params = SamplingParams(**_params(kwargs))
-        rows = self._check_ids([self.tokenizer.encode(_prompt_text(prompt))])
+        rows = self._check_ids([self.tokenizer.encode_prompt(_prompt_text(prompt))])
         return self._stream(rows, params)
 
     def _stream(self, rows: list[list[int]], params: SamplingParams) -> Iterator[str]:

@@ -42,7 +42,7 @@ class SharedCache:
         self.binding = session.io_binding()
         self.prefill_binding = (self.binding if prefill_session is None
                                 else prefill_session.io_binding())
-        shape = (batch, cfg.n_head, capacity, cfg.head_dim)
+        shape = (batch, cfg.kv_heads, capacity, cfg.head_dim)
         self.kv = []
         self.logits = np.zeros((batch, 1, cfg.vocab_size), dtype=np.float32)
         self.seqlens = np.zeros(batch, dtype=np.int32)

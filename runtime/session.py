@@ -141,7 +141,7 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
 # Which config field a static axis of the contract comes from (logits' last axis, the cache's
 # heads and head size).
 _CONFIG_AXES = {("logits", 2): "vocab_size", ("logits", 1): "num_labels",
-                ("past_key_values", 1): "n_head", ("present", 1): "n_head",
+                ("past_key_values", 1): "kv_heads", ("present", 1): "kv_heads",
                 ("past_key_values", 3): "head_dim", ("present", 3): "head_dim"}
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
            "tensor(float16)": np.float16}

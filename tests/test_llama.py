@@ -29,29 +29,13 @@ def _llama(**kw) -> ModelConfig:
 
 
 def from_hf(hf, cfg: ModelConfig):
-    """A tinyt model holding a transformers Llama / Qwen2 model's weights: q, k, v rows
-    stacked into c_attn, gate and up into c_fc."""
+    """A tinyt model holding a transformers Llama / Qwen2 model's weights, mapped by the
+    importer's own code (q, k, v rows stacked into c_attn, gate and up into c_fc)."""
+    from tinyt.checkpoint import load_weights
+    from tinyt.hfllama import state_from_llama
+
     ours = build_model(cfg).eval()
-    sd = {k: v for k, v in hf.state_dict().items()}
-    out = {"transformer.wte.weight": sd["model.embed_tokens.weight"],
-           "transformer.ln_f.weight": sd["model.norm.weight"]}
-    for i in range(cfg.n_layer):
-        p, q = f"model.layers.{i}.", f"transformer.h.{i}."
-        att = [sd[f"{p}self_attn.{x}_proj.weight"] for x in "qkv"]
-        out |= {f"{q}ln_1.weight": sd[f"{p}input_layernorm.weight"],
-                f"{q}ln_2.weight": sd[f"{p}post_attention_layernorm.weight"],
-                f"{q}attn.c_attn.weight": torch.cat(att),
-                f"{q}attn.c_proj.weight": sd[f"{p}self_attn.o_proj.weight"],
-                f"{q}mlp.c_fc.weight": torch.cat([sd[f"{p}mlp.gate_proj.weight"],
-                                                  sd[f"{p}mlp.up_proj.weight"]]),
-                f"{q}mlp.c_proj.weight": sd[f"{p}mlp.down_proj.weight"]}
-        if f"{p}self_attn.q_proj.bias" in sd:
-            out[f"{q}attn.c_attn.bias"] = torch.cat([sd[f"{p}self_attn.{x}_proj.bias"]
-                                                     for x in "qkv"])
-    if not cfg.tie_weights:
-        out["lm_head.weight"] = sd["lm_head.weight"]
-    missing, unexpected = ours.load_state_dict(out, strict=False)
-    assert unexpected == [] and [k for k in missing if k != "lm_head.weight"] == []
+    load_weights(ours, state_from_llama(hf.state_dict(), cfg, "test model"), "test model")
     return ours
 
 
@@ -165,20 +149,3 @@ def test_a_llama_model_trains_saves_and_reloads(corpus_dir, tmp_path):
         assert torch.equal(ck.model(ids)[0], again)
     # it learned: below the loss of a uniform guess over the vocabulary, ln(V), by a margin
     assert history["val_loss"] < math.log(ck.config.vocab_size) - 1.0
-
-
-def test_stages_not_built_for_the_options_refuse_them_by_name(corpus_dir, tmp_path):
-    from tinyt.checkpoint import save_checkpoint
-    from tinyt.export import ExportError, export_onnx
-    from tinyt.hfgpt2 import ConversionError, to_hf_gpt2
-    from tinyt.tokenizer import Tokenizer
-
-    cfg = _llama(vocab_size=260)
-    ck = save_checkpoint(tmp_path / "ck", build_model(cfg), Tokenizer.byte_level())
-    with pytest.raises(ExportError, match=r"Llama-family options \(norm='rmsnorm', "
-                                          r"pos_encoding='rotary', activation='swiglu', "
-                                          r"n_kv_head=2\)"):
-        export_onnx(ck, tmp_path / "onnx")
-    with pytest.raises(ConversionError, match="that GPT2LMHeadModel does not have"):
-        to_hf_gpt2(ck, tmp_path / "hf")
-    assert not (tmp_path / "onnx").exists() and not (tmp_path / "hf").exists()

@@ -115,14 +115,17 @@ def import_nanogpt(
 
 @app.command("import-hf")
 def import_hf(
-    directory: Annotated[Path, typer.Argument(help="Local Hugging Face GPT2LMHeadModel "
-                                                   "directory (config.json, model.safetensors "
-                                                   "or shards, tokenizer.json or vocab.json + "
-                                                   "merges.txt).")],
+    directory: Annotated[Path, typer.Argument(help="Local Hugging Face directory of a "
+                                                   "GPT2LMHeadModel, LlamaForCausalLM or "
+                                                   "Qwen2ForCausalLM (config.json, "
+                                                   "model.safetensors or shards, tokenizer.json "
+                                                   "[+ tokenizer_config.json]; GPT-2 may have "
+                                                   "vocab.json + merges.txt).")],
     out: Annotated[Path, typer.Argument(help="tinyt checkpoint directory to write.")],
 ) -> None:
-    """Import a GPT-2-family model (GPT-2, DistilGPT-2, their fine-tunes) from a Hugging Face
-    directory; options tinyt's model does not implement are refused by name."""
+    """Import a GPT-2 (GPT-2, DistilGPT-2, fine-tunes) or Llama-family (SmolLM2, TinyLlama,
+    Llama-3.2 layouts, Qwen2 / Qwen2.5) model from a Hugging Face directory; options tinyt's
+    model does not implement are refused by name."""
     from tinyt.hfgpt2 import import_hf as run_import
 
     path = run_import(directory, out, log=lambda s: typer.echo(s, err=True))
@@ -134,13 +137,14 @@ def export_hf(
     checkpoint: Annotated[Path, typer.Argument(help="Causal-LM checkpoint directory.")],
     out: Annotated[Path, typer.Argument(help="Hugging Face directory to write.")],
 ) -> None:
-    """Write a checkpoint as a Hugging Face GPT2LMHeadModel directory (safetensors), for
-    transformers, CTranslate2, llama.cpp's converter, vLLM; its logits are checked first."""
+    """Write a checkpoint as a Hugging Face directory (safetensors): GPT2LMHeadModel, or
+    LlamaForCausalLM / Qwen2ForCausalLM for a Llama-family model; for transformers,
+    CTranslate2, llama.cpp's converter, vLLM. Its logits are checked first."""
     import json
 
-    from tinyt.hfgpt2 import to_hf_gpt2
+    from tinyt.hfgpt2 import to_hf
 
-    path = to_hf_gpt2(checkpoint, out)
+    path = to_hf(checkpoint, out)
     meta = json.loads((path / "config.json").read_text())
     typer.echo(f"logits max abs diff vs tinyt: {meta['tinyt']['logits_max_abs_diff']:.2e}")
     typer.echo(f"huggingface: {path}")

@@ -3,8 +3,8 @@ read the names, dtypes and symbolic axes from here. Names follow Hugging Face Op
 its ORTModelForCausalLM and similar loops understand tinyt's graphs.
 
     decoder:    input_ids [B, S], attention_mask [B, P+S], position_ids [B, S],
-                past_key_values.{i}.key/.value [B, nh, P, hs]
-             -> logits [B, S, vocab], present.{i}.key/.value [B, nh, P+S, hs]
+                past_key_values.{i}.key/.value [B, nkv, P, hs]
+             -> logits [B, S, vocab], present.{i}.key/.value [B, nkv, P+S, hs]
     classifier: input_ids [B, S], attention_mask [B, S] -> logits [B, num_labels]
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def decoder_inputs(cfg: ModelConfig, *, with_past: bool = True,
     if not with_past:
         return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
                 TensorSpec("attention_mask", "int64", (BATCH, SEQ))]
-    kv = (BATCH, cfg.n_head, PAST, cfg.head_dim)
+    kv = (BATCH, cfg.kv_heads, PAST, cfg.head_dim)
     return [
         TensorSpec("input_ids", "int64", (BATCH, SEQ)),
         TensorSpec("attention_mask", "int64", (BATCH, TOTAL)),
@@ -62,7 +62,7 @@ def decoder_outputs(cfg: ModelConfig, *, with_past: bool = True,
     logits = TensorSpec("logits", "float32", (BATCH, SEQ, cfg.vocab_size))
     if not with_past:
         return [logits]
-    kv = (BATCH, cfg.n_head, TOTAL, cfg.head_dim)
+    kv = (BATCH, cfg.kv_heads, TOTAL, cfg.head_dim)
     return [logits, *(TensorSpec(n, kv_dtype, kv) for n in present_names(cfg.n_layer))]
 
 
@@ -71,7 +71,7 @@ CAPACITY = "max_sequence_length"
 
 def gqa_inputs(cfg: ModelConfig) -> list[TensorSpec]:
     """The shared-cache variant (runtime/gqa.py): right-padded chunks, one buffer per cache."""
-    kv = (BATCH, cfg.n_head, CAPACITY, cfg.head_dim)
+    kv = (BATCH, cfg.kv_heads, CAPACITY, cfg.head_dim)
     return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
             TensorSpec("position_ids", "int64", (BATCH, SEQ)),
             TensorSpec("seqlens_k", "int32", (BATCH,)),
@@ -81,7 +81,7 @@ def gqa_inputs(cfg: ModelConfig) -> list[TensorSpec]:
 
 
 def gqa_outputs(cfg: ModelConfig) -> list[TensorSpec]:
-    kv = (BATCH, cfg.n_head, CAPACITY, cfg.head_dim)
+    kv = (BATCH, cfg.kv_heads, CAPACITY, cfg.head_dim)
     return [TensorSpec("logits", "float32", (BATCH, 1, cfg.vocab_size)),
             *(TensorSpec(n, "float32", kv) for n in present_names(cfg.n_layer))]
 

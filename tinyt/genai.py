@@ -31,7 +31,7 @@ def genai_config(cfg: ModelConfig, *, eos_id: int, model_file: str = "model.onnx
                 "filename": model_file,
                 "session_options": {"log_id": "tinyt", "provider_options": []},
                 "head_size": cfg.head_dim, "hidden_size": cfg.n_embd,
-                "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head,
+                "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads,
                 "num_hidden_layers": cfg.n_layer,
                 "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
                            "position_ids": "position_ids",

@@ -33,6 +33,26 @@ def load_graph(path: str | Path):
     return proto
 
 
+# Contrib ops ONNX Runtime registers in the standard domain (onnxscript's fusion writes them
+# there, as ORT expects): onnx's checker has no schema for them there and refuses the node.
+ORT_OPS_IN_ONNX_DOMAIN = ("SimplifiedLayerNormalization",)
+
+
+def check_graph(path: str | Path) -> None:
+    """onnx's checker on a saved graph (its weights left on disk), reading the contrib ops
+    ONNX Runtime keeps in the standard domain as the contrib ops they are."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    moved = [n for n in proto.graph.node
+             if n.domain in ("", "ai.onnx") and n.op_type in ORT_OPS_IN_ONNX_DOMAIN]
+    for node in moved:
+        node.domain = "com.microsoft"
+    if moved and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    onnx.checker.check_model(proto)
+
+
 # A graph whose weights pass this many bytes keeps them in PATH.data beside it: protobuf cannot
 # serialise a message over 2 GiB (GPT-2 large and up in fp32). TINYT_EXTERNAL_DATA_BYTES lowers
 # it (tests force the path on small models; so can a user whose tools want external data).

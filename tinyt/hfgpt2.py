@@ -99,6 +99,17 @@ def gpt2_state_dict(model, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return out
 
 
+def to_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """`tinyt export-hf`: a Llama-family checkpoint as LlamaForCausalLM / Qwen2ForCausalLM
+    (tinyt.hfllama), any other causal LM as GPT2LMHeadModel."""
+    cfg = load_checkpoint(checkpoint_dir).config
+    if cfg.llama_options:
+        from tinyt.hfllama import to_hf_llama
+
+        return to_hf_llama(checkpoint_dir, out_dir)
+    return to_hf_gpt2(checkpoint_dir, out_dir)
+
+
 def to_hf_gpt2(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Write a tinyt causal-LM checkpoint as a Hugging Face GPT-2 directory; returns out_dir."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -158,8 +169,9 @@ def _logits_diff(model, hf, cfg: ModelConfig) -> float:
 def config_from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
     """ModelConfig of a GPT2LMHeadModel config.json; what tinyt cannot run is refused by name."""
     if hf.get("model_type") != "gpt2":
-        raise ConversionError(f"{source}: model_type {hf.get('model_type')!r} is not 'gpt2'; "
-                              "tinyt imports GPT-2-family models (GPT2LMHeadModel)")
+        raise ConversionError(f"{source}: model_type {hf.get('model_type')!r} is not one "
+                              "tinyt imports: 'gpt2' (GPT2LMHeadModel), 'llama' "
+                              "(LlamaForCausalLM), 'qwen2' (Qwen2ForCausalLM)")
     archs = hf.get("architectures") or ["GPT2LMHeadModel"]
     if archs != ["GPT2LMHeadModel"]:
         raise ConversionError(f"{source}: architectures {archs}; tinyt imports GPT2LMHeadModel "
@@ -270,7 +282,8 @@ def read_hf_tokenizer(directory: Path) -> Tokenizer:
 
 def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
               log: Callable[[str], None] = lambda s: None) -> Path:
-    """Write a tinyt checkpoint from a local Hugging Face GPT2LMHeadModel directory."""
+    """Write a tinyt checkpoint from a local Hugging Face directory: GPT2LMHeadModel here,
+    LlamaForCausalLM and Qwen2ForCausalLM in tinyt.hfllama."""
     directory, out = Path(directory), Path(out)
     if not directory.is_dir():
         raise CheckpointError(f"Hugging Face model directory {directory} does not exist")
@@ -279,6 +292,10 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
         hf_cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{directory / 'config.json'} is not readable JSON: {e}") from None
+    if hf_cfg.get("model_type") in ("llama", "qwen2"):
+        from tinyt.hfllama import import_llama
+
+        return import_llama(directory, out, hf_cfg, log=log)
     cfg = config_from_hf(hf_cfg, str(directory / "config.json"))
     tok = read_hf_tokenizer(directory)
     check_tokenizer_fits(tok, cfg, "the tokenizer")

@@ -22,9 +22,12 @@ from tinyt.errors import ConfigError
 
 def rotate(x, rope):
     """Rotary positions, non-interleaved as Llama: the first and second halves of each head
-    are a vector's two coordinates, turned by the angle of the token's position."""
+    are a vector's two coordinates, turned by the angle of the token's position. Written as
+    transformers writes it (slices, not chunk), so ONNX Runtime's RotaryEmbedding fusion
+    recognises the exported graph."""
     cos, sin = rope  # (B, 1, T, hs)
-    x1, x2 = x.chunk(2, dim=-1)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
@@ -134,9 +137,11 @@ class RotaryPositions(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (hs/2,)
 
     def forward(self, position_ids):
-        angles = position_ids.unsqueeze(-1).float() * self.inv_freq  # (B, T, hs/2)
-        angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, T, hs)
-        return angles.cos(), angles.sin()
+        # inv_freq (1, hs/2, 1) @ positions (B, 1, T): the form the cos/sin-cache fusion knows
+        inv = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
+        angles = (inv @ position_ids[:, None, :].float()).transpose(1, 2)  # (B, T, hs/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (B, T, hs)
+        return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (B, 1, T, hs)
 
 
 class Trunk(nn.Module):

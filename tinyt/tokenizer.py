@@ -6,6 +6,10 @@ Two kinds, one file format:
 Both end with one special token, `<|endoftext|>`, used as document separator, EOS and pad
 (a `byte` tokenizer made for an imported byte-level model may have none).
 Any UTF-8 text round-trips exactly: encode never drops or normalises a byte.
+
+An imported tokenizer (a Llama-family model's) may end text with another token, begin
+prompts with a BOS token and carry a chat template: those live where Hugging Face keeps them,
+in `tokenizer_config.json` beside `tokenizer.json`, and travel with it through every stage.
 """
 from __future__ import annotations
 
@@ -23,6 +27,15 @@ from tinyt.errors import ConfigError, DataError
 
 EOS_TOKEN = "<|endoftext|>"
 MIN_BPE_VOCAB = 257  # 256 bytes + <|endoftext|>
+TOKENIZER_CONFIG = "tokenizer_config.json"  # eos / bos tokens and the chat template, as HF's
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where newer transformers save the template
+
+
+def _token_text(value) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
 
 
 @lru_cache(maxsize=1)
@@ -51,9 +64,28 @@ def _byte_level_parts(tok: HFTokenizer) -> None:
 class Tokenizer:
     """A thin wrapper over a Hugging Face tokenizer with tinyt's conventions."""
 
-    def __init__(self, hf: HFTokenizer):
+    def __init__(self, hf: HFTokenizer, *, eos_token: str = EOS_TOKEN,
+                 bos_token: str | None = None, chat_template: str | list | None = None):
         self.hf = hf
-        self.eos_id: int | None = hf.token_to_id(EOS_TOKEN)
+        self.eos_token, self.bos_token = eos_token, bos_token
+        self.eos_id: int | None = hf.token_to_id(eos_token)
+        self.bos_id: int | None = None if bos_token is None else hf.token_to_id(bos_token)
+        for role, token, idx in (("eos", eos_token, self.eos_id), ("bos", bos_token, self.bos_id)):
+            if token is not None and idx is None and token != EOS_TOKEN:
+                raise DataError(f"the {role} token {token!r} is not in the tokenizer's vocabulary")
+        self.chat_template = chat_template  # a Jinja string, or HF's list of named templates
+
+    @property
+    def settings(self) -> dict:
+        """What tokenizer_config.json carries for tinyt (empty for tinyt's own tokenizers)."""
+        out: dict = {}
+        if self.eos_token != EOS_TOKEN:
+            out["eos_token"] = self.eos_token
+        if self.bos_token is not None:
+            out["bos_token"] = self.bos_token
+        if self.chat_template is not None:
+            out["chat_template"] = self.chat_template
+        return out
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -89,16 +121,25 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> Tokenizer:
+        """A tokenizer.json, with the tokenizer_config.json (and chat_template.jinja) beside
+        it when there is one."""
         path = Path(path)
         if not path.is_file():
             raise DataError(f"tokenizer file {path} does not exist")
         try:
-            return cls(HFTokenizer.from_file(str(path)))
+            hf = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust parser raises a bare Exception
             raise DataError(f"tokenizer file {path} is not a valid tokenizer.json: {e}") from None
+        return cls(hf, **read_settings(path.parent))
 
     def save(self, path: str | os.PathLike) -> None:
+        """tokenizer.json at `path`, and tokenizer_config.json beside it when the tokenizer
+        has settings beyond tinyt's defaults."""
         self.hf.save(str(path))
+        if self.settings:
+            config = Path(path).parent / TOKENIZER_CONFIG
+            config.write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                          **self.settings}, indent=2, ensure_ascii=False))
 
     # -- use -------------------------------------------------------------------------------
     @property
@@ -107,6 +148,11 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's ids with the special tokens tokenizer.json's post-processor adds (Llama's
+        BOS; nothing for GPT-2's or tinyt's own), as transformers' tokenizer(text) does."""
+        return self.hf.encode(text, add_special_tokens=True).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
@@ -130,3 +176,26 @@ class Tokenizer:
 
     def to_json_dict(self) -> dict:
         return json.loads(self.hf.to_str())
+
+
+def read_settings(directory: Path) -> dict:
+    """Tokenizer keyword arguments from a directory's tokenizer_config.json (and
+    chat_template.jinja); {} when it has neither."""
+    settings: dict = {}
+    config = directory / TOKENIZER_CONFIG
+    if config.is_file():
+        try:
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{config} is not readable JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise DataError(f"{config} must hold a JSON object")
+        for key in ("eos_token", "bos_token"):
+            if _token_text(data.get(key)) is not None:
+                settings[key] = _token_text(data[key])
+        if data.get("chat_template") is not None:
+            settings["chat_template"] = data["chat_template"]
+    template = directory / CHAT_TEMPLATE_FILE
+    if template.is_file() and "chat_template" not in settings:
+        settings["chat_template"] = template.read_text(encoding="utf-8")
+    return settings
