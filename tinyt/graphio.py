@@ -43,14 +43,23 @@ def check_graph(path: str | Path) -> None:
     ONNX Runtime keeps in the standard domain as the contrib ops they are."""
     import onnx
 
+    path = Path(path)
     proto = onnx.load(str(path), load_external_data=False)
     moved = [n for n in proto.graph.node
              if n.domain in ("", "ai.onnx") and n.op_type in ORT_OPS_IN_ONNX_DOMAIN]
+    if not moved:
+        onnx.checker.check_model(str(path))  # by path: external data resolves beside it
+        return
     for node in moved:
         node.domain = "com.microsoft"
-    if moved and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    onnx.checker.check_model(proto)
+    probe = path.with_name(f".{path.name}.check")  # beside it, so external data resolves
+    try:
+        onnx.save(proto, str(probe))
+        onnx.checker.check_model(str(probe))
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 # A graph whose weights pass this many bytes keeps them in PATH.data beside it: protobuf cannot
