@@ -33,7 +33,8 @@ def presets() -> None:
 def train(
     out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = DEFAULT_CKPT,
     preset: Annotated[str, typer.Option(
-        help="Named preset: test, demo, article, gpt2-small (tinyt presets).")] = "demo",
+        help="Named preset: test, demo, llama-demo, article, gpt2-small (tinyt presets).")
+    ] = "demo",
     data: Annotated[Optional[Path], typer.Option(
         help="Text file or directory (classifier: a directory with one subdirectory per "
              "label). Default: the Python standard library's source.")] = None,
@@ -45,11 +46,15 @@ def train(
     n_layer: Annotated[Optional[int], typer.Option(min=1)] = None,
     n_head: Annotated[Optional[int], typer.Option(min=1)] = None,
     n_embd: Annotated[Optional[int], typer.Option(min=1)] = None,
+    n_kv_head: Annotated[Optional[int], typer.Option(
+        min=1, help="Key/value heads (divides --n-head; 1 = multi-query).")] = None,
+    n_inner: Annotated[Optional[int], typer.Option(
+        min=1, help="MLP width (SwiGLU: the intermediate size).")] = None,
     block_size: Annotated[Optional[int], typer.Option(min=2)] = None,
     vocab_size: Annotated[Optional[int], typer.Option(min=2)] = None,
     pos_encoding: Annotated[Optional[str], typer.Option(
-        help="learned, sinusoidal or rotary (rotary trains and runs in PyTorch; its ONNX "
-             "export is not built yet).")] = None,
+        help="learned, sinusoidal or rotary (Llama's; the llama-demo preset has the whole "
+             "Llama form).")] = None,
     dropout: Annotated[Optional[float], typer.Option()] = None,
     eval_interval: Annotated[Optional[int], typer.Option(min=1)] = None,
     seed: Annotated[Optional[int], typer.Option(min=0)] = None,
@@ -66,7 +71,8 @@ def train(
     overrides = dict(
         tokenizer=tokenizer, max_steps=max_steps, batch_size=batch_size,
         learning_rate=learning_rate, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-        block_size=block_size, vocab_size=vocab_size, pos_encoding=pos_encoding,
+        n_kv_head=n_kv_head, n_inner=n_inner, block_size=block_size, vocab_size=vocab_size,
+        pos_encoding=pos_encoding,
         dropout=dropout, eval_interval=eval_interval, seed=seed, device=device,
     )
     given = sorted(k for k, v in overrides.items() if v is not None)
@@ -400,7 +406,7 @@ def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for every stage.")]
         = Path("artifacts"),
     preset: Annotated[str, typer.Option(
-        help="Model preset: test, demo, article, gpt2-small.")] = "demo",
+        help="Model preset: test, demo, llama-demo, article, gpt2-small.")] = "demo",
     data: Annotated[Optional[Path], typer.Option(
         help="Your text corpus (default: the Python standard library's source).")] = None,
     skip_train: Annotated[Optional[Path], typer.Option(

@@ -237,6 +237,16 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "train": dict(max_steps=600, batch_size=32, warmup_steps=30, eval_interval=100,
                       eval_batches=8),
     },
+    # The demo's parameter count in the Llama family's form: RMSNorm, rotary positions, SwiGLU
+    # (n_inner 3 * n_embd: the MLP's three matrices hold what GELU's two of 4 * n_embd do) and
+    # 2 key/value heads for 4 query heads (half the KV cache). Same training settings.
+    "llama-demo": {
+        "model": dict(block_size=128, vocab_size=2048, n_layer=4, n_head=4, n_kv_head=2,
+                      n_embd=128, n_inner=384, norm="rmsnorm", pos_encoding="rotary",
+                      activation="swiglu", bias=False),
+        "train": dict(max_steps=600, batch_size=32, warmup_steps=30, eval_interval=100,
+                      eval_batches=8),
+    },
     # The shape of the seed article's model (4 layers, 4 heads, 768 wide). Slow on a CPU.
     "article": {
         "model": dict(block_size=256, vocab_size=8192, n_layer=4, n_head=4, n_embd=768),
