@@ -76,7 +76,7 @@ def decode_latency(paths: dict[str, Path], ckpt, past: int, rounds: int) -> dict
         "attention_mask": np.ones((1, past + 1), dtype=np.int64),
         "position_ids": np.array([[past]], dtype=np.int64),
         **{n: np.random.default_rng(0).standard_normal(
-            (1, cfg.n_head, past, cfg.head_dim)).astype(np.float32)
+            (1, cfg.kv_heads, past, cfg.head_dim)).astype(np.float32)
            for n in C.past_names(cfg.n_layer)}}
     return session_latency_ms(paths, feeds, rounds=rounds, threads=2)
 

@@ -25,13 +25,13 @@ import numpy as np
 PRESETS = ("demo", "llama-demo")
 
 
-def _train(name: str, steps: int, every: int, out: Path) -> dict:
+def _train(name: str, steps: int, every: int, out: Path, data: str | None) -> dict:
     from tinyt.checkpoint import load_checkpoint
     from tinyt.config import preset
     from tinyt.train import train
 
     model_cfg, train_cfg = preset(name, max_steps=steps, eval_interval=every)
-    path = train(model_cfg, train_cfg, out / name, log=lambda s: None)
+    path = train(model_cfg, train_cfg, out / name, data=data, log=lambda s: None)
     ck = load_checkpoint(path)
     history = json.loads((path / "train_state.json").read_text())["history"]
     return {"preset": name, "model": ck.config.to_dict(),
@@ -80,9 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--eval-interval", type=int, default=50)
+    ap.add_argument("--data", help="corpus (default: the built-in one)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {name: _train(name, args.steps, args.eval_interval, Path(tmp))
+        runs = {name: _train(name, args.steps, args.eval_interval, Path(tmp), args.data)
                 for name in PRESETS}
     feats = cpu_features()
     flags = [k for k, v in feats.items() if v is True]

@@ -55,12 +55,31 @@ ENGINES = {
     "llama.cpp-q8_0": ("llama.cpp q8_0 (llama-cpp-python)", "llama-cpp-python",
                        "compiles from source (~20 min here); kept out of the extras and CI"),
     "torch-eager": ("PyTorch eager, tinyt's model with its KV cache", "torch", "extra torch"),
+    # The Llama family's peers and tinyt's INT4 (made here when asked; see prepare)
+    "tinyt-int4": ("tinyt.runtime generate on ARTIFACTS/onnx-int4 (MatMulNBits 4-bit, block "
+                   "32, made from onnx-opt)", "onnxruntime", "extra cpu"),
+    "tinyt-int4-gqa": ("tinyt.runtime generate on ARTIFACTS/onnx-int4-gqa (shared KV cache; "
+                       "prompts on the qgemm graph, steps on the 4-bit one)", "onnxruntime",
+                       "extra cpu"),
+    **{f"genai-builder-{p}": (f"ONNX Runtime GenAI on its own model builder's {p} artifact of "
+                              "the same Hugging Face directory", "onnxruntime-genai",
+                              "bash scripts/setup-genai-builder.sh")
+       for p in ("int4", "int8", "fp32")},
+    "optimum-fp32": ("Optimum's own ONNX export (text-generation-with-past) run by "
+                     "ORTModelForCausalLM.generate", "optimum-onnx", "extra optimum"),
 }
+# The main job's peer run: the engines of the GPT-2-form demo (its time stays as it was)
+PIPELINE_ENGINES = ("tinyt-int8", "tinyt-fp32", "tinyt-int8-gqa", "genai-int8", "ct2-int8",
+                    "ct2-float32", "llama.cpp-q8_0", "torch-eager")
+BUILDER_VENV = Path(".venv-genai-builder")  # scripts/setup-genai-builder.sh
+INT4_BLOCK = 32  # the GenAI builder's default block for int4
 REFERENCE = "tinyt-fp32"  # greedy agreement is measured against its tokens
-EXACT = {"tinyt-fp32", "ct2-float32", "torch-eager"}  # fp32 engines: tokens must be identical
+EXACT = {"tinyt-fp32", "ct2-float32", "torch-eager", "optimum-fp32",
+         "genai-builder-fp32"}  # fp32 engines: tokens must be identical
 SAME_GRAPH = {"genai-int8": "tinyt-int8"}  # engines on tinyt's own INT8 graph
 TINYT_DIRS = {"tinyt-int8-gqa": "onnx-int8-gqa", "tinyt-int8": "onnx-int8",
-              "tinyt-fp32": "onnx-opt"}
+              "tinyt-fp32": "onnx-opt", "tinyt-int4": "onnx-int4",
+              "tinyt-int4-gqa": "onnx-int4-gqa"}
 TINYT = tuple(TINYT_DIRS)
 TARGETS = {"decode_vs_fastest_peer_max": 0.8, "prefill_vs_fastest_peer_max": 1.0,
            "outside_run_us_per_token_max": 10.0}
@@ -87,6 +106,31 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
             "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
         model = og.Model(config)
         return lambda ids, n: genai_greedy(model, ids, n, min_length=True)
+    if name.startswith("genai-builder-"):
+        import onnxruntime_genai as og
+
+        config = og.Config(str(artifacts / "peers" / name))
+        config.clear_providers()
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+        model = og.Model(config)
+        return lambda ids, n: genai_greedy(model, ids, n, min_length=True)
+    if name == "optimum-fp32":
+        import torch
+        from onnxruntime import SessionOptions
+        from optimum.onnxruntime import ORTModelForCausalLM
+
+        opts = SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        torch.set_num_threads(threads)
+        model = ORTModelForCausalLM.from_pretrained(artifacts / "peers" / name,
+                                                    session_options=opts)
+
+        def optimum(ids, n):
+            out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False)
+            return out[0, len(ids):].tolist()
+        return optimum
     if name.startswith("ct2-"):
         import ctranslate2
 
@@ -234,28 +278,83 @@ def prepare(artifacts: Path, engines: list[str]) -> dict[str, str]:
             md.version(dist)
         except md.PackageNotFoundError:
             skipped[name] = f"{dist} is not installed ({ENGINES[name][2]})"
+    _prepare_int4(artifacts, [n for n in engines if n.startswith("tinyt-int4")
+                              and n not in skipped], skipped)
     for name, sub in TINYT_DIRS.items():
         if name in engines and not (artifacts / sub / "manifest.json").is_file():
             skipped[name] = f"{artifacts / sub} is missing (`tinyt pipeline` makes it)"
-    need = [n for n in engines if n.startswith("ct2-") and n not in skipped]
+    llama = bool(json.loads((artifacts / "onnx-opt" / "config.json").read_text())
+                 .get("tinyt", {}).get("model", {}).get("norm") == "rmsnorm")
+    for name in engines:
+        if name.startswith("genai-builder-") and name not in skipped:
+            if not llama:
+                skipped[name] = "the GenAI model builder builds Llama-family models; this one " \
+                                "is GPT-2's form"
+            elif not (BUILDER_VENV / "bin" / "python").is_file():
+                skipped[name] = f"no {BUILDER_VENV} (bash scripts/setup-genai-builder.sh)"
+    need = [n for n in engines if n.startswith(("ct2-", "genai-builder-", "optimum-"))
+            and n not in skipped]
     if not need:
         return skipped
-    from tinyt.hfgpt2 import to_hf_gpt2
+    from tinyt.hfgpt2 import to_hf
 
     stamp = sha256_file(artifacts / "checkpoint" / "model.safetensors")
     peers = artifacts / "peers"
     if _stamp(peers / "hf") != stamp:
-        to_hf_gpt2(artifacts / "checkpoint", peers / "hf")
+        to_hf(artifacts / "checkpoint", peers / "hf")
         (peers / "hf" / "tinyt-source.sha256").write_text(stamp)
     for name in need:
-        if _stamp(peers / name) != stamp:
-            from ctranslate2.converters import TransformersConverter
-
-            quant = name.removeprefix("ct2-")
-            TransformersConverter(str(peers / "hf")).convert(str(peers / name),
-                                                               quantization=quant, force=True)
-            (peers / name / "tinyt-source.sha256").write_text(stamp)
+        if _stamp(peers / name) == stamp:
+            continue
+        try:
+            _convert_for(name, peers)
+        except Exception as e:  # a peer's converter failing is that peer's result
+            skipped[name] = f"conversion failed: {type(e).__name__}: {e}".splitlines()[0][:300]
+            continue
+        (peers / name / "tinyt-source.sha256").write_text(stamp)
     return skipped
+
+
+def _convert_for(name: str, peers: Path) -> None:
+    """The peer's own artifact of peers/hf, made by the peer's own tool."""
+    import shutil
+
+    shutil.rmtree(peers / name, ignore_errors=True)
+    if name.startswith("ct2-"):
+        from ctranslate2.converters import TransformersConverter
+
+        TransformersConverter(str(peers / "hf")).convert(
+            str(peers / name), quantization=name.removeprefix("ct2-"), force=True)
+    elif name.startswith("genai-builder-"):
+        subprocess.run([str(BUILDER_VENV / "bin" / "python"), "-m",
+                        "onnxruntime_genai.models.builder", "-i", str(peers / "hf"),
+                        "-o", str(peers / name), "-p", name.removeprefix("genai-builder-"),
+                        "-e", "cpu", "-c", str(peers / "builder-cache")],
+                       check=True, capture_output=True, text=True)
+    elif name == "optimum-fp32":
+        from optimum.exporters.onnx import main_export
+
+        main_export(str(peers / "hf"), output=str(peers / name),
+                    task="text-generation-with-past", no_post_process=False)
+
+
+def _prepare_int4(artifacts: Path, engines: list[str], skipped: dict[str, str]) -> None:
+    """tinyt's INT4 artifacts (4-bit MatMulNBits from onnx-opt, and its shared-cache pair),
+    made once and kept while their sources are unchanged."""
+    if not engines:
+        return
+    from tinyt.export.optimize import optimize
+    from tinyt.export.quantize import quantize
+    from tinyt.pipeline import fresh
+
+    int4, pair = artifacts / "onnx-int4", artifacts / "onnx-int4-gqa"
+    if not fresh(int4, artifacts / "onnx-opt"):
+        quantize(artifacts / "onnx-opt", int4, bits=4, block_size=INT4_BLOCK)
+    if "tinyt-int4-gqa" in engines and not fresh(pair, int4):
+        if not (artifacts / "onnx-int8-qgemm" / "manifest.json").is_file():
+            skipped["tinyt-int4-gqa"] = f"{artifacts / 'onnx-int8-qgemm'} is missing"
+            return
+        optimize(int4, pair, target="gqa", prefill_from=artifacts / "onnx-int8-qgemm")
 
 
 def _stamp(path: Path) -> str | None:
@@ -333,16 +432,19 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
 
 
 def step_bytes(cfg) -> int:
-    """Bytes of int8 weights a decode step reads: every layer's matrices and the lm_head (the
-    embedding lookup reads one row)."""
-    C = cfg.n_embd
-    return cfg.n_layer * (4 * C * C + 2 * C * cfg.mlp_width) + C * cfg.vocab_size
+    """Bytes of int8 weights a decode step reads: every layer's matrices (q and the output
+    projection C x C, k and v C x kv_heads*hs each; the MLP's two matrices, three for
+    SwiGLU) and the lm_head (the embedding lookup reads one row)."""
+    C, kv = cfg.n_embd, cfg.kv_heads * cfg.head_dim
+    mlp = (3 if cfg.activation == "swiglu" else 2) * C * cfg.mlp_width
+    return cfg.n_layer * (2 * C * C + 2 * C * kv + mlp) + C * cfg.vocab_size
 
 
 def cache_bytes(cfg, past: float) -> int:
     """Bytes of the fp32 KV cache a decode step reads after `past` tokens (every layer's keys
-    and values: one-row attention streams them, as the matmuls stream the weights)."""
-    return int(cfg.n_layer * 2 * cfg.n_embd * past * 4)
+    and values, n_kv_head heads: one-row attention streams them, as the matmuls stream the
+    weights)."""
+    return int(cfg.kv_cache_bytes_per_token() * past)
 
 
 def floor_bytes(cfg, plan: dict) -> int:

@@ -46,8 +46,9 @@ class TorchVariant:
             ids = self._ids(b, past + 1)
             return self._call(lambda: self.model(ids))
         g = torch.Generator().manual_seed(0)
-        cache = tuple((torch.randn(b, cfg.n_head, past, cfg.head_dim, generator=g).to(self.device),
-                       torch.randn(b, cfg.n_head, past, cfg.head_dim, generator=g).to(self.device))
+        shape = (b, cfg.kv_heads, past, cfg.head_dim)
+        cache = tuple((torch.randn(shape, generator=g).to(self.device),
+                       torch.randn(shape, generator=g).to(self.device))
                       for _ in range(cfg.n_layer))
         ids = self._ids(b, 1)
         return self._call(lambda: self.model(ids, past_key_values=cache))

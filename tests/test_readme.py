@@ -44,6 +44,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the kernel probe at the GPT-2-small shape -> one small layer
     "step_kernels --n-layer 12 --n-embd 768 --vocab 8192 --rounds 15":
         "step_kernels --n-layer 1 --n-embd 64 --vocab 256 --rounds 1",
+    # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps
+    "--preset llama-demo": "--preset llama-test",
+    "llama_demo --out benchmarks/results/llama-demo-xeon-amx":
+        "llama_demo --out llama-demo-results --steps 2 --eval-interval 1 --data corpus",
     # the chain at GPT-2 small's size -> at the test preset's, its results in the work dir
     "chain_at_size.sh gpt2-small artifacts-gpt2-small benchmarks/results/chain-gpt2-small":
         "chain_at_size.sh test chain-work chain-results corpus",

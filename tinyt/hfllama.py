@@ -165,6 +165,10 @@ def read_llama_tokenizer(directory: Path, hf_cfg: dict[str, Any],
             "installed: python -c \"from transformers import AutoTokenizer as T; "
             f"T.from_pretrained('{directory}').save_pretrained('{directory}')\"")
     base = Tokenizer.from_file(path)
+    own = hf_cfg.get("tinyt", {}).get("tokenizer") if isinstance(hf_cfg.get("tinyt"), dict) \
+        else None
+    if isinstance(own, dict):  # written by export-hf: tinyt's own settings, exactly
+        return Tokenizer(base.hf, **own)
     settings = read_settings(directory)
     gen = {}
     if (directory / "generation_config.json").is_file():
@@ -230,7 +234,9 @@ def llama_config(cfg: ModelConfig, tokenizer: Tokenizer) -> dict[str, Any]:
            "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_scaling": None,
            "hidden_act": "silu", "tie_word_embeddings": cfg.tie_weights,
            "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
-           "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+           # no BOS of its own (tinyt's tokenizers): the end-of-text token, as GPT-2's
+           "bos_token_id": tokenizer.eos_id if tokenizer.bos_id is None else tokenizer.bos_id,
+           "eos_token_id": tokenizer.eos_id,
            "torch_dtype": "float32"}
     if family == "llama":
         out |= {"attention_bias": cfg.bias, "mlp_bias": cfg.bias, "pretraining_tp": 1}
@@ -296,10 +302,11 @@ def to_hf_llama(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) -
         tok.save(tmp / "tokenizer.json")
         write_json(tmp / "tokenizer_config.json", {
             "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.block_size,
-            **{k: v for k, v in tok.settings.items()}, "eos_token": tok.eos_token,
-            "pad_token": tok.eos_token})
+            **tok.settings, "eos_token": tok.eos_token, "pad_token": tok.eos_token,
+            "bos_token": tok.bos_token or tok.eos_token})  # CTranslate2 needs one
         meta = json.loads((tmp / "config.json").read_text())
         meta["tinyt"] = {"source": str(Path(checkpoint_dir).resolve()),
-                         "logits_max_abs_diff": worst}
+                         "logits_max_abs_diff": worst,
+                         "tokenizer": tok.settings}  # what import restores exactly
         write_json(tmp / "config.json", meta)
     return Path(out_dir)

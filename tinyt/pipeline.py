@@ -113,11 +113,12 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
     result = peers = None
     if bench:
         from tinyt.benchmarks.harness import run
+        from tinyt.benchmarks.peers import PIPELINE_ENGINES
         from tinyt.benchmarks.peers import run as run_peers
 
         result = run(_bench_view(out, ckpt), out / "bench", mode="quick")
         log("[bench] peers: tinyt against CTranslate2, ONNX Runtime GenAI, PyTorch")
-        peers = run_peers(out, out / "peers", rounds=3)
+        peers = run_peers(out, out / "peers", rounds=3, engines=list(PIPELINE_ENGINES))
     return write_report(out, ckpt, checks, result, timings, peers)
 
 
