@@ -52,8 +52,11 @@ ENGINES = {
     "ct2-int8": ("CTranslate2 int8 (converted from the GPT-2 directory)", "ctranslate2",
                  "extra peers"),
     "ct2-float32": ("CTranslate2 float32", "ctranslate2", "extra peers"),
-    "llama.cpp-q8_0": ("llama.cpp q8_0 (llama-cpp-python)", "llama-cpp-python",
-                       "compiles from source (~20 min here); kept out of the extras and CI"),
+    **{f"llama.cpp-{q}": (f"llama.cpp {q} (llama-cpp-python; GGUF from llama.cpp's own "
+                          "convert_hf_to_gguf.py)", "llama-cpp-python",
+                          "opt-in: bash scripts/setup-llama-cpp.sh, which compiles it (~20 min "
+                          "here) once into a cache; kept out of the extras and CI")
+       for q in ("q8_0", "q4_0")},
     "torch-eager": ("PyTorch eager, tinyt's model with its KV cache", "torch", "extra torch"),
     # The Llama family's peers and tinyt's INT4 (made here when asked; see prepare)
     "tinyt-int4": ("tinyt.runtime generate on ARTIFACTS/onnx-int4 (MatMulNBits 4-bit, block "
@@ -72,6 +75,15 @@ ENGINES = {
 PIPELINE_ENGINES = ("tinyt-int8", "tinyt-fp32", "tinyt-int8-gqa", "genai-int8", "ct2-int8",
                     "ct2-float32", "llama.cpp-q8_0", "torch-eager")
 BUILDER_VENV = Path(".venv-genai-builder")  # scripts/setup-genai-builder.sh
+GGUF = "model.gguf"
+
+
+def llama_cpp_converter() -> Path | None:
+    """llama.cpp's convert_hf_to_gguf.py as scripts/setup-llama-cpp.sh leaves it."""
+    base = os.environ.get("TINYT_LLAMA_CPP_CONVERTER") or Path(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tinyt/llama-cpp/converter"
+    script = Path(base) / "convert_hf_to_gguf.py"
+    return script if script.is_file() else None
 INT4_BLOCK = 32  # the GenAI builder's default block for int4
 REFERENCE = "tinyt-fp32"  # greedy agreement is measured against its tokens
 EXACT = {"tinyt-fp32", "ct2-float32", "torch-eager", "optimum-fp32",
@@ -141,11 +153,33 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
         return lambda ids, n: gen.generate_batch(
             [[vocab[i] for i in ids]], max_length=n, min_length=n, sampling_topk=1,
             include_prompt_in_result=False)[0].sequences_ids[0]
-    if name == "llama.cpp-q8_0":
-        import llama_cpp  # noqa: F401  (GGUF conversion is not automated: see ENGINES)
+    if name.startswith("llama.cpp-"):
+        from llama_cpp import Llama, LogitsProcessorList
 
-        raise RuntimeError("llama-cpp-python is installed, but converting to GGUF needs "
-                           "llama.cpp's convert_hf_to_gguf.py, which tinyt does not ship")
+        from tinyt.manifest import read_model_config
+
+        cfg, _ = read_model_config(artifacts / "onnx-opt")
+        llm = Llama(model_path=str(artifacts / "peers" / name / GGUF), n_ctx=cfg.block_size,
+                    n_batch=cfg.block_size, n_threads=threads, n_threads_batch=threads,
+                    verbose=False)
+        eos = llm.token_eos()
+
+        def no_eos(_, scores):
+            if eos >= 0:
+                scores[eos] = -np.inf
+            return scores
+
+        def cpp(ids, n):
+            llm.reset()  # no reuse of the previous call's cache for a common prefix
+            out = []
+            for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                    repeat_penalty=1.0, reset=True,
+                                    logits_processor=LogitsProcessorList([no_eos])):
+                out.append(int(tok))
+                if len(out) == n:
+                    return out
+            return out
+        return cpp
     if name == "torch-eager":
         import torch
 
@@ -292,8 +326,12 @@ def prepare(artifacts: Path, engines: list[str]) -> dict[str, str]:
                                 "is GPT-2's form"
             elif not (BUILDER_VENV / "bin" / "python").is_file():
                 skipped[name] = f"no {BUILDER_VENV} (bash scripts/setup-genai-builder.sh)"
-    need = [n for n in engines if n.startswith(("ct2-", "genai-builder-", "optimum-"))
-            and n not in skipped]
+    for name in engines:
+        if name.startswith("llama.cpp-") and name not in skipped and not llama_cpp_converter():
+            skipped[name] = "llama.cpp's converter is not in the cache (bash " \
+                            "scripts/setup-llama-cpp.sh)"
+    need = [n for n in engines if n.startswith(("ct2-", "genai-builder-", "optimum-",
+                                                "llama.cpp-")) and n not in skipped]
     if not need:
         return skipped
     from tinyt.hfgpt2 import to_hf
@@ -331,11 +369,47 @@ def _convert_for(name: str, peers: Path) -> None:
                         "-o", str(peers / name), "-p", name.removeprefix("genai-builder-"),
                         "-e", "cpu", "-c", str(peers / "builder-cache")],
                        check=True, capture_output=True, text=True)
+    elif name.startswith("llama.cpp-"):
+        _gguf(peers / "hf", peers / name / GGUF, name.removeprefix("llama.cpp-"))
     elif name == "optimum-fp32":
         from optimum.exporters.onnx import main_export
 
         main_export(str(peers / "hf"), output=str(peers / name),
                     task="text-generation-with-past", no_post_process=False)
+
+
+# convert_hf_to_gguf.py names a BPE vocabulary's pre-tokenizer by hashing what it makes of a
+# test text, and knows only the published models' hashes. tinyt's BPE is GPT-2's byte-level
+# scheme (tinyt/tokenizer.py), so its pre-tokenizer is "gpt-2"; the benchmark feeds token ids.
+_CONVERT = """import sys
+conv = sys.argv.pop(1)
+sys.path[:0] = [conv, conv + "/gguf-py"]
+import convert_hf_to_gguf as c
+c.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+c.main()
+"""
+
+
+def _gguf(hf: Path, out: Path, quant: str) -> None:
+    """peers/hf as GGUF: q8_0 straight from llama.cpp's converter; q4_0 through f32 and
+    llama.cpp's own quantizer (llama_model_quantize, in the library the wheel ships)."""
+    import ctypes
+
+    out.parent.mkdir(parents=True)
+    conv = llama_cpp_converter()
+    first = out if quant == "q8_0" else out.with_suffix(".f32.gguf")
+    subprocess.run([sys.executable, "-c", _CONVERT, str(conv.parent), str(hf), "--outfile",
+                    str(first), "--outtype", "q8_0" if quant == "q8_0" else "f32"],
+                   check=True, capture_output=True, text=True)
+    if quant == "q4_0":
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+        if llama_cpp.llama_model_quantize(str(first).encode(), str(out).encode(),
+                                          ctypes.byref(params)) != 0:
+            raise RuntimeError(f"llama_model_quantize failed on {first}")
+        first.unlink()
 
 
 def _prepare_int4(artifacts: Path, engines: list[str], skipped: dict[str, str]) -> None:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers).
+# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers);
+# with `peers`, also .venv-genai-builder (scripts/setup-genai-builder.sh).
 # torch==2.13.0 goes in first: its CPU wheel lies on the project's machines, while a bare
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
@@ -12,4 +13,7 @@ case ",$extras," in
   *,torch,*|*,export,*|*,dev,*|*,optimum,*) "${pip[@]}" "torch==2.13.0" ;;
 esac
 "${pip[@]}" -e ".[${extras}]"
+case ",$extras," in  # the peer benchmark's GenAI model builder needs transformers 5.x: own venv
+  *,peers,*) bash scripts/setup-genai-builder.sh ;;
+esac
 .venv/bin/python -c "import tinyt; print('tinyt', tinyt.__version__, 'installed in .venv')"
