@@ -76,6 +76,27 @@ PIPELINE_ENGINES = ("tinyt-int8", "tinyt-fp32", "tinyt-int8-gqa", "genai-int8", 
                     "ct2-float32", "llama.cpp-q8_0", "torch-eager")
 BUILDER_VENV = Path(".venv-genai-builder")  # scripts/setup-genai-builder.sh
 GGUF = "model.gguf"
+EXTRA_BUFTS = "extra_bufts.txt"  # "on", or "off: why" (see _gguf)
+
+
+def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = True):
+    """A llama_cpp.Llama on `path`; extra_bufts=False loads without llama.cpp's extra buffer
+    types (AMX and repacked-weight layouts), its portable kernels only."""
+    import llama_cpp
+    import llama_cpp.llama as module
+
+    defaults = llama_cpp.llama_model_default_params
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = extra_bufts
+        return p
+    module.llama_cpp.llama_model_default_params = params  # Llama() reads its defaults here
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx,
+                               n_threads=threads, n_threads_batch=threads, verbose=False)
+    finally:
+        module.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_cpp_converter() -> Path | None:
@@ -108,6 +129,16 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
         gen = lambda ids, n: lm.generate_ids(  # noqa: E731
             [ids], max_new_tokens=n, min_new_tokens=n)[0].token_ids
         gen.plan = None if lm.plan is None else lm.plan.describe()  # what load chose
+
+        def tinyt_logits(ids):
+            from tinyt.runtime.feeds import prefill_feeds
+
+            steps = lm.steps(prefill_feeds(lm.config, "decoder_with_past", np.array([ids])))
+            try:
+                return next(steps)[0, -1].copy()
+            finally:
+                steps.close()
+        gen.logits = tinyt_logits
         return gen
     if name == "genai-int8":
         import onnxruntime_genai as og
@@ -117,7 +148,8 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
             "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
         model = og.Model(config)
-        return lambda ids, n: genai_greedy(model, ids, n, min_length=True)
+        return _with_logits(lambda ids, n: genai_greedy(model, ids, n, min_length=True),
+                            lambda ids: genai_logits(model, ids))
     if name.startswith("genai-builder-"):
         import onnxruntime_genai as og
 
@@ -126,7 +158,8 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
             "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
         model = og.Model(config)
-        return lambda ids, n: genai_greedy(model, ids, n, min_length=True)
+        return _with_logits(lambda ids, n: genai_greedy(model, ids, n, min_length=True),
+                            lambda ids: genai_logits(model, ids))
     if name == "optimum-fp32":
         import torch
         from onnxruntime import SessionOptions
@@ -142,7 +175,9 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
             out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
                                  do_sample=False)
             return out[0, len(ids):].tolist()
-        return optimum
+        return _with_logits(optimum, lambda ids: model(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            .logits[0, -1].detach().numpy())
     if name.startswith("ct2-"):
         import ctranslate2
 
@@ -150,18 +185,18 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
         gen = ctranslate2.Generator(str(path), device="cpu", intra_threads=threads,
                                     inter_threads=1)
         vocab = json.loads((path / "vocabulary.json").read_text())
-        return lambda ids, n: gen.generate_batch(
+        return _with_logits(lambda ids, n: gen.generate_batch(
             [[vocab[i] for i in ids]], max_length=n, min_length=n, sampling_topk=1,
-            include_prompt_in_result=False)[0].sequences_ids[0]
+            include_prompt_in_result=False)[0].sequences_ids[0],
+            lambda ids: np.array(gen.forward_batch([ids]))[0, -1])
     if name.startswith("llama.cpp-"):
-        from llama_cpp import Llama, LogitsProcessorList
+        from llama_cpp import LogitsProcessorList
 
         from tinyt.manifest import read_model_config
 
         cfg, _ = read_model_config(artifacts / "onnx-opt")
-        llm = Llama(model_path=str(artifacts / "peers" / name / GGUF), n_ctx=cfg.block_size,
-                    n_batch=cfg.block_size, n_threads=threads, n_threads_batch=threads,
-                    verbose=False)
+        extra = (artifacts / "peers" / name / EXTRA_BUFTS).read_text().startswith("on")
+        llm = llama_cpp_model(artifacts / "peers" / name / GGUF, cfg.block_size, threads, extra)
         eos = llm.token_eos()
 
         def no_eos(_, scores):
@@ -179,7 +214,14 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
                 if len(out) == n:
                     return out
             return out
-        return cpp
+
+        def cpp_logits(ids):
+            llm.reset()
+            llm.eval(ids)  # the last token's logits (llama-cpp-python keeps no scores now)
+            return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
+        cpp.plan = "llama.cpp extra buffer types (AMX, repacked weights): " + \
+            (artifacts / "peers" / name / EXTRA_BUFTS).read_text()
+        return _with_logits(cpp, cpp_logits)
     if name == "torch-eager":
         import torch
 
@@ -192,8 +234,30 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
         def eager(ids, n):
             out = generate(model, torch.tensor([ids]), n, temperature=0)  # no eos: n tokens
             return out[0, len(ids):].tolist()
-        return eager
+
+        def eager_logits(ids):
+            with torch.no_grad():
+                return model(torch.tensor([ids]))[0][0, -1].numpy()
+        return _with_logits(eager, eager_logits)
     raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+
+
+def _with_logits(gen, logits):
+    """A generator that also answers the next-token logits after a prompt ([vocab])."""
+    gen.logits = logits
+    return gen
+
+
+def genai_logits(model, ids: list[int]) -> np.ndarray:
+    """onnxruntime_genai's logits of the token after `ids`."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + 1, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.asarray([ids], dtype=np.int32))
+    out = np.asarray(gen.get_output("logits"), dtype=np.float32)  # [1, S or 1, V]
+    return out.reshape(-1, out.shape[-1])[-1].copy()
 
 
 def genai_greedy(model, ids: list[int], n: int, *, min_length: bool = False) -> list[int]:
@@ -252,6 +316,13 @@ def worker(name: str, artifacts: Path, threads: int) -> None:
                         ts.append(time.perf_counter() - t)
                     times.append(ts)
                 reply = {"times": times}
+            elif req["op"] == "logprobs":  # next-token log-probabilities, to a .npy file
+                rows = [np.asarray(gen.logits(p), dtype=np.float64) for p in req["prompts"]]
+                z = np.stack(rows)[:, :req["vocab"]]  # an engine may pad its vocabulary
+                z = z - z.max(-1, keepdims=True)
+                np.save(req["path"], (z - np.log(np.exp(z).sum(-1, keepdims=True)))
+                        .astype(np.float32))
+                reply = {"saved": req["path"]}
             elif req["op"] == "outside_run":
                 reply = _outside_run(artifacts, TINYT_DIRS[name], threads, req["ids"], req["n"])
             else:
@@ -385,8 +456,15 @@ _CONVERT = """import sys
 conv = sys.argv.pop(1)
 sys.path[:0] = [conv, conv + "/gguf-py"]
 import convert_hf_to_gguf as c
-c.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 c.main()
+"""
+
+
+_PROBE = """import sys
+from tinyt.benchmarks.peers import llama_cpp_model
+llama_cpp_model(sys.argv[1], 64, 1, True).eval([1, 2, 3])
 """
 
 
@@ -410,6 +488,14 @@ def _gguf(hf: Path, out: Path, quant: str) -> None:
                                           ctypes.byref(params)) != 0:
             raise RuntimeError(f"llama_model_quantize failed on {first}")
         first.unlink()
+    # llama.cpp's extra buffer types (AMX tiles, repacked weights) are its fastest CPU kernels,
+    # and on some shapes and CPUs they crash (a 128-wide model on a Xeon with AMX: SIGSEGV
+    # in llama_decode). Probe one evaluation in a child process; without them if it dies.
+    probe = subprocess.run([sys.executable, "-c", _PROBE, str(out)], capture_output=True,
+                           text=True, timeout=300)
+    (out.parent / EXTRA_BUFTS).write_text(
+        "on" if probe.returncode == 0 else
+        f"off: with llama.cpp's extra buffer types one evaluation exited {probe.returncode}")
 
 
 def _prepare_int4(artifacts: Path, engines: list[str], skipped: dict[str, str]) -> None:
@@ -464,6 +550,8 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                                 n=plan["agree_new"])["tokens"]
                   for w in workers if w.threads == threads[0]}
         agreement = _agreement(tokens)
+        for name, kl in _kl(workers, threads[0], plan["agree_prompts"], cfg.vocab_size).items():
+            agreement.setdefault(name, {}).update(kl)
         bad = [e for e, a in agreement.items()
                if a.get("must_equal") and a["identical_to"] is False]
         # 2. time, rounds interleaved (and one core's read bandwidth between them)
@@ -626,6 +714,31 @@ def _rows(raw: dict, plan: dict, bandwidth: float | None, nbytes: int) -> dict:
     return rows
 
 
+def _kl(workers: list[Worker], threads: int, prompts: list[list[int]], vocab: int) -> dict:
+    """KL(tinyt fp32 || engine) of the next token after each held-out prompt, mean over the
+    prompts, in nats: how far each engine's distribution is from the fp32 model's, beyond
+    its argmax."""
+    import tempfile
+
+    logprobs, out = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in workers:
+            if w.threads != threads:
+                continue
+            path = str(Path(tmp) / f"{w.name}.npy")
+            try:
+                w.ask(op="logprobs", prompts=prompts, vocab=vocab, path=path)
+                logprobs[w.name] = np.load(path).astype(np.float64)
+            except RuntimeError as e:
+                out[w.name] = {"kl_error": str(e).splitlines()[0][:200]}
+    ref = logprobs.get(REFERENCE)
+    for name, lp in logprobs.items():
+        if ref is not None:
+            kl = (np.exp(ref) * (ref - lp)).sum(-1)
+            out[name] = {"kl_vs_fp32": float(kl.mean()), "kl_vs_fp32_max": float(kl.max())}
+    return out
+
+
 def _agreement(tokens: dict[str, list[list[int]]]) -> dict[str, dict]:
     ref = tokens.get(REFERENCE)
     out = {}
@@ -719,11 +832,13 @@ def markdown(result: dict) -> str:
     lines += ["", f"Greedy agreement with tinyt fp32 ({m['agreement_prompts']} held-out prompts "
               f"of {m['agreement_prompt_tokens']} tokens × {m['agreement_new_tokens']} new "
               "tokens, position by position):", "",
-              "| engine | agreement | must equal | identical |", "|---|---|---|---|"]
+              "| engine | agreement | KL vs fp32, next token (mean / max) | must equal | "
+              "identical |", "|---|---|---|---|---|"]
     for name, a in result["agreement"].items():
-        ag = a.get("agreement_with_fp32")
+        ag, kl = a.get("agreement_with_fp32"), a.get("kl_vs_fp32")
+        kl_text = "—" if kl is None else f"{kl:.2e} / {a['kl_vs_fp32_max']:.2e}"
         lines.append(f"| {name} | {'—' if ag is None else f'{ag:.1%}'} "
-                     f"({a.get('matching_tokens')}/{a.get('tokens')}) | "
+                     f"({a.get('matching_tokens')}/{a.get('tokens')}) | {kl_text} | "
                      f"{a.get('must_equal', '—')} | {a.get('identical_to', '—')} |")
     if result["targets"]:
         lines += ["", "| target | tinyt | fastest peer | ratio | goal | met |",
@@ -736,7 +851,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {key} | {t['measured']:.1f} µs | — | — | ≤ {t['target_max']} | "
                          f"{t['met']} |")
     if result.get("plans"):
-        lines += ["", "What tinyt's shared-cache runtime chose at load (runtime/tuning.py):", ""]
+        lines += ["", "What each engine chose at load (tinyt: runtime/tuning.py's plan):", ""]
         lines += [f"- {label}: {plan}" for label, plan in result["plans"].items()]
     if result["skipped"]:
         lines += ["", "Skipped:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()]
@@ -769,6 +884,33 @@ def _plot(result: dict, path: Path) -> None:
         ax.invert_yaxis()
     fig.suptitle(f"tinyt (blue) vs peers, same weights: {result['model']['n_layer']} layers × "
                  f"{result['model']['n_embd']}, batch 1")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    _plot_plane(result, path.with_name("peers-plane.png"), plt)
+
+
+def _plot_plane(result: dict, path: Path, plt) -> None:
+    """Decode ms/token against greedy agreement with fp32, one point per engine and
+    precision at the first thread count: down and to the right is better."""
+    n = result["method"]["threads"][0]
+    points = [(k.rsplit("@", 1)[0], r["decode_ms_per_token"]) for k, r in result["rows"].items()
+              if k.endswith(f"@{n}t")]
+    points = [(name, ms, result["agreement"].get(name, {}).get("agreement_with_fp32"))
+              for name, ms in points]
+    points = [p for p in points if p[2] is not None]
+    if not points:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, ms, agree in points:
+        ax.scatter(ms, 100 * agree, color="tab:blue" if name in TINYT else "tab:gray")
+        ax.annotate(name, (ms, 100 * agree), textcoords="offset points", xytext=(4, 3),
+                    fontsize=8)
+    ax.set_xlabel(f"decode ms per token ({n} thread{'s' if n > 1 else ''})")
+    ax.set_ylabel("greedy agreement with fp32, %")
+    ax.set_title(f"speed against fidelity: {result['model']['n_layer']} layers × "
+                 f"{result['model']['n_embd']} (tinyt blue)")
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # llama.cpp for the peer benchmark (engines llama.cpp-q8_0, llama.cpp-q4_0): opt-in, kept out
-# of the extras and CI, because llama-cpp-python compiles llama.cpp from source (~20 min on
-# 2 cores). Built once into a cache; a later run installs the cached wheel in seconds.
+# of the extras and CI, because llama-cpp-python compiles llama.cpp from source (6 min on a
+# 2-core Xeon with AMX, ~20 on a 2-core EPYC). Built once into a cache; a later run installs
+# the cached wheel in seconds.
 #
 #   bash scripts/setup-llama-cpp.sh [CACHE]      (default CACHE: ~/.cache/tinyt/llama-cpp)
 #
 # CACHE/wheels/        the llama-cpp-python wheel built here (libllama for this CPU)
-# CACHE/converter/     llama.cpp's own convert_hf_to_gguf.py and gguf-py, from the same
-#                      source distribution (the version the wheel's libllama reads)
+# CACHE/converter/     llama.cpp's own convert_hf_to_gguf.py, conversion/ and gguf-py, from
+#                      the same source distribution (the version the wheel's libllama reads)
 # The benchmark finds the converter through $TINYT_LLAMA_CPP_CONVERTER or CACHE/converter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,13 +24,12 @@ if ! ls "$cache/wheels"/llama_cpp_python-"$version"-*.whl >/dev/null 2>&1; then
   CMAKE_ARGS="-DGGML_NATIVE=ON" "${pip[@]}" wheel --quiet --no-deps "$sdist" -w "$cache/wheels"
 fi
 "${pip[@]}" install --quiet "$cache/wheels"/llama_cpp_python-"$version"-*.whl
-if [ ! -f "$cache/converter/convert_hf_to_gguf.py" ]; then
+if [ ! -d "$cache/converter/conversion" ]; then  # the script, its model classes, gguf-py
   tmp=$(mktemp -d)
-  tar xzf "$sdist" -C "$tmp" "llama_cpp_python-$version/vendor/llama.cpp/convert_hf_to_gguf.py" \
-      "llama_cpp_python-$version/vendor/llama.cpp/gguf-py"
-  mkdir -p "$cache/converter"
-  cp -r "$tmp/llama_cpp_python-$version/vendor/llama.cpp/"{convert_hf_to_gguf.py,gguf-py} \
-      "$cache/converter/"
+  src="llama_cpp_python-$version/vendor/llama.cpp"
+  tar xzf "$sdist" -C "$tmp" "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py"
+  rm -rf "$cache/converter" && mkdir -p "$cache/converter"
+  cp -r "$tmp/$src/"{convert_hf_to_gguf.py,conversion,gguf-py} "$cache/converter/"
   rm -rf "$tmp"
 fi
 "${pip[@]}" install --quiet sentencepiece  # the converter imports it for Llama vocabularies

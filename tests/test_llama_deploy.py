@@ -2,6 +2,7 @@
 verified against PyTorch; `optimize --target cpu` fusing RMSNorm, rotary positions and
 attention (counted per layer); the shared-cache pair on GroupQueryAttention with kv_num_heads
 and its own rotary; INT8 and INT4 with the accuracy report; the runtime generating on each."""
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -156,7 +157,7 @@ def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, mon
                                                                    "decoder_gqa")
     monkeypatch.chdir(tmp_path)
     engines = ["tinyt-fp32", "tinyt-int4", "tinyt-int4-gqa", "optimum-fp32", "ct2-int8",
-               "genai-builder-int4", "genai-builder-fp32"]
+               "genai-builder-int4", "genai-builder-fp32", "llama.cpp-q4_0"]
     builder = (peers.BUILDER_VENV if peers.BUILDER_VENV.is_absolute()
                else Path(__file__).resolve().parents[1] / peers.BUILDER_VENV)
     monkeypatch.setattr(peers, "BUILDER_VENV", builder)
@@ -164,6 +165,8 @@ def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, mon
                        agreement_prompts=2, agreement_tokens=8, engines=engines)
     agree = result["agreement"]
     assert agree["optimum-fp32"]["identical_to"] is True  # Optimum's fp32 export: same tokens
+    assert agree["optimum-fp32"]["kl_vs_fp32"] < 1e-6  # and distributions (fp32 rounding)
+    assert 0 < agree["tinyt-int4"]["kl_vs_fp32"] < 0.1
     assert agree["ct2-int8"]["agreement_with_fp32"] > 0.5
     assert {"tinyt-int4@1t", "tinyt-int4-gqa@1t", "optimum-fp32@1t"} <= set(result["rows"])
     assert check_manifest(tmp_path / "art" / "onnx-int4")["options"]["bits"] == 4
@@ -172,3 +175,7 @@ def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, mon
         assert "genai-builder-int4@1t" in result["rows"]
     else:
         assert "setup-genai-builder.sh" in result["skipped"]["genai-builder-int4"]
+    if importlib.util.find_spec("llama_cpp") and peers.llama_cpp_converter():  # opt-in
+        assert 0 < agree["llama.cpp-q4_0"]["kl_vs_fp32"] < 0.1
+    else:
+        assert "setup-llama-cpp.sh" in result["skipped"]["llama.cpp-q4_0"]

@@ -144,6 +144,14 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     agree = result["agreement"]
     for name in ("ct2-float32", "torch-eager", "tinyt-fp32"):  # fp32: the same tokens
         assert agree[name]["identical_to"] is True and agree[name]["agreement_with_fp32"] == 1
+        # and the same distributions: float32 rounding only (logits ~1e-5 apart give a KL
+        # of their square's order, ~1e-10; a different model, ~1)
+        assert 0 <= agree[name]["kl_vs_fp32"] < 1e-6
+    assert agree["tinyt-fp32"]["kl_vs_fp32"] == 0  # the reference against itself
+    for name in ("tinyt-int8", "genai-int8"):  # INT8: near, not equal; GenAI on the same graph
+        assert 0 < agree[name]["kl_vs_fp32"] < 0.05
+    assert agree["genai-int8"]["kl_vs_fp32"] == pytest.approx(agree["tinyt-int8"]["kl_vs_fp32"],
+                                                              rel=1e-3, abs=1e-7)
     assert agree["genai-int8"]["must_equal"] == "tinyt-int8"
     assert agree["genai-int8"]["identical_to"] is True  # the same graph, the same tokens
     assert result["mismatched"] == []
