@@ -75,6 +75,17 @@ ENGINES = {
 PIPELINE_ENGINES = ("tinyt-int8", "tinyt-fp32", "tinyt-int8-gqa", "genai-int8", "ct2-int8",
                     "ct2-float32", "llama.cpp-q8_0", "torch-eager")
 BUILDER_VENV = Path(".venv-genai-builder")  # scripts/setup-genai-builder.sh
+
+
+def builder_python() -> Path | None:
+    """The GenAI model builder's python: $TINYT_GENAI_BUILDER (a venv), else
+    .venv-genai-builder here or beside the checkout this module runs from."""
+    env = os.environ.get("TINYT_GENAI_BUILDER")
+    for venv in ([Path(env)] if env else []) + [BUILDER_VENV,
+                                                Path(__file__).resolve().parents[1] / BUILDER_VENV]:
+        if (venv / "bin" / "python").is_file():
+            return venv / "bin" / "python"
+    return None
 GGUF = "model.gguf"
 EXTRA_BUFTS = "extra_bufts.txt"  # "on", or "off: why" (see _gguf)
 
@@ -395,7 +406,7 @@ def prepare(artifacts: Path, engines: list[str]) -> dict[str, str]:
             if not llama:
                 skipped[name] = "the GenAI model builder builds Llama-family models; this one " \
                                 "is GPT-2's form"
-            elif not (BUILDER_VENV / "bin" / "python").is_file():
+            elif builder_python() is None:
                 skipped[name] = f"no {BUILDER_VENV} (bash scripts/setup-genai-builder.sh)"
     for name in engines:
         if name.startswith("llama.cpp-") and name not in skipped and not llama_cpp_converter():
@@ -435,7 +446,7 @@ def _convert_for(name: str, peers: Path) -> None:
         TransformersConverter(str(peers / "hf")).convert(
             str(peers / name), quantization=name.removeprefix("ct2-"), force=True)
     elif name.startswith("genai-builder-"):
-        subprocess.run([str(BUILDER_VENV / "bin" / "python"), "-m",
+        subprocess.run([str(builder_python()), "-m",
                         "onnxruntime_genai.models.builder", "-i", str(peers / "hf"),
                         "-o", str(peers / name), "-p", name.removeprefix("genai-builder-"),
                         "-e", "cpu", "-c", str(peers / "builder-cache")],

@@ -158,9 +158,6 @@ def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, mon
     monkeypatch.chdir(tmp_path)
     engines = ["tinyt-fp32", "tinyt-int4", "tinyt-int4-gqa", "optimum-fp32", "ct2-int8",
                "genai-builder-int4", "genai-builder-fp32", "llama.cpp-q4_0"]
-    builder = (peers.BUILDER_VENV if peers.BUILDER_VENV.is_absolute()
-               else Path(__file__).resolve().parents[1] / peers.BUILDER_VENV)
-    monkeypatch.setattr(peers, "BUILDER_VENV", builder)
     result = peers.run(Path("art"), tmp_path / "out", threads=[1], rounds=1, block=1,
                        agreement_prompts=2, agreement_tokens=8, engines=engines)
     agree = result["agreement"]
@@ -170,7 +167,7 @@ def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, mon
     assert agree["ct2-int8"]["agreement_with_fp32"] > 0.5
     assert {"tinyt-int4@1t", "tinyt-int4-gqa@1t", "optimum-fp32@1t"} <= set(result["rows"])
     assert check_manifest(tmp_path / "art" / "onnx-int4")["options"]["bits"] == 4
-    if (builder / "bin" / "python").is_file():  # scripts/setup-genai-builder.sh
+    if peers.builder_python():  # scripts/setup-genai-builder.sh
         assert agree["genai-builder-fp32"]["identical_to"] is True
         assert "genai-builder-int4@1t" in result["rows"]
     else:
@@ -179,3 +176,28 @@ def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, mon
         assert 0 < agree["llama.cpp-q4_0"]["kl_vs_fp32"] < 0.1
     else:
         assert "setup-llama-cpp.sh" in result["skipped"]["llama.cpp-q4_0"]
+
+
+def test_optimum_loads_the_llama_artifacts_as_llama(llama_ckpt, chain, monkeypatch):
+    """config.json carries Hugging Face's Llama / Qwen2 keys: Optimum's ORTModelForCausalLM
+    runs tinyt's fp32 and INT8 graphs (cache of n_kv_head heads) as that model, greedy."""
+    pytest.importorskip("optimum.onnxruntime", reason="the optimum extra is not installed")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    from tinyt.model import generate
+    from tinyt.runtime import load
+
+    ck = load_checkpoint(llama_ckpt)
+    ids = torch.tensor([ck.tokenizer.encode("def main():\n")])
+    n = ck.config.block_size - ids.shape[1]
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+              do_sample=False, pad_token_id=ck.tokenizer.eos_id)
+    fp32 = ORTModelForCausalLM.from_pretrained(chain["opt"], provider="CPUExecutionProvider")
+    with torch.no_grad():
+        want = generate(ck.model, ids, n, temperature=0)
+    assert torch.equal(fp32.generate(ids, **kw), want)
+    int8 = ORTModelForCausalLM.from_pretrained(chain["int8"], provider="CPUExecutionProvider")
+    ours = load(chain["int8"]).generate_ids([ids[0].tolist()], max_new_tokens=n,
+                                            min_new_tokens=n)[0].token_ids
+    assert int8.generate(ids, **kw)[0, ids.shape[1]:].tolist() == ours  # the same graph

@@ -29,6 +29,10 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
     ".venv/bin/python -m pytest": "the test suite itself: CI runs it",
     "pip install": "tests/test_packaging.py installs the wheel with the cpu extra in a fresh "
                    "venv",
+    "bash scripts/setup-genai-builder.sh": "installs an environment: scripts/setup.sh runs it "
+                                           "in CI",
+    "bash scripts/setup-llama-cpp.sh": "an opt-in build of llama.cpp (6-20 min): kept out of "
+                                       "CI; tests/test_peers.py runs llama.cpp where it is",
 }
 FAILS_HERE = {  # command prefix -> (exit status, text in stderr): it must fail, clearly
     "bash benchmarks/gpu.sh": (2, "needs a GPU"),
@@ -44,6 +48,9 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the kernel probe at the GPT-2-small shape -> one small layer
     "step_kernels --n-layer 12 --n-embd 768 --vocab 8192 --rounds 15":
         "step_kernels --n-layer 1 --n-embd 64 --vocab 256 --rounds 1",
+    # the SmolLM2-135M-shaped model of the Llama peer benchmark -> the Llama test preset
+    "--preset llama-demo --n-layer 30 --n-head 9 --n-kv-head 3 --n-embd 576 --n-inner 1536 "
+    "--vocab-size 49152 --block-size 256": "--preset llama-test", "--rounds 3": "--rounds 1",
     # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps
     "--preset llama-demo": "--preset llama-test",
     "llama_demo --out benchmarks/results/llama-demo-xeon-amx":
