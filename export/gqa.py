@@ -34,7 +34,7 @@ from tinyt.contract import CAPACITY, ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, save_graph
-from tinyt.manifest import check_output_dir, read_model_config, write_manifest
+from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.feeds import prefill_feeds
 from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import UNFUSED
@@ -53,9 +53,6 @@ GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
 # INT8 graph: 0.017 at worst, against INT8's own distance from fp32 of ~1.
 QUANT_ATOL = 0.1
 QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's input index of query_seqlens (ORT >= 1.2x)
-# A pair's two graphs are two quantizations of one model: INT8-sized gaps (demo: 0.085); a
-# different model of the same shape is off by several units.
-PAIR_ATOL = 1.0
 ROTARY_HEAD_MULTIPLE = 16  # GroupQueryAttention's CPU rotary: head_size % 16 == 0
 
 
@@ -314,6 +311,9 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                     (src_dir / "tokenizer.json").read_bytes():
                 raise SharedCacheError(f"{prefill_from} is not the same model as {src_dir} "
                                        "(config or tokenizer differ)")
+            if origin(check_manifest(prefill_from)) != origin(manifest):
+                raise SharedCacheError(f"{prefill_from} is not the same model as {src_dir}: "
+                                       "their lineages lead to different checkpoints")
             p_manifest, p_path, p_worst = _convert(prefill_from, Path(tmp), PREFILL_FILE)
             extra.update(prefill_model_file=PREFILL_FILE, prefill_source={
                 "path": str(prefill_from.resolve()), "manifest": p_manifest},
@@ -410,11 +410,23 @@ def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None):
                          prefill_session=sessions[1])
 
 
+def origin(manifest: dict) -> dict | None:
+    """The checkpoint an artifact was exported from (its files' sha256), following the
+    manifests' lineage back through every stage."""
+    source = manifest.get("source", {})
+    for _ in range(32):
+        if source.get("kind") == "checkpoint":
+            return source.get("sha256")
+        source = source.get("manifest", {}).get("source", {})
+    return None
+
+
 def _check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
     """The pair (prompt graph + step graph on one cache) against the step graph's source, on
-    held-out-like prompts: greedy agreement and the worst logits difference. Two quantized
-    graphs of one model differ by their quantization, so this is reported (and bounded by
-    PAIR_ATOL), not required equal."""
+    held-out-like prompts: greedy agreement and the worst logits difference. The two graphs
+    are two quantizations of one checkpoint (the lineage check above), each checked against
+    its own source; how far apart their quantizations put them is reported (demo INT8 pair:
+    0.085; an INT4 step graph with INT8 prompts, more), not bounded here."""
     from tinyt.runtime import load
 
     ref, pair = load(src_dir, threads=1), _gqa_model(src_dir, path, cfg, prefill)
@@ -432,7 +444,4 @@ def _check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
             nxt = la.argmax(-1)
             la, lb = a.send((nxt, np.ones(1, bool)))[:, -1].copy(), \
                 b.send((nxt, np.ones(1, bool)))[:, -1].copy()
-    if not worst <= PAIR_ATOL:
-        raise SharedCacheError(f"the pair's logits differ from {src_dir}'s by {worst:.3g} "
-                               f"(allowed {PAIR_ATOL}): are both quantized from one model?")
-    return {"logits_max_abs": worst, "top1_agreement": same / total, "tolerance": PAIR_ATOL}
+    return {"logits_max_abs": worst, "top1_agreement": same / total}

@@ -140,7 +140,9 @@ def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(pair, tmp_path):
     assert {"model.onnx", "prefill.onnx"} <= set(manifest["files"])
     ops = op_counts(onnx.load(str(pair / "prefill.onnx")))
     assert ops["com.microsoft.DynamicQuantizeMatMul"] and ops["com.microsoft.GroupQueryAttention"]
-    assert manifest["pair"]["logits_max_abs"] <= manifest["pair"]["tolerance"]
+    # two INT8 quantizations of one model: int8-sized gaps (demo: 0.085); a different model
+    # of the same shape is several units off (the stage refuses one by its lineage)
+    assert manifest["pair"]["logits_max_abs"] < 1.0 and manifest["pair"]["top1_agreement"] > 0.5
     lm = rt.load(pair, threads=1, tune=False)  # the pair as built (tuning: the next test)
     calls = {"prefill": 0, "step": 0}
     for name, sess in (("prefill", lm.prefill_session), ("step", lm.session)):
@@ -168,6 +170,16 @@ def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(pair, tmp_path):
     cfg["tinyt"]["model"]["block_size"] += 1
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(Exception, match="not the same model|does not match"):
+        optimize(int8, tmp_path / "bad", target="gqa", prefill_from=other)
+    from tinyt.export.gqa import origin
+    assert origin(check_manifest(int8)) == origin(check_manifest(qgemm)) is not None
+    # the same config and tokenizer, exported from another checkpoint: another model
+    shutil.rmtree(other)
+    shutil.copytree(qgemm, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["source"] = {"kind": "checkpoint", "sha256": {"model.safetensors": "0" * 64}}
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="lineages lead to different checkpoints"):
         optimize(int8, tmp_path / "bad", target="gqa", prefill_from=other)
 
 
