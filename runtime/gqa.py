@@ -95,6 +95,32 @@ class SharedCache:
             self._bind("position_ids", self.pos)
         return self.logits
 
+    def admit(self, new: dict[int, list[int]], pad: int) -> np.ndarray:
+        """Run the prompts of some rows (row -> token ids) into their empty places while the
+        other rows idle, their caches untouched (continuous batching: runtime/engine.py).
+        Logits of each new row's last token; the other rows' are not to be read."""
+        T = max(len(ids) for ids in new.values())
+        if T > self.capacity or not all(0 <= r < self.B for r in new):
+            raise ValueError(f"rows {sorted(new)} of up to {T} tokens do not fit a cache of "
+                             f"{self.B} rows x {self.capacity} tokens")
+        ids = np.full((self.B, T), pad, dtype=np.int64)
+        pos = np.zeros((self.B, T), dtype=np.int64)
+        self.qlens[:] = 0  # an idle row: its cache stays as it is
+        for r, row in new.items():
+            ids[r, :len(row)] = row
+            pos[r] = np.minimum(np.arange(T), len(row) - 1)
+            self.qlens[r] = len(row)
+            self.lens[r] = len(row)
+        self.seqlens[:] = np.maximum(self.lens - 1, 0)
+        self.total[...] = self.seqlens.max() + 1
+        self._bind("input_ids", ids, prefill=True)
+        self._bind("position_ids", pos, prefill=True)
+        self.prefill_session.run_with_iobinding(self.prefill_binding)
+        if self.prefill_binding is self.binding:  # one graph: steps need their inputs back
+            self._bind("input_ids", self.ids)
+            self._bind("position_ids", self.pos)
+        return self.logits
+
     def step(self, nxt: np.ndarray, active: np.ndarray | None) -> np.ndarray:
         """One token per active row (None: every row; an inactive row idles, its cache left as
         it is)."""
@@ -109,7 +135,7 @@ class SharedCache:
         self.ids[:, 0] = nxt
         self.pos[:, 0] = self.lens  # the new token's position: the tokens before it
         self.qlens[:] = a
-        self.seqlens[:] = self.lens - 1 + a
+        self.seqlens[:] = np.maximum(self.lens - 1 + a, 0)  # an empty idle row: 0, unchanged
         self.total[...] = self.seqlens.max() + 1
         self.session.run_with_iobinding(self.binding)
         self.lens += a

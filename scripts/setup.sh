@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers);
+# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve);
 # with `peers`, also .venv-genai-builder (scripts/setup-genai-builder.sh).
 # torch==2.13.0 goes in first: its CPU wheel lies on the project's machines, while a bare
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-cpu,export,dev,optimum,bench,triton,peers}"
+extras="${1:-cpu,export,dev,optimum,bench,triton,peers,serve}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)

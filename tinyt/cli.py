@@ -338,6 +338,40 @@ def quantize(
     typer.echo(f"onnx: {path}")
 
 
+@app.command("serve")
+def serve_cmd(
+    artifact: Annotated[Path, typer.Argument(help="Causal-LM artifact directory (the "
+                                                  "shared-cache pair batches best).")],
+    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")]
+        = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="0: any free port.")] = 8000,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Default: physical cores.")]
+        = None,
+    max_batch: Annotated[int, typer.Option(min=1, help="Rows in the running batch.")] = 8,
+    max_queue: Annotated[int, typer.Option(min=1, help="Requests waiting for a row before "
+                                                       "429.")] = 64,
+    api_key: Annotated[Optional[str], typer.Option(
+        help="Require 'Authorization: Bearer KEY' (default: $TINYT_API_KEY, else none).",
+        envvar="TINYT_API_KEY")] = None,
+    model_id: Annotated[Optional[str], typer.Option(
+        help="The model name clients send (default: the artifact directory's name).")] = None,
+) -> None:
+    """Serve ARTIFACT over an OpenAI-compatible HTTP API with continuous batching (no torch
+    needed; the `serve` extra)."""
+    try:
+        from tinyt.server import serve
+    except ImportError as e:
+        raise TinytError(f"tinyt serve needs the serve extra ({e.name} is missing): pip install "
+                         "'tinyt[cpu,serve]'") from None
+    if api_key is not None and not api_key.strip():
+        raise TinytError("--api-key is empty; give a key or leave the option out")
+    try:
+        serve(artifact, host=host, port=port, threads=threads, max_batch=max_batch,
+              max_queue=max_queue, api_key=api_key, model_id=model_id)
+    except (ValueError, OSError) as e:
+        raise TinytError(str(e)) from None
+
+
 @app.command("generate")
 def generate_cmd(
     artifact: Annotated[Path, typer.Argument(help="Causal-LM artifact directory.")],

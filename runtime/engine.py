@@ -1,0 +1,307 @@
+"""Continuous batching (torch-free): the engine `tinyt serve` drives, usable by any application.
+
+    submit(prompt ids, SamplingParams) ──bounded queue──▶ the engine's thread, in a loop:
+      admit   waiting requests into free rows of one cache [max_batch rows x context]: their
+              prompts run through the prompt graph together while the other rows idle
+      step    one token for every running row, in one run of the step graph
+      choose  each row with its own sampling settings, seed and stop strings; a finished or
+              cancelled row frees its place at once, and the next request takes it
+    ──▶ per request, events as they happen: Token(id, text piece), then Done(finish_reason)
+
+On the shared-cache pair (`optimize --target gqa`) rows share one GroupQueryAttention buffer
+per layer and one run serves every row: a decode step at GPT-2 size reads the weights once for
+all of them. A contract graph (`onnx`, `onnx-int8`) works too, more simply: each row keeps its
+own cache and runs alone, so rows interleave instead of batching (a step costs what it costs
+alone, times the rows). Either way a request's tokens are its own: rows never mix, and each
+row's sampling draws only from its own generator.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tinyt.errors import NonFiniteError
+
+from .feeds import prefill_feeds
+from .generate import LanguageModel, _safe_end, _stop_cut
+from .gqa import GQA_KIND, SharedCache
+from .sampling import SamplingParams, next_token
+
+
+class QueueFull(RuntimeError):
+    """The engine's queue holds max_queue requests already."""
+
+
+@dataclass
+class Token:
+    id: int
+    text: str  # the text this token completes (may be empty: a partial character or stop)
+    at: float  # time.perf_counter() when it was chosen
+
+
+@dataclass
+class Done:
+    finish_reason: str  # eos | stop | length | context | cancelled | error
+    text: str  # the whole generated text, cut at a stop string
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    """One generation. The engine appends events and sets `finished`; the caller reads them
+    with next_event() (or wait()), and may cancel() at any time."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    submitted: float = field(default_factory=time.perf_counter)
+    out: list[int] = field(default_factory=list)
+    done: Done | None = None
+    _events: collections.deque = field(default_factory=collections.deque)
+    _ready: threading.Condition = field(default_factory=threading.Condition)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _shown: int = 0
+    listener: Callable[[Token | Done], None] | None = None  # called on the engine's thread
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def next_event(self, timeout: float | None = None) -> Token | Done | None:
+        """The next event, waiting up to `timeout` seconds (None: until there is one)."""
+        with self._ready:
+            if not self._events:
+                self._ready.wait_for(lambda: bool(self._events), timeout)
+            return self._events.popleft() if self._events else None
+
+    def wait(self, timeout: float | None = None) -> Done | None:
+        """Block until the request is finished; its Done (None on timeout)."""
+        with self._ready:
+            self._ready.wait_for(lambda: self.done is not None, timeout)
+        return self.done
+
+    def _emit(self, event: Token | Done) -> None:
+        with self._ready:
+            if isinstance(event, Done):
+                self.done = event
+            self._events.append(event)
+            self._ready.notify_all()
+        if self.listener is not None:  # e.g. an event loop's call_soon_threadsafe
+            self.listener(event)
+
+
+class _SharedRows:
+    """Rows of one SharedCache: admitted prompts run together, steps run every row at once."""
+
+    def __init__(self, lm: LanguageModel, rows: int):
+        self.cache = SharedCache(lm.session, lm.config, rows, lm.context,
+                                 kv_dtype=lm._kv_dtype, prefill_session=lm.prefill_session)
+        self.pad = lm._pad
+
+    def admit(self, new: dict[int, list[int]]) -> np.ndarray:
+        return self.cache.admit(new, self.pad)[:, 0]  # [B, V]
+
+    def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
+        return self.cache.step(nxt, active)[:, 0]
+
+    def release(self, row: int) -> None:
+        self.cache.lens[row] = 0
+
+
+class _SeparateRows:
+    """Contract graphs: each row its own cache, run alone (rows interleave, no batching)."""
+
+    def __init__(self, lm: LanguageModel, rows: int):
+        self.lm, self.steps = lm, [None] * rows
+        self.logits = np.zeros((rows, lm.config.vocab_size), dtype=np.float32)
+
+    def admit(self, new: dict[int, list[int]]) -> np.ndarray:
+        for row, ids in new.items():
+            steps = self.lm.steps(prefill_feeds(self.lm.config, self.lm.artifact.kind,
+                                                np.array([ids], dtype=np.int64),
+                                                kv_dtype=self.lm._kv_dtype))
+            self.logits[row] = next(steps)[0, -1]
+            self.steps[row] = steps
+        return self.logits
+
+    def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
+        one = np.ones(1, dtype=bool)
+        for row in np.flatnonzero(active):
+            self.logits[row] = self.steps[row].send((nxt[row:row + 1], one))[0, -1]
+        return self.logits
+
+    def release(self, row: int) -> None:
+        if self.steps[row] is not None:
+            self.steps[row].close()
+            self.steps[row] = None
+
+
+class Engine:
+    """A thread that batches requests continuously on one loaded model.
+
+        engine = Engine(rt.load("artifacts/onnx-int8-gqa"), max_batch=8).start()
+        req = engine.submit(lm.tokenizer.encode_prompt("def "), SamplingParams(max_new_tokens=32))
+        while not isinstance(event := req.next_event(), Done): print(event.text, end="")
+        engine.stop()
+    """
+
+    def __init__(self, lm: LanguageModel, *, max_batch: int = 8, max_queue: int = 64):
+        if not (isinstance(max_batch, int) and max_batch >= 1):
+            raise ValueError(f"max_batch={max_batch!r} must be an integer >= 1")
+        if not (isinstance(max_queue, int) and max_queue >= 1):
+            raise ValueError(f"max_queue={max_queue!r} must be an integer >= 1")
+        if lm.artifact.fixed:
+            raise ValueError(f"{lm.artifact.path} is pinned to fixed shapes; serve a "
+                             "dynamic-shape artifact (the shared-cache pair batches best)")
+        self.lm, self.max_batch, self.max_queue = lm, max_batch, max_queue
+        self.batched = lm.artifact.kind == GQA_KIND
+        self.rows = (_SharedRows if self.batched else _SeparateRows)(lm, max_batch)
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._running: dict[int, Request] = {}
+        self._rngs: dict[int, np.random.Generator | None] = {}
+        self._free = list(range(max_batch - 1, -1, -1))
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.steps_run = 0  # decode steps, for metrics
+        self.tokens_generated = 0
+
+    # -- the caller's side ------------------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._run, name="tinyt-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, *,
+               listener: Callable[[Token | Done], None] | None = None) -> Request:
+        """Queue a generation; QueueFull when max_queue are waiting, ValueError for a prompt
+        that leaves no room for a token. `listener` hears every event as it happens."""
+        (ids,) = self.lm._check_ids([prompt_ids])
+        req = Request(ids, params, listener=listener)
+        with self._cond:
+            if self._stopping:
+                raise QueueFull("the engine is stopping and takes no new requests")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue "
+                                f"{self.max_queue})")
+            self._waiting.append(req)
+            self._cond.notify()
+        return req
+
+    def stop(self, *, cancel: bool = False, timeout: float | None = 30.0) -> None:
+        """Take no new requests; finish what runs and waits (cancel=True: cancel it), then
+        end the thread."""
+        with self._cond:
+            self._stopping = True
+            if cancel:
+                for req in [*self._waiting, *self._running.values()]:
+                    req.cancel()
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # -- the engine's thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._waiting or self._running or self._stopping)
+                if self._stopping and not self._waiting and not self._running:
+                    return
+                new: dict[int, Request] = {}
+                while self._waiting and self._free:
+                    req = self._waiting.popleft()
+                    if req.cancelled:
+                        req._emit(Done("cancelled", ""))
+                        continue
+                    new[self._free.pop()] = req
+            try:
+                self._iterate(new)
+            except Exception as e:  # a broken model: every request learns it, none hangs
+                for req in [*new.values(), *self._running.values()]:
+                    if req.done is None:
+                        req._emit(Done("error", "", f"{type(e).__name__}: {e}"))
+                with self._cond:
+                    self._running.clear()
+                    self._free = list(range(self.max_batch - 1, -1, -1))
+                    self.rows = (_SharedRows if self.batched else _SeparateRows)(
+                        self.lm, self.max_batch)
+
+    def _iterate(self, new: dict[int, Request]) -> None:
+        for row, req in list(self._running.items()):  # cancelled: freed within a step
+            if req.cancelled:
+                self._finish(row, req, "cancelled")
+        if new:
+            for row, req in new.items():
+                self._running[row] = req
+                self._rngs[row] = (np.random.default_rng(req.params.seed)
+                                   if req.params.temperature > 0 else None)
+            logits = self.rows.admit({row: req.prompt_ids for row, req in new.items()})
+            for row, req in new.items():
+                self._choose(row, req, logits[row])
+        if not self._running:
+            return
+        nxt = np.zeros(self.max_batch, dtype=np.int64)
+        active = np.zeros(self.max_batch, dtype=bool)
+        for row, req in self._running.items():
+            nxt[row], active[row] = req.out[-1], True
+        logits = self.rows.step(nxt, active)
+        self.steps_run += 1
+        for row, req in list(self._running.items()):
+            self._choose(row, req, logits[row])
+
+    def _choose(self, row: int, req: Request, logits: np.ndarray) -> None:
+        """The row's next token, its text, and its end if this is one (generate's rules)."""
+        lm, params = self.lm, req.params
+        if lm._choosable is not None:
+            logits = logits[:lm._choosable]
+        logits = logits.copy()  # the buffer is the next step's output
+        eos = lm.tokenizer.eos_id
+        if eos is not None and len(req.out) < params.min_new_tokens:
+            logits[eos] = -np.inf
+        history = req.prompt_ids + req.out if params.repetition_penalty != 1.0 else []
+        try:
+            tok = next_token(logits, params, self._rngs[row], history)
+        except NonFiniteError as e:
+            return self._finish(row, req, "error", str(e))
+        if tok == eos:
+            return self._finish(row, req, "eos")
+        req.out.append(tok)
+        self.tokens_generated += 1
+        text = lm.tokenizer.decode(req.out)
+        reason = None
+        if params.stop and _stop_cut(text, params.stop) < len(text):
+            reason = "stop"
+        elif len(req.out) >= params.max_new_tokens:
+            reason = "length"
+        elif len(req.prompt_ids) + len(req.out) >= lm.context:
+            reason = "context"
+        end = _stop_cut(text, params.stop) if reason else _safe_end(text, params.stop)
+        req._emit(Token(tok, text[req._shown:end] if end > req._shown else "",
+                        time.perf_counter()))
+        req._shown = max(req._shown, end)
+        if reason:
+            self._finish(row, req, reason)
+
+    def _finish(self, row: int, req: Request, reason: str, error: str | None = None) -> None:
+        text = self.lm.tokenizer.decode(req.out)
+        req._emit(Done(reason, text[:_stop_cut(text, req.params.stop)], error))
+        with self._cond:
+            del self._running[row]
+            self._rngs.pop(row, None)
+            self.rows.release(row)
+            self._free.append(row)
