@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,7 +119,8 @@ class _SeparateRows:
     """Contract graphs: each row its own cache, run alone (rows interleave, no batching)."""
 
     def __init__(self, lm: LanguageModel, rows: int):
-        self.lm, self.steps = lm, [None] * rows
+        self.lm = lm
+        self.steps: list[Generator[np.ndarray, tuple, None] | None] = [None] * rows
         self.logits = np.zeros((rows, lm.config.vocab_size), dtype=np.float32)
 
     def admit(self, new: dict[int, list[int]]) -> np.ndarray:
@@ -134,13 +135,15 @@ class _SeparateRows:
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
         one = np.ones(1, dtype=bool)
         for row in np.flatnonzero(active):
-            self.logits[row] = self.steps[row].send((nxt[row:row + 1], one))[0, -1]
+            steps = self.steps[row]
+            assert steps is not None  # an active row was admitted
+            self.logits[row] = steps.send((nxt[row:row + 1], one))[0, -1]
         return self.logits
 
     def release(self, row: int) -> None:
-        if self.steps[row] is not None:
-            self.steps[row].close()
-            self.steps[row] = None
+        steps, self.steps[row] = self.steps[row], None
+        if steps is not None:
+            steps.close()
 
 
 class Engine:
@@ -275,7 +278,7 @@ class Engine:
             logits[eos] = -np.inf
         history = req.prompt_ids + req.out if params.repetition_penalty != 1.0 else []
         try:
-            tok = next_token(logits, params, self._rngs[row], history)
+            tok = next_token(logits, params, self._rngs[row], history)  # type: ignore[arg-type]
         except NonFiniteError as e:
             return self._finish(row, req, "error", str(e))
         if tok == eos:
