@@ -18,6 +18,7 @@ row's sampling draws only from its own generator.
 from __future__ import annotations
 
 import collections
+import heapq
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -98,18 +99,24 @@ class Request:
 
 
 class _SharedRows:
-    """Rows of one SharedCache: admitted prompts run together, steps run every row at once."""
+    """Rows of one SharedCache. Admitted prompts run together through a staging cache of
+    just their rows (the lm's pool) and are copied in; a step runs the rows up to the highest
+    one in use, all at once (rows are handed out lowest first, so they stay packed)."""
 
     def __init__(self, lm: LanguageModel, rows: int):
+        self.lm = lm
         self.cache = SharedCache(lm.session, lm.config, rows, lm.context,
                                  kv_dtype=lm._kv_dtype, prefill_session=lm.prefill_session)
-        self.pad = lm._pad
 
-    def admit(self, new: dict[int, list[int]]) -> np.ndarray:
-        return self.cache.admit(new, self.pad)[:, 0]  # [B, V]
+    def admit(self, new: dict[int, list[int]]) -> dict[int, np.ndarray]:
+        staging = self.lm._caches.take(len(new))
+        try:
+            return self.cache.admit_from(new, self.lm._pad, staging)
+        finally:
+            self.lm._caches.give(staging)
 
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
-        return self.cache.step(nxt, active)[:, 0]
+        return self.cache.step_rows(int(np.flatnonzero(active).max()) + 1, nxt, active)
 
     def release(self, row: int) -> None:
         self.cache.lens[row] = 0
@@ -124,7 +131,7 @@ class _SeparateRows:
         self.logits = np.zeros((rows, lm.config.vocab_size), dtype=np.float32)
 
     def admit(self, new: dict[int, list[int]]) -> np.ndarray:
-        for row, ids in new.items():
+        for row, ids in new.items():  # (returns rows' logits by row index, as _SharedRows)
             steps = self.lm.steps(prefill_feeds(self.lm.config, self.lm.artifact.kind,
                                                 np.array([ids], dtype=np.int64),
                                                 kv_dtype=self.lm._kv_dtype))
@@ -169,7 +176,7 @@ class Engine:
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: dict[int, Request] = {}
         self._rngs: dict[int, np.random.Generator | None] = {}
-        self._free = list(range(max_batch - 1, -1, -1))
+        self._free = list(range(max_batch))  # a heap: the lowest free row is taken first
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -231,7 +238,7 @@ class Engine:
                     if req.cancelled:
                         req._emit(Done("cancelled", ""))
                         continue
-                    new[self._free.pop()] = req
+                    new[heapq.heappop(self._free)] = req
             try:
                 self._iterate(new)
             except Exception as e:  # a broken model: every request learns it, none hangs
@@ -240,7 +247,7 @@ class Engine:
                         req._emit(Done("error", "", f"{type(e).__name__}: {e}"))
                 with self._cond:
                     self._running.clear()
-                    self._free = list(range(self.max_batch - 1, -1, -1))
+                    self._free = list(range(self.max_batch))
                     self.rows = (_SharedRows if self.batched else _SeparateRows)(
                         self.lm, self.max_batch)
 
@@ -307,4 +314,4 @@ class Engine:
             del self._running[row]
             self._rngs.pop(row, None)
             self.rows.release(row)
-            self._free.append(row)
+            heapq.heappush(self._free, row)

@@ -62,6 +62,7 @@ class SharedCache:
         self.pos = np.zeros((batch, 1), dtype=np.int64)
         self._bind("input_ids", self.ids, prefill=False)  # one token per row per step
         self._bind("position_ids", self.pos, prefill=False)
+        self._rows = batch  # rows the step binding covers (step_rows may bind fewer)
 
     def _bind(self, name: str, buf: np.ndarray, output: bool = False,
               prefill: bool | None = None) -> None:
@@ -95,31 +96,45 @@ class SharedCache:
             self._bind("position_ids", self.pos)
         return self.logits
 
-    def admit(self, new: dict[int, list[int]], pad: int) -> np.ndarray:
-        """Run the prompts of some rows (row -> token ids) into their empty places while the
-        other rows idle, their caches untouched (continuous batching: runtime/engine.py).
-        Logits of each new row's last token; the other rows' are not to be read."""
-        T = max(len(ids) for ids in new.values())
-        if T > self.capacity or not all(0 <= r < self.B for r in new):
-            raise ValueError(f"rows {sorted(new)} of up to {T} tokens do not fit a cache of "
-                             f"{self.B} rows x {self.capacity} tokens")
-        ids = np.full((self.B, T), pad, dtype=np.int64)
-        pos = np.zeros((self.B, T), dtype=np.int64)
-        self.qlens[:] = 0  # an idle row: its cache stays as it is
-        for r, row in new.items():
-            ids[r, :len(row)] = row
-            pos[r] = np.minimum(np.arange(T), len(row) - 1)
-            self.qlens[r] = len(row)
-            self.lens[r] = len(row)
-        self.seqlens[:] = np.maximum(self.lens - 1, 0)
-        self.total[...] = self.seqlens.max() + 1
-        self._bind("input_ids", ids, prefill=True)
-        self._bind("position_ids", pos, prefill=True)
-        self.prefill_session.run_with_iobinding(self.prefill_binding)
-        if self.prefill_binding is self.binding:  # one graph: steps need their inputs back
-            self._bind("input_ids", self.ids)
-            self._bind("position_ids", self.pos)
-        return self.logits
+    def admit_from(self, new: dict[int, list[int]], pad: int,
+                   staging: SharedCache) -> dict[int, np.ndarray]:
+        """Continuous batching (runtime/engine.py): run the prompts of some rows (row -> token
+        ids) through `staging`, a cache of exactly len(new) rows, then copy their keys and
+        values into those rows of this cache, which other rows keep using meanwhile. Only the
+        new rows' tokens are computed. Returns each new row's last-token logits [vocab]."""
+        logits = staging.prefill(list(new.values()), pad)
+        out = {}
+        for j, (row, ids) in enumerate(new.items()):
+            n = len(ids)
+            for mine, theirs in zip(self.kv, staging.kv):
+                mine[row, :, :n] = theirs[j, :, :n]
+            self.lens[row] = n
+            out[row] = logits[j, 0].copy()
+        return out
+
+    def step_rows(self, k: int, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """One token for each active row among the first k (the others idle): the step graph
+        runs k rows, not the cache's B, so a few requests in a large cache cost what a few
+        rows do. Logits [k, vocab]."""
+        if k != self._rows:  # bind views of the first k rows: the same memory, a smaller batch
+            for past, present, buf in zip(past_names(self.cfg.n_layer),
+                                          present_names(self.cfg.n_layer), self.kv):
+                self._bind(past, buf[:k], prefill=False)
+                self._bind(present, buf[:k], output=True, prefill=False)
+            self._bind("logits", self.logits[:k], output=True, prefill=False)
+            for name, buf in (("seqlens_k", self.seqlens), ("query_seqlens", self.qlens),
+                              ("input_ids", self.ids), ("position_ids", self.pos)):
+                self._bind(name, buf[:k], prefill=False)
+            self._rows = k
+        a = active[:k].astype(np.int32)
+        self.ids[:k, 0] = nxt[:k]
+        self.pos[:k, 0] = self.lens[:k]
+        self.qlens[:k] = a
+        self.seqlens[:k] = np.maximum(self.lens[:k] - 1 + a, 0)
+        self.total[...] = self.seqlens[:k].max() + 1
+        self.session.run_with_iobinding(self.binding)
+        self.lens[:k] += a
+        return self.logits[:k, 0]
 
     def step(self, nxt: np.ndarray, active: np.ndarray | None) -> np.ndarray:
         """One token per active row (None: every row; an inactive row idles, its cache left as
