@@ -51,6 +51,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the SmolLM2-135M-shaped model of the Llama peer benchmark -> the Llama test preset
     "--preset llama-demo --n-layer 30 --n-head 9 --n-kv-head 3 --n-embd 576 --n-inner 1536 "
     "--vocab-size 49152 --block-size 256": "--preset llama-test", "--rounds 3": "--rounds 1",
+    # the serving benchmark -> two concurrency levels, one short request each
+    "serving artifacts/onnx-int8-gqa --out benchmarks/results/serving-demo":
+        "serving artifacts/onnx-int8-gqa --out serving-results --levels 1,2 --requests 1 "
+        "--new-tokens 4 --prompt-tokens 8",
     # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps
     "--preset llama-demo": "--preset llama-test",
     "llama_demo --out benchmarks/results/llama-demo-xeon-amx":
@@ -64,7 +68,7 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
 # The documents whose blocks run, in the order their sections build on each other; README
 # last, as its runtime example loads what the documents' commands made.
 DOCUMENTS = ["docs/model.md", "docs/export.md", "docs/quantization.md", "docs/peers.md",
-             "docs/benchmarks.md", "docs/runtime.md", "docs/packaging.md",
+             "docs/benchmarks.md", "docs/runtime.md", "docs/serving.md", "docs/packaging.md",
              "docs/architecture.md", "docs/reliability.md", "docs/status.md", "docs/testing.md",
              "README.md"]
 

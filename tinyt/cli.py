@@ -470,13 +470,30 @@ def bench(
     rounds: Annotated[Optional[int], typer.Option(
         min=0, help="Interleaved rounds: per shape, each round 3 untimed + 5 timed calls per "
              "variant (default quick 6, full 20); with --peers, each round 1 untimed + 3 "
-             "timed calls per engine and shape (default 8; 0: greedy agreement only).")] = None,
+             "timed calls per engine and shape (default 8; 0: greedy agreement only); with "
+             "--serving, requests per client and level (default 4).")] = None,
     peers: Annotated[bool, typer.Option(
         "--peers", help="tinyt against CTranslate2, ONNX Runtime GenAI and PyTorch on the same "
                         "weights, each engine in its own process (extra 'peers').")] = False,
+    serving: Annotated[bool, typer.Option(
+        "--serving", help="tinyt serve against a naive thread-per-request server on "
+                          "ARTIFACTS/onnx-int8-gqa, closed-loop clients at concurrency 1-16 "
+                          "(extra 'serve').")] = False,
 ) -> None:
     """Latency and throughput of PyTorch and every ONNX Runtime variant, side by side; with
-    --peers, tinyt against the engines a user would pick instead."""
+    --peers, tinyt against the engines a user would pick instead; with --serving, the server
+    under load."""
+    if serving:
+        from tinyt.benchmarks.serving import markdown
+        from tinyt.benchmarks.serving import run as run_serving
+
+        target = artifacts / "onnx-int8-gqa"
+        if not (target / "manifest.json").is_file():
+            raise TinytError(f"{target} is missing: run `tinyt pipeline --out {artifacts}`")
+        result = run_serving(target, out or Path("benchmarks/results/serving"),
+                             requests=4 if rounds is None else rounds)
+        typer.echo(markdown(result))
+        return
     out = out or Path("benchmarks/results") / ("peers" if peers else "cpu")
     if peers:
         from tinyt.benchmarks.peers import run as run_peers
