@@ -31,6 +31,10 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
                    "venv",
     "bash scripts/setup-genai-builder.sh": "installs an environment: scripts/setup.sh runs it "
                                            "in CI",
+    "python3 -m venv .venv-ray": "installs Ray Serve, heavy: the replicas script's recorded "
+                                 "output is committed",
+    ".venv-ray/bin/python -m benchmarks.replicas_ray": "needs Ray Serve and starts a cluster; "
+                                                       "its recorded output is committed",
     "bash scripts/setup-llama-cpp.sh": "an opt-in build of llama.cpp (6-20 min): kept out of "
                                        "CI; tests/test_peers.py runs llama.cpp where it is",
 }
