@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=4, help="per client and level")
     ap.add_argument("--seconds", type=float, default=60.0, help="per level, at most")
     ap.add_argument("--levels", default=",".join(map(str, CONCURRENCY)))
+    ap.add_argument("--servers", default="tinyt-serve,naive")
     ap.add_argument("--naive-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.naive_server:
@@ -318,7 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     result = run(args.artifact, args.out, threads=args.threads, max_batch=args.max_batch,
                  prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                  requests=args.requests, seconds=args.seconds,
-                 levels=tuple(int(x) for x in args.levels.split(",")))
+                 levels=tuple(int(x) for x in args.levels.split(",")),
+                 servers=tuple(args.servers.split(",")))
     print(markdown(result))
 
 

@@ -1,8 +1,9 @@
 """Continuous batching (torch-free): the engine `tinyt serve` drives, usable by any application.
 
     submit(prompt ids, SamplingParams) ──bounded queue──▶ the engine's thread, in a loop:
-      admit   waiting requests into free rows of one cache [max_batch rows x context]: their
-              prompts run through the prompt graph together while the other rows idle
+      admit   waiting requests into free rows of one cache [max_batch rows x context], up to
+              prefill_tokens prompt tokens at a time (the running rows wait for them): their
+              prompts run through the prompt graph together
       step    one token for every running row, in one run of the step graph
       choose  each row with its own sampling settings, seed and stop strings; a finished or
               cancelled row frees its place at once, and the next request takes it
@@ -162,7 +163,8 @@ class Engine:
         engine.stop()
     """
 
-    def __init__(self, lm: LanguageModel, *, max_batch: int = 8, max_queue: int = 64):
+    def __init__(self, lm: LanguageModel, *, max_batch: int = 8, max_queue: int = 64,
+                 prefill_tokens: int = 64):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"max_batch={max_batch!r} must be an integer >= 1")
         if not (isinstance(max_queue, int) and max_queue >= 1):
@@ -170,7 +172,12 @@ class Engine:
         if lm.artifact.fixed:
             raise ValueError(f"{lm.artifact.path} is pinned to fixed shapes; serve a "
                              "dynamic-shape artifact (the shared-cache pair batches best)")
+        if not (isinstance(prefill_tokens, int) and prefill_tokens >= 1):
+            raise ValueError(f"prefill_tokens={prefill_tokens!r} must be an integer >= 1")
         self.lm, self.max_batch, self.max_queue = lm, max_batch, max_queue
+        # Prompt tokens admitted between two steps (at least one request's): the running rows
+        # wait for those prompts, so this bounds the time between their tokens.
+        self.prefill_tokens = prefill_tokens
         self.batched = lm.artifact.kind == GQA_KIND
         self.rows = (_SharedRows if self.batched else _SeparateRows)(lm, max_batch)
         self._waiting: collections.deque[Request] = collections.deque()
@@ -233,12 +240,15 @@ class Engine:
                 if self._stopping and not self._waiting and not self._running:
                     return
                 new: dict[int, Request] = {}
-                while self._waiting and self._free:
+                budget = self.prefill_tokens
+                while self._waiting and self._free and (
+                        not new or len(self._waiting[0].prompt_ids) <= budget):
                     req = self._waiting.popleft()
                     if req.cancelled:
                         req._emit(Done("cancelled", ""))
                         continue
                     new[heapq.heappop(self._free)] = req
+                    budget -= len(req.prompt_ids)
             try:
                 self._iterate(new)
             except Exception as e:  # a broken model: every request learns it, none hangs

@@ -350,6 +350,9 @@ def serve_cmd(
     max_batch: Annotated[int, typer.Option(min=1, help="Rows in the running batch.")] = 8,
     max_queue: Annotated[int, typer.Option(min=1, help="Requests waiting for a row before "
                                                        "429.")] = 64,
+    prefill_tokens: Annotated[int, typer.Option(
+        min=1, help="Prompt tokens admitted between two decode steps (at least one "
+                    "request's): bounds the running rows' wait.")] = 64,
     api_key: Annotated[Optional[str], typer.Option(
         help="Require 'Authorization: Bearer KEY' (default: $TINYT_API_KEY, else none).",
         envvar="TINYT_API_KEY")] = None,
@@ -367,7 +370,8 @@ def serve_cmd(
         raise TinytError("--api-key is empty; give a key or leave the option out")
     try:
         serve(artifact, host=host, port=port, threads=threads, max_batch=max_batch,
-              max_queue=max_queue, api_key=api_key, model_id=model_id)
+              max_queue=max_queue, prefill_tokens=prefill_tokens, api_key=api_key,
+              model_id=model_id)
     except (ValueError, OSError) as e:
         raise TinytError(str(e)) from None
 
