@@ -1,0 +1,95 @@
+"""One decode step of two graphs side by side, per operator type, from ONNX Runtime's profiler:
+tinyt's shared-cache step graph and any other decoder graph (GenAI's builder's, whose inputs
+are input_ids, attention_mask and a past of fixed length), with the cache at the same past.
+
+    .venv/bin/python -m benchmarks.profile_step artifacts-smollm/onnx-int4-gqa/model.onnx \
+        artifacts-smollm/peers/genai-builder-int4/model.onnx --past 94
+
+Batch 1, one new token after `past` tokens, THREADS threads, 200 runs after 20 warm-ups,
+one graph then the other; prints each op type's microseconds per step in each graph and the
+wall time per step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+FILL = {"input_ids": 1, "position_ids": None, "attention_mask": 1, "seqlens_k": None,
+        "total_sequence_length": None, "query_seqlens": 1}
+
+
+def feeds_for(session: ort.InferenceSession, past: int,
+              head_dim: int) -> dict[str, np.ndarray]:
+    """Feeds of one step after `past` tokens, from the graph's own input list: a cache of
+    [1, heads, past (or, for a shared buffer, past + 1), head_dim]."""
+    out = {}
+    for i in session.get_inputs():
+        dtype = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}.get(i.type, np.float32)
+        if i.name.startswith("past_key_values"):
+            shared = i.shape[2] == "max_sequence_length"
+            out[i.name] = np.zeros((1, i.shape[1], past + 1 if shared else past, head_dim),
+                                   dtype)
+        elif i.name == "attention_mask":
+            out[i.name] = np.ones((1, past + 1), dtype)
+        elif i.name in ("position_ids", "seqlens_k"):
+            out[i.name] = np.full([1] * len(i.shape), past, dtype)
+        elif i.name == "total_sequence_length":
+            out[i.name] = np.array(past + 1, dtype)
+        else:
+            out[i.name] = np.full([1] * len(i.shape), FILL.get(i.name, 0), dtype)
+    return out
+
+
+def profile(path: Path, past: int, threads: int, runs: int,
+            head_dim: int) -> tuple[Counter, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(tmp, "prof")
+        s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        feeds = feeds_for(s, past, head_dim)
+        names = [o.name for o in s.get_outputs()]
+        for _ in range(20):
+            s.run(names, feeds)
+        t = time.perf_counter()
+        for _ in range(runs):
+            s.run(names, feeds)
+        wall = (time.perf_counter() - t) / runs
+        events = json.loads(Path(s.end_profiling()).read_text())
+    per_op: Counter = Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_op[e["args"]["op_name"]] += e["dur"]
+    n = runs + 20
+    return Counter({k: v / n for k, v in per_op.items()}), wall * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("graphs", type=Path, nargs=2)
+    ap.add_argument("--past", type=int, default=94)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--head-dim", type=int, default=64)
+    args = ap.parse_args()
+    a, b = (profile(g, args.past, args.threads, args.runs, args.head_dim) for g in args.graphs)
+    names = [f"{g.parent.name}/{g.name}" for g in args.graphs]
+    print(f"one decode step after {args.past} tokens, {args.threads} thread(s), µs per step")
+    print(f"| op | {names[0]} | {names[1]} |\n|---|---|---|")
+    for op in sorted(set(a[0]) | set(b[0]), key=lambda o: -(a[0][o] + b[0][o])):
+        print(f"| {op} | {a[0][op]:.0f} | {b[0][op]:.0f} |")
+    print(f"| **sum of kernels** | {sum(a[0].values()):.0f} | {sum(b[0].values()):.0f} |")
+    print(f"| **wall per step** | {a[1]:.0f} | {b[1]:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
