@@ -151,20 +151,12 @@ def _engine(name: str, artifacts: Path, threads: int) -> Callable[[list[int], in
                 steps.close()
         gen.logits = tinyt_logits
         return gen
-    if name == "genai-int8":
+    if name == "genai-int8" or name.startswith("genai-builder-"):
         import onnxruntime_genai as og
 
-        config = og.Config(str(artifacts / "onnx-int8"))
-        config.clear_providers()
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
-        model = og.Model(config)
-        return _with_logits(lambda ids, n: genai_greedy(model, ids, n, min_length=True),
-                            lambda ids: genai_logits(model, ids))
-    if name.startswith("genai-builder-"):
-        import onnxruntime_genai as og
-
-        config = og.Config(str(artifacts / "peers" / name))
+        # GenAI on tinyt's own INT8 graph, or on its model builder's artifact
+        config = og.Config(str(artifacts / ("onnx-int8" if name == "genai-int8"
+                                            else f"peers/{name}")))
         config.clear_providers()
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
             "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))

@@ -1,6 +1,7 @@
 """One decode step of two graphs side by side, per operator type, from ONNX Runtime's profiler:
-tinyt's shared-cache step graph and any other decoder graph (GenAI's builder's, whose inputs
-are input_ids, attention_mask and a past of fixed length), with the cache at the same past.
+tinyt's shared-cache step graph (first: its artifact's config gives the head size) and any
+other decoder graph of the same model (GenAI's builder's, whose inputs are input_ids,
+attention_mask and a past of fixed length), with the cache at the same past.
 
     .venv/bin/python -m benchmarks.profile_step artifacts-smollm/onnx-int4-gqa/model.onnx \
         artifacts-smollm/peers/genai-builder-int4/model.onnx --past 94
@@ -79,9 +80,11 @@ def main() -> None:
     ap.add_argument("--past", type=int, default=94)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=200)
-    ap.add_argument("--head-dim", type=int, default=64)
     args = ap.parse_args()
-    a, b = (profile(g, args.past, args.threads, args.runs, args.head_dim) for g in args.graphs)
+    from tinyt.manifest import read_model_config
+
+    head_dim = read_model_config(args.graphs[0].parent)[0].head_dim  # the first is tinyt's
+    a, b = (profile(g, args.past, args.threads, args.runs, head_dim) for g in args.graphs)
     names = [f"{g.parent.name}/{g.name}" for g in args.graphs]
     print(f"one decode step after {args.past} tokens, {args.threads} thread(s), µs per step")
     print(f"| op | {names[0]} | {names[1]} |\n|---|---|---|")

@@ -231,14 +231,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "train": dict(max_steps=20, batch_size=8, warmup_steps=2, eval_interval=10,
                       eval_batches=2),
     },
-    # The test preset in the Llama form (multi-query: one key/value head for two query heads).
-    "llama-test": {
-        "model": dict(block_size=32, vocab_size=512, n_layer=2, n_head=2, n_kv_head=1,
-                      n_embd=32, n_inner=64, norm="rmsnorm", pos_encoding="rotary",
-                      activation="swiglu", bias=False),
-        "train": dict(max_steps=20, batch_size=8, warmup_steps=2, eval_interval=10,
-                      eval_batches=2),
-    },
     # The default: trains in about 5 minutes on 2 CPU cores and writes recognisable Python.
     "demo": {
         "model": dict(block_size=128, vocab_size=2048, n_layer=4, n_head=4, n_embd=128),
@@ -254,6 +246,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                       activation="swiglu", bias=False),
         "train": dict(max_steps=600, batch_size=32, warmup_steps=30, eval_interval=100,
                       eval_batches=8),
+    },
+    # The test preset in the Llama form (multi-query: one key/value head for two query heads).
+    "llama-test": {
+        "model": dict(block_size=32, vocab_size=512, n_layer=2, n_head=2, n_kv_head=1,
+                      n_embd=32, n_inner=64, norm="rmsnorm", pos_encoding="rotary",
+                      activation="swiglu", bias=False),
+        "train": dict(max_steps=20, batch_size=8, warmup_steps=2, eval_interval=10,
+                      eval_batches=2),
     },
     # The shape of the seed article's model (4 layers, 4 heads, 768 wide). Slow on a CPU.
     "article": {
