@@ -83,7 +83,11 @@ def main() -> None:
     args = ap.parse_args()
     from tinyt.manifest import read_model_config
 
-    head_dim = read_model_config(args.graphs[0].parent)[0].head_dim  # the first is tinyt's
+    cfg, _ = read_model_config(args.graphs[0].parent)  # the first is tinyt's
+    if not 0 <= args.past < cfg.block_size:
+        raise SystemExit(f"error: --past {args.past} must be in 0..{cfg.block_size - 1} (the "
+                         "model's block_size less one)")
+    head_dim = cfg.head_dim
     a, b = (profile(g, args.past, args.threads, args.runs, head_dim) for g in args.graphs)
     names = [f"{g.parent.name}/{g.name}" for g in args.graphs]
     print(f"one decode step after {args.past} tokens, {args.threads} thread(s), µs per step")
