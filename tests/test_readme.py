@@ -59,8 +59,7 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "serving artifacts/onnx-int8-gqa --out benchmarks/results/serving-demo":
         "serving artifacts/onnx-int8-gqa --out serving-results --levels 1,2 --requests 1 "
         "--new-tokens 4 --prompt-tokens 8",
-    "profile_step artifacts-smollm/onnx-int4-gqa/model.onnx": "profile_step "
-        "artifacts-smollm/onnx-int4-gqa/model.onnx --runs 5", "--past 94": "--past 16",
+    "--past 94": "--past 16 --runs 5",  # the step profile at the test size
     # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps
     "--preset llama-demo": "--preset llama-test",
     "llama_demo --out benchmarks/results/llama-demo-xeon-amx":
