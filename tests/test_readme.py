@@ -33,6 +33,7 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
                                            "in CI",
     "python3 -m venv .venv-ray": "installs Ray Serve, heavy: the replicas script's recorded "
                                  "output is committed",
+    ".venv-ray/bin/pip install": "installs Ray Serve (see the line before)",
     ".venv-ray/bin/python -m benchmarks.replicas_ray": "needs Ray Serve and starts a cluster; "
                                                        "its recorded output is committed",
     "bash scripts/setup-llama-cpp.sh": "an opt-in build of llama.cpp (6-20 min): kept out of "
