@@ -32,7 +32,7 @@ from tinyt.errors import NonFiniteError
 from .feeds import prefill_feeds
 from .generate import LanguageModel, _safe_end, _stop_cut
 from .gqa import GQA_KIND, SharedCache
-from .sampling import SamplingParams, next_token
+from .sampling import SamplingParams
 
 
 class QueueFull(RuntimeError):
@@ -100,9 +100,9 @@ class Request:
 
 
 class _SharedRows:
-    """Rows of one SharedCache. Admitted prompts run together through a staging cache of
-    just their rows (the lm's pool) and are copied in; a step runs the rows up to the highest
-    one in use, all at once (rows are handed out lowest first, so they stay packed)."""
+    """Rows of one SharedCache. Each admitted prompt runs through a staging cache of one row
+    (the lm's pool) and is copied in; a step runs the rows up to the highest one in use, all
+    at once (rows are handed out lowest first, so they stay packed)."""
 
     def __init__(self, lm: LanguageModel, rows: int):
         self.lm = lm
@@ -110,11 +110,17 @@ class _SharedRows:
                                  kv_dtype=lm._kv_dtype, prefill_session=lm.prefill_session)
 
     def admit(self, new: dict[int, list[int]]) -> dict[int, np.ndarray]:
-        staging = self.lm._caches.take(len(new))
-        try:
-            return self.cache.admit_from(new, self.lm._pad, staging)
-        finally:
-            self.lm._caches.give(staging)
+        # One prompt per run: the pair's prompt graph quantizes activations with one scale per
+        # tensor (qgemm), so prompts run together would move each other's logits, and a
+        # request's output would depend on who arrived with it.
+        out: dict[int, np.ndarray] = {}
+        for row, ids in new.items():
+            staging = self.lm._caches.take(1)
+            try:
+                out.update(self.cache.admit_from({row: ids}, self.lm._pad, staging))
+            finally:
+                self.lm._caches.give(staging)
+        return out
 
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
         return self.cache.step_rows(int(np.flatnonzero(active).max()) + 1, nxt, active)
@@ -285,33 +291,22 @@ class Engine:
             self._choose(row, req, logits[row])
 
     def _choose(self, row: int, req: Request, logits: np.ndarray) -> None:
-        """The row's next token, its text, and its end if this is one (generate's rules)."""
+        """The row's next token by generate's own rules (LanguageModel._choose), its text, and
+        its end if this is one."""
         lm, params = self.lm, req.params
         if lm._choosable is not None:
             logits = logits[:lm._choosable]
-        logits = logits.copy()  # the buffer is the next step's output
-        eos = lm.tokenizer.eos_id
-        if eos is not None and len(req.out) < params.min_new_tokens:
-            logits[eos] = -np.inf
-        history = req.prompt_ids + req.out if params.repetition_penalty != 1.0 else []
-        try:
-            tok = next_token(logits, params, self._rngs[row], history)  # type: ignore[arg-type]
+        try:  # a copy: _choose may mask end-of-text, and the buffer is the next step's output
+            reason = lm._choose(0, logits.copy(), params, self._rngs[row], [req.prompt_ids],
+                                [req.out])
         except NonFiniteError as e:
             return self._finish(row, req, "error", str(e))
-        if tok == eos:
+        if reason == "eos":
             return self._finish(row, req, "eos")
-        req.out.append(tok)
         self.tokens_generated += 1
         text = lm.tokenizer.decode(req.out)
-        reason = None
-        if params.stop and _stop_cut(text, params.stop) < len(text):
-            reason = "stop"
-        elif len(req.out) >= params.max_new_tokens:
-            reason = "length"
-        elif len(req.prompt_ids) + len(req.out) >= lm.context:
-            reason = "context"
         end = _stop_cut(text, params.stop) if reason else _safe_end(text, params.stop)
-        req._emit(Token(tok, text[req._shown:end] if end > req._shown else "",
+        req._emit(Token(req.out[-1], text[req._shown:end] if end > req._shown else "",
                         time.perf_counter()))
         req._shown = max(req._shown, end)
         if reason:

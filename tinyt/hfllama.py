@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from tinyt.checkpoint import check_tokenizer_fits, load_checkpoint, save_import
+from tinyt.checkpoint import check_tokenizer_fits, load_checkpoint, load_weights, save_import
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConfigError
 from tinyt.fsutil import atomic_dir, write_json
@@ -198,8 +198,6 @@ def import_llama(directory: Path, out: Path, hf_cfg: dict[str, Any], *,
     check_tokenizer_fits(tok, cfg, "the tokenizer")
     model = build_model(cfg)
     source = f"Hugging Face model {directory}"
-    from tinyt.checkpoint import load_weights
-
     load_weights(model, state_from_llama(read_hf_weights(directory), cfg, source), source)
     return save_import(out, model, tok, {
         "imported_from": "huggingface", "architecture": ARCHITECTURES[hf_cfg["model_type"]],
