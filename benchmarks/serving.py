@@ -9,12 +9,18 @@ per request calling generate), on the same artifact, with closed-loop clients.
         from the server-sent events as the client reads them) ──▶ serving.json, serving.md,
         serving.png
 
-    .venv/bin/python -m benchmarks.serving artifacts/onnx-int8-gqa --out OUT
-    tinyt bench artifacts --serving --out OUT    (the artifacts' onnx-int8-gqa)
+    .venv/bin/python -m benchmarks.serving artifacts/onnx-int8-rows-gqa --out OUT
+    tinyt bench artifacts --serving --out OUT    (the artifacts' onnx-int8-rows-gqa)
 
 Both servers speak the same streamed /v1/completions; greedy, so both make the same tokens
 (checked on one request before timing). Ratios compare concurrency C with C = 1 of the same
 server in the same run.
+
+Before the servers, the ceiling the kernels allow (`ceiling`): the engine's own graph runs,
+timed alone in this process with nothing else running, interleaved — a decode step of 1 and of
+8 rows, one prompt's admission and 8 prompts' — and what they bound: tokens/s at 8 clients
+over 1 client's with no HTTP and no Python between runs, and the least time between tokens at
+8 clients when a prompt is admitted between two steps. A measured ratio is read against it.
 """
 from __future__ import annotations
 
@@ -197,6 +203,61 @@ def _prompts(artifact: Path, count: int, length: int) -> list[str]:
     return [tok.decode(p) for p in held_out_prompts(tok, load_corpus(None).val, count, length)]
 
 
+def ceiling(artifact: Path, prompts: list[str], new_tokens: int, threads: int | None,
+            rows: int = 8, rounds: int = 3) -> dict:
+    """What the engine's graph runs alone allow at `rows` clients against one (module
+    docstring): a request as the engine runs it — its prompt's admission, then new_tokens - 1
+    steps — for one client and for `rows` clients whose prompts arrive together, each timed
+    as one sequence of runs, the two alternating round by round."""
+    import numpy as np
+
+    import tinyt.runtime as rt
+    from tinyt.runtime.engine import rows_independent
+    from tinyt.runtime.gqa import SharedCache
+
+    lm = rt.load(artifact, threads=threads)
+    ids = [lm.tokenizer.encode(p) for p in prompts[:rows]]
+    kv = dict(kv_dtype=lm._kv_dtype, prefill_session=lm.prefill_session)
+    big = SharedCache(lm.session, lm.config, rows, lm.context, **kv)
+    one, many = (SharedCache(lm.session, lm.config, b, lm.context, **kv) for b in (1, rows))
+    together = rows_independent(lm.artifact.manifest)
+    nxt = np.full(rows, lm._pad, dtype=np.int64)
+
+    def request(k: int) -> dict:
+        """ms of: admitting k prompts, each step after it, all of it."""
+        t0 = time.perf_counter()
+        if k == 1 or not together:
+            for i in range(k):
+                big.admit_from({i: ids[i]}, lm._pad, one)
+        else:
+            big.admit_from(dict(enumerate(ids[:k])), lm._pad, many)
+        t1 = time.perf_counter()
+        active = np.zeros(rows, dtype=bool)
+        active[:k] = True
+        steps = []
+        for _ in range(new_tokens - 1):
+            t = time.perf_counter()
+            big.step_rows(k, nxt, active)
+            steps.append(time.perf_counter() - t)
+        return {"admit": 1e3 * (t1 - t0), "step": 1e3 * float(np.median(steps)),
+                "total": 1e3 * (time.perf_counter() - t0)}
+    runs: dict[int, list[dict]] = {1: [], rows: []}
+    for r in range(rounds + 1):
+        for k in runs:
+            got = request(k)
+            if r:  # round 0 warms up
+                runs[k].append(got)
+    med = {k: {m: float(np.median([g[m] for g in v])) for m in ("admit", "step", "total")}
+           for k, v in runs.items()}
+    one_client = 1e3 * new_tokens / med[1]["total"]
+    at_rows = 1e3 * rows * new_tokens / med[rows]["total"]
+    gap = med[rows]["step"] + med[1]["admit"]  # a step after one prompt's admission
+    return {"rows": rows, "prompts_together": together, "ms": med,
+            "tokens_per_s_1": one_client, f"tokens_per_s_{rows}": at_rows,
+            "tokens_per_s_ratio": at_rows / one_client, "tbt_with_admission_ms": gap,
+            "tbt_ratio": gap / med[1]["step"]}
+
+
 def run(artifact: Path, out: Path, *, threads: int | None = None, max_batch: int = 16,
         prompt_tokens: int = 32, new_tokens: int = 32, requests: int = 4,
         seconds: float = 60.0, levels: tuple[int, ...] = CONCURRENCY,
@@ -224,6 +285,8 @@ def run(artifact: Path, out: Path, *, threads: int | None = None, max_batch: int
                                                   seconds) for c in levels]
         finally:
             result["servers"][f"{kind} exit status"] = server.stop()
+    # after the servers, so that nothing of this process runs beside them
+    result["ceiling"] = ceiling(artifact, prompts, new_tokens, threads)
     result["same_tokens"] = len(set(texts.values())) == 1
     result["targets"] = targets(result)
     out.mkdir(parents=True, exist_ok=True)
@@ -269,6 +332,20 @@ def markdown(result: dict) -> str:
         goal = f"≥ {t['min']}" if "min" in t else f"≤ {t['max']}"
         lines += ["", f"- {name}: {t['measured']:.2f} (goal {goal}, "
                       f"{'met' if t['met'] else 'not met'})"]
+    c = result.get("ceiling")
+    if c:
+        k, ms = c["rows"], c["ms"]
+        one, many = ms["1"] if "1" in ms else ms[1], ms[str(k)] if str(k) in ms else ms[k]
+        lines += ["", f"What the graph runs alone allow (benchmarks/serving.py `ceiling`: a "
+                  f"request as the engine runs it, without HTTP or Python between runs, for 1 "
+                  f"client and {k} arriving together, alternating, medians): a step of 1 row "
+                  f"{one['step']:.2f} ms, of {k} rows {many['step']:.2f} ms; admitting one "
+                  f"prompt {one['admit']:.2f} ms, {k} prompts {many['admit']:.2f} ms "
+                  f"({'in one run' if c['prompts_together'] else 'one by one'}). "
+                  f"So at most {c['tokens_per_s_ratio']:.2f}× one client's tokens/s at {k} "
+                  f"clients ({c[f'tokens_per_s_{k}']:.0f} vs {c['tokens_per_s_1']:.0f} tokens/s)"
+                  f", and a gap holding one admission lasts at least "
+                  f"{c['tbt_with_admission_ms']:.2f} ms, {c['tbt_ratio']:.2f}× a 1-row step."]
     return "\n".join(lines) + "\n"
 
 

@@ -33,9 +33,11 @@ from .stage import open_source, write_artifact
 MODES = {"dynamic": 4, "weight-only": 0, "static": None}  # -> MatMulNBits accuracy_level
 BITS = (8, 4)
 DEFAULT_BLOCK = 64
-# Weight-matmul kernels of dynamic mode: MatMulNBits (block-wise) or DynamicQuantizeMatMul
-# (per channel, int8 GEMM; export/blockquant.py says when each wins).
-KERNELS = ("nbits", "qgemm")
+# Weight-matmul kernels of dynamic mode: MatMulNBits (block-wise), DynamicQuantizeMatMul (per
+# channel, int8 GEMM, activations per tensor), or the same GEMM with activations per row
+# ("qgemm-rows": every row of a batch computed as if alone; export/blockquant.py says when each
+# wins).
+KERNELS = ("nbits", "qgemm", "qgemm-rows")
 
 
 class QuantizeError(TinytError, ValueError):
@@ -68,9 +70,10 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
         raise QuantizeError(f"{src} is a 'portable' graph (standard ONNX ops only), and this "
                             "quantization uses ONNX Runtime contrib ops; quantize the export "
                             "or the 'cpu' optimized graph")
-    if kernel not in KERNELS or (kernel == "qgemm" and (bits != 8 or mode != "dynamic")):
+    if kernel not in KERNELS or (kernel != "nbits" and (bits != 8 or mode != "dynamic")):
         raise QuantizeError(f"kernel={kernel!r} with mode={mode!r}, bits={bits}: kernels are "
-                            f"{', '.join(KERNELS)}, and qgemm is for 8-bit dynamic only")
+                            f"{', '.join(KERNELS)}, and the qgemm ones are for 8-bit dynamic "
+                            "only")
     if calibration not in CALIBRATIONS:
         raise QuantizeError(f"calibration={calibration!r} is not one of "
                             f"{', '.join(CALIBRATIONS)}")
@@ -132,7 +135,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
         return write_artifact(out_dir, src, [path], stage="quantize", options={
             "mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
             "kernel": kernel,
-            **({"reduce_range": bool(preset["reduce_range"])} if kernel == "qgemm" else {}),
+            **({"reduce_range": bool(preset["reduce_range"])} if kernel != "nbits" else {}),
             **({"calibration": calibration, "per_channel": per_channel,
                 "hardware_preset": preset} if mode == "static" else {"block_size": block_size})},
             extra={
@@ -142,6 +145,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                 "skipped": report.skipped, "shared_tables": report.shared_tables,
                 "contrib_domain": MS, "bytes": out_bytes,
                 "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
+                # whether a row's outputs are independent of the other rows of its batch (no
+                # activation scale is shared between rows): serving may then batch prompts
+                "rows_independent": mode != "static" and kernel != "qgemm",
             },
             "accuracy": accuracy, **({"search": search} if search else {}),
             "versions": src.versions()})

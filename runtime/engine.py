@@ -3,7 +3,8 @@
     submit(prompt ids, SamplingParams) ──bounded queue──▶ the engine's thread, in a loop:
       admit   waiting requests into free rows of one cache [max_batch rows x context], up to
               prefill_tokens prompt tokens at a time (the running rows wait for them): their
-              prompts run through the prompt graph together
+              prompts run through the prompt graph, together where the graph computes each
+              row as if alone (quantize --kernel qgemm-rows), else one by one
       step    one token for every running row, in one run of the step graph
       choose  each row with its own sampling settings, seed and stop strings; a finished or
               cancelled row frees its place at once, and the next request takes it
@@ -100,24 +101,27 @@ class Request:
 
 
 class _SharedRows:
-    """Rows of one SharedCache. Each admitted prompt runs through a staging cache of one row
-    (the lm's pool) and is copied in; a step runs the rows up to the highest one in use, all
-    at once (rows are handed out lowest first, so they stay packed)."""
+    """Rows of one SharedCache. Admitted prompts run through a staging cache of just the new
+    rows (the lm's pool) and are copied in; a step runs the rows up to the highest one in use,
+    all at once (rows are handed out lowest first, so they stay packed)."""
 
     def __init__(self, lm: LanguageModel, rows: int):
         self.lm = lm
         self.cache = SharedCache(lm.session, lm.config, rows, lm.context,
                                  kv_dtype=lm._kv_dtype, prefill_session=lm.prefill_session)
+        # Prompts run together only where no activation scale is shared between rows
+        # (quantize --kernel qgemm-rows or nbits, one graph for prompts and steps): the pair's
+        # per-tensor qgemm prompt graph would let prompts that arrive together move each
+        # other's logits, and a request's output would depend on who arrived with it.
+        self.together = rows_independent(lm.artifact.manifest)
 
     def admit(self, new: dict[int, list[int]]) -> dict[int, np.ndarray]:
-        # One prompt per run: the pair's prompt graph quantizes activations with one scale per
-        # tensor (qgemm), so prompts run together would move each other's logits, and a
-        # request's output would depend on who arrived with it.
+        groups = [new] if self.together else [{row: ids} for row, ids in new.items()]
         out: dict[int, np.ndarray] = {}
-        for row, ids in new.items():
-            staging = self.lm._caches.take(1)
+        for group in groups:
+            staging = self.lm._caches.take(len(group))
             try:
-                out.update(self.cache.admit_from({row: ids}, self.lm._pad, staging))
+                out.update(self.cache.admit_from(group, self.lm._pad, staging))
             finally:
                 self.lm._caches.give(staging)
         return out
@@ -127,6 +131,16 @@ class _SharedRows:
 
     def release(self, row: int) -> None:
         self.cache.lens[row] = 0
+
+
+def rows_independent(manifest: dict) -> bool:
+    """Whether every graph of an artifact computes each row of a batch as if it ran alone:
+    quantized without per-tensor activation scales (its manifest says so), fp32 excepted
+    (float GEMMs may sum in another order for another batch size)."""
+    graphs = [manifest.get("quantization")]
+    if manifest.get("prefill_model_file"):
+        graphs.append(manifest.get("prefill_quantization"))
+    return all(isinstance(q, dict) and q.get("rows_independent") is True for q in graphs)
 
 
 class _SeparateRows:

@@ -21,7 +21,9 @@ def artifacts(lm_onnx, tmp_path_factory, corpus_dir):
     int8 = quantize(opt, root / "int8", data=str(corpus_dir))
     qgemm = quantize(opt, root / "qgemm", kernel="qgemm", data=str(corpus_dir))
     pair = optimize(int8, root / "pair", target="gqa", prefill_from=qgemm)
-    return {"opt": opt, "pair": pair, "fp32-gqa": optimize(opt, root / "gqa", target="gqa")}
+    rows = quantize(opt, root / "qgemm-rows", kernel="qgemm-rows", data=str(corpus_dir))
+    return {"opt": opt, "pair": pair, "fp32-gqa": optimize(opt, root / "gqa", target="gqa"),
+            "rows": optimize(rows, root / "rows-gqa", target="gqa")}
 
 
 def _requests(lm, n=16):
@@ -42,11 +44,18 @@ def _alone(lm, ids, params) -> tuple[list[int], str]:
     return r.token_ids, r.finish_reason
 
 
-@pytest.mark.parametrize("name, batch", [("pair", 8), ("fp32-gqa", 4), ("opt", 8)])
-def test_each_request_gets_what_it_gets_alone(artifacts, name, batch):
+@pytest.mark.parametrize("name, batch, together", [
+    ("pair", 8, False), ("fp32-gqa", 4, False), ("opt", 8, False), ("rows", 8, True)])
+def test_each_request_gets_what_it_gets_alone(artifacts, name, batch, together, monkeypatch):
+    from tinyt.runtime.gqa import SharedCache
+
     lm = rt.load(artifacts[name], threads=1, tune=False)
     reqs = _requests(lm)
     want = [_alone(lm, ids, p) for ids, p in reqs]
+    admitted = []  # prompts per prompt-graph run
+    admit_from = SharedCache.admit_from
+    monkeypatch.setattr(SharedCache, "admit_from", lambda self, new, *a: (
+        admitted.append(len(new)), admit_from(self, new, *a))[1])
     engine = Engine(lm, max_batch=batch, max_queue=32).start()
     try:
         got = [None] * len(reqs)
@@ -66,6 +75,21 @@ def test_each_request_gets_what_it_gets_alone(artifacts, name, batch):
         assert g_ids == w_ids, (i, reqs[i][1])
         assert g_reason == w_reason, i
     assert engine.steps_run < sum(len(w) for w, _ in want)  # rows shared steps
+    if name != "opt":  # prompts ran together only where no activation scale spans rows
+        assert sum(admitted) == len(reqs)
+        assert (max(admitted) > 1) == together, admitted
+
+
+def test_rows_independent_reads_every_graph_of_the_artifact(artifacts):
+    from tinyt.runtime.engine import rows_independent
+    from tinyt.runtime.session import open_artifact
+
+    assert rows_independent(open_artifact(artifacts["rows"]).manifest)
+    assert not rows_independent(open_artifact(artifacts["pair"]).manifest)  # qgemm prompts
+    assert not rows_independent(open_artifact(artifacts["fp32-gqa"]).manifest)  # float GEMMs
+    m = open_artifact(artifacts["rows"]).manifest
+    assert not rows_independent({**m, "prefill_model_file": "prefill.onnx",
+                                 "prefill_quantization": {"rows_independent": False}})
 
 
 def test_streamed_pieces_make_the_text_and_a_cancel_frees_the_row(artifacts):

@@ -9,13 +9,14 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     # bench=False: the README test runs the main job with its benchmark and checks the report
     report = pipeline(out, preset="test", data=str(corpus_dir), bench=False, log=logs.append)
     for sub in ("checkpoint", "onnx", "onnx-opt", "onnx-int8", "onnx-int8-static",
-                "onnx-int8-qgemm", "onnx-int8-gqa"):
+                "onnx-int8-qgemm", "onnx-int8-gqa", "onnx-int8-rows", "onnx-int8-rows-gqa"):
         assert (out / sub).is_dir(), sub
     assert json.loads((out / "onnx-verify.json").read_text())["passed"]
     assert json.loads((out / "onnx-opt-verify.json").read_text())["passed"]
     text = report.read_text()
     assert "| onnx-int8 |" in text and "verified vs PyTorch" in text
-    assert "| onnx-int8-gqa |" in text and "checked vs onnx-int8" in text
+    assert "| onnx-int8-gqa |" in text and "checked vs onnx-int8 |" in text
+    assert "| onnx-int8-rows-gqa |" in text and "checked vs onnx-int8-rows |" in text
     assert json.loads((out / "onnx-int8-gqa" / "manifest.json").read_text())["graph"] == \
         "decoder_gqa"
     assert "edge install (tinyt[cpu], no torch):" in text and "onnxruntime" in text
@@ -24,8 +25,8 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     logs.clear()
     pipeline(out, preset="test", data=str(corpus_dir), bench=False, log=logs.append)
     assert "[train] finished run" in logs[0]
-    # export, optimize, 3 × quantize, shared-cache
-    assert sum("up to date" in line for line in logs) == 6
+    # export, optimize, 4 × quantize, 2 × shared-cache
+    assert sum("up to date" in line for line in logs) == 8
     assert not any("running" in line for line in logs)
 
 

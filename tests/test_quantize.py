@@ -266,10 +266,46 @@ def test_qgemm_kernel_quantizes_layers_per_channel(lm_onnx, corpus_dir, tmp_path
         qw, scales = channel_quantize(w, qmax)
         assert qw.dtype == np.int8 and np.abs(qw).max() == qmax
         assert np.abs(qw * scales - w).max() <= scales.max() / 2 + 1e-7
-    with pytest.raises(QuantizeError, match="qgemm is for 8-bit dynamic only"):
-        quantize(opt, tmp_path / "bad", kernel="qgemm", bits=4)
-    with pytest.raises(QuantizeError, match="kernels are nbits, qgemm"):
+    assert manifest["quantization"]["rows_independent"] is False  # one scale per tensor
+    for kernel in ("qgemm", "qgemm-rows"):
+        with pytest.raises(QuantizeError, match="qgemm ones are for 8-bit dynamic only"):
+            quantize(opt, tmp_path / "bad", kernel=kernel, bits=4)
+    with pytest.raises(QuantizeError, match="kernels are nbits, qgemm, qgemm-rows"):
         quantize(opt, tmp_path / "bad", kernel="fast")
+
+
+def test_qgemm_rows_kernel_computes_each_row_as_if_alone(lm_onnx, corpus_dir, tmp_path):
+    """Every layer matmul scales its activations per row, so a row's logits are bit-identical
+    whatever else runs in its batch — what lets `tinyt serve` admit prompts together."""
+    import onnxruntime as ort
+
+    opt = optimize(lm_onnx, tmp_path / "opt")
+    q = quantize(opt, tmp_path / "q", kernel="qgemm-rows", data=str(corpus_dir))
+    cfg = json.loads((q / "config.json").read_text())["tinyt"]["model"]
+    counts = op_counts(onnx.load(str(q / "model.onnx")))
+    assert counts["MatMulInteger"] == 4 * cfg["n_layer"]
+    assert "com.microsoft.DynamicQuantizeMatMul" not in counts
+    manifest = check_manifest(q)
+    assert manifest["quantization"]["rows_independent"] is True
+    assert manifest["options"]["kernel"] == "qgemm-rows"
+    assert manifest["accuracy"]["val_loss_change"] <= INT8_LOSS_BUDGET
+    s = ort.InferenceSession(str(q / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in s.get_inputs()]
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, cfg["vocab_size"], size=(3, 9))
+    ids[1] = ids[1, 0]  # a row unlike the others (one token repeated)
+
+    def run(rows):
+        feeds = {"input_ids": rows, "attention_mask": np.ones_like(rows),
+                 "position_ids": np.broadcast_to(np.arange(rows.shape[1]), rows.shape).copy()}
+        for name in names:
+            if name.startswith("past_key_values"):
+                feeds[name] = np.zeros((len(rows), cfg["n_head"], 0,
+                                        cfg["n_embd"] // cfg["n_head"]), np.float32)
+        return s.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0]
+    together = run(ids)
+    for b in range(3):
+        np.testing.assert_array_equal(together[b], run(ids[b:b + 1])[0])
 
 
 @pytest.mark.parametrize("reduce_range", [False, True])

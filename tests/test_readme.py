@@ -57,11 +57,11 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "--preset llama-demo --n-layer 30 --n-head 9 --n-kv-head 3 --n-embd 576 --n-inner 1536 "
     "--vocab-size 49152 --block-size 256": "--preset llama-test", "--rounds 3": "--rounds 1",
     # the serving benchmark -> two concurrency levels, one short request each
-    "serving artifacts/onnx-int8-gqa --out benchmarks/results/serving-demo-xeon-amx":
-        "serving artifacts/onnx-int8-gqa --out serving-results --levels 1,2 --requests 1 "
+    "serving artifacts/onnx-int8-rows-gqa --out benchmarks/results/serving-demo-xeon-amx":
+        "serving artifacts/onnx-int8-rows-gqa --out serving-results --levels 1,2 --requests 1 "
         "--new-tokens 4 --prompt-tokens 8",
-    "serving artifacts-gpt2/onnx-int8-gqa --out benchmarks/results/serving-gpt2-small-xeon-amx":
-        "serving artifacts-gpt2/onnx-int8-gqa --out serving-gpt2-results --levels 1,2 "
+    "serving artifacts-gpt2/onnx-int8-rows-gqa --out benchmarks/results/serving-gpt2-small-xeon-amx":
+        "serving artifacts-gpt2/onnx-int8-rows-gqa --out serving-gpt2-results --levels 1,2 "
         "--requests 1 --new-tokens 4 --prompt-tokens 8",
     "--past 94": "--past 16 --runs 5",  # the step profile at the test size
     # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps

@@ -291,7 +291,7 @@ def quantize(
         = "minmax",
     per_channel: Annotated[bool, typer.Option(help="static: a scale per output channel.")] = True,
     reduce_range: Annotated[Optional[bool], typer.Option(
-        help="static, and the qgemm kernel: 7-bit weights (default: from this CPU, see "
+        help="static, and the qgemm kernels: 7-bit weights (default: from this CPU, see "
              "'tinyt info').")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option(
         help="PyTorch module to leave in fp32, e.g. lm_head or transformer.h.0 (repeatable).")]
@@ -300,8 +300,9 @@ def quantize(
         help="Held-out data for the accuracy report (default: the built-in corpus).")] = None,
     kernel: Annotated[str, typer.Option(
         help="dynamic int8: nbits (MatMulNBits, block-wise; fastest per decode step on small "
-             "models) or qgemm (DynamicQuantizeMatMul, per channel; ~3x faster matmuls on a "
-             "prompt).")] = "nbits",
+             "models), qgemm (DynamicQuantizeMatMul, per channel; ~3x faster matmuls on a "
+             "prompt) or qgemm-rows (the same GEMM, activations scaled per row: each row of a "
+             "batch as if alone; the graph 'tinyt serve' batches best).")] = "nbits",
     max_loss_increase: Annotated[Optional[float], typer.Option(
         help="Try the variants and keep the fastest whose validation loss is at most this "
              "fraction above the source's (0.02 = +2%; classifier: accuracy points).")] = None,
@@ -481,7 +482,7 @@ def bench(
                         "weights, each engine in its own process (extra 'peers').")] = False,
     serving: Annotated[bool, typer.Option(
         "--serving", help="tinyt serve against a naive thread-per-request server on "
-                          "ARTIFACTS/onnx-int8-gqa, closed-loop clients at concurrency 1-16 "
+                          "ARTIFACTS/onnx-int8-rows-gqa, closed-loop clients at concurrency 1-16 "
                           "(extra 'serve').")] = False,
 ) -> None:
     """Latency and throughput of PyTorch and every ONNX Runtime variant, side by side; with
@@ -491,7 +492,7 @@ def bench(
         from tinyt.benchmarks.serving import markdown
         from tinyt.benchmarks.serving import run as run_serving
 
-        target = artifacts / "onnx-int8-gqa"
+        target = artifacts / "onnx-int8-rows-gqa"  # the graph the engine batches prompts with
         if not (target / "manifest.json").is_file():
             raise TinytError(f"{target} is missing: run `tinyt pipeline --out {artifacts}`")
         result = run_serving(target, out or Path("benchmarks/results/serving"),

@@ -6,6 +6,9 @@
       OUT/onnx-opt ──quantize --kernel qgemm──▶ OUT/onnx-int8-qgemm ─┐ (prompts)
       OUT/onnx-int8 ──optimize --target gqa --prefill-from ─────────┴─▶ OUT/onnx-int8-gqa
                  (the shared-KV-cache pair: the fastest to generate with)
+      OUT/onnx-opt ──quantize --kernel qgemm-rows──▶ OUT/onnx-int8-rows ──optimize --target
+                 gqa──▶ OUT/onnx-int8-rows-gqa (one graph, every row as if alone: the one
+                 `tinyt serve` batches prompts and steps with)
     verify (onnx, onnx-opt) ─▶ OUT/*-verify.json      bench --quick ─▶ OUT/bench/
     report ─▶ OUT/report.md (summary table per variant, plots)
 
@@ -105,6 +108,11 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
     stage("shared-cache", out / "onnx-int8-gqa", out / "onnx-int8",
           lambda: optimize(out / "onnx-int8", out / "onnx-int8-gqa", target="gqa",
                            prefill_from=out / "onnx-int8-qgemm"))
+    stage("quantize-rows", out / "onnx-int8-rows", out / "onnx-opt",
+          lambda: quantize(out / "onnx-opt", out / "onnx-int8-rows", kernel="qgemm-rows",
+                           data=data))
+    stage("shared-cache-rows", out / "onnx-int8-rows-gqa", out / "onnx-int8-rows",
+          lambda: optimize(out / "onnx-int8-rows", out / "onnx-int8-rows-gqa", target="gqa"))
     checks = {}
     for name in ("onnx", "onnx-opt"):
         report = verify(ckpt, out / name, report_path=out / f"{name}-verify.json")
@@ -140,7 +148,7 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
             "|---|---|---|---|---|---|"]
     names = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "ort-int8-dynamic",
              "onnx-int8-static": "ort-int8-static", "onnx-int8-qgemm": "ort-int8-qgemm",
-             "onnx-int8-gqa": "ort-int8-gqa"}
+             "onnx-int8-gqa": "ort-int8-gqa", "onnx-int8-rows-gqa": "ort-int8-rows-gqa"}
     for sub, name in names.items():
         manifest = _manifest(out / sub) or {}
         size = sum((out / sub / f).stat().st_size for f in ("model.onnx", "prefill.onnx")
@@ -154,7 +162,8 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
                 if r["variant"].split("@")[0] == name and r["kind"] == "prefill":
                     prefill = f"{r['p50_ms']:.2f}"
         equal = {True: "verified vs PyTorch", False: "FAILED"}.get(
-            checks.get(sub), "checked vs onnx-int8" if sub.endswith("-gqa") else "accuracy report")
+            checks.get(sub), f"checked vs {sub.removesuffix('-gqa')}" if sub.endswith("-gqa")
+            else "accuracy report")
         rows.append(f"| {sub} | {size:,} | {100 * change:+.2f}% | {decode} | {prefill} | "
                     f"{equal} |")
     m = meta.get("metrics", {})
