@@ -6,6 +6,7 @@
         format ort    ─▶ OUT/model.ort (ONNX Runtime's mobile format) + required_operators.config
                          for a reduced ONNX Runtime build; checked vs model.onnx; a tinyt artifact
         format triton ─▶ OUT/<name>/config.pbtxt + OUT/<name>/1/model.onnx (Triton repository)
+        format web    ─▶ a static page + ES module on ONNX Runtime Web (export/web.py)
 
 Pinned shapes (`fixed`) are for accelerators that cannot take dynamic shapes: batch_size,
 sequence_length and past_sequence_length become numbers in the graph; the runtime and
@@ -36,7 +37,7 @@ from .optimize import LEVELS
 from .stage import built, copy_artifact_files, open_source
 from .triton import check_config, config_pbtxt
 
-FORMATS = ("onnx", "ort", "triton")
+FORMATS = ("onnx", "ort", "triton", "web")
 ORT_FILE = "model.ort"
 OPERATORS_FILE = "required_operators.config"
 PACKAGE_ATOL = 1e-5  # packaged vs source graph on the same inputs, every output (fp32)
@@ -147,6 +148,12 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if format not in FORMATS:
         raise PackageError(f"format={format!r} is not one of {', '.join(FORMATS)}")
+    if format == "web":
+        if fixed:
+            raise PackageError("--fixed pins shapes for accelerators; the web package runs "
+                               "dynamic shapes on WebAssembly: drop --fixed")
+        from .web import package_web
+        return package_web(src_dir, out_dir)
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
     if manifest.get("graph") == "decoder_gqa":

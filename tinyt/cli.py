@@ -250,7 +250,8 @@ def package(
                                              "quantized).")],
     out: Annotated[Path, typer.Argument(help="Package directory to write.")],
     format: Annotated[str, typer.Option(help="ort (ONNX Runtime mobile format + operator "
-                                             "list), triton (model repository) or onnx.")
+                                             "list), triton (model repository), onnx, or web "
+                                             "(a page + ES module on ONNX Runtime Web).")
                       ] = "ort",
     fixed: Annotated[Optional[list[str]], typer.Option(
         help="Pin an axis, AXIS=N (repeat): batch_size, sequence_length, "
@@ -260,14 +261,32 @@ def package(
     instances: Annotated[int, typer.Option(min=1, help="Triton instances of the model.")] = 1,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Triton dynamic batching limit "
                                                      "(classifier, no-cache decoder).")] = 8,
+    serve: Annotated[bool, typer.Option(
+        "--serve", help="web: then host OUT on 127.0.0.1 with the cross-origin isolation "
+                        "headers WebAssembly threads need (Ctrl-C stops).")] = False,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="--serve: port (0: any free).")]
+        = 8080,
 ) -> None:
     """Package an artifact for deployment: .ort for edge builds, a Triton model repository,
-    or a graph with pinned shapes; checked against its source before it is written."""
+    a web page, or a graph with pinned shapes; checked against its source before it is
+    written."""
     from tinyt.export.package import package as run_package
 
+    if serve and format != "web":
+        raise TinytError("--serve hosts a web package: use it with --format web")
     path = run_package(src, out, format=format, fixed=fixed, name=name, device=device,
                        instances=instances, max_batch_size=max_batch_size)
     manifest = path.manifest  # the stage says what it did
+    if format == "web":
+        web = manifest["web"]
+        typer.echo(f"files: {', '.join(manifest['files'])}")
+        typer.echo(f"checked under {web['checked']['runtime']} with onnxruntime-web "
+                   f"{web['onnxruntime_web']}: tokenizer ids and greedy tokens equal tinyt's")
+        typer.echo(f"package: {path}")
+        if serve:
+            from tinyt.export.webserve import serve_dir
+            serve_dir(path, port)
+        return
     worst = max(manifest["equivalence"]["worst"].values())
     typer.echo(f"files: {', '.join(manifest['files'])}")
     if manifest.get("fixed_shape"):

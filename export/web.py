@@ -1,0 +1,198 @@
+"""`tinyt package ARTIFACT OUT --format web`: a static folder any file server can host, that
+generates in the browser on ONNX Runtime Web's WebAssembly backend.
+
+    ARTIFACT (a causal LM: contract graph, or a shared-cache graph / pair)
+      ──▶ OUT/index.html        the page: prompt, generate, tokens streaming in, tokens/s;
+                                URL parameters prompt, max_new_tokens, temperature, top_k,
+                                top_p, seed, stop, threads start a generation on load, whose
+                                result lands as JSON in <pre id="result">
+          OUT/tinyt.mjs         the ES module (tokenizer, load, generate, cancel)
+          OUT/model.onnx [prefill.onnx], tokenizer.json, config.json, web.json (what the
+                                module reads), manifest.json (a tinyt manifest)
+          OUT/ort.wasm.min.mjs, ort-wasm-simd-threaded.{mjs,wasm}: onnxruntime-web, the exact
+                                version in ORT_WEB_VERSION (web/package.json pins it)
+      checked before it is written: the package's own module runs under Node on the same
+      WebAssembly files, and its token ids and greedy tokens must equal tinyt's.
+
+ONNX Runtime Web 1.30's GroupQueryAttention predates the `query_seqlens` input (per-row query
+lengths, which the runtime's batched prompts use); one page generates one row, where every
+row's query length is the step's, so the packaged shared-cache graphs drop that input, and
+the manifest says so. A graph whose operators ONNX Runtime Web cannot load is refused, naming
+the error.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from tinyt.contract import ONNX_FILE
+from tinyt.errors import TinytError
+from tinyt.fsutil import atomic_dir
+from tinyt.graphio import save_graph
+from tinyt.manifest import write_manifest
+
+from .stage import built, copy_artifact_files, open_source
+
+ORT_WEB_VERSION = "1.30.0"
+ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+ASSETS = Path(__file__).parent / "web"  # tinyt.mjs, index.html, check.mjs
+REPO_WEB = Path(__file__).resolve().parent.parent / "web"  # the checkout's web/package.json
+GQA_WEB_INPUTS = 16  # GroupQueryAttention's inputs in onnxruntime-web 1.30
+
+
+class WebPackageError(TinytError, ValueError):
+    """The artifact cannot be packaged for the web as asked."""
+
+
+def ort_web_dist() -> Path:
+    """Where onnxruntime-web's files are: $TINYT_ORT_WEB_DIST, or the checkout's
+    web/node_modules (scripts/setup-web.sh installs it there)."""
+    env = os.environ.get("TINYT_ORT_WEB_DIST")
+    dist = Path(env) if env else REPO_WEB / "node_modules" / "onnxruntime-web" / "dist"
+    missing = [f for f in ORT_WEB_FILES if not (dist / f).is_file()]
+    if missing:
+        raise WebPackageError(f"onnxruntime-web {ORT_WEB_VERSION} is not installed ({dist} lacks "
+                              f"{', '.join(missing)}): run `bash scripts/setup-web.sh`, or set "
+                              "TINYT_ORT_WEB_DIST to its dist folder")
+    version = json.loads((dist.parent / "package.json").read_text()).get("version")
+    if version != ORT_WEB_VERSION:
+        raise WebPackageError(f"{dist} is onnxruntime-web {version}; tinyt's web module is "
+                              f"checked with {ORT_WEB_VERSION} (bash scripts/setup-web.sh)")
+    return dist
+
+
+def node() -> str:
+    found = shutil.which("node")
+    if not found:
+        raise WebPackageError("node is not installed: the web package is checked by running its "
+                              "module under Node before it is written (bash scripts/setup-web.sh)")
+    return found
+
+
+def run_module(package_dir: Path, request: dict, timeout: float = 600) -> dict:
+    """Run the package's tinyt.mjs under Node (export/web/check.mjs) on a request."""
+    proc = subprocess.run([node(), str(ASSETS / "check.mjs"), str(package_dir)],
+                          input=json.dumps(request), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise WebPackageError(f"the web module failed under Node: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout)
+
+
+def _for_web(proto: onnx.ModelProto) -> bool:
+    """Drop GroupQueryAttention's query_seqlens (see the module docstring), in place, and
+    compute the graph's other uses of it from input_ids' shape (every row's query length is
+    the step's); whether the graph changed."""
+    from onnx import TensorProto, helper
+
+    graph = proto.graph
+    changed = False
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention" and len(node.input) > GQA_WEB_INPUTS:
+            extra = [i for i in node.input[GQA_WEB_INPUTS:] if i]
+            if extra and extra != ["query_seqlens"]:
+                raise WebPackageError(f"{node.name}: GroupQueryAttention inputs beyond what "
+                                      f"onnxruntime-web {ORT_WEB_VERSION} reads: {extra}")
+            del node.input[GQA_WEB_INPUTS:]
+            changed = True
+    if any(i.name == "query_seqlens" for i in graph.input):
+        keep = [i for i in graph.input if i.name != "query_seqlens"]
+        del graph.input[:]
+        graph.input.extend(keep)
+        if any("query_seqlens" in n.input for n in graph.node):
+            made = [helper.make_node("Shape", ["input_ids"], ["web/seq"], start=1, end=2),
+                    helper.make_node("Shape", ["input_ids"], ["web/batch"], start=0, end=1),
+                    helper.make_node("Expand", ["web/seq", "web/batch"], ["web/seq_rows"]),
+                    helper.make_node("Cast", ["web/seq_rows"], ["query_seqlens"],
+                                     to=TensorProto.INT32)]
+            nodes = made + list(graph.node)
+            del graph.node[:]
+            graph.node.extend(nodes)
+        changed = True
+    return changed
+
+
+def _check_tokenizer(path: Path) -> None:
+    tok = json.loads(path.read_text())
+    model, pre = tok.get("model") or {}, tok.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or pre.get("type") != "ByteLevel" or tok.get("normalizer"):
+        raise WebPackageError(
+            f"{path}: the web tokenizer runs byte-level BPE (model BPE, pre_tokenizer ByteLevel, "
+            f"no normalizer), as tinyt trains; this one has model {model.get('type')}, "
+            f"pre_tokenizer {pre.get('type')}, normalizer "
+            f"{(tok.get('normalizer') or {}).get('type')}")
+
+
+def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                check_prompts: list[list[int]] | None = None, check_tokens: int = 8) -> Path:
+    """Write the web package (module docstring); returns out_dir."""
+    from tinyt.runtime import load
+
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    dist = ort_web_dist()
+    node()
+    src = open_source(src_dir, out_dir)
+    manifest, cfg, kind = src.manifest, src.config, src.kind
+    if kind not in ("decoder_with_past", "decoder_gqa"):
+        raise WebPackageError(f"{src_dir} is a {kind} graph; the web package generates text, "
+                              "from a causal LM with a KV cache (decoder_with_past, or a "
+                              "shared-cache decoder_gqa)")
+    _check_tokenizer(src_dir / "tokenizer.json")
+    files = [ONNX_FILE] + ([manifest["prefill_model_file"]]
+                           if manifest.get("prefill_model_file") else [])
+    lm = load(src_dir, threads=1, tune=False)
+    eos = lm.tokenizer.eos_id if hasattr(lm.tokenizer, "eos_id") else None
+    web = {"name": src_dir.name, "graph": kind, "graphs": files, "tokenizer": "tokenizer.json",
+           "context": lm.context, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
+           "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "eos_token_id": eos,
+           "onnxruntime_web": ORT_WEB_VERSION}
+    with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:
+        dropped = []
+        for f in files:
+            proto = onnx.load(str(src_dir / f))
+            if _for_web(proto):
+                dropped.append(f)
+            save_graph(proto, Path(tmp) / f)
+            shutil.copy2(Path(tmp) / f, out / f)
+        copy_artifact_files(src_dir, out)
+        for f in ORT_WEB_FILES:
+            shutil.copy2(dist / f, out / f)
+        for f in ("tinyt.mjs", "index.html"):
+            shutil.copy2(ASSETS / f, out / f)
+        (out / "web.json").write_text(json.dumps(web, indent=1) + "\n")
+        # The check: the module, under Node, on the WebAssembly files just copied.
+        prompts = check_prompts or [lm.tokenizer.encode(t) for t in ("def ", "import os\n")]
+        texts = ["def main():\n    return 0\n", "héllo wörld 😀 — 你好", ""]
+        got = run_module(out, {"encode": texts, "generate": [
+            {"prompt_ids": p, "max_new_tokens": check_tokens} for p in prompts]})
+        if "error" in got:
+            raise WebPackageError(f"the packaged graph does not run on onnxruntime-web "
+                                  f"{ORT_WEB_VERSION}: {got['error']}")
+        want_ids = [lm.tokenizer.encode(t) for t in texts]
+        if got["encode"] != want_ids:
+            raise WebPackageError("the web tokenizer's ids differ from tinyt's on "
+                                  f"{[t for t, a, b in zip(texts, got['encode'], want_ids) if a != b]}")
+        want = [r.token_ids for r in lm.generate_ids(prompts, max_new_tokens=check_tokens)]
+        greedy = [g["token_ids"] for g in got["generate"]]
+        if greedy != want:
+            raise WebPackageError(f"greedy tokens under onnxruntime-web differ from "
+                                  f"tinyt.runtime's: {greedy} vs {want}")
+        written = write_manifest(out, stage="package", source={
+            "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest},
+            options={"format": "web"}, extra={
+            "graph": kind, "package_format": "web", "web": {
+                **web, "files": [*files, *ORT_WEB_FILES, "tinyt.mjs", "index.html"],
+                "gqa_query_seqlens_dropped": dropped,
+                "checked": {"runtime": f"node {subprocess.run([node(), '--version'], capture_output=True, text=True).stdout.strip()}",
+                            "onnxruntime_web": ORT_WEB_VERSION, "prompts": len(prompts),
+                            "greedy_tokens": check_tokens, "greedy_equal": True,
+                            "tokenizer_texts": len(texts)}},
+            **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
+            "versions": manifest.get("versions", {})})
+    return built(out_dir, written)

@@ -1,0 +1,31 @@
+// Run a web package's module under Node (the same tinyt.mjs and ONNX Runtime Web WebAssembly
+// files the page loads): `node check.mjs PACKAGE_DIR < request.json > answer.json`, where the
+// request is {"encode": [texts], "generate": [{"prompt_ids": [...], "max_new_tokens": n, ...}],
+// "threads": 1}. tinyt's packaging and tests call it; the page does the same in a browser.
+import fs from "node:fs";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+const dir = path.resolve(process.argv[2]);
+const { load } = await import(pathToFileURL(path.join(dir, "tinyt.mjs")).href);
+const request = JSON.parse(fs.readFileSync(0, "utf8"));
+const answer = { encode: [], generate: [] };
+try {
+  const lm = await load(dir, {
+    numThreads: request.threads || 1,
+    fetch: async (url) => new Uint8Array(fs.readFileSync(url)),
+  });
+  answer.load_ms = lm.loadMs;
+  for (const text of request.encode || []) answer.encode.push(lm.tokenizer.encode(text));
+  for (const ids of request.decode || []) (answer.decode ||= []).push(lm.tokenizer.decode(ids));
+  for (const g of request.generate || []) {
+    const r = await lm.generate(g.prompt_ids ?? g.prompt, {
+      maxNewTokens: g.max_new_tokens, temperature: g.temperature || 0, topK: g.top_k || 0,
+      topP: g.top_p ?? 1, seed: g.seed || 0, stop: g.stop || [] });
+    answer.generate.push({ token_ids: r.tokenIds, text: r.text, finish_reason: r.finishReason,
+                           timings: r.timings });
+  }
+} catch (e) {
+  answer.error = String(e && e.message ? e.message : e);
+}
+process.stdout.write(JSON.stringify(answer));
