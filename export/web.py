@@ -75,6 +75,10 @@ def node() -> str:
     return found
 
 
+def node_version() -> str:
+    return subprocess.run([node(), "--version"], capture_output=True, text=True).stdout.strip()
+
+
 def run_module(package_dir: Path, request: dict, timeout: float = 600) -> dict:
     """Run the package's tinyt.mjs under Node (export/web/check.mjs) on a request."""
     proc = subprocess.run([node(), str(ASSETS / "check.mjs"), str(package_dir)],
@@ -176,8 +180,8 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                                   f"{ORT_WEB_VERSION}: {got['error']}")
         want_ids = [lm.tokenizer.encode(t) for t in texts]
         if got["encode"] != want_ids:
-            raise WebPackageError("the web tokenizer's ids differ from tinyt's on "
-                                  f"{[t for t, a, b in zip(texts, got['encode'], want_ids) if a != b]}")
+            bad = [t for t, a, b in zip(texts, got["encode"], want_ids) if a != b]
+            raise WebPackageError(f"the web tokenizer's ids differ from tinyt's on {bad}")
         want = [r.token_ids for r in lm.generate_ids(prompts, max_new_tokens=check_tokens)]
         greedy = [g["token_ids"] for g in got["generate"]]
         if greedy != want:
@@ -189,7 +193,7 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             "graph": kind, "package_format": "web", "web": {
                 **web, "files": [*files, *ORT_WEB_FILES, "tinyt.mjs", "index.html"],
                 "gqa_query_seqlens_dropped": dropped,
-                "checked": {"runtime": f"node {subprocess.run([node(), '--version'], capture_output=True, text=True).stdout.strip()}",
+                "checked": {"runtime": f"node {node_version()}",
                             "onnxruntime_web": ORT_WEB_VERSION, "prompts": len(prompts),
                             "greedy_tokens": check_tokens, "greedy_equal": True,
                             "tokenizer_texts": len(texts)}},

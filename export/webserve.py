@@ -5,6 +5,7 @@ Any server that sends those two headers does the same (docs/web.md)."""
 from __future__ import annotations
 
 import functools
+import shutil
 import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +14,15 @@ from pathlib import Path
 ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin",
                      "Cross-Origin-Embedder-Policy": "require-corp",
                      "Cross-Origin-Resource-Policy": "same-origin"}
+
+
+def chromium() -> str:
+    """The system Chromium (scripts/setup-web.sh installs the distribution's package)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        raise RuntimeError("no chromium on PATH: bash scripts/setup-web.sh (Debian: apt-get "
+                           "install chromium)")
+    return found
 
 
 class _Handler(SimpleHTTPRequestHandler):

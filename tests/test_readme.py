@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 NOT_RUN = {  # command prefix -> why, and what runs it instead
+    ".venv/bin/tinyt package artifacts/onnx-int8-gqa artifacts/web-served --format web --serve":
+        "hosts the page until Ctrl-C: tests/test_web.py serves packages the same way "
+        "(export/webserve.start) and stops them",
     "bash scripts/setup.sh": "installs the environment: CI runs it, from a fresh clone",
     ".venv/bin/python -m pytest": "the test suite itself: CI runs it",
     "pip install": "tests/test_packaging.py installs the wheel with the cpu extra in a fresh "
@@ -63,6 +66,12 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "serving artifacts-gpt2/onnx-int8-rows-gqa --out benchmarks/results/serving-gpt2-small-xeon-amx":
         "serving artifacts-gpt2/onnx-int8-rows-gqa --out serving-gpt2-results --levels 1,2 "
         "--requests 1 --new-tokens 4 --prompt-tokens 8",
+    "web artifacts --out benchmarks/results/web-demo-xeon-amx":
+        "web artifacts --out web-results --new-tokens 4 --prompt-tokens 8",
+    "web artifacts-gpt2 --variants onnx-int8,onnx-int8-gqa --out "
+    "benchmarks/results/web-gpt2-small-xeon-amx":
+        "web artifacts-gpt2 --variants onnx-int8,onnx-int8-gqa --out web-gpt2-results "
+        "--new-tokens 4 --prompt-tokens 8",
     "--past 94": "--past 16 --runs 5",  # the step profile at the test size
     # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps
     "--preset llama-demo": "--preset llama-test",
@@ -79,7 +88,7 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
 DOCUMENTS = ["docs/model.md", "docs/export.md", "docs/quantization.md", "docs/peers.md",
              "docs/benchmarks.md", "docs/runtime.md", "docs/serving.md", "docs/packaging.md",
              "docs/architecture.md", "docs/reliability.md", "docs/status.md", "docs/testing.md",
-             "README.md"]
+             "docs/web.md", "README.md"]
 
 
 def test_every_document_is_run():

@@ -1,0 +1,163 @@
+"""tinyt in the browser against tinyt.runtime on the same machine: load time, prefill and decode
+ms/token, WebAssembly with 1 thread and with 2 (the page cross-origin isolated by
+`tinyt package --serve`'s headers), in the system Chromium, headless.
+
+    for each variant (fp32 contract, INT8 contract, INT8 shared-cache pair) of ARTIFACTS:
+      tinyt package --format web ─▶ the page, loaded on a loopback server (1 and 2 threads):
+        load ms (the module's: web.json, tokenizer, graphs, sessions), then 3 generations of
+        NEW greedy tokens from a held-out PROMPT-token prompt, exactly NEW tokens each ─▶ median
+        prefill ms and decode ms/token
+      tinyt.runtime, same prompt, 1 and 2 threads ─▶ the same medians
+
+    .venv/bin/python -m benchmarks.web artifacts --out benchmarks/results/web-demo-xeon-amx
+
+Greedy tokens of page and runtime are checked equal first. web.md + web.json + screenshot.png
+(the page after a generation) go to OUT.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+VARIANTS = ("onnx", "onnx-int8", "onnx-int8-gqa")
+
+
+def runtime_times(artifact: Path, ids: list[int], new: int, threads: int, rounds: int = 3):
+    import tinyt.runtime as rt
+
+    lm = rt.load(artifact, threads=threads)
+    t = time.perf_counter()
+    lm.generate_ids([ids], max_new_tokens=1, min_new_tokens=1)
+    load_ms = None
+    pre, dec, tokens = [], [], None
+    for _ in range(rounds):
+        t = time.perf_counter()
+        lm.generate_ids([ids], max_new_tokens=1, min_new_tokens=1)
+        p = time.perf_counter() - t
+        t = time.perf_counter()
+        r = lm.generate_ids([ids], max_new_tokens=new, min_new_tokens=new)[0]
+        whole = time.perf_counter() - t
+        pre.append(1e3 * p)
+        dec.append(1e3 * (whole - p) / (new - 1))
+        tokens = r.token_ids
+    greedy = lm.generate_ids([ids], max_new_tokens=new)[0].token_ids
+    return {"load_ms": load_ms, "prefill_ms": statistics.median(pre),
+            "decode_ms_per_token": statistics.median(dec), "tokens": tokens, "greedy": greedy}
+
+
+def page_times(browser, pkg: Path, ids: list[int], new: int, threads: int, shot: Path | None,
+               rounds: int = 3) -> dict:
+    from tinyt.export.webserve import start
+
+    server, _ = start(pkg, 0)
+    page = browser.new_page(viewport={"width": 1000, "height": 760})
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html?"
+                  + urlencode({"threads": threads}))
+        page.wait_for_function("window.tinyt && window.tinyt.lm", timeout=300_000)
+        info = page.evaluate("() => ({load_ms: window.tinyt.lm.loadMs, threads: "
+                             "window.tinyt.lm.threads, isolated: self.crossOriginIsolated})")
+        greedy = page.evaluate(f"async () => (await window.tinyt.lm.generate({ids}, "
+                               f"{{maxNewTokens: {new}}})).tokenIds")
+        runs = []
+        for _ in range(rounds):
+            runs.append(page.evaluate(
+                f"async () => {{ const lm = window.tinyt.lm; const r = await lm.generate({ids}, "
+                f"{{maxNewTokens: {new}, temperature: 0}}); return r.timings; }}"))
+        if shot is not None:
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html?" + urlencode(
+                {"threads": threads, "prompt": "def parse_args(argv):\n", "max_new_tokens": 48}))
+            page.wait_for_function("document.getElementById('result').textContent.length > 0",
+                                   timeout=300_000)
+            page.screenshot(path=str(shot), full_page=True)
+        return {**info, "greedy": greedy,
+                "prefill_ms": statistics.median(r["prefillMs"] for r in runs),
+                "decode_ms_per_token": statistics.median(r["decodeMsPerToken"] for r in runs)}
+    finally:
+        page.close()
+        server.shutdown()
+
+
+def run(artifacts: Path, out: Path, *, prompt_tokens: int = 32, new_tokens: int = 32,
+        variants: tuple[str, ...] = VARIANTS) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    import tinyt.runtime as rt
+    from tinyt.data import held_out_prompts, load_corpus
+    from tinyt.export.package import package
+    from tinyt.export.webserve import chromium
+    from tinyt.hardware import cpu_features
+
+    out.mkdir(parents=True, exist_ok=True)
+    first = rt.load(artifacts / variants[0])
+    ids = held_out_prompts(first.tokenizer, load_corpus(None).val, 1, prompt_tokens)[0]
+    ids = [int(i) for i in ids]
+    result = {"artifacts": str(artifacts), "model": first.config.to_dict(),
+              "environment": {"cpu": cpu_features(), "python": platform.python_version(),
+                              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+              "method": {"prompt_tokens": len(ids), "new_tokens": new_tokens}, "rows": []}
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        result["environment"]["chromium"] = browser.version
+        for v in variants:
+            pkg = package(artifacts / v, Path(tmp) / v, format="web")
+            for threads in (1, 2):
+                shot = out / "screenshot.png" if (v == variants[-1] and threads == 2) else None
+                web = page_times(browser, pkg, ids, new_tokens, threads, shot)
+                native = runtime_times(artifacts / v, ids, new_tokens, threads)
+                result["rows"].append({
+                    "variant": v, "threads": threads, "isolated": web["isolated"],
+                    "page_load_ms": web["load_ms"], "page_prefill_ms": web["prefill_ms"],
+                    "page_decode_ms": web["decode_ms_per_token"],
+                    "runtime_prefill_ms": native["prefill_ms"],
+                    "runtime_decode_ms": native["decode_ms_per_token"],
+                    "same_greedy_tokens": web["greedy"] == native["greedy"]})
+        browser.close()
+    (out / "web.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "web.md").write_text(markdown(result))
+    return result
+
+
+def markdown(result: dict) -> str:
+    m, env = result["model"], result["environment"]
+    flags = [k for k, v in env["cpu"].items() if v is True]
+    lines = [f"# tinyt in the browser ({m['n_layer']} layers × {m['n_embd']})", "",
+             f"{env['cpu'].get('model')}; {', '.join(flags)}; Chromium {env.get('chromium')}; "
+             f"{env['time']}", "",
+             f"A {result['method']['prompt_tokens']}-token held-out prompt, "
+             f"{result['method']['new_tokens']} greedy tokens; medians of 3 warm generations. "
+             "Page: ONNX Runtime Web 1.30.0, WebAssembly; runtime: tinyt.runtime (ONNX Runtime, "
+             "native).", "",
+             "| graph | threads | page load ms | page prefill ms | runtime prefill ms | "
+             "page decode ms/token | runtime decode ms/token | page ÷ runtime (decode) | "
+             "same greedy tokens |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['variant']} | {r['threads']} | {r['page_load_ms']:.0f} | "
+                     f"{r['page_prefill_ms']:.1f} | {r['runtime_prefill_ms']:.2f} | "
+                     f"{r['page_decode_ms']:.2f} | {r['runtime_decode_ms']:.3f} | "
+                     f"{r['page_decode_ms'] / r['runtime_decode_ms']:.1f}× | "
+                     f"{r['same_greedy_tokens']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifacts", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/web"))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    args = ap.parse_args(argv)
+    result = run(args.artifacts, args.out, prompt_tokens=args.prompt_tokens,
+                 new_tokens=args.new_tokens, variants=tuple(args.variants.split(",")))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
