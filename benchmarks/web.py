@@ -13,6 +13,12 @@ ms/token, WebAssembly with 1 thread and with 2 (the page cross-origin isolated b
 
 Greedy tokens of page and runtime are checked equal first. web.md + web.json + screenshot.png
 (the page after a generation) go to OUT.
+
+With --transformers-js DIR (a node_modules holding @huggingface/transformers:
+scripts/setup-transformers-js.sh), the same contract graphs also run under transformers.js in
+the same Chromium, loaded the way it loads a local Hugging Face model (config.json, generation
+settings, onnx/model.onnx — the directory tinyt writes for Optimum); its greedy tokens are
+compared with tinyt's before its times count.
 """
 from __future__ import annotations
 
@@ -84,8 +90,69 @@ def page_times(browser, pkg: Path, ids: list[int], new: int, threads: int, shot:
         server.shutdown()
 
 
+TJS_PAGE = """<!doctype html><meta charset="utf-8"><script type="module">
+import { env, AutoModelForCausalLM, Tensor } from "./transformers.min.js";
+env.allowLocalModels = true; env.allowRemoteModels = false; env.localModelPath = "./models/";
+env.backends.onnx.wasm.numThreads = Number(new URLSearchParams(location.search).get("threads"));
+env.backends.onnx.wasm.wasmPaths = new URL("./", location.href).href;  // no CDN: the copies here
+window.tjs = { async load(dtype) { const t = performance.now();
+    window.tjs.model = await AutoModelForCausalLM.from_pretrained("m", { dtype, device: "wasm" });
+    return performance.now() - t; },
+  async generate(ids, n) { const x = new Tensor("int64", BigInt64Array.from(ids, BigInt),
+    [1, ids.length]); const t = performance.now();
+    const out = await window.tjs.model.generate({ input_ids: x, attention_mask: new Tensor(
+      "int64", new BigInt64Array(ids.length).fill(1n), [1, ids.length]), max_new_tokens: n,
+      min_new_tokens: n, do_sample: false });
+    return { ms: performance.now() - t, ids: Array.from(out.data, Number).slice(ids.length) }; } };
+window.tjsReady = true;
+</script>"""
+
+
+def transformers_js_times(browser, artifact: Path, node_modules: Path, ids: list[int],
+                          new: int, threads: int, rounds: int = 3) -> dict:
+    """transformers.js (its own onnxruntime-web) on the artifact's graph, as a local model."""
+    import shutil
+
+    from tinyt.export.webserve import start
+
+    dist = node_modules / "@huggingface" / "transformers" / "dist"
+    ort_dist = node_modules / "onnxruntime-web" / "dist"
+    version = json.loads((dist.parent / "package.json").read_text())["version"]
+    with tempfile.TemporaryDirectory() as tmp:
+        site = Path(tmp)
+        shutil.copy2(dist / "transformers.min.js", site)
+        for f in ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm"):
+            shutil.copy2(ort_dist / f, site)
+        model = site / "models" / "m"
+        (model / "onnx").mkdir(parents=True)
+        for f in ("config.json", "generation_config.json", "tokenizer.json"):
+            if (artifact / f).is_file():
+                shutil.copy2(artifact / f, model)
+        shutil.copy2(artifact / "model.onnx", model / "onnx" / "model.onnx")
+        (site / "index.html").write_text(TJS_PAGE)
+        server, _ = start(site, 0)
+        page = browser.new_page()
+        try:
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html?threads={threads}")
+            page.wait_for_function("window.tjsReady === true", timeout=120_000)
+            load_ms = page.evaluate("() => window.tjs.load('fp32')")
+            first = page.evaluate(f"() => window.tjs.generate({ids}, {new})")
+            pre, dec = [], []
+            for _ in range(rounds):
+                one = page.evaluate(f"() => window.tjs.generate({ids}, 1)")["ms"]
+                whole = page.evaluate(f"() => window.tjs.generate({ids}, {new})")["ms"]
+                pre.append(one)
+                dec.append((whole - one) / (new - 1))
+            return {"version": version, "load_ms": load_ms, "greedy": first["ids"],
+                    "prefill_ms": statistics.median(pre),
+                    "decode_ms_per_token": statistics.median(dec)}
+        finally:
+            page.close()
+            server.shutdown()
+
+
 def run(artifacts: Path, out: Path, *, prompt_tokens: int = 32, new_tokens: int = 32,
-        variants: tuple[str, ...] = VARIANTS) -> dict:
+        variants: tuple[str, ...] = VARIANTS, transformers_js: Path | None = None) -> dict:
     from playwright.sync_api import sync_playwright
 
     import tinyt.runtime as rt
@@ -118,6 +185,18 @@ def run(artifacts: Path, out: Path, *, prompt_tokens: int = 32, new_tokens: int 
                     "runtime_prefill_ms": native["prefill_ms"],
                     "runtime_decode_ms": native["decode_ms_per_token"],
                     "same_greedy_tokens": web["greedy"] == native["greedy"]})
+                if transformers_js and rt.load(artifacts / v).artifact.kind == \
+                        "decoder_with_past":
+                    tjs = transformers_js_times(browser, artifacts / v, transformers_js, ids,
+                                                new_tokens, threads)
+                    result["rows"].append({
+                        "variant": f"{v} (transformers.js {tjs['version']})",
+                        "threads": threads, "isolated": web["isolated"],
+                        "page_load_ms": tjs["load_ms"], "page_prefill_ms": tjs["prefill_ms"],
+                        "page_decode_ms": tjs["decode_ms_per_token"],
+                        "runtime_prefill_ms": native["prefill_ms"],
+                        "runtime_decode_ms": native["decode_ms_per_token"],
+                        "same_greedy_tokens": tjs["greedy"] == native["tokens"]})
         browser.close()
     (out / "web.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "web.md").write_text(markdown(result))
@@ -153,9 +232,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--transformers-js", type=Path, help="a node_modules with "
+                    "@huggingface/transformers (scripts/setup-transformers-js.sh)")
     args = ap.parse_args(argv)
     result = run(args.artifacts, args.out, prompt_tokens=args.prompt_tokens,
-                 new_tokens=args.new_tokens, variants=tuple(args.variants.split(",")))
+                 new_tokens=args.new_tokens, variants=tuple(args.variants.split(",")),
+                 transformers_js=args.transformers_js)
     print(markdown(result))
 
 

@@ -157,9 +157,19 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
     if manifest.get("graph") == "decoder_gqa":
-        raise PackageError(f"{src_dir} is a shared-cache variant (graph decoder_gqa), built for "
-                           "tinyt.runtime's bound buffers; package the artifact it was made from "
-                           f"({manifest.get('source', {}).get('path', 'its source')})")
+        if format == "ort" and not fixed:
+            return _package_shared_cache_ort(src_dir, out_dir, src)
+        why = {"triton": "Triton's ONNX Runtime backend copies every input and output, so it "
+                         "cannot run a graph whose past and present are one buffer",
+               "onnx": "it is an ONNX artifact already: deploy the directory as it is"}.get(
+            format, "--fixed pins the contract's batch / sequence / past axes; a shared-cache "
+                    "graph has no past axis (its cache is a fixed capacity already) and its "
+                    "prompt graph takes the prompt's length")
+        raise PackageError(f"{src_dir} is a shared-cache graph (decoder_gqa): {why}. It "
+                           "packages as --format ort (no --fixed) or --format web; package the "
+                           f"artifact it was made from "
+                           f"({manifest.get('source', {}).get('path', 'its source')}) for the "
+                           "others")
     if manifest.get("stage") == "package":
         raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
                            "from")
@@ -207,6 +217,87 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
                         "instances": instances, "max_batch_size": max_batch_size,
                         "level": manifest.get("options", {}).get("level")}, extra=extra)
     return built(out_dir, written)
+
+
+def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Path:
+    """A shared-cache graph (or the pair's two) in the ORT format, with the operator list for
+    a reduced build; checked by running the package through tinyt.runtime against the source:
+    last-token logits of a prompt and of decode steps, and greedy tokens."""
+    import numpy as np
+
+    from tinyt.runtime import load
+
+    manifest = src.manifest
+    graphs = [ONNX_FILE] + ([manifest["prefill_model_file"]]
+                           if manifest.get("prefill_model_file") else [])
+    ort_names = {g: g.removesuffix(".onnx") + ".ort" for g in graphs}
+    level = "extended"
+    with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:
+        copy_artifact_files(src_dir, out)
+        for g in graphs:
+            work = Path(tmp) / g.removesuffix(".onnx")
+            work.mkdir()
+            _to_ort(src_dir / g, work, level)
+            os.replace(work / ORT_FILE, out / ort_names[g])
+        from onnxruntime.tools.ort_format_model import create_config_from_models
+
+        root = logging.getLogger("ort_format_model.utils")
+        level_before, root.level = root.level, logging.WARNING  # it logs the file at INFO
+        try:
+            create_config_from_models([out / ort_names[g] for g in graphs],
+                                      out / OPERATORS_FILE, enable_type_reduction=False)
+        finally:
+            root.setLevel(level_before)
+        text = (out / OPERATORS_FILE).read_text()
+        (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*\n?", "", text).replace(
+            "# Generated from model/s:\n", "# Generated from model/s: "
+            + ", ".join(ort_names.values()) + "\n"))
+        extra = {k: manifest[k] for k in ("quantization", "accuracy", "prefill_quantization",
+                                          "prefill_equivalence", "pair", "layers")
+                 if k in manifest}
+        extra.update(graph="decoder_gqa", package_format="ort", fixed_shape=None,
+                     opset=manifest.get("opset"), model_file=ort_names[ONNX_FILE],
+                     ort={"level": level, "model_file": ort_names[ONNX_FILE]},
+                     versions={**manifest.get("versions", {}), "onnxruntime": ort.__version__})
+        if len(graphs) > 1:
+            extra["prefill_model_file"] = ort_names[graphs[1]]
+        def write(equivalence: dict | None) -> dict:
+            return write_manifest(out, stage="package", source={
+                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest},
+                options={"format": "ort", "fixed": {}, "level": level},
+                extra={**extra, **({"equivalence": equivalence} if equivalence else {})})
+        write(None)  # the runtime opens the package by its manifest; rewritten below
+        # the check: the package as the runtime loads it, against its source
+        ref, cand = load(src_dir, threads=1, tune=False), load(out, threads=1, tune=False)
+        ids = [ref.tokenizer.encode(t) for t in ("def main(", "import os\nclass ")]
+        worst = max(float(np.abs(a - b).max()) for row in ids for a, b in
+                    zip(_gqa_logits(ref, row, 4), _gqa_logits(cand, row, 4)))
+        want = [r.token_ids for r in ref.generate_ids(ids, max_new_tokens=8)]
+        got = [r.token_ids for r in cand.generate_ids(ids, max_new_tokens=8)]
+        if not worst <= PACKAGE_ATOL or got != want:
+            raise PackageError(f"the ORT-format package differs from {src_dir}: logits max abs "
+                               f"{worst:.2e} (tolerance {PACKAGE_ATOL}), greedy tokens "
+                               f"{'equal' if got == want else f'{got} vs {want}'}")
+        written = write({"tolerance": PACKAGE_ATOL, "worst": {"logits": worst},
+                         "greedy_equal": True})
+    return built(out_dir, written)
+
+
+def _gqa_logits(lm, ids: list[int], steps: int) -> list:
+    """Last-token logits of a prompt, then of `steps` greedy decode steps, through one row of
+    a shared cache (runtime/gqa.py), as the runtime's generate runs them."""
+    import numpy as np
+
+    from tinyt.runtime.gqa import SharedCache
+
+    cache = SharedCache(lm.session, lm.config, 1, lm.context, kv_dtype=lm._kv_dtype,
+                        prefill_session=lm.prefill_session)
+    out = [cache.prefill([ids], lm._pad)[0, 0].copy()]
+    one = np.ones(1, dtype=bool)
+    for _ in range(steps):
+        nxt = np.array([int(out[-1].argmax())], dtype=np.int64)
+        out.append(cache.step(nxt, one)[0].reshape(-1).copy())
+    return out
 
 
 # The format writers: each fills the directory being written from the checked graph and

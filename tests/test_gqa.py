@@ -183,7 +183,8 @@ def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(pair, tmp_path):
         optimize(int8, tmp_path / "bad", target="gqa", prefill_from=other)
 
 
-def test_verify_against_pytorch_and_package_refusal(tiny_ckpt, opt_gqa, tmp_path):
+def test_verify_against_pytorch_and_the_formats_it_packages_in(tiny_ckpt, opt_gqa, pair,
+                                                               tmp_path):
     from tinyt.export import verify
     from tinyt.export.package import PackageError
 
@@ -192,8 +193,23 @@ def test_verify_against_pytorch_and_package_refusal(tiny_ckpt, opt_gqa, tmp_path
     assert report["graph"] == "decoder_gqa" and report["worst"]["logits"]["max_abs"] <= 1e-4
     assert any(c["prompts"] == [3, 10, 1] for c in report["cases"])  # ragged, one row finishing
     assert all(g["identical"] for g in report["generation"])
-    with pytest.raises(PackageError, match="shared-cache variant"):
-        package(opt_gqa, tmp_path / "pkg", format="ort")
+    # the ORT format: the graph (or the pair's two) as .ort, run by the runtime like its source
+    for name, src in (("one", opt_gqa), ("pair", pair[2])):
+        pkg = package(src, tmp_path / name, format="ort")
+        m = check_manifest(pkg)
+        assert m["graph"] == "decoder_gqa" and m["model_file"] == "model.ort"
+        assert m.get("prefill_model_file") == ("prefill.ort" if name == "pair" else None)
+        assert m["equivalence"]["greedy_equal"] and m["equivalence"]["worst"]["logits"] <= 1e-5
+        assert "GroupQueryAttention" in (pkg / "required_operators.config").read_text()
+        want = rt.load(src, tune=False).generate_details(PROMPTS, max_new_tokens=6)
+        got = rt.load(pkg, tune=False).generate_details(PROMPTS, max_new_tokens=6)
+        assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    for fmt, fixed, why in (("ort", ["batch_size=1"], "has no past axis"),
+                            ("triton", None, "cannot run a graph whose past and present"),
+                            ("onnx", None, "an ONNX artifact already")):
+        with pytest.raises(PackageError, match=why):
+            package(opt_gqa, tmp_path / "bad", format=fmt, fixed=fixed)
+    assert not (tmp_path / "bad").exists()
 
 
 AVX2 = {"machine": "x86_64", "avx2": True}  # u8 x s8 products can saturate
