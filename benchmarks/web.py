@@ -135,7 +135,11 @@ def transformers_js_times(browser, artifact: Path, node_modules: Path, ids: list
         try:
             page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html?threads={threads}")
             page.wait_for_function("window.tjsReady === true", timeout=120_000)
-            load_ms = page.evaluate("() => window.tjs.load('fp32')")
+            try:
+                load_ms = page.evaluate("() => window.tjs.load('fp32')")
+            except Exception as e:  # e.g. a contrib op its ONNX Runtime Web build lacks
+                msg = str(e).splitlines()[0].removeprefix("Page.evaluate: ")
+                return {"version": version, "error": msg[:300]}
             first = page.evaluate(f"() => window.tjs.generate({ids}, {new})")
             pre, dec = [], []
             for _ in range(rounds):
@@ -189,6 +193,11 @@ def run(artifacts: Path, out: Path, *, prompt_tokens: int = 32, new_tokens: int 
                         "decoder_with_past":
                     tjs = transformers_js_times(browser, artifacts / v, transformers_js, ids,
                                                 new_tokens, threads)
+                    if "error" in tjs:
+                        result["rows"].append({
+                            "variant": f"{v} (transformers.js {tjs['version']})",
+                            "threads": threads, "error": tjs["error"]})
+                        continue
                     result["rows"].append({
                         "variant": f"{v} (transformers.js {tjs['version']})",
                         "threads": threads, "isolated": web["isolated"],
@@ -217,6 +226,10 @@ def markdown(result: dict) -> str:
              "page decode ms/token | runtime decode ms/token | page ÷ runtime (decode) | "
              "same greedy tokens |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | {r['threads']} | cannot load: {r['error']} |"
+                         " | | | | | |")
+            continue
         lines.append(f"| {r['variant']} | {r['threads']} | {r['page_load_ms']:.0f} | "
                      f"{r['page_prefill_ms']:.1f} | {r['runtime_prefill_ms']:.2f} | "
                      f"{r['page_decode_ms']:.2f} | {r['runtime_decode_ms']:.3f} | "

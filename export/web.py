@@ -187,12 +187,23 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         if greedy != want:
             raise WebPackageError(f"greedy tokens under onnxruntime-web differ from "
                                   f"tinyt.runtime's: {greedy} vs {want}")
+        ops = {n.op_type for f in files for n in onnx.load(str(out / f),
+                                                          load_external_data=False).graph.node}
+        notes = []
+        if "MatMulNBits" in ops:
+            notes.append("MatMulNBits: ONNX Runtime Web's WebAssembly runs it ~4x slower than "
+                         "fp32 MatMul at GPT-2 width (docs/web.md); in a page the static or "
+                         "qgemm INT8 graphs decode fastest")
+        if kind == "decoder_gqa":
+            notes.append("shared cache: the page copies the whole cache into and out of "
+                         "WebAssembly memory every step; contract graphs decode faster in a page "
+                         "at GPT-2 width (docs/web.md)")
         written = write_manifest(out, stage="package", source={
             "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest},
             options={"format": "web"}, extra={
             "graph": kind, "package_format": "web", "web": {
                 **web, "files": [*files, *ORT_WEB_FILES, "tinyt.mjs", "index.html"],
-                "gqa_query_seqlens_dropped": dropped,
+                "gqa_query_seqlens_dropped": dropped, "notes": notes,
                 "checked": {"runtime": f"node {node_version()}",
                             "onnxruntime_web": ORT_WEB_VERSION, "prompts": len(prompts),
                             "greedy_tokens": check_tokens, "greedy_equal": True,

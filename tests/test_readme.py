@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 NOT_RUN = {  # command prefix -> why, and what runs it instead
+    "bash scripts/setup-transformers-js.sh": "an opt-in npm install of ~475 MB for one "
+                                            "benchmark comparison; tests/test_web.py runs "
+                                            "transformers.js where it is installed",
     ".venv/bin/tinyt package artifacts/onnx-int8-gqa artifacts/web-served --format web --serve":
         "hosts the page until Ctrl-C: tests/test_web.py serves packages the same way "
         "(export/webserve.start) and stops them",
@@ -45,6 +48,8 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
 FAILS_HERE = {  # command prefix -> (exit status, text in stderr): it must fail, clearly
     "bash benchmarks/gpu.sh": (2, "needs a GPU"),
 }
+WEB_VARIANTS = ("--variants onnx,onnx-int8,onnx-int8-qgemm,onnx-int8-static,onnx-int8-gqa,"
+                "onnx-int8-rows-gqa --transformers-js web/transformers-js/node_modules")
 SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "past_sequence_length=127": "past_sequence_length=31",
     "--max-new-tokens 64": "--max-new-tokens 16",
@@ -66,10 +71,11 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "serving artifacts-gpt2/onnx-int8-rows-gqa --out benchmarks/results/serving-gpt2-small-xeon-amx":
         "serving artifacts-gpt2/onnx-int8-rows-gqa --out serving-gpt2-results --levels 1,2 "
         "--requests 1 --new-tokens 4 --prompt-tokens 8",
-    "web artifacts --out benchmarks/results/web-demo-xeon-amx":
-        "web artifacts --out web-results --new-tokens 4 --prompt-tokens 8",
-    "web artifacts-gpt2 --variants onnx-int8,onnx-int8-gqa --out "
-    "benchmarks/results/web-gpt2-small-xeon-amx":
+    # the browser benchmark: two graphs, short, without the opt-in transformers.js
+    f"web artifacts {WEB_VARIANTS} --out benchmarks/results/web-demo-xeon-amx":
+        "web artifacts --variants onnx-int8,onnx-int8-gqa --out web-results --new-tokens 4 "
+        "--prompt-tokens 8",
+    f"web artifacts-gpt2 {WEB_VARIANTS} --out benchmarks/results/web-gpt2-small-xeon-amx":
         "web artifacts-gpt2 --variants onnx-int8,onnx-int8-gqa --out web-gpt2-results "
         "--new-tokens 4 --prompt-tokens 8",
     "--past 94": "--past 16 --runs 5",  # the step profile at the test size

@@ -86,6 +86,8 @@ def test_the_package_holds_what_the_page_needs_and_says_what_was_checked(package
     assert web["graphs"] == ["model.onnx", "prefill.onnx"]
     assert web["gqa_query_seqlens_dropped"] == ["model.onnx", "prefill.onnx"]
     assert web["checked"]["greedy_equal"] is True
+    assert any(n.startswith("MatMulNBits") for n in web["notes"])  # slow in WebAssembly
+    assert any(n.startswith("shared cache") for n in web["notes"])
     for f in web["files"]:
         assert (pkg / f).is_file(), f
     assert json.loads((pkg / "web.json").read_text())["context"] == rt.load(src).context
@@ -206,3 +208,24 @@ def test_page_shows_a_clear_message_for_bad_files_and_prompts(packages, browser,
         got, error, errors = page_result(browser, directory, prompt=prompt, max_new_tokens=4)
         assert message in error and message in got["error"], (directory.name, error)
         assert not errors, errors  # a message on the page, not an uncaught stack
+
+
+TJS = Path(__file__).resolve().parent.parent / "web" / "transformers-js" / "node_modules"
+
+
+@needs_browser
+@pytest.mark.skipif(not (TJS / "@huggingface" / "transformers").is_dir(),
+                    reason="transformers.js is opt-in: bash scripts/setup-transformers-js.sh")
+def test_transformers_js_loads_tinyts_optimum_layout_with_the_same_greedy_tokens(
+        lm_onnx, browser):
+    """benchmarks/web.py's comparison: the fp32 contract artifact, as transformers.js loads a
+    local model, gives tinyt's greedy tokens; an INT8 one (GatherBlockQuantized, which its
+    ONNX Runtime Web build lacks) is reported, not crashed on."""
+    from tinyt.benchmarks.web import transformers_js_times
+
+    lm = rt.load(lm_onnx, tune=False)
+    ids = lm.tokenizer.encode("def main(")
+    got = transformers_js_times(browser, lm_onnx, TJS, ids, 6, 1, rounds=1)
+    assert "error" not in got, got
+    want = lm.generate_ids([ids], max_new_tokens=6, min_new_tokens=6)[0].token_ids
+    assert got["greedy"] == want and got["decode_ms_per_token"] > 0

@@ -282,6 +282,8 @@ def package(
         typer.echo(f"files: {', '.join(manifest['files'])}")
         typer.echo(f"checked under {web['checked']['runtime']} with onnxruntime-web "
                    f"{web['onnxruntime_web']}: tokenizer ids and greedy tokens equal tinyt's")
+        for note in web["notes"]:
+            typer.echo(f"note: {note}")
         typer.echo(f"package: {path}")
         if serve:
             from tinyt.export.webserve import serve_dir
