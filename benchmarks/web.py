@@ -75,7 +75,8 @@ def page_times(browser, pkg: Path, ids: list[int], new: int, threads: int, shot:
         for _ in range(rounds):
             runs.append(page.evaluate(
                 f"async () => {{ const lm = window.tinyt.lm; const r = await lm.generate({ids}, "
-                f"{{maxNewTokens: {new}, temperature: 0}}); return r.timings; }}"))
+                f"{{maxNewTokens: {new}, minNewTokens: {new}, temperature: 0}}); "
+                f"return r.timings; }}"))
         if shot is not None:
             page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html?" + urlencode(
                 {"threads": threads, "prompt": "def parse_args(argv):\n", "max_new_tokens": 48}))

@@ -229,3 +229,37 @@ def test_transformers_js_loads_tinyts_optimum_layout_with_the_same_greedy_tokens
     assert "error" not in got, got
     want = lm.generate_ids([ids], max_new_tokens=6, min_new_tokens=6)[0].token_ids
     assert got["greedy"] == want and got["decode_ms_per_token"] > 0
+
+
+@needs_browser
+def test_module_streams_its_text_stops_and_cancels(packages, browser):
+    """The ES module's API in the page: the streamed pieces make the text, a stop string cuts
+    it, an aborted signal ends the generation at the next token."""
+    from tinyt.export.webserve import start
+
+    _, pkg = packages["int8"]
+    server, _ = start(pkg, 0)
+    page = browser.new_page()
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+        page.wait_for_function("window.tinyt && window.tinyt.lm", timeout=60_000)
+        got = page.evaluate("""async () => {
+            const lm = window.tinyt.lm, pieces = [];
+            const full = await lm.generate("def ", { maxNewTokens: 12, minNewTokens: 12,
+                                                     onToken: (p) => pieces.push(p) });
+            const stop = full.text.slice(3, 5);
+            const cut = await lm.generate("def ", { maxNewTokens: 12, stop: [stop] });
+            const ac = new AbortController();
+            const cancelled = await lm.generate("def ", { maxNewTokens: 12, signal: ac.signal,
+                                                          onToken: () => ac.abort() });
+            return { full, pieces, stop, cut, cancelled };
+        }""")
+    finally:
+        page.close()
+        server.shutdown()
+    full = got["full"]
+    assert "".join(got["pieces"]) == full["text"] and len(full["tokenIds"]) >= 5
+    assert got["cut"]["finishReason"] == "stop"
+    assert got["cut"]["text"] == full["text"][:full["text"].index(got["stop"])]
+    assert got["cancelled"]["finishReason"] == "cancelled"
+    assert len(got["cancelled"]["tokenIds"]) == 1

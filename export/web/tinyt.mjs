@@ -10,7 +10,8 @@
 //
 // generate() options: maxNewTokens (default 32), temperature (0: greedy), topK, topP, seed
 // (sampling is reproducible for a seed), stop (strings that end the text, cut before them),
-// onToken(piece, id) called as each token is chosen, signal (an AbortSignal: cancel).
+// onToken(piece, id) called as each token is chosen, signal (an AbortSignal: cancel),
+// minNewTokens (end-of-text is not chosen before that many tokens). Unknown options are errors.
 // Errors are TinytWebError with a message that names the problem.
 import * as ort from "./ort.wasm.min.mjs";
 
@@ -166,7 +167,7 @@ function argmax(x) {
 
 function sample(logits, { temperature, topK, topP }, random) {
   for (let i = 0; i < logits.length; i++) {
-    if (!Number.isFinite(logits[i])) throw new TinytWebError(`the model produced a non-finite logit (${logits[i]}) at token ${i}`);
+    if (Number.isNaN(logits[i]) || logits[i] === Infinity) throw new TinytWebError(`the model produced a non-finite logit (${logits[i]}) at token ${i}`);
   }
   if (!temperature) return argmax(logits);
   let idx = Array.from(logits.keys()).sort((a, b) => logits[b] - logits[a]);
@@ -243,7 +244,12 @@ export class LanguageModel {
 
   /** Generate from `prompt` (a string, or token ids); see the module comment for options. */
   async generate(prompt, opts = {}) {
-    const o = { maxNewTokens: 32, temperature: 0, topK: 0, topP: 1, seed: 0, stop: [], ...opts };
+    const known = ["maxNewTokens", "minNewTokens", "temperature", "topK", "topP", "seed", "stop",
+                   "onToken", "signal"];
+    const unknown = Object.keys(opts).filter((k) => !known.includes(k));
+    if (unknown.length) throw new TinytWebError(`unknown option(s) ${unknown.join(", ")}; options are ${known.join(", ")}`);
+    const o = { maxNewTokens: 32, minNewTokens: 0, temperature: 0, topK: 0, topP: 1, seed: 0,
+                stop: [], ...opts };
     if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1) throw new TinytWebError(`maxNewTokens=${o.maxNewTokens} must be an integer >= 1`);
     for (const [k, v] of [["temperature", o.temperature], ["topP", o.topP], ["topK", o.topK]]) {
       if (typeof v !== "number" || !Number.isFinite(v) || v < 0) throw new TinytWebError(`${k}=${v} must be a finite number >= 0`);
@@ -263,6 +269,7 @@ export class LanguageModel {
     let text = "";
     for (let k = 0; k < room; k++) {
       if (o.signal && o.signal.aborted) { reason = "cancelled"; break; }
+      if (eos != null && out.length < o.minNewTokens) r.logits[eos] = -Infinity;  // not yet
       const id = sample(r.logits, o, random);
       if (id === eos) { reason = "eos"; break; }
       out.push(id);
