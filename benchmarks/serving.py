@@ -93,7 +93,8 @@ def naive_server(artifact: str, port: int, threads: int | None) -> None:
 
 # -- the client side ------------------------------------------------------------------------
 class Server:
-    def __init__(self, kind: str, artifact: Path, threads: int | None, max_batch: int):
+    def __init__(self, kind: str, artifact: Path, threads: int | None, max_batch: int,
+                 prefill_chunk: int | None = None):
         args = ([sys.executable, "-m", "tinyt", "serve", str(artifact), "--port", "0",
                  "--max-batch", str(max_batch), "--max-queue", "256", "--model-id", "m"]
                 if kind == "tinyt-serve" else
@@ -101,6 +102,8 @@ class Server:
                  "--naive-server"])
         if threads:
             args += ["--threads", str(threads)]
+        if prefill_chunk and kind == "tinyt-serve":
+            args += ["--prefill-chunk", str(prefill_chunk)]
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      text=True)
         self.port = None
@@ -261,7 +264,8 @@ def ceiling(artifact: Path, prompts: list[str], new_tokens: int, threads: int | 
 def run(artifact: Path, out: Path, *, threads: int | None = None, max_batch: int = 16,
         prompt_tokens: int = 32, new_tokens: int = 32, requests: int = 4,
         seconds: float = 60.0, levels: tuple[int, ...] = CONCURRENCY,
-        servers: tuple[str, ...] = ("tinyt-serve", "naive")) -> dict:
+        servers: tuple[str, ...] = ("tinyt-serve", "naive"),
+        prefill_chunk: int | None = None) -> dict:
     from tinyt.hardware import cpu_features
     from tinyt.manifest import read_model_config
 
@@ -273,11 +277,12 @@ def run(artifact: Path, out: Path, *, threads: int | None = None, max_batch: int
                               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
               "method": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
                          "requests_per_client": requests, "seconds_per_level": seconds,
-                         "max_batch": max_batch, "threads": threads, "levels": list(levels)},
+                         "max_batch": max_batch, "threads": threads, "levels": list(levels),
+                         "prefill_chunk": prefill_chunk},
               "servers": {}}
     texts = {}
     for kind in servers:
-        server = Server(kind, artifact, threads, max_batch)
+        server = Server(kind, artifact, threads, max_batch, prefill_chunk)
         try:
             texts[kind] = server.stream(prompts[0], new_tokens)[0]  # same computation first
             server.stream(prompts[1], new_tokens)  # warm
@@ -316,7 +321,10 @@ def markdown(result: dict) -> str:
              f"Closed-loop clients, each streaming greedy completions of {m['prompt_tokens']} "
              f"prompt tokens and exactly {m['new_tokens']} new ones, {m['requests_per_client']} "
              f"requests each (or {m['seconds_per_level']:.0f} s); tinyt serve with max batch "
-             f"{m['max_batch']}. Same tokens from both servers: {result['same_tokens']}.", "",
+             f"{m['max_batch']}"
+             + (f", prompts in pieces of {m['prefill_chunk']} tokens"
+                if m.get("prefill_chunk") else "")
+             + f". Same tokens from both servers: {result['same_tokens']}.", "",
              "| server | clients | tokens/s | × 1 client | TTFT p50 ms | TTFT p99 | "
              "TBT p50 ms | TBT p99 |", "|---|---|---|---|---|---|---|---|"]
     for kind, rows in result["servers"].items():
@@ -389,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=60.0, help="per level, at most")
     ap.add_argument("--levels", default=",".join(map(str, CONCURRENCY)))
     ap.add_argument("--servers", default="tinyt-serve,naive")
+    ap.add_argument("--prefill-chunk", type=int, help="tinyt serve --prefill-chunk")
     ap.add_argument("--naive-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.naive_server:
@@ -397,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
                  prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                  requests=args.requests, seconds=args.seconds,
                  levels=tuple(int(x) for x in args.levels.split(",")),
-                 servers=tuple(args.servers.split(",")))
+                 servers=tuple(args.servers.split(",")), prefill_chunk=args.prefill_chunk)
     print(markdown(result))
 
 

@@ -4,7 +4,10 @@
       admit   waiting requests into free rows of one cache [max_batch rows x context], up to
               prefill_tokens prompt tokens at a time (the running rows wait for them): their
               prompts run through the prompt graph, together where the graph computes each
-              row as if alone (quantize --kernel qgemm-rows), else one by one
+              row as if alone (quantize --kernel qgemm-rows), else one by one; or, with
+              prefill_chunk=N, N prompt tokens between two steps, a prompt in pieces that
+              continue its own staging cache, so a running row never waits for more than one
+              piece
       step    one token for every running row, in one run of the step graph
       choose  each row with its own sampling settings, seed and stop strings; a finished or
               cancelled row frees its place at once, and the next request takes it
@@ -129,6 +132,21 @@ class _SharedRows:
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
         return self.cache.step_rows(int(np.flatnonzero(active).max()) + 1, nxt, active)
 
+    # chunked prefill: a prompt goes through a staging cache of its own, piece by piece
+    def start_filling(self) -> SharedCache:
+        staging = self.lm._caches.take(1)
+        staging.lens[:] = 0
+        return staging
+
+    def fill(self, staging: SharedCache, piece: list[int]) -> np.ndarray:
+        return staging.extend(piece).copy()
+
+    def finish_filling(self, row: int, staging: SharedCache | None, keep: bool) -> None:
+        if staging is not None:
+            if keep:
+                self.cache.copy_in(row, staging)
+            self.lm._caches.give(staging)
+
     def release(self, row: int) -> None:
         self.cache.lens[row] = 0
 
@@ -184,7 +202,7 @@ class Engine:
     """
 
     def __init__(self, lm: LanguageModel, *, max_batch: int = 8, max_queue: int = 64,
-                 prefill_tokens: int = 64):
+                 prefill_tokens: int = 64, prefill_chunk: int | None = None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"max_batch={max_batch!r} must be an integer >= 1")
         if not (isinstance(max_queue, int) and max_queue >= 1):
@@ -199,6 +217,16 @@ class Engine:
         # wait for those prompts, so this bounds the time between their tokens.
         self.prefill_tokens = prefill_tokens
         self.batched = lm.artifact.kind == GQA_KIND
+        if prefill_chunk is not None and not (isinstance(prefill_chunk, int)
+                                              and prefill_chunk >= 1):
+            raise ValueError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
+        if prefill_chunk is not None and not self.batched:
+            raise ValueError("prefill_chunk needs a shared-cache graph (optimize --target gqa): "
+                             f"{lm.artifact.path} is a {lm.artifact.kind} graph")
+        # Prompt tokens run between two steps when prompts go in pieces (None: whole prompts,
+        # up to prefill_tokens): a running row waits for one piece at most.
+        self.prefill_chunk = prefill_chunk
+        self._filling: dict[int, list] = {}  # row -> [request, staging cache, tokens done]
         self.rows = (_SharedRows if self.batched else _SeparateRows)(lm, max_batch)
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: dict[int, Request] = {}
@@ -238,7 +266,8 @@ class Engine:
         with self._cond:
             self._stopping = True
             if cancel:
-                for req in [*self._waiting, *self._running.values()]:
+                for req in [*self._waiting, *self._running.values(),
+                            *(f[0] for f in self._filling.values())]:
                     req.cancel()
             self._cond.notify()
         if self._thread is not None:
@@ -256,13 +285,16 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._waiting or self._running or self._stopping)
-                if self._stopping and not self._waiting and not self._running:
+                self._cond.wait_for(lambda: self._waiting or self._running or self._filling
+                                    or self._stopping)
+                if self._stopping and not self._waiting and not self._running \
+                        and not self._filling:
                     return
                 new: dict[int, Request] = {}
                 budget = self.prefill_tokens
                 while self._waiting and self._free and (
-                        not new or len(self._waiting[0].prompt_ids) <= budget):
+                        self.prefill_chunk or not new
+                        or len(self._waiting[0].prompt_ids) <= budget):
                     req = self._waiting.popleft()
                     if req.cancelled:
                         req._emit(Done("cancelled", ""))
@@ -272,11 +304,13 @@ class Engine:
             try:
                 self._iterate(new)
             except Exception as e:  # a broken model: every request learns it, none hangs
-                for req in [*new.values(), *self._running.values()]:
+                filling = [f[0] for f in self._filling.values()]
+                for req in [*new.values(), *self._running.values(), *filling]:
                     if req.done is None:
                         req._emit(Done("error", "", f"{type(e).__name__}: {e}"))
                 with self._cond:
                     self._running.clear()
+                    self._filling.clear()
                     self._free = list(range(self.max_batch))
                     self.rows = (_SharedRows if self.batched else _SeparateRows)(
                         self.lm, self.max_batch)
@@ -285,14 +319,19 @@ class Engine:
         for row, req in list(self._running.items()):  # cancelled: freed within a step
             if req.cancelled:
                 self._finish(row, req, "cancelled")
-        if new:
+        for row, req in new.items():
+            self._rngs[row] = (np.random.default_rng(req.params.seed)
+                               if req.params.temperature > 0 else None)
+        if new and self.prefill_chunk:
             for row, req in new.items():
-                self._running[row] = req
-                self._rngs[row] = (np.random.default_rng(req.params.seed)
-                                   if req.params.temperature > 0 else None)
+                self._filling[row] = [req, self.rows.start_filling(), 0]
+        elif new:
+            self._running.update(new)
             logits = self.rows.admit({row: req.prompt_ids for row, req in new.items()})
             for row, req in new.items():
                 self._choose(row, req, logits[row])
+        if self._filling:
+            self._fill_one_piece()
         if not self._running:
             return
         nxt = np.zeros(self.max_batch, dtype=np.int64)
@@ -303,6 +342,34 @@ class Engine:
         self.steps_run += 1
         for row, req in list(self._running.items()):
             self._choose(row, req, logits[row])
+
+    def _fill_one_piece(self) -> None:
+        """The next piece of the oldest prompt being filled; once whole, its row runs."""
+        for row, (req, staging, _) in list(self._filling.items()):
+            if req.cancelled:
+                del self._filling[row]
+                self.rows.finish_filling(row, staging, keep=False)
+                self._free_row(row, req, "cancelled")
+        if not self._filling:
+            return
+        row, state = next(iter(self._filling.items()))
+        req, staging, done = state
+        piece = req.prompt_ids[done:done + self.prefill_chunk]
+        logits = self.rows.fill(staging, piece)
+        state[2] = done + len(piece)
+        if state[2] == len(req.prompt_ids):
+            del self._filling[row]
+            self.rows.finish_filling(row, staging, keep=True)
+            self._running[row] = req
+            self._choose(row, req, logits)
+
+    def _free_row(self, row: int, req: Request, reason: str) -> None:
+        """A row that never ran (cancelled while its prompt was filled)."""
+        req._emit(Done(reason, ""))
+        with self._cond:
+            self._rngs.pop(row, None)
+            self.rows.release(row)
+            heapq.heappush(self._free, row)
 
     def _choose(self, row: int, req: Request, logits: np.ndarray) -> None:
         """The row's next token by generate's own rules (LanguageModel._choose), its text, and

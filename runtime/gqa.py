@@ -96,6 +96,25 @@ class SharedCache:
             self._bind("position_ids", self.pos)
         return self.logits
 
+    def extend(self, ids: list[int]) -> np.ndarray:
+        """One row (B == 1): run the next piece of a prompt whose first lens[0] tokens are in
+        the cache already (chunked prefill, runtime/engine.py); logits of its last token."""
+        start, n = int(self.lens[0]), len(ids)
+        if self.B != 1 or start + n > self.capacity:
+            raise ValueError(f"extend takes one row with room for {n} more tokens "
+                             f"(rows {self.B}, {start} of {self.capacity} used)")
+        tokens = np.array([ids], dtype=np.int64)  # alive through the run: bound by address
+        pos = np.arange(start, start + n, dtype=np.int64)[None]
+        self._bind("input_ids", tokens, prefill=True)
+        self._bind("position_ids", pos, prefill=True)
+        self.qlens[0], self.seqlens[0], self.total[...] = n, start + n - 1, start + n
+        self.prefill_session.run_with_iobinding(self.prefill_binding)
+        self.lens[0] = start + n
+        if self.prefill_binding is self.binding:  # one graph: steps need their inputs back
+            self._bind("input_ids", self.ids)
+            self._bind("position_ids", self.pos)
+        return self.logits[0, 0]
+
     def admit_from(self, new: dict[int, list[int]], pad: int,
                    staging: SharedCache) -> dict[int, np.ndarray]:
         """Continuous batching (runtime/engine.py): run the prompts of some rows (row -> token
@@ -104,13 +123,17 @@ class SharedCache:
         new rows' tokens are computed. Returns each new row's last-token logits [vocab]."""
         logits = staging.prefill(list(new.values()), pad)
         out = {}
-        for j, (row, ids) in enumerate(new.items()):
-            n = len(ids)
-            for mine, theirs in zip(self.kv, staging.kv):
-                mine[row, :, :n] = theirs[j, :, :n]
-            self.lens[row] = n
+        for j, row in enumerate(new):
+            self.copy_in(row, staging, j)
             out[row] = logits[j, 0].copy()
         return out
+
+    def copy_in(self, row: int, staging: SharedCache, j: int = 0) -> None:
+        """This cache's `row` becomes staging's row j (its lens[j] tokens of keys and values)."""
+        n = int(staging.lens[j])
+        for mine, theirs in zip(self.kv, staging.kv):
+            mine[row, :, :n] = theirs[j, :, :n]
+        self.lens[row] = n
 
     def step_rows(self, k: int, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
         """One token for each active row among the first k (the others idle): the step graph

@@ -80,6 +80,48 @@ def test_each_request_gets_what_it_gets_alone(artifacts, name, batch, together, 
         assert (max(admitted) > 1) == together, admitted
 
 
+def test_chunked_prefill_runs_one_piece_between_steps_and_keeps_each_output(artifacts,
+                                                                            monkeypatch):
+    """prefill_chunk=3: prompts go in pieces of at most 3 tokens, at most one piece between
+    two decode steps while rows run; 16 concurrent requests get what each gets alone through
+    the same engine (a prompt in pieces may differ from it whole by float rounding: generate
+    is not the reference here)."""
+    from tinyt.runtime.gqa import SharedCache
+
+    lm = rt.load(artifacts["rows"], threads=1, tune=False)
+    reqs = _requests(lm)
+
+    current = []
+
+    def through_engine(batch):
+        engine = Engine(lm, max_batch=8, max_queue=32, prefill_chunk=3)
+        current[:] = [engine]
+        engine.start()
+        try:
+            running = [engine.submit(*r) for r in batch]
+            return [(r.out, r.wait(60).finish_reason) for r in running]
+        finally:
+            engine.stop()
+    alone = [through_engine([r])[0] for r in reqs]
+    log: list[tuple[str, int, int]] = []  # (run, tokens or rows, rows running before it)
+    extend, step_rows = SharedCache.extend, SharedCache.step_rows
+    monkeypatch.setattr(SharedCache, "extend", lambda self, ids: (
+        log.append(("piece", len(ids), current[0].running)), extend(self, ids))[1])
+    monkeypatch.setattr(SharedCache, "step_rows", lambda self, k, *a: (
+        log.append(("step", k, current[0].running)), step_rows(self, k, *a))[1])
+    together = through_engine(reqs)
+    assert together == alone
+    assert sum(n for kind, n, _ in log if kind == "piece") == sum(len(ids) for ids, _ in reqs)
+    assert max(n for kind, n, _ in log if kind == "piece") == 3
+    # while rows run, each piece is followed by a step: they wait for one piece at most
+    waited = [b[0] for a, b in zip(log, log[1:]) if a[0] == "piece" and a[2] > 0]
+    assert waited and set(waited) == {"step"}
+    with pytest.raises(ValueError, match="prefill_chunk needs a shared-cache graph"):
+        Engine(rt.load(artifacts["opt"], tune=False), prefill_chunk=4)
+    with pytest.raises(ValueError, match="prefill_chunk=0 must be an integer >= 1"):
+        Engine(lm, prefill_chunk=0)
+
+
 def test_rows_independent_reads_every_graph_of_the_artifact(artifacts):
     from tinyt.runtime.engine import rows_independent
     from tinyt.runtime.session import open_artifact

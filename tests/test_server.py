@@ -289,6 +289,8 @@ def test_bad_flags_at_start_up_are_one_line(artifacts, tmp_path):
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = run_tinyt("serve", tmp_path / "missing")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = run_tinyt("serve", artifacts["contract"], "--prefill-chunk", "8")
+    assert r.returncode == 2 and "prefill_chunk needs a shared-cache graph" in r.stderr, r.stderr
     taken = Server(artifacts["gqa"])
     try:
         r = run_tinyt("serve", artifacts["gqa"], "--port", taken.port)

@@ -375,6 +375,10 @@ def serve_cmd(
     prefill_tokens: Annotated[int, typer.Option(
         min=1, help="Prompt tokens admitted between two decode steps (at least one "
                     "request's): bounds the running rows' wait.")] = 64,
+    prefill_chunk: Annotated[Optional[int], typer.Option(
+        min=1, help="Prompts in pieces of N tokens, one piece between two decode steps "
+                    "(shared-cache graphs): the running rows wait for one piece at most.")]
+        = None,
     api_key: Annotated[Optional[str], typer.Option(
         help="Require 'Authorization: Bearer KEY' (default: $TINYT_API_KEY, else none).",
         envvar="TINYT_API_KEY")] = None,
@@ -392,7 +396,8 @@ def serve_cmd(
         raise TinytError("--api-key is empty; give a key or leave the option out")
     try:
         serve(artifact, host=host, port=port, threads=threads, max_batch=max_batch,
-              max_queue=max_queue, prefill_tokens=prefill_tokens, api_key=api_key,
+              max_queue=max_queue, prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
+              api_key=api_key,
               model_id=model_id)
     except (ValueError, OSError) as e:
         raise TinytError(str(e)) from None

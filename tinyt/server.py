@@ -418,6 +418,7 @@ def _sse(data: dict) -> str:
 
 def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
           max_batch: int = 8, max_queue: int = 64, prefill_tokens: int = 64,
+          prefill_chunk: int | None = None,
           api_key: str | None = None, model_id: str | None = None,
           spinning: bool | None = None, log_level: str = "info") -> None:
     """Load `artifact` (checked), bind, then serve it until SIGTERM / Ctrl-C (which stop
@@ -438,7 +439,8 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
     lm = rt.load(artifact, threads=threads, spinning=spinning)
     if not isinstance(lm, rt.LanguageModel):
         raise ValueError(f"{artifact} is a classifier; tinyt serve serves language models")
-    engine = Engine(lm, max_batch=max_batch, max_queue=max_queue, prefill_tokens=prefill_tokens)
+    engine = Engine(lm, max_batch=max_batch, max_queue=max_queue, prefill_tokens=prefill_tokens,
+                    prefill_chunk=prefill_chunk)
     app = build_app(lm, engine, model_id=model_id or lm.artifact.path.name, api_key=api_key)
     try:  # bound here, so a taken port is one clear line and port 0 reports the one it got
         sock = socket.create_server((host, port))
