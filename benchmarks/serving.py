@@ -207,7 +207,7 @@ def _prompts(artifact: Path, count: int, length: int) -> list[str]:
 
 
 def ceiling(artifact: Path, prompts: list[str], new_tokens: int, threads: int | None,
-            rows: int = 8, rounds: int = 3) -> dict:
+            rows: int = 8, rounds: int = 3, prefill_chunk: int | None = None) -> dict:
     """What the engine's graph runs alone allow at `rows` clients against one (module
     docstring): a request as the engine runs it — its prompt's admission, then new_tokens - 1
     steps — for one client and for `rows` clients whose prompts arrive together, each timed
@@ -245,17 +245,29 @@ def ceiling(artifact: Path, prompts: list[str], new_tokens: int, threads: int | 
         return {"admit": 1e3 * (t1 - t0), "step": 1e3 * float(np.median(steps)),
                 "total": 1e3 * (time.perf_counter() - t0)}
     runs: dict[int, list[dict]] = {1: [], rows: []}
+    pieces: list[float] = []
     for r in range(rounds + 1):
         for k in runs:
             got = request(k)
             if r:  # round 0 warms up
                 runs[k].append(got)
+        if prefill_chunk:  # one piece of a prompt, continuing a staging cache
+            one.lens[:] = 0
+            one.extend(ids[0][:prefill_chunk])
+            t = time.perf_counter()
+            one.extend(ids[0][prefill_chunk:2 * prefill_chunk] or ids[0][:1])
+            if r:
+                pieces.append(1e3 * (time.perf_counter() - t))
     med = {k: {m: float(np.median([g[m] for g in v])) for m in ("admit", "step", "total")}
            for k, v in runs.items()}
     one_client = 1e3 * new_tokens / med[1]["total"]
     at_rows = 1e3 * rows * new_tokens / med[rows]["total"]
     gap = med[rows]["step"] + med[1]["admit"]  # a step after one prompt's admission
+    if prefill_chunk:  # ... or after one piece of a prompt
+        med["piece"] = float(np.median(pieces))
+        gap = med[rows]["step"] + med["piece"]
     return {"rows": rows, "prompts_together": together, "ms": med,
+            "prefill_chunk": prefill_chunk,
             "tokens_per_s_1": one_client, f"tokens_per_s_{rows}": at_rows,
             "tokens_per_s_ratio": at_rows / one_client, "tbt_with_admission_ms": gap,
             "tbt_ratio": gap / med[1]["step"]}
@@ -291,7 +303,8 @@ def run(artifact: Path, out: Path, *, threads: int | None = None, max_batch: int
         finally:
             result["servers"][f"{kind} exit status"] = server.stop()
     # after the servers, so that nothing of this process runs beside them
-    result["ceiling"] = ceiling(artifact, prompts, new_tokens, threads)
+    result["ceiling"] = ceiling(artifact, prompts, new_tokens, threads,
+                                prefill_chunk=prefill_chunk)
     result["same_tokens"] = len(set(texts.values())) == 1
     result["targets"] = targets(result)
     out.mkdir(parents=True, exist_ok=True)
@@ -352,8 +365,10 @@ def markdown(result: dict) -> str:
                   f"({'in one run' if c['prompts_together'] else 'one by one'}). "
                   f"So at most {c['tokens_per_s_ratio']:.2f}× one client's tokens/s at {k} "
                   f"clients ({c[f'tokens_per_s_{k}']:.0f} vs {c['tokens_per_s_1']:.0f} tokens/s)"
-                  f", and a gap holding one admission lasts at least "
-                  f"{c['tbt_with_admission_ms']:.2f} ms, {c['tbt_ratio']:.2f}× a 1-row step."]
+                  + (f", and a gap holding one {c['prefill_chunk']}-token piece of a prompt "
+                     f"({ms['piece']:.2f} ms) lasts at least " if c.get("prefill_chunk") else
+                     ", and a gap holding one admission lasts at least ")
+                  + f"{c['tbt_with_admission_ms']:.2f} ms, {c['tbt_ratio']:.2f}× a 1-row step."]
     return "\n".join(lines) + "\n"
 
 
