@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 NOT_RUN = {  # command prefix -> why, and what runs it instead
+    "bash scripts/setup-web.sh": "installs onnxruntime-web and Chromium: scripts/setup.sh runs "
+                                 "it (CI runs that from a fresh clone)",
     "bash scripts/setup-transformers-js.sh": "an opt-in npm install of ~475 MB for one "
                                             "benchmark comparison; tests/test_web.py runs "
                                             "transformers.js where it is installed",
