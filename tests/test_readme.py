@@ -80,6 +80,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     f"web artifacts-gpt2 {WEB_VARIANTS} --out benchmarks/results/web-gpt2-small-xeon-amx":
         "web artifacts-gpt2 --variants onnx-int8,onnx-int8-gqa --out web-gpt2-results "
         "--new-tokens 4 --prompt-tokens 8",
+    "serving artifacts-gpt2/onnx-int8-rows-gqa --out "
+    "benchmarks/results/serving-gpt2-small-chunk8-xeon-amx":
+        "serving artifacts-gpt2/onnx-int8-rows-gqa --out serving-chunk-results --levels 1,2 "
+        "--requests 1 --new-tokens 4 --prompt-tokens 8",
     "--past 94": "--past 16 --runs 5",  # the step profile at the test size
     # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps
     "--preset llama-demo": "--preset llama-test",
