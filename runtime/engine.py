@@ -324,7 +324,7 @@ class Engine:
                                if req.params.temperature > 0 else None)
         if new and self.prefill_chunk:
             for row, req in new.items():
-                self._filling[row] = [req, self.rows.start_filling(), 0]
+                self._filling[row] = [req, self._shared.start_filling(), 0]
         elif new:
             self._running.update(new)
             logits = self.rows.admit({row: req.prompt_ids for row, req in new.items()})
@@ -343,23 +343,29 @@ class Engine:
         for row, req in list(self._running.items()):
             self._choose(row, req, logits[row])
 
+    @property
+    def _shared(self) -> _SharedRows:
+        """The rows as one shared cache (prefill_chunk is refused for other graphs)."""
+        assert isinstance(self.rows, _SharedRows)
+        return self.rows
+
     def _fill_one_piece(self) -> None:
         """The next piece of the oldest prompt being filled; once whole, its row runs."""
         for row, (req, staging, _) in list(self._filling.items()):
             if req.cancelled:
                 del self._filling[row]
-                self.rows.finish_filling(row, staging, keep=False)
+                self._shared.finish_filling(row, staging, keep=False)
                 self._free_row(row, req, "cancelled")
         if not self._filling:
             return
         row, state = next(iter(self._filling.items()))
         req, staging, done = state
         piece = req.prompt_ids[done:done + self.prefill_chunk]
-        logits = self.rows.fill(staging, piece)
+        logits = self._shared.fill(staging, piece)
         state[2] = done + len(piece)
         if state[2] == len(req.prompt_ids):
             del self._filling[row]
-            self.rows.finish_filling(row, staging, keep=True)
+            self._shared.finish_filling(row, staging, keep=True)
             self._running[row] = req
             self._choose(row, req, logits)
 
