@@ -271,7 +271,7 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Path:
         ref, cand = load(src_dir, threads=1, tune=False), load(out, threads=1, tune=False)
         ids = [ref.tokenizer.encode(t) for t in ("def main(", "import os\nclass ")]
         worst = max(float(np.abs(a - b).max()) for row in ids for a, b in
-                    zip(_gqa_logits(ref, row, 4), _gqa_logits(cand, row, 4)))
+                    zip(_step_logits(ref, row, 4), _step_logits(cand, row, 4)))
         want = [r.token_ids for r in ref.generate_ids(ids, max_new_tokens=8)]
         got = [r.token_ids for r in cand.generate_ids(ids, max_new_tokens=8)]
         if not worst <= PACKAGE_ATOL or got != want:
@@ -283,20 +283,19 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Path:
     return built(out_dir, written)
 
 
-def _gqa_logits(lm, ids: list[int], steps: int) -> list:
-    """Last-token logits of a prompt, then of `steps` greedy decode steps, through one row of
-    a shared cache (runtime/gqa.py), as the runtime's generate runs them."""
+def _step_logits(lm, ids: list[int], steps: int) -> list:
+    """Last-token logits of a prompt, then of `steps` greedy decode steps, through the
+    runtime's step API (for a shared-cache graph: its bound cache, as generate runs it)."""
     import numpy as np
 
-    from tinyt.runtime.gqa import SharedCache
+    from tinyt.runtime.feeds import prefill_feeds
 
-    cache = SharedCache(lm.session, lm.config, 1, lm.context, kv_dtype=lm._kv_dtype,
-                        prefill_session=lm.prefill_session)
-    out = [cache.prefill([ids], lm._pad)[0, 0].copy()]
-    one = np.ones(1, dtype=bool)
+    run = lm.steps(prefill_feeds(lm.config, "decoder_with_past", np.array([ids], np.int64),
+                                 np.ones((1, len(ids)), np.int64)))
+    out = [next(run)[0, -1].copy()]
     for _ in range(steps):
-        nxt = np.array([int(out[-1].argmax())], dtype=np.int64)
-        out.append(cache.step(nxt, one)[0].reshape(-1).copy())
+        out.append(run.send((np.array([out[-1].argmax()]), np.ones(1, bool)))[0, -1].copy())
+    run.close()
     return out
 
 

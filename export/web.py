@@ -192,15 +192,16 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     files = [ONNX_FILE] + ([manifest["prefill_model_file"]]
                            if manifest.get("prefill_model_file") else [])
     lm = load(src_dir, threads=1, tune=False)
-    eos = lm.tokenizer.eos_id if hasattr(lm.tokenizer, "eos_id") else None
     web = {"name": src_dir.name, "graph": kind, "graphs": files, "tokenizer": "tokenizer.json",
            "context": lm.context, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
-           "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "eos_token_id": eos,
+           "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+           "eos_token_id": lm.tokenizer.eos_id,
            "onnxruntime_web": ORT_WEB_VERSION}
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:
-        dropped = []
+        dropped, ops = [], set()
         for f in files:
             proto = onnx.load(str(src_dir / f))
+            ops |= {n.op_type for n in proto.graph.node}
             if _for_web(proto):
                 dropped.append(f)
             save_graph(proto, Path(tmp) / f)
@@ -225,8 +226,6 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             raise WebPackageError(f"the web tokenizer's ids differ from tinyt's on {bad}")
         want = [r.token_ids for r in lm.generate_ids(prompts, max_new_tokens=check_tokens)]
         ties = greedy_ties(lm, prompts, [g["token_ids"] for g in got["generate"]], want)
-        ops = {n.op_type for f in files for n in onnx.load(str(out / f),
-                                                          load_external_data=False).graph.node}
         notes = []
         if "MatMulNBits" in ops:
             notes.append("MatMulNBits: ONNX Runtime Web's WebAssembly runs it ~4x slower than "

@@ -142,6 +142,8 @@ class _SharedRows:
         return staging.extend(piece).copy()
 
     def finish_filling(self, row: int, staging: SharedCache | None, keep: bool) -> None:
+        """Copy a whole prompt into its row (keep) or drop it; the staging cache (None: never
+        taken, cancelled before its first piece) goes back to the pool."""
         if staging is not None:
             if keep:
                 self.cache.copy_in(row, staging)
@@ -226,7 +228,9 @@ class Engine:
         # Prompt tokens run between two steps when prompts go in pieces (None: whole prompts,
         # up to prefill_tokens): a running row waits for one piece at most.
         self.prefill_chunk = prefill_chunk
-        self._filling: dict[int, list] = {}  # row -> [request, staging cache, tokens done]
+        # row -> [request, staging cache (taken at its first piece: one prompt is filled at a
+        # time, so one staging cache is in use however many wait), tokens done]
+        self._filling: dict[int, list] = {}
         self.rows = (_SharedRows if self.batched else _SeparateRows)(lm, max_batch)
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: dict[int, Request] = {}
@@ -324,7 +328,7 @@ class Engine:
                                if req.params.temperature > 0 else None)
         if new and self.prefill_chunk:
             for row, req in new.items():
-                self._filling[row] = [req, self._shared.start_filling(), 0]
+                self._filling[row] = [req, None, 0]  # its staging cache: at its first piece
         elif new:
             self._running.update(new)
             logits = self.rows.admit({row: req.prompt_ids for row, req in new.items()})
@@ -359,6 +363,8 @@ class Engine:
         if not self._filling:
             return
         row, state = next(iter(self._filling.items()))
+        if state[1] is None:
+            state[1] = self._shared.start_filling()
         req, staging, done = state
         piece = req.prompt_ids[done:done + self.prefill_chunk]
         logits = self._shared.fill(staging, piece)
