@@ -1,14 +1,29 @@
-"""CPU features that decide how INT8 should be laid out (torch-free).
+"""CPU features that decide how INT8 should be laid out, and whether this CPU's int8 GEMMs are
+exact (torch-free).
 
-x86 without VNNI multiplies u8 x s8 with 16-bit intermediate sums (vpmaddubsw) that can
-saturate, so weights are quantized to 7 bits there (`reduce_range`); VNNI / AMX / ARM
-dot-product units accumulate in 32 bits and take the full 8 bits.
+x86 without VNNI multiplies u8 x s8 with 16-bit intermediate sums (vpmaddubsw adds each pair
+of products and saturates at 32767), so weights are quantized to 7 bits there (`reduce_range`:
+255 x 63 x 2 = 32130 fits); VNNI / AMX / ARM dot-product units accumulate in 32 bits and take
+the full 8 bits. Whether an 8-bit graph is exact here is measured, not guessed from flags:
+`u8s8_exact` runs ONNX Runtime's own int8 GEMM once on products that saturate in 16 bits. That
+answers for the CPU ONNX Runtime sees (its CPUID), which is also what an emulator such as
+`qemu-x86_64 -cpu Haswell` shows, while /proc/cpuinfo stays the host's file; the flags below
+are read from CPUID too where numpy knows them.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from pathlib import Path
+
+# (numpy's CPUID name, /proc/cpuinfo's flag) of the features read from both
+_CPUID = {"avx2": ("AVX2", "avx2"), "avx512f": ("AVX512F", "avx512f"),
+          "avx512_vnni": ("AVX512VNNI", "avx512_vnni")}
+# flags numpy's table lacks: taken from /proc/cpuinfo only where it agrees with CPUID on the
+# features above (else the file describes another CPU than the one this process runs on)
+_CPUINFO_ONLY = {"avx_vnni": "avx_vnni", "amx_int8": "amx_int8", "amx_bf16": "amx_bf16",
+                 "arm_dotprod": "asimddp"}
 
 
 def _cpuinfo() -> str:
@@ -19,33 +34,67 @@ def _cpuinfo() -> str:
         return ""
 
 
+def _cpuid() -> dict[str, bool] | None:
+    """numpy's runtime CPU feature table (it executes CPUID), or None where it is unavailable."""
+    import importlib
+
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # 2.x, 1.x
+        try:
+            return dict(importlib.import_module(module).__cpu_features__)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
 def cpu_features(cpuinfo: str | None = None) -> dict[str, object]:
-    """INT8-relevant features of this CPU (from /proc/cpuinfo on Linux)."""
-    if cpuinfo is None:
-        cpuinfo = _cpuinfo()
+    """INT8-relevant features of this CPU: from CPUID (numpy's table) where it has them, else
+    from /proc/cpuinfo on Linux. With `cpuinfo` given (a file's text), from that text alone.
+    For this machine also `u8s8_exact`: whether ONNX Runtime's u8 x s8 GEMM is exact here
+    (None where onnxruntime is not installed)."""
+    here = cpuinfo is None
+    text = _cpuinfo() if cpuinfo is None else cpuinfo
     flags: set[str] = set()
     model = ""
-    for line in cpuinfo.splitlines():
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()
         if key in ("flags", "features") and not flags:
             flags = set(value.split())
         elif key in ("model name", "cpu model") and not model:
             model = value.strip()
-    return {
-        "machine": platform.machine(), "model": model,
-        "avx2": "avx2" in flags, "avx512_vnni": "avx512_vnni" in flags,
-        "avx_vnni": "avx_vnni" in flags, "amx_int8": "amx_int8" in flags,
-        "amx_bf16": "amx_bf16" in flags, "arm_dotprod": "asimddp" in flags,
-    }
+    found = {name: flag in flags for name, (_, flag) in _CPUID.items()}
+    found |= {name: flag in flags for name, flag in _CPUINFO_ONLY.items()}
+    cpuid = _cpuid() if here and platform.machine().lower() in ("x86_64", "amd64") else None
+    emulated = False
+    if cpuid is not None:
+        by_cpuid = {name: bool(cpuid.get(key)) for name, (key, _) in _CPUID.items()}
+        emulated = any(by_cpuid[n] != found[n] for n in by_cpuid)
+        found |= by_cpuid
+        if emulated:  # /proc/cpuinfo is another CPU's (an emulator's host): not its flags
+            found |= {name: False for name in _CPUINFO_ONLY}
+    features: dict[str, object] = {"machine": platform.machine(), "model": model, **found}
+    if here:
+        features["cpuinfo_matches_cpuid"] = not emulated
+        features["u8s8_exact"] = u8s8_exact()
+    return features
+
+
+def wide_int8(features: dict[str, object]) -> bool:
+    """Whether these features add int8 products in 32 bits (from the flags alone)."""
+    return bool(features.get("avx512_vnni") or features.get("avx_vnni")
+                or features.get("amx_int8") or features.get("arm_dotprod"))
 
 
 def int8_preset(features: dict[str, object] | None = None) -> dict[str, object]:
-    """Static-INT8 settings for this CPU: activation type and whether to reduce the range."""
+    """Static-INT8 settings for this CPU: activation type and whether to reduce the range
+    (7-bit weights where 8-bit u8 x s8 products would saturate: measured on this machine, from
+    the flags for a `features` dict without `u8s8_exact`)."""
     f = cpu_features() if features is None else features
     arm = str(f.get("machine", "")).lower() in ("aarch64", "arm64")
-    wide = bool(f.get("avx512_vnni") or f.get("avx_vnni") or f.get("amx_int8")
-                or f.get("arm_dotprod"))
+    wide = wide_int8(f)
+    exact = f.get("u8s8_exact")
+    if exact is None:
+        exact = wide
     if arm:
         name = "arm-dotprod" if f.get("arm_dotprod") else "arm"
     else:
@@ -54,7 +103,47 @@ def int8_preset(features: dict[str, object] | None = None) -> dict[str, object]:
     return {"preset": name,
             # x86 int8 kernels are u8 x s8; ARM's are s8 x s8
             "activation_type": "int8" if arm else "uint8",
-            "reduce_range": not wide}
+            "reduce_range": not exact}
+
+
+def saturates_here(features: dict[str, object] | None = None) -> bool:
+    """Whether 8-bit u8 x s8 GEMM weights give saturated products on this CPU (or, with
+    `features`, on the CPU they describe)."""
+    return bool(int8_preset(features)["reduce_range"])
+
+
+# The probe graph, serialized (the runtime has no `onnx` package to build it; a test rebuilds
+# it with onnx and compares): Y[rows, 8] int32 = MatMulInteger(A[rows, 64] uint8, B), B a
+# [64, 8] int8 constant of 127s (a constant, so ONNX Runtime prepacks it as it does a graph's
+# weights). A row of 255s gives 64 x 255 x 127 = 2,072,640 where products are added in 32 bits;
+# in 16-bit pair sums each pair saturates at 32,767 (32 pairs: 1,048,544).
+PROBE_K = 64
+PROBE_GRAPH = (b'\x08\x07\x12\x05tinyt:\xe7\x04\n\x18\n\x01A\n\x01B\x12\x01Y"\rMatMulInteger'
+               b'\x12\nu8s8_probe*\x8c\x04\x08@\x08\x08\x10\x03B\x01BJ\x80\x04' + b"\x7f" * 512
+               + b'Z\x17\n\x01A\x12\x12\n\x10\x08\x02\x12\x0c\n\x06\x12\x04rows\n\x02\x08@b\x17\n'
+               b'\x01Y\x12\x12\n\x10\x08\x06\x12\x0c\n\x06\x12\x04rows\n\x02\x08\x08B\x04\n\x00\x10\r')
+
+
+@functools.lru_cache(maxsize=1)
+def u8s8_exact() -> bool | None:
+    """Whether ONNX Runtime's u8 x s8 int8 GEMM (MatMulInteger, DynamicQuantizeMatMul,
+    QLinearMatMul: one MLAS kernel per CPU) gives exact products on this CPU: run once per
+    process, on products whose pair sums saturate in 16 bits, at one row and at several (the
+    shapes a decode step and a prompt take). None where onnxruntime is not installed."""
+    try:
+        import numpy as np
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(PROBE_GRAPH, opts, providers=["CPUExecutionProvider"])
+    for rows in (1, 5):
+        y = session.run(None, {"A": np.full((rows, PROBE_K), 255, np.uint8)})[0]
+        if not (y == PROBE_K * 255 * 127).all():
+            return False
+    return True
 
 
 def physical_cores(cpuinfo: str | None = None) -> int:
