@@ -30,7 +30,7 @@ from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import write_manifest
 from tinyt.runtime.fixed import AXES, capacity
-from tinyt.runtime.session import graph_session
+from tinyt.runtime.session import check_graphs_here, graph_session
 
 from .compare import compare_graphs
 from .optimize import LEVELS
@@ -230,6 +230,7 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Path:
     manifest = src.manifest
     graphs = [ONNX_FILE] + ([manifest["prefill_model_file"]]
                            if manifest.get("prefill_model_file") else [])
+    check_graphs_here(manifest, graphs, "the ORT-format package")
     ort_names = {g: g.removesuffix(".onnx") + ".ort" for g in graphs}
     level = "extended"
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import onnx
 
+from tinyt import int8
 from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.graphio import check_graph, graph_files, save_graph
-from tinyt.hardware import int8_preset
+from tinyt.hardware import int8_preset, saturates_here
 from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
 
@@ -102,6 +103,15 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     preset = int8_preset()
     if reduce_range is not None:
         preset = {**preset, "reduce_range": reduce_range}
+    exactness = int8.quantized_entry({"kernel": kernel, "mode": mode,
+                                      "reduce_range": bool(preset["reduce_range"])})
+    if not int8.exact_everywhere(exactness) and saturates_here():
+        raise QuantizeError(
+            f"8-bit u8 x s8 weights (kernel={kernel!r}, mode={mode!r}, reduce_range=False) "
+            "saturate on this CPU (x86 without VNNI / AMX adds pairs of products in 16 bits), "
+            "so the accuracy check would measure wrong products: quantize on a CPU with VNNI, "
+            "AMX or ARM dot products, or keep 7-bit weights here (the default; exact on every "
+            "CPU)")
     tokenizer = Tokenizer.from_file(src_dir / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
@@ -149,6 +159,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                 # activation scale is shared between rows): serving may then batch prompts
                 "rows_independent": mode != "static" and kernel != "qgemm",
             },
+            "int8": {ONNX_FILE: exactness},
             "accuracy": accuracy, **({"search": search} if search else {}),
             "versions": src.versions()})
 

@@ -35,7 +35,9 @@ from tinyt.contract import ONNX_FILE
 from tinyt.errors import TinytError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import save_graph
+from tinyt.int8 import records
 from tinyt.manifest import write_manifest
+from tinyt.runtime.session import check_graphs_here
 
 from .stage import built, copy_artifact_files, open_source
 
@@ -180,17 +182,18 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     from tinyt.runtime import load
 
     src_dir, out_dir = Path(src_dir), Path(out_dir)
-    dist = ort_web_dist()
-    node()
     src = open_source(src_dir, out_dir)
     manifest, cfg, kind = src.manifest, src.config, src.kind
+    files = [ONNX_FILE] + ([manifest["prefill_model_file"]]
+                           if manifest.get("prefill_model_file") else [])
+    check_graphs_here(manifest, files, "the web package")
+    dist = ort_web_dist()
+    node()
     if kind not in ("decoder_with_past", "decoder_gqa"):
         raise WebPackageError(f"{src_dir} is a {kind} graph; the web package generates text, "
                               "from a causal LM with a KV cache (decoder_with_past, or a "
                               "shared-cache decoder_gqa)")
     _check_tokenizer(src_dir / "tokenizer.json")
-    files = [ONNX_FILE] + ([manifest["prefill_model_file"]]
-                           if manifest.get("prefill_model_file") else [])
     lm = load(src_dir, threads=1, tune=False)
     web = {"name": src_dir.name, "graph": kind, "graphs": files, "tokenizer": "tokenizer.json",
            "context": lm.context, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
@@ -247,5 +250,6 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                             "greedy_ties": ties,
                             "tokenizer_texts": len(texts)}},
             **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
+            "int8": records(manifest),  # the same files, beside the page
             "versions": manifest.get("versions", {})})
     return built(out_dir, written)

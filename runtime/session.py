@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from tinyt import contract
+from tinyt import contract, int8
 from tinyt.config import ModelConfig
-from tinyt.errors import ConfigError, NonFiniteError, TinytError
+from tinyt.errors import ConfigError, NonFiniteError, SaturationError, TinytError
 from tinyt.graphio import GraphError
-from tinyt.hardware import physical_cores
-from tinyt.manifest import ManifestError, check_manifest, read_model_config
+from tinyt.hardware import int8_preset, physical_cores, saturates_here
+from tinyt.manifest import ManifestError, check_manifest, read_manifest, read_model_config
 
 from .gqa import GQA_KIND
 
@@ -87,12 +87,51 @@ def open_artifact(directory: str | os.PathLike) -> Artifact:
                     manifest.get("fixed_shape"), manifest.get("prefill_model_file"))
 
 
+def int8_refusal(manifest: dict, graph: str, features: dict | None = None) -> str | None:
+    """None if `graph` (a file of the artifact whose manifest this is) computes exactly on
+    this CPU (or the CPU `features` describe), else why not: its u8 x s8 GEMMs use 8-bit
+    weights (or its manifest does not say) and this CPU adds their products in 16 bits."""
+    entry = int8.entry_for(manifest, graph)
+    if int8.exact_everywhere(entry) or not saturates_here(features):
+        return None
+    what = "its manifest does not say where it is exact" if entry is None else \
+        f"its u8 x s8 int8 GEMMs have {entry.get('weight_bits')}-bit weights"
+    return (f"{graph}: {what}, and this CPU ({int8_preset(features)['preset']}: no VNNI / AMX "
+            "/ ARM dot product) adds u8 x s8 products in 16 bits that saturate, so it would "
+            "compute wrong outputs here. Run it on a CPU with VNNI, AMX or ARM dot products, "
+            "or quantize again on this CPU (7-bit weights, the default here: exact on every "
+            "CPU), or use --kernel nbits")
+
+
+def check_int8(manifest: dict, graph: str) -> None:
+    """Refuse a graph that would compute saturated int8 products on this CPU."""
+    why = int8_refusal(manifest, graph)
+    if why:
+        raise SaturationError(why)
+
+
+def check_graphs_here(manifest: dict, graphs: list[str], what: str) -> None:
+    """Refuse to make `what` from graphs its checks cannot run exactly on this CPU."""
+    for graph in graphs:
+        why = int8_refusal(manifest, graph)
+        if why:
+            raise SaturationError(f"{what} is checked by running every graph it holds on this "
+                                  f"CPU, and {why}")
+
+
 def graph_session(path: str | os.PathLike, *, level: str = "disabled",
                   threads: int | None = None) -> ort.InferenceSession:
     """A CPU session on one graph file for a check or a measurement (not an artifact's
     serving session: see create_session). level: the graph optimizations ONNX Runtime may
     still apply ('disabled' runs the graph as written); spinning off, so that sessions taking
-    turns do not steal each other's cores."""
+    turns do not steal each other's cores. A graph of an artifact (a manifest beside it) that
+    would saturate on this CPU is refused (int8_refusal)."""
+    path = Path(path)
+    manifest = path.parent / "manifest.json"
+    if manifest.is_file():
+        listed = read_manifest(path.parent)
+        if path.name in listed["files"]:
+            check_int8(listed, path.name)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = LEVELS[level]
     if threads:
@@ -237,6 +276,7 @@ def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | 
     check_threads(threads)
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r} is not one of {', '.join(PHASES)}")
+    check_int8(artifact.manifest, graph or artifact.model_file)
     opts = session_options(artifact, threads=threads, spinning=spinning, level=level,
                            phase=phase)
     model = str(artifact.path / (graph or artifact.model_file))

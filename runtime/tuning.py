@@ -18,9 +18,10 @@ of the GPT-2-small shape run 11-13% faster through the GEMM graph; other CPUs ma
 either way, which is why it is timed (benchmarks/step_kernels.py measures every kernel
 against the memory floor).
 
-Before any timing, one rule: a prompt graph whose int8 GEMM weights use the full 8 bits is
-not run on x86 without VNNI / AMX, whose u8 x s8 products add pairs in 16 bits that can
-saturate (tinyt.hardware.int8_preset); every phase then runs the step graph.
+Before any timing, one rule: a prompt graph whose int8 GEMMs would saturate on this CPU (8-bit
+u8 x s8 weights on x86 without VNNI / AMX, which adds pairs of products in 16 bits: the
+manifest's int8 record against tinyt.hardware.u8s8_exact) is not run; every phase then runs
+the step graph.
 
 Candidates run in interleaved rounds (median of each); one replaces the default only when it
 is at least MARGIN faster, so noise does not flip a choice. The defaults: prompts through the
@@ -39,10 +40,8 @@ from typing import TypeVar
 import numpy as np
 import onnxruntime as ort
 
-from tinyt.hardware import int8_preset
-
 from .gqa import SharedCache
-from .session import Artifact, create_session
+from .session import Artifact, create_session, int8_refusal
 
 T = TypeVar("T")
 MARGIN = 0.05  # a candidate replaces the default when at least 5% faster
@@ -69,18 +68,11 @@ class Plan:
 
 
 def prompt_graph_allowed(artifact: Artifact, features: dict | None = None) -> str | None:
-    """None if this CPU may run the pair's prompt graph, else why not."""
-    preset = int8_preset(features)
-    if artifact.prefill_file is None or not preset["reduce_range"]:
-        return None  # no prompt graph, or a CPU whose int8 products do not saturate
-    options = artifact.manifest.get("prefill_source", {}).get("manifest", {}).get("options")
-    if options is not None:
-        u8s8 = options.get("kernel") == "qgemm" or options.get("mode") == "static"
-        if not u8s8 or options.get("reduce_range") is True:
-            return None  # MatMulNBits or fp32 products, or 7-bit weights made for such a CPU
-    return (f"{artifact.prefill_file}'s int8 GEMM weights use 8 bits (or its manifest does not "
-            f"say), and this CPU ({preset['preset']}: no VNNI / AMX) adds u8 x s8 products in "
-            "16 bits that can saturate; prompts and steps run through the step graph instead")
+    """None if this CPU may run the pair's prompt graph, else why not (int8_refusal)."""
+    if artifact.prefill_file is None:
+        return None
+    why = int8_refusal(artifact.manifest, artifact.prefill_file, features)
+    return why and f"{why}; prompts and steps run through the step graph instead"
 
 
 def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,

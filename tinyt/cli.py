@@ -576,8 +576,12 @@ def info() -> None:
     except ImportError:
         typer.echo("onnxruntime providers: onnxruntime is not installed (extra 'cpu' or 'gpu')")
     features = cpu_features()
+    exact = features.pop("u8s8_exact")
     typer.echo(f"cpu: {features.pop('model') or 'unknown'} ({features.pop('machine')})")
     typer.echo("  " + "  ".join(f"{k}={'yes' if v else 'no'}" for k, v in features.items()))
+    typer.echo("int8 u8 x s8 products (measured): " + {
+        True: "exact", None: "unknown (no onnxruntime)",
+        False: "saturate (16-bit pair sums): 8-bit int8-GEMM graphs are refused here"}[exact])
     typer.echo(f"int8 preset: {int8_preset()}")
 
 

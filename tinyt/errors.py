@@ -20,3 +20,8 @@ class CheckpointError(TinytError, ValueError):
 
 class NonFiniteError(TinytError, ValueError):
     """A weight, a loss or a model output is NaN or infinite."""
+
+
+class SaturationError(TinytError, RuntimeError):
+    """An int8 graph whose u8 x s8 products would saturate on this CPU (tinyt.int8), refused
+    before it runs rather than giving wrong outputs."""

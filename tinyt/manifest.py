@@ -3,7 +3,8 @@
     {"format": "tinyt-artifact", "stage": "export", "files": {"model.onnx": {"sha256", "bytes"}},
      "opset": 18, "io": {"inputs": [...], "outputs": [...]}, "options": {...},
      "versions": {...}, "source": {"path", "kind", "sha256" | "manifest"},
-     "toolkit": sha256 of tinyt's source that made it}
+     "toolkit": sha256 of tinyt's source that made it,
+     "int8": {graph file: where it is exact (tinyt.int8)}}
 
 Every file of the directory is listed with its sha256; `check_manifest` refuses a directory
 whose files do not match, naming the file.
@@ -16,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tinyt import int8
 from tinyt.errors import TinytError
 from tinyt.fsutil import sha256_file, write_json
 
@@ -57,6 +59,8 @@ def write_manifest(directory: Path, *, stage: str, source: dict[str, Any],
     }
     manifest = {"format": FORMAT, "stage": stage, "files": files, "source": source,
                 "options": options, "toolkit": toolkit_digest(), **(extra or {})}
+    if "int8" not in manifest:  # where each graph is exact, from the stage or its lineage
+        manifest["int8"] = int8.records(manifest)
     write_json(directory / MANIFEST, manifest)
     return manifest
 

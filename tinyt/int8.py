@@ -1,0 +1,88 @@
+"""Where each graph of an artifact is exact: the manifest's `int8` record (torch-free).
+
+A graph whose weight matmuls run as u8 x s8 int8 GEMMs (quantize --kernel qgemm / qgemm-rows,
+--mode static: DynamicQuantizeMatMul, MatMulInteger, QLinearMatMul) computes exact integer
+products only where the CPU adds them in 32 bits, unless its weights keep to 7 bits:
+
+    weights   x86 AVX2 only (pairs summed in 16 bits)    VNNI / AMX / ARM dot product
+    8-bit     saturates: wrong outputs, no error         exact
+    7-bit     exact (255 x 63 x 2 = 32130 < 32767)       exact
+    fp32 / MatMulNBits (s8 blocks) / weight-only          exact on every CPU
+
+Every stage's manifest records, per graph file, which line its graph is on:
+
+    "int8": {"model.onnx": {"u8s8_gemm": true, "weight_bits": 8, "exact_on": EXACT_32BIT}}
+
+The quantize stage states it; every later stage (the shared-cache pair, packages) carries its
+source's record to the file it made from it, so an artifact built on one CPU kind says the
+same thing on another, and every loader checks it against the CPU it runs on
+(tinyt.runtime.session.int8_refusal). A manifest written before this record existed is read
+through its lineage the same way.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+EXACT_EVERYWHERE = "every CPU"
+EXACT_32BIT = ("CPUs that add u8 x s8 products in 32 bits: x86 with AVX-512 VNNI, AVX-VNNI or "
+               "AMX, ARM with dot product; not x86 with AVX2 only, which adds pairs of products "
+               "in 16 bits and saturates")
+U8S8_KERNELS = ("qgemm", "qgemm-rows")  # quantize --kernel values with u8 x s8 GEMMs
+
+
+def _entry(u8s8: bool, bits: int | None = None) -> dict[str, Any]:
+    if not u8s8:
+        return {"u8s8_gemm": False, "exact_on": EXACT_EVERYWHERE}
+    return {"u8s8_gemm": True, "weight_bits": bits,
+            "exact_on": EXACT_EVERYWHERE if bits == 7 else EXACT_32BIT}
+
+
+def quantized_entry(options: dict[str, Any]) -> dict[str, Any]:
+    """The record of a graph the quantize stage made with these options."""
+    u8s8 = options.get("kernel") in U8S8_KERNELS or options.get("mode") == "static"
+    if not u8s8:
+        return _entry(False)
+    reduce = options.get("reduce_range")
+    if reduce is None:  # static mode before the option was recorded beside the preset
+        reduce = (options.get("hardware_preset") or {}).get("reduce_range")
+    return _entry(True, 7 if reduce is True else 8)
+
+
+def _graph_entry(manifest: dict[str, Any], role: str) -> dict[str, Any] | None:
+    """The record of the artifact's model graph (role 'model') or of its pair's prompt graph
+    ('prefill'), read from the manifest or through its lineage; None where nothing says."""
+    name = manifest.get("model_file", "model.onnx") if role == "model" else \
+        manifest.get("prefill_model_file")
+    if name is None:
+        return None
+    recorded = (manifest.get("int8") or {}).get(name)
+    if recorded is not None:
+        return recorded
+    stage = manifest.get("stage")
+    if stage == "export":
+        return _entry(False)
+    if stage == "quantize" and role == "model":
+        return quantized_entry(manifest.get("options") or {})
+    if role == "prefill" and isinstance(manifest.get("prefill_source"), dict):
+        return _graph_entry(manifest["prefill_source"].get("manifest") or {}, "model")
+    source = (manifest.get("source") or {}).get("manifest")
+    return _graph_entry(source, role) if isinstance(source, dict) else None
+
+
+def records(manifest: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """{graph file: its record or None (unknown)} for the artifact's model and prompt graph."""
+    out = {}
+    for role, key in (("model", "model_file"), ("prefill", "prefill_model_file")):
+        name = manifest.get(key, "model.onnx") if role == "model" else manifest.get(key)
+        if name is not None:
+            out[name] = _graph_entry(manifest, role)
+    return out
+
+
+def entry_for(manifest: dict[str, Any], graph: str) -> dict[str, Any] | None:
+    """The record of one graph file of the artifact (None: the manifest does not say)."""
+    return records(manifest).get(graph)
+
+
+def exact_everywhere(entry: dict[str, Any] | None) -> bool:
+    return entry is not None and entry.get("exact_on") == EXACT_EVERYWHERE
