@@ -20,4 +20,12 @@ esac
 case ",$extras," in  # the browser target: onnxruntime-web (npm) and the system Chromium
   *,web,*) bash scripts/setup-web.sh ;;
 esac
+case ",$extras," in  # an emulated AVX2-only CPU for the int8 tests (docs/testing.md): qemu-user
+  *,dev,*)
+    if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null \
+        && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user \
+        >/dev/null || echo "setup: qemu-user not installed; the emulated-CPU test skips" >&2
+    fi ;;
+esac
 .venv/bin/python -c "import tinyt; print('tinyt', tinyt.__version__, 'installed in .venv')"

@@ -8,10 +8,12 @@ import onnx
 import pytest
 
 import tinyt.runtime as rt
+from tinyt.errors import SaturationError
 from tinyt.export.gqa import QUANT_ATOL, SharedCacheError
 from tinyt.export.optimize import OPT_ATOL, op_counts, optimize
 from tinyt.export.package import package
 from tinyt.export.quantize import quantize
+from tinyt.hardware import saturates_here
 from tinyt.manifest import check_manifest
 from tinyt.runtime import tuning
 from tinyt.runtime.session import open_artifact
@@ -329,7 +331,7 @@ def test_full_range_int8_gemms_are_not_run_where_they_saturate(pair):
     full = dataclasses.replace(artifact, manifest=_with_options(artifact, reduce_range=False))
     seven = dataclasses.replace(artifact, manifest=_with_options(artifact, reduce_range=True))
     unknown = dataclasses.replace(artifact, manifest={
-        k: v for k, v in artifact.manifest.items() if k != "prefill_source"})
+        k: v for k, v in artifact.manifest.items() if k not in ("prefill_source", "int8")})
     assert "saturate" in tuning.prompt_graph_allowed(full, AVX2)
     assert "does not say" in tuning.prompt_graph_allowed(unknown, AVX2)
     assert tuning.prompt_graph_allowed(seven, AVX2) is None  # 7-bit weights: made for it
@@ -342,15 +344,25 @@ def test_full_range_int8_gemms_are_not_run_where_they_saturate(pair):
                                               tune=True, features=AVX2)
     assert not any("prefill.onnx" in k for k in plan.measured_ms)  # not even timed for steps
     assert plan.decode_graph == plan.prompt_graph == _graph(step) == "model.onnx"
-    plan, step, prompt = tuning.plan_sessions(full, threads=1, spinning=None, level=None,
-                                              tune=False, features=VNNI)
-    assert plan.prompt_graph == _graph(prompt) == "prefill.onnx" and plan.reasons == []
+    if saturates_here():  # the plan's rule aside, the session itself refuses the graph here
+        with pytest.raises(SaturationError, match="prefill.onnx: its u8 x s8 int8 GEMMs have "
+                                                  "8-bit weights"):
+            tuning.plan_sessions(full, threads=1, spinning=None, level=None, tune=False,
+                                 features=VNNI)
+    else:
+        plan, step, prompt = tuning.plan_sessions(full, threads=1, spinning=None, level=None,
+                                                  tune=False, features=VNNI)
+        assert plan.prompt_graph == _graph(prompt) == "prefill.onnx" and plan.reasons == []
 
 
 def _with_options(artifact, **options) -> dict:
+    """The pair's manifest as if its prompt graph had been quantized with `options`, read
+    through its lineage (the record the stage wrote left out)."""
     source = artifact.manifest["prefill_source"]
-    return {**artifact.manifest, "prefill_source": {**source, "manifest": {
-        **source["manifest"], "options": {**source["manifest"]["options"], **options}}}}
+    source_manifest = {k: v for k, v in source["manifest"].items() if k != "int8"}
+    return {**{k: v for k, v in artifact.manifest.items() if k != "int8"},
+            "prefill_source": {**source, "manifest": {
+                **source_manifest, "options": {**source_manifest["options"], **options}}}}
 
 
 def test_the_single_greedy_loop_makes_the_general_loops_tokens(opt_gqa):

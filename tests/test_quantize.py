@@ -311,11 +311,15 @@ def test_qgemm_rows_kernel_computes_each_row_as_if_alone(lm_onnx, corpus_dir, tm
 @pytest.mark.parametrize("reduce_range", [False, True])
 def test_row_scaled_int8_matmul_is_the_quantized_product(reduce_range):
     """One scale per row: a row of small values keeps its precision next to a huge one (per
-    tensor it would round to nothing), and the graph computes exactly the int8 arithmetic."""
+    tensor it would round to nothing), and the graph computes exactly the int8 arithmetic this
+    CPU does (tests/int8_arith.py): exact products where it adds them in 32 bits, or where the
+    weights keep to 7 bits; saturated pair sums with 8-bit weights on x86 with AVX2 only."""
     import onnxruntime as ort
+    from int8_arith import u8s8_products
     from onnx import TensorProto, helper
 
     from tinyt.export.blockquant import _qgemm_nodes, channel_quantize
+    from tinyt.hardware import saturates_here
 
     rng = np.random.default_rng(0)
     K, N = 32, 16
@@ -334,8 +338,50 @@ def test_row_scaled_int8_matmul_is_the_quantized_product(reduce_range):
         .run(["y"], {"x": x})[0]
     qw, ws = channel_quantize(w, 63 if reduce_range else 127)  # [K, N], one scale per output
     s = (np.abs(x).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
-    qx = np.rint(x / s)
-    want = (qx @ qw.astype(np.float64)) * s * ws
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    rel = np.abs(y - x @ w).max(-1) / np.abs(x @ w).max(-1)
+    qx = (np.rint(x / s) + 128).astype(np.uint8)[0]  # as the graph feeds it: zero point 128
+    # int32 products exact either way; the float scaling after them: a few float32 roundings
+    rtol = 1e-5
+
+    def scaled(saturating: bool) -> np.ndarray:
+        return u8s8_products(qx, qw, saturating=saturating, a_zero_point=128) * s * ws
+
+    here = scaled(saturates_here())
+    np.testing.assert_allclose(y, here, rtol=rtol, atol=rtol * np.abs(here).max())
+    exact = scaled(False)
+    if reduce_range:  # 7-bit weights: no pair sum reaches 16 bits' limit, on any CPU
+        assert np.array_equal(scaled(True), exact)
+    else:  # the outlier row's 8-bit products do: what tinyt refuses to run on such a CPU
+        assert not np.allclose(scaled(True), exact, rtol=0.01)
+    rel = np.abs(exact - x @ w).max(-1) / np.abs(x @ w).max(-1)
     assert rel.max() < 0.05  # every row, the small ones too, within a few percent of fp32
+
+
+def test_the_saturation_emulation_is_what_onnx_runtime_computes_here():
+    """tests/int8_arith.py against ONNX Runtime's MatMulInteger on this CPU, on products that
+    saturate in 16 bits; and tinyt.hardware's probe names the same arithmetic."""
+    import onnxruntime as ort
+    from int8_arith import u8s8_products
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tinyt.hardware import saturates_here, u8s8_exact
+
+    rng = np.random.default_rng(0)
+    saturating = saturates_here()
+    assert u8s8_exact() is (not saturating)
+    for K, M in ((33, 1), (64, 5), (256, 17)):
+        a = rng.integers(0, 256, (M, K)).astype(np.uint8)
+        b = rng.integers(-128, 128, (K, 8)).astype(np.int8)
+        graph = helper.make_graph(
+            [helper.make_node("MatMulInteger", ["a", "b", "zp"], ["y"])], "g",
+            [helper.make_tensor_value_info("a", TensorProto.UINT8, [None, K])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+            [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array(128, np.uint8),
+                                                                      "zp")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 7
+        y = ort.InferenceSession(model.SerializeToString(),
+                                 providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+        np.testing.assert_array_equal(y, u8s8_products(a, b, saturating=saturating,
+                                                       a_zero_point=128))
+        assert not np.array_equal(u8s8_products(a, b, saturating=True, a_zero_point=128),
+                                  u8s8_products(a, b, saturating=False, a_zero_point=128))
