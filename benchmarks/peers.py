@@ -734,10 +734,15 @@ def _kl(workers: list[Worker], threads: int, prompts: list[list[int]], vocab: in
                 logprobs[w.name] = np.load(path).astype(np.float64)
             except RuntimeError as e:
                 out[w.name] = {"kl_error": str(e).splitlines()[0][:200]}
+    # Each engine's float32 log-softmax sums to 1 only within its rounding (~1e-7), which can
+    # put a KL of two near-equal distributions a few 1e-9 below zero: renormalized in float64
+    # the sum is >= 0 up to float64 rounding (~1e-15), and that residue is clamped.
+    logprobs = {k: v - np.logaddexp.reduce(v, axis=-1, keepdims=True)
+                for k, v in logprobs.items()}
     ref = logprobs.get(REFERENCE)
     for name, lp in logprobs.items():
         if ref is not None:
-            kl = (np.exp(ref) * (ref - lp)).sum(-1)
+            kl = np.maximum((np.exp(ref) * (ref - lp)).sum(-1), 0.0)
             out[name] = {"kl_vs_fp32": float(kl.mean()), "kl_vs_fp32_max": float(kl.max())}
     return out
 
