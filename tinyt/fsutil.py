@@ -115,17 +115,30 @@ def _libc():
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT / SIGTERM arrive after the block, not inside it (main thread, POSIX)."""
+    """SIGINT / SIGTERM arrive after the block, not inside it (main thread, POSIX). Blocking
+    them in this thread is not enough where the process has other threads (torch's, ONNX
+    Runtime's): the kernel then hands the signal to one of those, and Python still runs its
+    handler in the main thread at the next bytecode. So the Python-level handlers are swapped
+    for one that only records, and what it recorded is raised again after the block."""
     if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not \
             threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in held}
+    received: list[int] = []
+    swapped = [s for s in held if previous[s] is not None]  # None: not set from Python
+    for s in swapped:
+        signal.signal(s, lambda signum, frame: received.append(signum))
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set(held))
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for s in swapped:
+            signal.signal(s, previous[s])
+        for s in dict.fromkeys(received):
+            signal.raise_signal(s)
 
 
 def _owner_alive(name: str) -> bool:
