@@ -44,6 +44,11 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
     ".venv-ray/bin/pip install": "installs Ray Serve (see the line before)",
     ".venv-ray/bin/python -m benchmarks.replicas_ray": "needs Ray Serve and starts a cluster; "
                                                        "its recorded output is committed",
+    "apt-get install": "installs a Debian package: scripts/setup.sh installs qemu-user (CI "
+                       "runs it, from a fresh clone)",
+    "qemu-x86_64 -cpu Haswell": "the int8 tests under an emulated AVX2-only CPU, ~10x slower: "
+                                "tests/test_int8_exactness.py::test_under_an_emulated_avx2_cpu "
+                                "runs tinyt under the same emulator",
     "bash scripts/setup-llama-cpp.sh": "an opt-in build of llama.cpp (6-20 min): kept out of "
                                        "CI; tests/test_peers.py runs llama.cpp where it is",
 }
@@ -84,6 +89,8 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "benchmarks/results/serving-gpt2-small-chunk8-xeon-amx":
         "serving artifacts-gpt2/onnx-int8-rows-gqa --out serving-chunk-results --levels 1,2 "
         "--requests 1 --new-tokens 4 --prompt-tokens 8",
+    "train_speed --preset demo --out benchmarks/results/train-speed-epyc-avx2":
+        "train_speed --preset test --no-compile --rounds 1 --steps 1 --out train-speed-results",
     "--past 94": "--past 16 --runs 5",  # the step profile at the test size
     # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps
     "--preset llama-demo": "--preset llama-test",

@@ -137,8 +137,8 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         for s in swapped:
             signal.signal(s, previous[s])
-        for s in dict.fromkeys(received):
-            signal.raise_signal(s)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
 
 
 def _owner_alive(name: str) -> bool:
