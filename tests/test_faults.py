@@ -23,6 +23,14 @@ from tinyt.manifest import check_manifest
 TINYT = [sys.executable, "-m", "tinyt"]
 
 
+def as_in_a_terminal() -> None:
+    """A child's SIGINT as a terminal gives it: the default. A suite started in the background
+    of a script (`cmd &` without job control) or under nohup runs with SIGINT ignored, and its
+    children inherit that, so a Ctrl-C test would send a signal nobody takes (tinyt keeps an
+    ignored SIGINT ignored, as nohup asks)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def leftovers(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.glob(f".{out.name}.*"))
 
@@ -123,7 +131,8 @@ def test_ctrl_c_exits_130_with_one_line_and_the_previous_output_intact(point, ti
     before = check_manifest(out)
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("interrupt_worker.py")),
                            point, "export", str(tiny_ckpt), str(out)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=as_in_a_terminal)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 130 and len(lines) == 1, (proc.returncode, proc.stderr)
     assert lines[0].startswith("interrupted: "), proc.stderr
@@ -139,7 +148,8 @@ def test_ctrl_c_during_training_says_which_checkpoint_it_kept(corpus_dir, tmp_pa
     proc = subprocess.Popen(TINYT + ["train", "--preset", "test", "--data", str(corpus_dir),
                                      "--out", str(out), "--max-steps", "100000",
                                      "--eval-interval", "5"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_in_a_terminal)
     watchdog = threading.Timer(600, proc.kill)
     watchdog.start()
     lines, evaluations = [], 0
@@ -258,6 +268,7 @@ def test_signals_held_hold_in_a_process_with_other_threads():
     other = threading.Thread(target=time.sleep, args=(5,), daemon=True)
     other.start()
     old_fd = signal.set_wakeup_fd(w)
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # even if ignored
     after = []
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -268,6 +279,7 @@ def test_signals_held_hold_in_a_process_with_other_threads():
                     after.append(abs(-1))  # calls: where a pending handler would run
             after.append("block left")
     finally:
+        signal.signal(signal.SIGINT, old_handler)
         signal.set_wakeup_fd(old_fd)
         os.close(r)
         os.close(w)
