@@ -109,6 +109,8 @@ def int8_preset(features: dict[str, object] | None = None) -> dict[str, object]:
 def saturates_here(features: dict[str, object] | None = None) -> bool:
     """Whether 8-bit u8 x s8 GEMM weights give saturated products on this CPU (or, with
     `features`, on the CPU they describe)."""
+    if features is None and (exact := u8s8_exact()) is not None:
+        return not exact  # the measured answer, without reading the flags again
     return bool(int8_preset(features)["reduce_range"])
 
 

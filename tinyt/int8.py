@@ -48,11 +48,17 @@ def quantized_entry(options: dict[str, Any]) -> dict[str, Any]:
     return _entry(True, 7 if reduce is True else 8)
 
 
+def _file(manifest: dict[str, Any], role: str) -> str | None:
+    """The artifact's model graph file (role 'model') or its pair's prompt graph ('prefill')."""
+    if role == "model":
+        return manifest.get("model_file", "model.onnx")
+    return manifest.get("prefill_model_file")
+
+
 def _graph_entry(manifest: dict[str, Any], role: str) -> dict[str, Any] | None:
-    """The record of the artifact's model graph (role 'model') or of its pair's prompt graph
-    ('prefill'), read from the manifest or through its lineage; None where nothing says."""
-    name = manifest.get("model_file", "model.onnx") if role == "model" else \
-        manifest.get("prefill_model_file")
+    """The record of the artifact's graph of `role`, read from the manifest or through its
+    lineage; None where nothing says."""
+    name = _file(manifest, role)
     if name is None:
         return None
     recorded = (manifest.get("int8") or {}).get(name)
@@ -71,12 +77,8 @@ def _graph_entry(manifest: dict[str, Any], role: str) -> dict[str, Any] | None:
 
 def records(manifest: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
     """{graph file: its record or None (unknown)} for the artifact's model and prompt graph."""
-    out = {}
-    for role, key in (("model", "model_file"), ("prefill", "prefill_model_file")):
-        name = manifest.get(key, "model.onnx") if role == "model" else manifest.get(key)
-        if name is not None:
-            out[name] = _graph_entry(manifest, role)
-    return out
+    names = {role: _file(manifest, role) for role in ("model", "prefill")}
+    return {name: _graph_entry(manifest, role) for role, name in names.items() if name}
 
 
 def entry_for(manifest: dict[str, Any], graph: str) -> dict[str, Any] | None:
