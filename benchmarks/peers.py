@@ -508,7 +508,7 @@ def _prepare_int4(artifacts: Path, engines: list[str], skipped: dict[str, str]) 
         return
     from tinyt.export.optimize import optimize
     from tinyt.export.quantize import quantize
-    from tinyt.pipeline import fresh
+    from tinyt.manifest import fresh
 
     int4, pair = artifacts / "onnx-int4", artifacts / "onnx-int4-gqa"
     if not fresh(int4, artifacts / "onnx-opt"):

@@ -84,7 +84,7 @@ def test_bench_cli_refuses_bad_options_in_one_line(artifacts, tmp_path, monkeypa
     from typer.testing import CliRunner
 
     import tinyt.benchmarks.peers as peers
-    from tinyt.cli import app
+    from tinyt.app.cli import app
     asked = []
 
     def fake_run(artifacts, out, *, rounds):

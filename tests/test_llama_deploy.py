@@ -141,9 +141,9 @@ def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, mon
     """`tinyt pipeline --skip-train` on a small Llama-form checkpoint makes every artifact,
     and the peer benchmark runs the Llama family's peers on the same weights: Optimum's own
     export, CTranslate2, GenAI's own builder (where its venv is set up), tinyt INT4."""
+    from tinyt.app.pipeline import pipeline
     from tinyt.benchmarks import peers
     from tinyt.config import TrainConfig
-    from tinyt.pipeline import pipeline
     from tinyt.train import train
 
     cfg = _llama(block_size=64, vocab_size=300, **SHAPES["grouped"])

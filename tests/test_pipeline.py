@@ -1,6 +1,7 @@
 import json
 
-from tinyt.pipeline import fresh, pipeline
+from tinyt.app.pipeline import pipeline
+from tinyt.manifest import fresh
 
 
 def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
@@ -50,6 +51,6 @@ def test_other_tinyt_code_reruns_every_stage(corpus_dir, tmp_path, tiny_ckpt, mo
     out = tmp_path / "run"
     pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=lambda s: None)
     assert fresh(out / "onnx-opt", out / "onnx")
-    import tinyt.pipeline
-    monkeypatch.setattr(tinyt.pipeline, "toolkit_digest", lambda: "an upgraded tinyt")
+    import tinyt.manifest
+    monkeypatch.setattr(tinyt.manifest, "toolkit_digest", lambda: "an upgraded tinyt")
     assert not fresh(out / "onnx", tiny_ckpt) and not fresh(out / "onnx-opt", out / "onnx")

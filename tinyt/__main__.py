@@ -1,7 +1,7 @@
 """`python -m tinyt ...` and the `tinyt` command (also what `torchrun -m tinyt train ...` runs).
 
 Ctrl-C is caught from the first instant, before the CLI and its libraries are imported, so it
-always ends in exit 130 and one line (see tinyt.cli.run).
+always ends in exit 130 and one line (see tinyt.app.cli.run).
 """
 import signal
 import sys
@@ -15,7 +15,7 @@ def entry() -> None:
             raise KeyboardInterrupt
         signal.signal(signal.SIGINT, on_sigint)
     try:
-        from tinyt.cli import run
+        from tinyt.app.cli import run
     except KeyboardInterrupt:
         print("interrupted: nothing was started", file=sys.stderr)
         sys.exit(130)

@@ -44,10 +44,36 @@ def toolkit_digest() -> str:
     for pkg in ("tinyt", "tinyt.export", "tinyt.runtime"):
         spec = importlib.util.find_spec(pkg)  # locates without importing (tinyt.export needs torch)
         for root in (spec.submodule_search_locations if spec else None) or []:
-            for path in sorted(Path(root).glob("*.py")):
-                h.update(f"{pkg}/{path.name}\0".encode())
+            for path in sorted(Path(root).rglob("*.py")):
+                h.update(f"{pkg}/{path.relative_to(root).as_posix()}\0".encode())
                 h.update(path.read_bytes())
     return h.hexdigest()
+
+
+CKPT_FILES = ("model.safetensors", "config.json")
+
+
+def manifest_of(path: Path) -> dict | None:
+    """The manifest of an artifact directory, or None where it has none (or an unreadable one)."""
+    try:
+        return json.loads((path / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def fresh(out: Path, src: Path) -> bool:
+    """Whether `out` was made from `src` as it is now."""
+    made = manifest_of(out)
+    if made is None or made.get("toolkit") != toolkit_digest():
+        return False  # missing, or made by other tinyt code
+    source = made.get("source", {})
+    if source.get("kind") == "checkpoint":
+        try:
+            return source.get("sha256") == {f: sha256_file(src / f) for f in CKPT_FILES}
+        except OSError:  # the input is gone: nothing to be fresh against
+            return False
+    current = manifest_of(src)
+    return current is not None and source.get("manifest", {}).get("files") == current["files"]
 
 
 def write_manifest(directory: Path, *, stage: str, source: dict[str, Any],

@@ -25,32 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tinyt.fsutil import sha256_file, write_text
-from tinyt.manifest import toolkit_digest
-
-CKPT_FILES = ("model.safetensors", "config.json")
-
-
-def _manifest(path: Path) -> dict | None:
-    try:
-        return json.loads((path / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def fresh(out: Path, src: Path) -> bool:
-    """Whether `out` was made from `src` as it is now."""
-    made = _manifest(out)
-    if made is None or made.get("toolkit") != toolkit_digest():
-        return False  # missing, or made by other tinyt code
-    source = made.get("source", {})
-    if source.get("kind") == "checkpoint":
-        try:
-            return source.get("sha256") == {f: sha256_file(src / f) for f in CKPT_FILES}
-        except OSError:  # the input is gone: nothing to be fresh against
-            return False
-    current = _manifest(src)
-    return current is not None and source.get("manifest", {}).get("files") == current["files"]
+from tinyt.fsutil import write_text
+from tinyt.manifest import fresh, manifest_of
 
 
 def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
@@ -150,7 +126,7 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
              "onnx-int8-static": "ort-int8-static", "onnx-int8-qgemm": "ort-int8-qgemm",
              "onnx-int8-gqa": "ort-int8-gqa", "onnx-int8-rows-gqa": "ort-int8-rows-gqa"}
     for sub, name in names.items():
-        manifest = _manifest(out / sub) or {}
+        manifest = manifest_of(out / sub) or {}
         size = sum((out / sub / f).stat().st_size for f in ("model.onnx", "prefill.onnx")
                    if (out / sub / f).is_file())  # a shared-cache pair holds two graphs
         change = manifest.get("accuracy", {}).get("val_loss_change", 0.0)

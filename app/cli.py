@@ -481,7 +481,7 @@ def pipeline(
 ) -> None:
     """The main job: train, export, optimize, quantize, verify, benchmark, report. Re-runs
     skip stages whose inputs have not changed and resume an interrupted training."""
-    from tinyt.pipeline import pipeline as run_pipeline
+    from tinyt.app.pipeline import pipeline as run_pipeline
 
     report = run_pipeline(out, preset=preset, data=None if data is None else str(data),
                           skip_train=skip_train, bench=not no_bench,
