@@ -26,7 +26,7 @@ from tinyt import __version__
 from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.contract import ONNX_FILE, contract_for
-from tinyt.errors import TinytError
+from tinyt.errors import ExportError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
 from tinyt.genai import write_genai_config
 from tinyt.graphio import save_graph
@@ -42,10 +42,6 @@ DEFAULT_OPSET = 18
 MIN_OPSET = 18  # torch's dynamo exporter (onnxscript torchlib) writes opset 18 and later
 # Example sizes: >= 2 and distinct, so no axis can be specialised to a constant.
 EXAMPLE_BATCH, EXAMPLE_SEQ, EXAMPLE_PAST = 2, 3, 5
-
-
-class ExportError(TinytError, ValueError):
-    """The export cannot be done as asked."""
 
 
 class DecoderWithPast(nn.Module):

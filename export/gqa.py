@@ -31,7 +31,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from tinyt.contract import CAPACITY, ONNX_FILE
-from tinyt.errors import TinytError
+from tinyt.errors import SharedCacheError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
@@ -54,10 +54,6 @@ GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
 QUANT_ATOL = 0.1
 QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's input index of query_seqlens (ORT >= 1.2x)
 ROTARY_HEAD_MULTIPLE = 16  # GroupQueryAttention's CPU rotary: head_size % 16 == 0
-
-
-class SharedCacheError(TinytError, ValueError):
-    """The graph cannot be turned into the shared-cache layout."""
 
 
 def to_gqa(proto: onnx.ModelProto, cfg) -> int:

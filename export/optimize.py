@@ -26,7 +26,7 @@ from onnx import numpy_helper
 from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
 from tinyt.contract import ONNX_FILE
-from tinyt.errors import TinytError
+from tinyt.errors import OptimizeError
 from tinyt.graphio import save_graph
 from tinyt.runtime.session import graph_session
 
@@ -44,10 +44,6 @@ CONTRIB = "com.microsoft"
 GELU_OPS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",)}  # with / without bias
 QUANTIZED_OPS = {"DequantizeLinear", "QuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
                  "MatMulNBits", "GatherBlockQuantized", "QLinearMatMul", "DynamicQuantizeLinear"}
-
-
-class OptimizeError(TinytError, ValueError):
-    """The graph cannot be optimized as asked."""
 
 
 def op_counts(proto: onnx.ModelProto) -> Counter:

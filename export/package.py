@@ -24,7 +24,7 @@ import onnx
 import onnxruntime as ort
 
 from tinyt.contract import ONNX_FILE
-from tinyt.errors import TinytError
+from tinyt.errors import PackageError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, save_graph
@@ -41,10 +41,6 @@ FORMATS = ("onnx", "ort", "triton", "web")
 ORT_FILE = "model.ort"
 OPERATORS_FILE = "required_operators.config"
 PACKAGE_ATOL = 1e-5  # packaged vs source graph on the same inputs, every output (fp32)
-
-
-class PackageError(TinytError, ValueError):
-    """The artifact cannot be packaged as asked."""
 
 
 def parse_fixed(items: list[str] | dict[str, int] | None) -> dict[str, int]:

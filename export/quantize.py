@@ -19,7 +19,7 @@ import onnx
 
 from tinyt import int8
 from tinyt.contract import ONNX_FILE
-from tinyt.errors import TinytError
+from tinyt.errors import QuantizeError
 from tinyt.graphio import check_graph, graph_files, save_graph
 from tinyt.hardware import int8_preset, saturates_here
 from tinyt.runtime.session import graph_session
@@ -39,10 +39,6 @@ DEFAULT_BLOCK = 64
 # ("qgemm-rows": every row of a batch computed as if alone; export/blockquant.py says when each
 # wins).
 KERNELS = ("nbits", "qgemm", "qgemm-rows")
-
-
-class QuantizeError(TinytError, ValueError):
-    """The graph cannot be quantized as asked."""
 
 
 def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str, *, mode: str,

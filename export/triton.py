@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import onnx
 
-from tinyt.errors import TinytError
+from tinyt.errors import TritonError
 
 DTYPES = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.INT32: "TYPE_INT32",
           onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16"}
 KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}
-
-
-class TritonError(TinytError, ValueError):
-    """The model repository cannot be written or does not describe the graph."""
 
 
 def _dims(value_info: onnx.ValueInfoProto) -> list[int]:

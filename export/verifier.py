@@ -20,7 +20,7 @@ from tinyt import data as D
 from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.contract import ONNX_FILE, contract_for, past_names
-from tinyt.errors import TinytError
+from tinyt.errors import TinytError, VerificationError
 from tinyt.fsutil import write_json
 from tinyt.manifest import check_manifest
 from tinyt.model import generate
@@ -43,10 +43,6 @@ FP32_KV_ATOL = 1e-4  # present keys/values: values of size ~1-10, the same argum
 TIE_ATOL = 2 * FP32_LOGITS_ATOL
 GEN_TOKENS = 64  # greedy tokens per prompt (capped by block_size)
 PROMPTS = ("def ", "import os\n", "class Config:\n    def __init__(self", "    return ")
-
-
-class VerificationError(TinytError, ValueError):
-    """The artifact cannot be verified against this checkpoint (wrong model, wrong I/O)."""
 
 
 def _tolerance(output: str) -> float:

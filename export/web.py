@@ -32,7 +32,7 @@ from pathlib import Path
 import onnx
 
 from tinyt.contract import ONNX_FILE
-from tinyt.errors import TinytError
+from tinyt.errors import WebPackageError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import save_graph
 from tinyt.int8 import records
@@ -46,10 +46,6 @@ ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-sim
 ASSETS = Path(__file__).parent / "web"  # tinyt.mjs, index.html, check.mjs
 REPO_WEB = Path(__file__).resolve().parent.parent / "web"  # the checkout's web/package.json
 GQA_WEB_INPUTS = 16  # GroupQueryAttention's inputs in onnxruntime-web 1.30
-
-
-class WebPackageError(TinytError, ValueError):
-    """The artifact cannot be packaged for the web as asked."""
 
 
 def ort_web_dist() -> Path:

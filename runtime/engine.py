@@ -31,16 +31,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tinyt.errors import NonFiniteError
+from tinyt.errors import NonFiniteError, QueueFull
 
 from .feeds import prefill_feeds
 from .generate import LanguageModel, _safe_end, _stop_cut
 from .gqa import GQA_KIND, SharedCache
 from .sampling import SamplingParams
-
-
-class QueueFull(RuntimeError):
-    """The engine's queue holds max_queue requests already."""
 
 
 @dataclass

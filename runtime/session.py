@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from tinyt import contract, int8
 from tinyt.config import ModelConfig
-from tinyt.errors import ConfigError, NonFiniteError, SaturationError, TinytError
+from tinyt.errors import ConfigError, NonFiniteError, ProviderError, SaturationError
 from tinyt.graphio import GraphError
 from tinyt.hardware import int8_preset, physical_cores, saturates_here
 from tinyt.manifest import ManifestError, check_manifest, read_manifest, read_model_config
@@ -30,10 +30,6 @@ LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
           "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
           "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-
-
-class ProviderError(TinytError, RuntimeError):
-    """The requested execution provider is not available or did not initialise."""
 
 
 @dataclass(frozen=True)

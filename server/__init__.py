@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from tinyt.errors import ApiError
 from tinyt.runtime.engine import Done, Engine, QueueFull, Token
 from tinyt.runtime.sampling import SamplingParams
 
@@ -38,14 +39,6 @@ ACCEPTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens"
             "min_tokens", "repetition_penalty", "store", "metadata", "service_tier"}
 RETRY_AFTER_S = 1
 MAX_STOPS = 4
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-        self.headers = headers or {}
 
 
 @dataclass

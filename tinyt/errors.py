@@ -1,5 +1,9 @@
-"""Exception types. Every error tinyt raises on bad input is one of these, with a message that
-names the bad value, what is allowed, and what to do."""
+"""Every exception type tinyt raises, in one list. Each TinytError names the bad value, what is
+allowed and what to do; the CLI turns one into exit 2 and one line (tinyt.app.cli.run).
+
+By floor: the core (config, data, checkpoints, manifests, graph files, Hugging Face conversion,
+int8 exactness), the runtime (providers, the engine's queue), export (one per stage) and the
+server's HTTP answers."""
 
 
 class TinytError(Exception):
@@ -25,3 +29,70 @@ class NonFiniteError(TinytError, ValueError):
 class SaturationError(TinytError, RuntimeError):
     """An int8 graph whose u8 x s8 products would saturate on this CPU (tinyt.int8), refused
     before it runs rather than giving wrong outputs."""
+
+
+# The core
+class ManifestError(TinytError, ValueError):
+    """An artifact directory does not match its manifest (tampered, truncated or incomplete)."""
+
+
+class GraphError(TinytError, ValueError):
+    """A model file is not a readable ONNX model."""
+
+
+class ConversionError(TinytError, ValueError):
+    """A model cannot be carried between tinyt's and Hugging Face's GPT-2 layouts."""
+
+
+# The runtime (tinyt.runtime)
+class ProviderError(TinytError, RuntimeError):
+    """The requested execution provider is not available or did not initialise."""
+
+
+class QueueFull(TinytError, RuntimeError):
+    """The engine's queue holds max_queue requests already."""
+
+
+# Export stages (tinyt.export)
+class ExportError(TinytError, ValueError):
+    """The export cannot be done as asked."""
+
+
+class VerificationError(TinytError, ValueError):
+    """The artifact cannot be verified against this checkpoint (wrong model, wrong I/O)."""
+
+
+class OptimizeError(TinytError, ValueError):
+    """The graph cannot be optimized as asked."""
+
+
+class SharedCacheError(TinytError, ValueError):
+    """The graph cannot be turned into the shared-cache layout."""
+
+
+class QuantizeError(TinytError, ValueError):
+    """The graph cannot be quantized as asked."""
+
+
+class PackageError(TinytError, ValueError):
+    """The artifact cannot be packaged as asked."""
+
+
+class TritonError(TinytError, ValueError):
+    """The model repository cannot be written or does not describe the graph."""
+
+
+class WebPackageError(TinytError, ValueError):
+    """The artifact cannot be packaged for the web as asked."""
+
+
+# The HTTP server (tinyt.server)
+class ApiError(Exception):
+    """An HTTP error answer of `tinyt serve` (status, OpenAI error body): not a TinytError, the
+    server turns it into a response and never lets it reach a caller."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.headers = headers or {}

@@ -7,12 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tinyt.errors import TinytError
+from tinyt.errors import GraphError
 from tinyt.finite import check_onnx_weights
-
-
-class GraphError(TinytError, ValueError):
-    """A model file is not a readable ONNX model."""
 
 
 def load_graph(path: str | Path):

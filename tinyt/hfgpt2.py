@@ -35,7 +35,7 @@ from tinyt.checkpoint import (
     save_import,
 )
 from tinyt.config import ModelConfig
-from tinyt.errors import CheckpointError, ConfigError, TinytError
+from tinyt.errors import CheckpointError, ConfigError, ConversionError
 from tinyt.fsutil import atomic_dir, write_json
 from tinyt.model import build_model
 from tinyt.tokenizer import EOS_TOKEN, Tokenizer
@@ -57,10 +57,6 @@ REQUIRED = {"scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn":
             "add_cross_attention": False, "scale_attn_weights": True}
 SAFETENSORS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
-
-
-class ConversionError(TinytError, ValueError):
-    """A model cannot be carried between tinyt's and Hugging Face's GPT-2 layouts."""
 
 
 # -- out: tinyt -> Hugging Face -----------------------------------------------------------------

@@ -18,15 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from tinyt import int8
-from tinyt.errors import TinytError
+from tinyt.errors import ManifestError
 from tinyt.fsutil import sha256_file, write_json
 
 MANIFEST = "manifest.json"
 FORMAT = "tinyt-artifact"
-
-
-class ManifestError(TinytError, ValueError):
-    """An artifact directory does not match its manifest (tampered, truncated or incomplete)."""
 
 
 def io_spec(inputs: Iterable, outputs: Iterable) -> dict[str, list[dict[str, Any]]]:

@@ -1,0 +1,60 @@
+"""The folder layout is the architecture: the stack reads top-down with no cycle.
+
+    app (CLI, pipeline) -> server | benchmarks -> export -> runtime -> core (tinyt/)
+
+Every import counts, lazy ones too; `tinyt/__main__.py` is the one door from the core folder to
+the top floor (scripts/stack.py prints the floors).
+"""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import stack  # noqa: E402
+
+# Which folder may import which: each floor only those below it.
+ALLOWED = {
+    "tinyt": set(),
+    "tinyt.runtime": {"tinyt"},
+    "tinyt.export": {"tinyt", "tinyt.runtime"},
+    "tinyt.benchmarks": {"tinyt", "tinyt.runtime", "tinyt.export"},
+    "tinyt.server": {"tinyt", "tinyt.runtime"},
+    "tinyt.app": {"tinyt", "tinyt.runtime", "tinyt.export", "tinyt.benchmarks", "tinyt.server"},
+}
+
+
+def test_every_folder_imports_only_the_floors_below_it():
+    dirs = stack.package_dirs()
+    assert set(dirs) == set(ALLOWED), "a code folder without a floor: add it to ALLOWED"
+    folders = stack.folder_graph(stack.graph(), dirs)
+    wrong = {f: sorted(deps - ALLOWED[f]) for f, deps in folders.items() if deps - ALLOWED[f]}
+    assert not wrong, f"imports above their floor: {wrong}"
+    assert not stack.cycles(folders)
+
+
+def test_no_two_modules_import_each_other_round_a_circle():
+    edges = {k: (v if k != stack.DOOR else set()) for k, v in stack.graph().items()}
+    assert stack.cycles(edges) == []
+
+
+def test_the_door_is_the_only_way_up_from_the_core():
+    edges = stack.graph()
+    up = {t for t in edges[stack.DOOR] if stack.folder_of(t, stack.package_dirs()) != "tinyt"}
+    assert up == {"tinyt.app.cli"}
+
+
+def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
+    """The checker itself: a package whose modules import each other (one inside a function)."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools.package-dir]\n"p" = "p"\n"p.q" = "q"\n')
+    (tmp_path / "p").mkdir()
+    (tmp_path / "q").mkdir()
+    (tmp_path / "p" / "__init__.py").write_text("")
+    (tmp_path / "p" / "a.py").write_text("def f():\n    from p.q import b\n")
+    (tmp_path / "q" / "__init__.py").write_text("")
+    (tmp_path / "q" / "b.py").write_text("from ..a import f\n")
+    dirs = stack.package_dirs(tmp_path)
+    edges = stack.graph(tmp_path)
+    assert edges["p.a"] == {"p.q.b"} and edges["p.q.b"] == {"p.a"}
+    assert stack.cycles(edges) == [["p.a", "p.q.b"]]
+    assert stack.cycles(stack.folder_graph(edges, dirs)) == [["p", "p.q"]]
