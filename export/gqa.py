@@ -1,5 +1,5 @@
 """The shared-cache decoder variant: MultiHeadAttention with past/present becomes
-GroupQueryAttention on one buffer per layer (runtime/gqa.py has the I/O and why).
+GroupQueryAttention on one buffer per layer (runtime/cache.py has the I/O and why).
 
 Per layer, from the graph `tinyt optimize --target cpu` makes (fp32 or quantized):
 
@@ -30,13 +30,12 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from tinyt.contract import CAPACITY, ONNX_FILE
+from tinyt.contract import CAPACITY, ONNX_FILE, SHARED_CACHE_KIND
 from tinyt.errors import SharedCacheError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
 from tinyt.runtime.feeds import prefill_feeds
-from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import UNFUSED
 
 from .compare import OPT_ATOL, first_difference
@@ -290,13 +289,13 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
 
     prefill_from: another artifact of the same model (e.g. `quantize --kernel qgemm`, whose
     int8 GEMMs are fast over a prompt's rows) whose converted graph runs the prompts, while
-    src's runs the decode steps; both read and write one cache (runtime/gqa.py)."""
+    src's runs the decode steps; both read and write one cache (runtime/cache.py)."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     check_output_dir(src_dir, out_dir)
     cfg, _ = read_model_config(src_dir)
     with tempfile.TemporaryDirectory() as tmp:
         manifest, path, worst = _convert(src_dir, Path(tmp), ONNX_FILE)
-        extra = {"graph": GQA_KIND, "opset": manifest.get("opset"), "layers": cfg.n_layer,
+        extra = {"graph": SHARED_CACHE_KIND, "opset": manifest.get("opset"), "layers": cfg.n_layer,
                  "equivalence": worst,
                  **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
                  "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
@@ -396,7 +395,7 @@ def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None):
     from tinyt.tokenizer import Tokenizer
 
     art = open_artifact(src_dir)
-    art = art.__class__(path.parent, cfg, GQA_KIND, art.labels, art.manifest)
+    art = art.__class__(path.parent, cfg, SHARED_CACHE_KIND, art.labels, art.manifest)
     opts = ort.SessionOptions()
     opts.log_severity_level, opts.intra_op_num_threads = 3, 1
     sessions = [None if p is None else ort.InferenceSession(

@@ -195,7 +195,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     input graph (OPT_ATOL) before the directory is written. Returns out_dir."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if target == "gqa":  # a layout of an optimized (or quantized) graph: export/gqa.py
-        from .gqa import shared_cache
+        from .cache import shared_cache
 
         return shared_cache(src_dir, out_dir, prefill_from=prefill_from)
     src = open_source(src_dir, out_dir)

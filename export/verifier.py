@@ -19,14 +19,13 @@ import torch
 from tinyt import data as D
 from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
-from tinyt.contract import ONNX_FILE, contract_for, past_names
+from tinyt.contract import ONNX_FILE, SHARED_CACHE_KIND, contract_for, past_names
 from tinyt.errors import TinytError, VerificationError
 from tinyt.fsutil import write_json
 from tinyt.manifest import check_manifest
 from tinyt.model import generate
 from tinyt.runtime.feeds import left_pad, prefill_feeds
 from tinyt.runtime.fixed import capacity
-from tinyt.runtime.gqa import GQA_KIND
 from tinyt.runtime.session import graph_session
 
 from .compare import first_difference, ort_greedy, row_chunks
@@ -182,7 +181,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     kind = manifest.get("graph")
     ckpt = load_checkpoint(checkpoint_dir)
     cfg, model = ckpt.config, ckpt.model
-    if kind == GQA_KIND:
+    if kind == SHARED_CACHE_KIND:
         report = _verify_shared_cache(ckpt, onnx_dir, seed, gen_tokens)
         report.update(checkpoint=str(Path(checkpoint_dir).resolve()), onnx=str(onnx_dir.resolve()))
         if report_path is not None:
@@ -240,7 +239,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
 
 
 def _verify_shared_cache(ckpt, onnx_dir: Path, seed: int, gen_tokens: int) -> dict[str, Any]:
-    """A shared-cache artifact (runtime/gqa.py) through the runtime, against PyTorch: the last
+    """A shared-cache artifact (runtime/cache.py) through the runtime, against PyTorch: the last
     token's logits of single and ragged prompts (random and corpus text), then of decode steps
     fed PyTorch's greedy tokens, with a row finishing early; then greedy generation."""
     from tinyt.runtime import load
@@ -284,7 +283,7 @@ def _verify_shared_cache(ckpt, onnx_dir: Path, seed: int, gen_tokens: int) -> di
         model, ckpt.tokenizer, T, gen_tokens,
         lambda prompt, n: lm.generate_ids([prompt], max_new_tokens=n,
                                           min_new_tokens=n)[0].token_ids, failures)
-    return {"passed": not failures, "failures": failures, "graph": GQA_KIND,
+    return {"passed": not failures, "failures": failures, "graph": SHARED_CACHE_KIND,
             "tolerances": {"logits_max_abs": FP32_LOGITS_ATOL},
             "worst": {"logits": {"max_abs": worst_case["logits_max_abs"],
                                  "case": {k: worst_case[k] for k in ("prompts", "inputs")}}},

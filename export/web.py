@@ -132,8 +132,8 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
 
     from tinyt.runtime.feeds import prefill_feeds
 
+    from .cache import QUANT_ATOL
     from .compare import OPT_ATOL, first_difference
-    from .gqa import QUANT_ATOL
 
     quantized = bool(lm.artifact.manifest.get("quantization"))
     atol = QUANT_ATOL if quantized else 2 * OPT_ATOL

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 
+from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.hardware import physical_cores
 from tinyt.manifest import ManifestError
 from tinyt.tokenizer import Tokenizer
 
 from .classify import Classifier, Prediction
 from .generate import GenerationResult, LanguageModel
-from .gqa import GQA_KIND
 from .sampling import SamplingParams
 from .session import (
     PROVIDERS,
@@ -49,7 +49,7 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     prompt graph against its step graph, and keeps the fastest for each phase (runtime/tuning.py;
     the choice is in LanguageModel.plan). tune=False: every phase at exactly `threads`."""
     artifact = open_artifact(path)
-    if artifact.kind == GQA_KIND and provider == "cpu":
+    if artifact.kind == SHARED_CACHE_KIND and provider == "cpu":
         check_threads(threads)
         plan, session, prefill = plan_sessions(
             artifact, threads=threads or physical_cores(), spinning=spinning, level=level,

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.errors import NonFiniteError, QueueFull
 
+from .cache import SharedCache
 from .feeds import prefill_feeds
 from .generate import LanguageModel, _safe_end, _stop_cut
-from .gqa import GQA_KIND, SharedCache
 from .sampling import SamplingParams
 
 
@@ -214,7 +215,7 @@ class Engine:
         # Prompt tokens admitted between two steps (at least one request's): the running rows
         # wait for those prompts, so this bounds the time between their tokens.
         self.prefill_tokens = prefill_tokens
-        self.batched = lm.artifact.kind == GQA_KIND
+        self.batched = lm.artifact.kind == SHARED_CACHE_KIND
         if prefill_chunk is not None and not (isinstance(prefill_chunk, int)
                                               and prefill_chunk >= 1):
             raise ValueError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")

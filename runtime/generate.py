@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from tinyt.contract import past_name
+from tinyt.contract import SHARED_CACHE_KIND, past_name
 from tinyt.errors import NonFiniteError
 from tinyt.tokenizer import Tokenizer
 
+from .cache import CachePool, SharedCache, rows_from_left_padded
 from .feeds import grow_mask, left_pad, prefill_feeds, step_feeds
 from .fixed import FixedWindow, capacity
-from .gqa import GQA_KIND, CachePool, SharedCache, rows_from_left_padded
 from .sampling import SamplingParams, _nonfinite, next_token
 from .session import Artifact
 
@@ -81,7 +81,7 @@ class LanguageModel:
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
         self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
-        if artifact.kind == GQA_KIND:
+        if artifact.kind == SHARED_CACHE_KIND:
             self._caches = CachePool(lambda b: SharedCache(
                 self.session, self.config, b, self.context, kv_dtype=self._kv_dtype,
                 prefill_session=self.prefill_session))
@@ -124,7 +124,7 @@ class LanguageModel:
         """Generation from token ids: a list of ints, or a list / 2-D array of rows."""
         params = SamplingParams(**_params(kwargs))
         rows = self._check_ids(token_ids)
-        if (self.artifact.kind == GQA_KIND and len(rows) == 1 and params.temperature == 0
+        if (self.artifact.kind == SHARED_CACHE_KIND and len(rows) == 1 and params.temperature == 0
                 and params.repetition_penalty == 1.0 and not params.stop):
             out, reasons = self._greedy_one(rows[0], params)
         else:
@@ -240,7 +240,7 @@ class LanguageModel:
             logits = steps.send((logits[:, -1].argmax(-1), active))
         """
         kind = self.artifact.kind
-        if kind == GQA_KIND:  # one shared KV buffer per layer, bound once (runtime/gqa.py)
+        if kind == SHARED_CACHE_KIND:  # one KV buffer per layer, bound once (runtime/cache.py)
             cache = self._caches.take(len(feeds["input_ids"]))
             try:
                 logits = cache.prefill(rows_from_left_padded(feeds["input_ids"],

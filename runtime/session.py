@@ -12,12 +12,11 @@ import onnxruntime as ort
 
 from tinyt import contract, int8
 from tinyt.config import ModelConfig
+from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.errors import ConfigError, NonFiniteError, ProviderError, SaturationError
 from tinyt.graphio import GraphError
 from tinyt.hardware import int8_preset, physical_cores, saturates_here
 from tinyt.manifest import ManifestError, check_manifest, read_manifest, read_model_config
-
-from .gqa import GQA_KIND
 
 KINDS = contract.KINDS
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
@@ -41,7 +40,7 @@ class Artifact:
     manifest: dict
     model_file: str = "model.onnx"  # model.ort for an ORT-format package
     fixed: dict | None = None  # pinned axes (tinyt package --fixed), else None
-    prefill_file: str | None = None  # a shared-cache pair's prompt graph (runtime/gqa.py)
+    prefill_file: str | None = None  # a shared-cache pair's prompt graph (runtime/cache.py)
 
 
 def installation_problems() -> list[str]:
@@ -152,7 +151,7 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
     want = contract.contract_for(cfg, kind)
     model = f"{artifact.path}/{artifact.model_file}"
     layers = sum(t.name.startswith("past_key_values.") for t in session.get_inputs()) // 2
-    if kind in ("decoder_with_past", GQA_KIND) and layers != cfg.n_layer:
+    if kind in ("decoder_with_past", SHARED_CACHE_KIND) and layers != cfg.n_layer:
         raise ManifestError(f"config.json says n_layer={cfg.n_layer} but {model} has a KV cache "
                             f"for {layers} layers: the config does not belong to this graph")
     for got, specs, side in ((session.get_inputs(), want[0], "inputs"),
@@ -246,7 +245,7 @@ def session_options(artifact: Artifact, *, threads: int | None, spinning: bool |
     # leaves, made a step 5.7% faster on the demo and 7% at the GPT-2 shape (1 thread, bare
     # steps, 60 rounds in random order; each alone: 2.3% and 3.9% on the demo); a 127-token
     # prompt pass did not change (0.998x).
-    shared = artifact.kind == contract.GQA_KIND
+    shared = artifact.kind == contract.SHARED_CACHE_KIND
     opts.enable_mem_pattern = shared and phase != "prompt"
     opts.enable_cpu_mem_arena = not shared
     recorded = artifact.manifest.get("options", {}).get("level")

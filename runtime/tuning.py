@@ -40,7 +40,7 @@ from typing import TypeVar
 import numpy as np
 import onnxruntime as ort
 
-from .gqa import SharedCache
+from .cache import SharedCache
 from .session import Artifact, create_session, int8_refusal
 
 T = TypeVar("T")

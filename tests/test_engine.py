@@ -47,7 +47,7 @@ def _alone(lm, ids, params) -> tuple[list[int], str]:
 @pytest.mark.parametrize("name, batch, together", [
     ("pair", 8, False), ("fp32-gqa", 4, False), ("opt", 8, False), ("rows", 8, True)])
 def test_each_request_gets_what_it_gets_alone(artifacts, name, batch, together, monkeypatch):
-    from tinyt.runtime.gqa import SharedCache
+    from tinyt.runtime.cache import SharedCache
 
     lm = rt.load(artifacts[name], threads=1, tune=False)
     reqs = _requests(lm)
@@ -86,7 +86,7 @@ def test_chunked_prefill_runs_one_piece_between_steps_and_keeps_each_output(arti
     two decode steps while rows run; 16 concurrent requests get what each gets alone through
     the same engine (a prompt in pieces may differ from it whole by float rounding: generate
     is not the reference here)."""
-    from tinyt.runtime.gqa import SharedCache
+    from tinyt.runtime.cache import SharedCache
 
     lm = rt.load(artifacts["rows"], threads=1, tune=False)
     reqs = _requests(lm)

@@ -257,7 +257,7 @@ def test_steps_go_through_the_int8_gemm_graph_when_it_wins_by_the_margin(pair, m
     generate's steps run on its session."""
     import numpy as np
 
-    from tinyt.runtime.gqa import SharedCache
+    from tinyt.runtime.cache import SharedCache
 
     def measured(artifact, decode, prompt):
         times = {f"decode:{g}@{n}": 1.0 * n for g, n in decode}  # one thread is best

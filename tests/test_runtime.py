@@ -290,16 +290,17 @@ def test_memory_planning_follows_the_graphs_shapes(lm_onnx, tmp_path):
     session plans none."""
     import dataclasses
 
-    from tinyt.runtime.session import GQA_KIND, open_artifact, session_options
+    from tinyt.contract import SHARED_CACHE_KIND
+    from tinyt.runtime.session import open_artifact, session_options
 
     art = open_artifact(lm_onnx)
-    shared = dataclasses.replace(art, kind=GQA_KIND)
+    shared = dataclasses.replace(art, kind=SHARED_CACHE_KIND)
     plans = {(a.kind, phase): session_options(a, threads=1, spinning=None, level=None,
                                               phase=phase)
              for a in (art, shared) for phase in ("any", "step", "prompt")}
     for (kind, phase), opts in plans.items():
-        assert opts.enable_mem_pattern == (kind == GQA_KIND and phase != "prompt"), (kind, phase)
-        assert opts.enable_cpu_mem_arena == (kind != GQA_KIND), (kind, phase)
+        assert opts.enable_mem_pattern == (kind == SHARED_CACHE_KIND and phase != "prompt"), (kind, phase)
+        assert opts.enable_cpu_mem_arena == (kind != SHARED_CACHE_KIND), (kind, phase)
     with pytest.raises(ValueError, match="phase='decode' is not one of any, step, prompt"):
         rt.session.create_session(art, phase="decode")
 

@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from tinyt.config import ModelConfig
 
 ONNX_FILE = "model.onnx"  # an artifact's graph (a package may hold model.ort instead)
-GQA_KIND = "decoder_gqa"  # the shared-cache variant (export/gqa.py, runtime/gqa.py)
-KINDS = ("decoder_with_past", GQA_KIND, "decoder", "classifier")
+
+# Graph kinds, as manifest.json's "kind" names them (the values are the artifact format).
+DECODER_WITH_PAST = "decoder_with_past"  # the contract decoder: prefill and decode, Optimum's I/O
+SHARED_CACHE_KIND = "decoder_gqa"  # the shared-cache variant (`--target gqa`): one KV buffer
+DECODER = "decoder"  # no KV cache: every pass reads the whole sequence
+CLASSIFIER = "classifier"
+KINDS = (DECODER_WITH_PAST, SHARED_CACHE_KIND, DECODER, CLASSIFIER)
 
 BATCH = "batch_size"
 SEQ = "sequence_length"
@@ -28,6 +33,17 @@ class TensorSpec:
     name: str
     dtype: str  # numpy dtype name
     shape: tuple[str | int, ...]  # a str is a symbolic axis
+
+
+def kv_shape(cfg: ModelConfig, batch: int, length: int) -> tuple[int, int, int, int]:
+    """One layer's key (or value) cache: (batch, kv_heads, length, head_dim) — the only place
+    that order is written."""
+    return (batch, cfg.kv_heads, length, cfg.head_dim)
+
+
+def kv_axes(cfg: ModelConfig, length: str) -> tuple[str | int, ...]:
+    """The same shape with symbolic batch and length axes, as the graphs declare it."""
+    return (BATCH, cfg.kv_heads, length, cfg.head_dim)
 
 
 def past_names(n_layer: int) -> list[str]:
@@ -48,7 +64,7 @@ def decoder_inputs(cfg: ModelConfig, *, with_past: bool = True,
     if not with_past:
         return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
                 TensorSpec("attention_mask", "int64", (BATCH, SEQ))]
-    kv = (BATCH, cfg.kv_heads, PAST, cfg.head_dim)
+    kv = kv_axes(cfg, PAST)
     return [
         TensorSpec("input_ids", "int64", (BATCH, SEQ)),
         TensorSpec("attention_mask", "int64", (BATCH, TOTAL)),
@@ -62,7 +78,7 @@ def decoder_outputs(cfg: ModelConfig, *, with_past: bool = True,
     logits = TensorSpec("logits", "float32", (BATCH, SEQ, cfg.vocab_size))
     if not with_past:
         return [logits]
-    kv = (BATCH, cfg.kv_heads, TOTAL, cfg.head_dim)
+    kv = kv_axes(cfg, TOTAL)
     return [logits, *(TensorSpec(n, kv_dtype, kv) for n in present_names(cfg.n_layer))]
 
 
@@ -70,8 +86,8 @@ CAPACITY = "max_sequence_length"
 
 
 def gqa_inputs(cfg: ModelConfig) -> list[TensorSpec]:
-    """The shared-cache variant (runtime/gqa.py): right-padded chunks, one buffer per cache."""
-    kv = (BATCH, cfg.kv_heads, CAPACITY, cfg.head_dim)
+    """The shared-cache variant: right-padded chunks, one buffer per cache."""
+    kv = kv_axes(cfg, CAPACITY)
     return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
             TensorSpec("position_ids", "int64", (BATCH, SEQ)),
             TensorSpec("seqlens_k", "int32", (BATCH,)),
@@ -81,7 +97,7 @@ def gqa_inputs(cfg: ModelConfig) -> list[TensorSpec]:
 
 
 def gqa_outputs(cfg: ModelConfig) -> list[TensorSpec]:
-    kv = (BATCH, cfg.kv_heads, CAPACITY, cfg.head_dim)
+    kv = kv_axes(cfg, CAPACITY)
     return [TensorSpec("logits", "float32", (BATCH, 1, cfg.vocab_size)),
             *(TensorSpec(n, "float32", kv) for n in present_names(cfg.n_layer))]
 
@@ -98,12 +114,12 @@ def classifier_outputs(cfg: ModelConfig) -> list[TensorSpec]:
 def contract_for(cfg: ModelConfig, kind: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(inputs, outputs) of a graph kind: the one place the runtime, the exporter and the
     verifier take them from."""
-    if kind == "classifier":
+    if kind == CLASSIFIER:
         return classifier_inputs(cfg), classifier_outputs(cfg)
-    if kind == GQA_KIND:
+    if kind == SHARED_CACHE_KIND:
         return gqa_inputs(cfg), gqa_outputs(cfg)
     if kind not in KINDS:
         raise ValueError(f"graph kind {kind!r} is not one of {', '.join(KINDS)}")
-    with_past = kind == "decoder_with_past"
+    with_past = kind == DECODER_WITH_PAST
     return (decoder_inputs(cfg, with_past=with_past),
             decoder_outputs(cfg, with_past=with_past))

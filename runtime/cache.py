@@ -24,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import GQA_KIND, past_names, present_names  # noqa: F401 (GQA_KIND: API)
+from tinyt.contract import past_names, present_names
 
 
 class SharedCache:
