@@ -286,7 +286,7 @@ def package(
             typer.echo(f"note: {note}")
         typer.echo(f"package: {path}")
         if serve:
-            from tinyt.export.webserve import serve_dir
+            from tinyt.export.web.serve import serve_dir
             serve_dir(path, port)
         return
     worst = max(manifest["equivalence"]["worst"].values())

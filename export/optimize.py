@@ -194,8 +194,8 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     """Fuse and optimize an exported graph for `target`; the result is checked against the
     input graph (OPT_ATOL) before the directory is written. Returns out_dir."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
-    if target == "gqa":  # a layout of an optimized (or quantized) graph: export/gqa.py
-        from .cache import shared_cache
+    if target == "gqa":  # a layout of an optimized (or quantized) graph
+        from .shared_cache import shared_cache
 
         return shared_cache(src_dir, out_dir, prefill_from=prefill_from)
     src = open_source(src_dir, out_dir)

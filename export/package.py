@@ -6,7 +6,7 @@
         format ort    ─▶ OUT/model.ort (ONNX Runtime's mobile format) + required_operators.config
                          for a reduced ONNX Runtime build; checked vs model.onnx; a tinyt artifact
         format triton ─▶ OUT/<name>/config.pbtxt + OUT/<name>/1/model.onnx (Triton repository)
-        format web    ─▶ a static page + ES module on ONNX Runtime Web (export/web.py)
+        format web    ─▶ a static page + ES module on ONNX Runtime Web (export/web/)
 
 Pinned shapes (`fixed`) are for accelerators that cannot take dynamic shapes: batch_size,
 sequence_length and past_sequence_length become numbers in the graph; the runtime and

@@ -23,7 +23,7 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
 AUTO_ORDER = ("cuda", "cpu")  # TensorRT builds engines per shape: only when asked for by name
 # Fusions ONNX Runtime must not redo at load: SkipLayerNormalization's CPU kernel is 4-5x
-# slower than Add + LayerNormalization over a prompt's rows (export/gqa.py unfuses it).
+# slower than Add + LayerNormalization over a prompt's rows (export/gqa_graph.py unfuses it).
 UNFUSED = ["SkipLayerNormFusion"]
 LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
           "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

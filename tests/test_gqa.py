@@ -8,11 +8,11 @@ import onnx
 import pytest
 
 import tinyt.runtime as rt
-from tinyt.errors import SaturationError
-from tinyt.export.gqa import QUANT_ATOL, SharedCacheError
+from tinyt.errors import SaturationError, SharedCacheError
 from tinyt.export.optimize import OPT_ATOL, op_counts, optimize
 from tinyt.export.package import package
 from tinyt.export.quantize import quantize
+from tinyt.export.shared_cache_checks import QUANT_ATOL
 from tinyt.hardware import saturates_here
 from tinyt.manifest import check_manifest
 from tinyt.runtime import tuning
@@ -173,7 +173,7 @@ def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(pair, tmp_path):
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(Exception, match="not the same model|does not match"):
         optimize(int8, tmp_path / "bad", target="gqa", prefill_from=other)
-    from tinyt.export.gqa import origin
+    from tinyt.export.shared_cache import origin
     assert origin(check_manifest(int8)) == origin(check_manifest(qgemm)) is not None
     # the same config and tokenizer, exported from another checkpoint: another model
     shutil.rmtree(other)
@@ -287,7 +287,7 @@ def test_fp32_tokens_may_differ_from_the_source_only_at_a_tie(opt, tmp_path, mon
     runner-up is refused, unless the two are within the tie margin (here made wide)."""
     import numpy as np
 
-    import tinyt.export.gqa as G
+    import tinyt.export.shared_cache_checks as G
 
     make = G._gqa_model
 

@@ -154,7 +154,7 @@ def browser():
 def page_result(browser, directory: Path, **params) -> tuple[dict, str, list[str]]:
     """Load the package's page with URL parameters on a loopback server; (the JSON in
     <pre id="result">, the text of #error, uncaught page errors)."""
-    from tinyt.export.webserve import start
+    from tinyt.export.web.serve import start
 
     server, _ = start(directory, 0)
     page = browser.new_page()
@@ -261,7 +261,7 @@ def test_transformers_js_loads_tinyts_optimum_layout_with_the_same_greedy_tokens
 def test_module_streams_its_text_stops_and_cancels(packages, browser):
     """The ES module's API in the page: the streamed pieces make the text, a stop string cuts
     it, an aborted signal ends the generation at the next token."""
-    from tinyt.export.webserve import start
+    from tinyt.export.web.serve import start
 
     _, pkg = packages["int8"]
     server, _ = start(pkg, 0)

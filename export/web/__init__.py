@@ -39,12 +39,12 @@ from tinyt.int8 import records
 from tinyt.manifest import write_manifest
 from tinyt.runtime.session import check_graphs_here
 
-from .stage import built, copy_artifact_files, open_source
+from ..stage import built, copy_artifact_files, open_source
 
 ORT_WEB_VERSION = "1.30.0"
 ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
-ASSETS = Path(__file__).parent / "web"  # tinyt.mjs, index.html, check.mjs
-REPO_WEB = Path(__file__).resolve().parent.parent / "web"  # the checkout's web/package.json
+ASSETS = Path(__file__).parent  # tinyt.mjs, index.html, check.mjs beside this module
+REPO_WEB = Path(__file__).resolve().parents[2] / "web"  # the checkout's web/package.json (npm)
 GQA_WEB_INPUTS = 16  # GroupQueryAttention's inputs in onnxruntime-web 1.30
 
 
@@ -78,7 +78,7 @@ def node_version() -> str:
 
 
 def run_module(package_dir: Path, request: dict, timeout: float = 600) -> dict:
-    """Run the package's tinyt.mjs under Node (export/web/check.mjs) on a request."""
+    """Run the package's tinyt.mjs under Node (check.mjs) on a request."""
     proc = subprocess.run([node(), str(ASSETS / "check.mjs"), str(package_dir)],
                           input=json.dumps(request), capture_output=True, text=True,
                           timeout=timeout)
@@ -132,8 +132,8 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
 
     from tinyt.runtime.feeds import prefill_feeds
 
-    from .cache import QUANT_ATOL
-    from .compare import OPT_ATOL, first_difference
+    from ..compare import OPT_ATOL, first_difference
+    from ..shared_cache_checks import QUANT_ATOL
 
     quantized = bool(lm.artifact.manifest.get("quantization"))
     atol = QUANT_ATOL if quantized else 2 * OPT_ATOL

@@ -1,0 +1,97 @@
+"""`tinyt optimize SRC OUT --target gqa`: the shared-cache variant of a cpu-optimized decoder
+artifact (fp32 or quantized) as an artifact of graph kind 'decoder_gqa', written after it is
+checked against its source (export/shared_cache_checks.py): logits of ragged prompts and of
+decode steps within OPT_ATOL, and the same greedy tokens from the runtime. The graph rewrite is
+export/gqa_graph.py; runtime/cache.py runs it.
+
+    SRC (decoder_with_past) ──gqa_graph.to_gqa──▶ model.onnx ─┐
+    [PREFILL_FROM ──gqa_graph.to_gqa──▶ prefill.onnx] ────────┴─checks─▶ OUT + manifest
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnxruntime as ort
+
+from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SHARED_CACHE_KIND
+from tinyt.errors import SharedCacheError
+from tinyt.graphio import save_graph
+
+from .gqa_graph import to_gqa
+from .shared_cache_checks import check_against_source, check_pair
+from .stage import Built, Source, open_source, write_artifact
+
+PREFILL_FILE = "prefill.onnx"
+
+
+def _convert(src: Source, tmp: Path, name: str) -> tuple[Path, dict]:
+    """(converted graph, its check against the source)."""
+    src_dir, manifest, cfg = src.path, src.manifest, src.config
+    if manifest.get("graph") != DECODER_WITH_PAST or manifest.get("fixed_shape"):
+        raise SharedCacheError(f"{src_dir} holds a {manifest.get('graph')!r} graph"
+                               f"{' with pinned shapes' if manifest.get('fixed_shape') else ''};"
+                               " the shared-cache variant is made from a KV-cache decoder with "
+                               "dynamic shapes")
+    proto = src.graph()
+    layers = to_gqa(proto, cfg)
+    if layers != cfg.n_layer:
+        raise SharedCacheError(
+            f"{src_dir}: attention with a KV cache in {layers} of {cfg.n_layer} layers; make the "
+            "variant from the output of `tinyt optimize --target cpu` (or its quantized form)")
+    path = tmp / name
+    save_graph(proto, path)
+    ops = {n.op_type for n in proto.graph.node}
+    return path, check_against_source(src_dir, path, cfg, ops)
+
+
+def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                 prefill_from: str | os.PathLike | None = None) -> Built:
+    """Write the shared-cache (GroupQueryAttention) variant of a cpu-optimized decoder
+    artifact, fp32 or quantized; checked against its source first. Returns out_dir.
+
+    prefill_from: another artifact of the same model (e.g. `quantize --kernel qgemm`, whose
+    int8 GEMMs are fast over a prompt's rows) whose converted graph runs the prompts, while
+    src's runs the decode steps; both read and write one cache (runtime/cache.py)."""
+    src = open_source(src_dir, out_dir)
+    src_dir, manifest, cfg = src.path, src.manifest, src.config
+    with tempfile.TemporaryDirectory() as tmp:
+        path, worst = _convert(src, Path(tmp), ONNX_FILE)
+        graphs = [path]
+        extra = {"graph": SHARED_CACHE_KIND, "opset": manifest.get("opset"), "layers": cfg.n_layer,
+                 "equivalence": worst,
+                 **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
+                 "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
+        if prefill_from is not None:
+            prefill_from = Path(prefill_from)
+            prefill = open_source(prefill_from)
+            if prefill.config != cfg or (prefill_from / "tokenizer.json").read_bytes() != \
+                    (src_dir / "tokenizer.json").read_bytes():
+                raise SharedCacheError(f"{prefill_from} is not the same model as {src_dir} "
+                                       "(config or tokenizer differ)")
+            if origin(prefill.manifest) != origin(manifest):
+                raise SharedCacheError(f"{prefill_from} is not the same model as {src_dir}: "
+                                       "their lineages lead to different checkpoints")
+            p_path, p_worst = _convert(prefill, Path(tmp), PREFILL_FILE)
+            graphs.append(p_path)
+            extra.update(prefill_model_file=PREFILL_FILE, prefill_source={
+                "path": str(prefill_from.resolve()), "manifest": prefill.manifest},
+                prefill_equivalence=p_worst,
+                prefill_quantization=prefill.manifest.get("quantization"),
+                pair=check_pair(src_dir, path, p_path, cfg))
+        return write_artifact(out_dir, src, graphs, stage="shared-cache", options={
+            "level": manifest.get("options", {}).get("level"),
+            "prefill_from": None if prefill_from is None else str(prefill_from)},
+            extra=extra, genai=False)
+
+
+def origin(manifest: dict) -> dict | None:
+    """The checkpoint an artifact was exported from (its files' sha256), following the
+    manifests' lineage back through every stage."""
+    source = manifest.get("source", {})
+    for _ in range(32):
+        if source.get("kind") == "checkpoint":
+            return source.get("sha256")
+        source = source.get("manifest", {}).get("source", {})
+    return None
