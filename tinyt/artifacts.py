@@ -1,0 +1,142 @@
+"""The artifact variants, as data (torch-free): one row per directory tinyt makes under an
+artifacts root, naming what it is made from, the stage and options that make it, and the
+names the benchmarks report it under. The pipeline makes its rows in this order, the harness
+times the rows marked timed, and the peer benchmark runs the rows that name an engine (making
+its own on-demand rows when asked).
+
+    checkpoint ─export─▶ onnx ─optimize─▶ onnx-opt ─quantize─▶ onnx-int8 ─gqa─▶ onnx-int8-gqa
+                          │                  │                                       ▲ (prompts)
+                          │                  ├─quantize qgemm──────▶ onnx-int8-qgemm ┘
+                          │                  ├─quantize qgemm-rows─▶ onnx-int8-rows ─gqa─▶
+                          │                  │                        onnx-int8-rows-gqa
+                          │                  └─quantize 4-bit─▶ onnx-int4 ─gqa─▶ onnx-int4-gqa
+                          │                         (the peer benchmark's, when asked)
+                          └─quantize static─▶ onnx-int8-static
+    clf ─export─▶ clf-onnx ─optimize─▶ clf-opt ─quantize─▶ clf-int8   (docs/benchmarks.md)
+
+A stage is one of tinyt.export's functions (export_onnx, optimize, quantize), called as
+`stage(source, out, **options)`; `arguments` spells that call out for a row.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, KINDS, SHARED_CACHE_KIND
+
+CHECKPOINT = "checkpoint"  # the trained language model: ARTIFACTS/checkpoint
+CLASSIFIER_CHECKPOINT = "clf"  # a classifier checkpoint, when one is trained beside it
+CHECKPOINTS = (CHECKPOINT, CLASSIFIER_CHECKPOINT)
+STAGES = ("export", "optimize", "quantize")  # export_onnx, optimize, quantize (tinyt.export)
+MAKERS = ("pipeline", "peers", "hand")  # every `tinyt pipeline`; the peer benchmark when asked;
+#                                         the commands of docs/benchmarks.md
+INT4_BLOCK = 32  # the GenAI model builder's default block for int4, so the two compare
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One artifact directory: how it is made and what it is called where it is reported."""
+
+    dir: str  # the directory under the artifacts root
+    source: str  # what it is made from: another row's dir, or one of CHECKPOINTS
+    stage: str  # one of STAGES
+    step: str  # the pipeline's name for the step (its log lines and stage times)
+    kind: str  # the graph kind it holds (tinyt.contract)
+    options: Mapping[str, str | int] = field(default_factory=dict)  # the stage's keywords
+    prefill_from: str | None = None  # a shared-cache pair's prompt graph: the row it comes from
+    data: bool = False  # takes the pipeline's --data (calibration and the accuracy report)
+    made_by: str = "pipeline"  # one of MAKERS
+    verify: bool = False  # the pipeline checks it against PyTorch (OUT/<dir>-verify.json)
+    bench: str | None = None  # its label in the harness and the pipeline report
+    timed: bool = False  # the harness times it when the directory exists
+    engine: str | None = None  # the peer benchmark's engine on it
+    note: str = ""  # what sets it apart, for the peer benchmark's engine list
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("stage", self.stage, STAGES),
+                                     ("made_by", self.made_by, MAKERS),
+                                     ("kind", self.kind, KINDS)):
+            if value not in allowed:
+                raise ValueError(f"variant {self.dir!r}: {name}={value!r} is not one of "
+                                 f"{', '.join(allowed)}")
+        if self.timed and self.bench is None:
+            raise ValueError(f"variant {self.dir!r}: timed, but no bench label to report it")
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The directories the stage reads: the source, and a pair's prompt graph."""
+        return (self.source,) if self.prefill_from is None else (self.source, self.prefill_from)
+
+
+_PAIR = "shared KV cache; prompts on the qgemm graph, steps on the {} one"
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("onnx", CHECKPOINT, "export", "export", DECODER_WITH_PAST, verify=True,
+            bench="ort-fp32", timed=True),
+    Variant("onnx-opt", "onnx", "optimize", "optimize", DECODER_WITH_PAST, verify=True,
+            bench="ort-optimized", timed=True, engine="tinyt-fp32"),
+    Variant("onnx-int8", "onnx-opt", "quantize", "quantize", DECODER_WITH_PAST, data=True,
+            bench="ort-int8-dynamic", timed=True, engine="tinyt-int8"),
+    Variant("onnx-int8-static", "onnx", "quantize", "quantize-static", DECODER_WITH_PAST,
+            {"mode": "static"}, data=True, bench="ort-int8-static", timed=True),
+    Variant("onnx-int8-qgemm", "onnx-opt", "quantize", "quantize-qgemm", DECODER_WITH_PAST,
+            {"kernel": "qgemm"}, data=True, bench="ort-int8-qgemm"),
+    Variant("onnx-int8-gqa", "onnx-int8", "optimize", "shared-cache", SHARED_CACHE_KIND,
+            {"target": "gqa"}, prefill_from="onnx-int8-qgemm", bench="ort-int8-gqa",
+            engine="tinyt-int8-gqa", note=_PAIR.format("MatMulNBits")),
+    # one graph, every row as if alone: the one `tinyt serve` batches prompts and steps with
+    Variant("onnx-int8-rows", "onnx-opt", "quantize", "quantize-rows", DECODER_WITH_PAST,
+            {"kernel": "qgemm-rows"}, data=True),
+    Variant("onnx-int8-rows-gqa", "onnx-int8-rows", "optimize", "shared-cache-rows",
+            SHARED_CACHE_KIND, {"target": "gqa"}, bench="ort-int8-rows-gqa"),
+    Variant("onnx-int4", "onnx-opt", "quantize", "quantize-int4", DECODER_WITH_PAST,
+            {"bits": 4, "block_size": INT4_BLOCK}, made_by="peers", bench="ort-int4",
+            timed=True, engine="tinyt-int4",
+            note=f"MatMulNBits 4-bit, block {INT4_BLOCK}, made from onnx-opt"),
+    Variant("onnx-int4-gqa", "onnx-int4", "optimize", "shared-cache-int4", SHARED_CACHE_KIND,
+            {"target": "gqa"}, prefill_from="onnx-int8-qgemm", made_by="peers",
+            engine="tinyt-int4-gqa", note=_PAIR.format("4-bit")),
+    Variant("clf-onnx", CLASSIFIER_CHECKPOINT, "export", "export-clf", CLASSIFIER,
+            made_by="hand", bench="ort-clf-fp32", timed=True),
+    Variant("clf-opt", "clf-onnx", "optimize", "optimize-clf", CLASSIFIER, made_by="hand",
+            bench="ort-clf-optimized", timed=True),
+    Variant("clf-int8", "clf-opt", "quantize", "quantize-clf", CLASSIFIER, made_by="hand",
+            bench="ort-clf-int8", timed=True),
+)
+BY_DIR: Mapping[str, Variant] = MappingProxyType({v.dir: v for v in VARIANTS})
+
+
+def variant(name: str) -> Variant:
+    """The row of directory `name`."""
+    if name not in BY_DIR:
+        raise ValueError(f"no artifact variant {name!r}; known: {', '.join(BY_DIR)}")
+    return BY_DIR[name]
+
+
+def made_by(maker: str) -> tuple[Variant, ...]:
+    """The rows `maker` makes, in making order."""
+    if maker not in MAKERS:
+        raise ValueError(f"maker {maker!r} is not one of {', '.join(MAKERS)}")
+    return tuple(v for v in VARIANTS if v.made_by == maker)
+
+
+def with_engine() -> Mapping[str, Variant]:
+    """Peer-benchmark engine name -> the row it runs on."""
+    return {v.engine: v for v in VARIANTS if v.engine is not None}
+
+
+def arguments(v: Variant, root: Path, *, checkpoint: Path | None = None,
+              data: str | None = None) -> tuple[Path, Path, dict[str, object]]:
+    """(source, out, keywords) of the stage call that makes `v` under `root`; `checkpoint`
+    replaces root/checkpoint (the pipeline's --skip-train)."""
+    source = checkpoint if (v.source == CHECKPOINT and checkpoint is not None) \
+        else root / v.source
+    keywords: dict[str, object] = dict(v.options)
+    if v.prefill_from is not None:
+        keywords["prefill_from"] = root / v.prefill_from
+    if v.data:
+        keywords["data"] = data
+    return source, root / v.dir, keywords
