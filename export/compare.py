@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import past_names
+from tinyt.contract import kv_shape, past_names
 from tinyt.runtime.feeds import prefill_feeds, step_feeds
 from tinyt.runtime.fixed import FixedWindow
 
@@ -41,7 +41,7 @@ def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
     if kind == "decoder_with_past":
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)[:, p:]
         for name in past_names(cfg.n_layer):
-            feeds[name] = rng.standard_normal((b, cfg.kv_heads, p, cfg.head_dim)).astype(np.float32)
+            feeds[name] = rng.standard_normal(kv_shape(cfg, b, p)).astype(np.float32)
     return feeds
 
 

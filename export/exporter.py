@@ -25,7 +25,7 @@ from torch.export import Dim
 from tinyt import __version__
 from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
 from tinyt.config import ModelConfig
-from tinyt.contract import ONNX_FILE, contract_for
+from tinyt.contract import ONNX_FILE, contract_for, kv_shape
 from tinyt.errors import ExportError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
 from tinyt.genai import write_genai_config
@@ -83,7 +83,7 @@ def _example(cfg: ModelConfig, kind: str):
     if kind != "decoder_with_past":
         return ({"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)},
                 {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn}})
-    past = [torch.randn(B, cfg.kv_heads, P, cfg.head_dim, generator=g)
+    past = [torch.randn(kv_shape(cfg, B, P), generator=g)
             for _ in range(2 * cfg.n_layer)]
     kwargs = {"input_ids": ids, "attention_mask": torch.ones(B, P + S, dtype=torch.long),
               "position_ids": torch.arange(P, P + S).repeat(B, 1), "past": past}

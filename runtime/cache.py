@@ -24,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import past_names, present_names
+from tinyt.contract import kv_shape, past_names, present_names
 
 
 class SharedCache:
@@ -42,7 +42,7 @@ class SharedCache:
         self.binding = session.io_binding()
         self.prefill_binding = (self.binding if prefill_session is None
                                 else prefill_session.io_binding())
-        shape = (batch, cfg.kv_heads, capacity, cfg.head_dim)
+        shape = kv_shape(cfg, batch, capacity)
         self.kv = []
         self.logits = np.zeros((batch, 1, cfg.vocab_size), dtype=np.float32)
         self.seqlens = np.zeros(batch, dtype=np.int32)

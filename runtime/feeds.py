@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyt.config import ModelConfig
-from tinyt.contract import past_name, past_names
+from tinyt.contract import kv_shape, past_name, past_names
 
 
 def left_pad(rows: list[list[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -31,7 +31,7 @@ def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray, mask: np.ndarray
     feeds = {"input_ids": ids, "attention_mask": mask}
     if kind == "decoder_with_past":
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)
-        empty = np.zeros((B, cfg.kv_heads, 0, cfg.head_dim), dtype=kv_dtype)
+        empty = np.zeros(kv_shape(cfg, B, 0), dtype=kv_dtype)
         feeds.update(dict.fromkeys(past_names(cfg.n_layer), empty))
     return feeds
 

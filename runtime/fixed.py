@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyt.config import ModelConfig
-from tinyt.contract import past_name, past_names
+from tinyt.contract import kv_shape, past_name, past_names
 
 AXES = ("batch_size", "sequence_length", "past_sequence_length")
 
@@ -47,7 +47,7 @@ class FixedWindow:
         self.names = [o.name for o in session.get_outputs()]
         self.mask = np.zeros((self.B, self.P), dtype=np.int64)  # history of the cache slots
         self.overflow = False  # a real token had to leave the window: nothing more may run
-        self.past = {name: np.zeros((self.B, cfg.kv_heads, self.P, cfg.head_dim), dtype=kv_dtype)
+        self.past = {name: np.zeros(kv_shape(cfg, self.B, self.P), dtype=kv_dtype)
                      for name in past_names(cfg.n_layer)}
         # no-cache graphs run the last S tokens of the history again at every step
         self.ids = np.zeros((self.B, 0), dtype=np.int64)

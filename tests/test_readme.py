@@ -79,11 +79,11 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
         "serving artifacts-gpt2/onnx-int8-rows-gqa --out serving-gpt2-results --levels 1,2 "
         "--requests 1 --new-tokens 4 --prompt-tokens 8",
     # the browser benchmark: two graphs, short, without the opt-in transformers.js
-    f"web artifacts {WEB_VARIANTS} --out benchmarks/results/web-demo-xeon-amx":
-        "web artifacts --variants onnx-int8,onnx-int8-gqa --out web-results --new-tokens 4 "
+    f"browser artifacts {WEB_VARIANTS} --out benchmarks/results/web-demo-xeon-amx":
+        "browser artifacts --variants onnx-int8,onnx-int8-gqa --out web-results --new-tokens 4 "
         "--prompt-tokens 8",
-    f"web artifacts-gpt2 {WEB_VARIANTS} --out benchmarks/results/web-gpt2-small-xeon-amx":
-        "web artifacts-gpt2 --variants onnx-int8,onnx-int8-gqa --out web-gpt2-results "
+    f"browser artifacts-gpt2 {WEB_VARIANTS} --out benchmarks/results/web-gpt2-small-xeon-amx":
+        "browser artifacts-gpt2 --variants onnx-int8,onnx-int8-gqa --out web-gpt2-results "
         "--new-tokens 4 --prompt-tokens 8",
     "serving artifacts-gpt2/onnx-int8-rows-gqa --out "
     "benchmarks/results/serving-gpt2-small-chunk8-xeon-amx":

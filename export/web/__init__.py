@@ -31,7 +31,7 @@ from pathlib import Path
 
 import onnx
 
-from tinyt.contract import ONNX_FILE
+from tinyt.contract import ONNX_FILE, kv_axes
 from tinyt.errors import WebPackageError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import save_graph
@@ -194,6 +194,7 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     web = {"name": src_dir.name, "graph": kind, "graphs": files, "tokenizer": "tokenizer.json",
            "context": lm.context, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
            "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+           "kv_axes": list(kv_axes(cfg, "length")),  # the contract's order, read by tinyt.mjs
            "eos_token_id": lm.tokenizer.eos_id,
            "onnxruntime_web": ORT_WEB_VERSION}
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:

@@ -229,7 +229,8 @@ export class LanguageModel {
 
   _emptyCache() {
     const w = this.web, cap = w.graph === "decoder_gqa" ? this.context : 0;
-    const shape = [1, w.kv_heads, cap, w.head_dim];
+    // the contract's order (tinyt.contract.kv_axes), symbolic axes filled in
+    const shape = w.kv_axes.map((a) => (a === "length" ? cap : typeof a === "string" ? 1 : a));
     const size = shape.reduce((a, b) => a * b, 1);
     return Array.from({ length: 2 * w.n_layer }, () => new ort.Tensor("float32", new Float32Array(size), shape));
   }
