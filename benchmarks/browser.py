@@ -9,7 +9,7 @@ ms/token, WebAssembly with 1 thread and with 2 (the page cross-origin isolated b
         prefill ms and decode ms/token
       tinyt.runtime, same prompt, 1 and 2 threads ─▶ the same medians
 
-    .venv/bin/python -m benchmarks.web artifacts --out benchmarks/results/web-demo-xeon-amx
+    .venv/bin/python -m benchmarks.browser artifacts --out benchmarks/results/web-demo-xeon-amx
 
 Greedy tokens of page and runtime are checked equal first. web.md + web.json + screenshot.png
 (the page after a generation) go to OUT.
@@ -59,7 +59,7 @@ def runtime_times(artifact: Path, ids: list[int], new: int, threads: int, rounds
 
 def page_times(browser, pkg: Path, ids: list[int], new: int, threads: int, shot: Path | None,
                rounds: int = 3) -> dict:
-    from tinyt.export.webserve import start
+    from tinyt.export.web.serve import start
 
     server, _ = start(pkg, 0)
     page = browser.new_page(viewport={"width": 1000, "height": 760})
@@ -114,7 +114,7 @@ def transformers_js_times(browser, artifact: Path, node_modules: Path, ids: list
     """transformers.js (its own onnxruntime-web) on the artifact's graph, as a local model."""
     import shutil
 
-    from tinyt.export.webserve import start
+    from tinyt.export.web.serve import start
 
     dist = node_modules / "@huggingface" / "transformers" / "dist"
     ort_dist = node_modules / "onnxruntime-web" / "dist"
@@ -163,7 +163,7 @@ def run(artifacts: Path, out: Path, *, prompt_tokens: int = 32, new_tokens: int 
     import tinyt.runtime as rt
     from tinyt.data import held_out_prompts, load_corpus
     from tinyt.export.package import package
-    from tinyt.export.webserve import chromium
+    from tinyt.export.web.serve import chromium
     from tinyt.hardware import cpu_features
 
     out.mkdir(parents=True, exist_ok=True)

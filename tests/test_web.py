@@ -244,10 +244,10 @@ TJS = Path(__file__).resolve().parent.parent / "web" / "transformers-js" / "node
                     reason="transformers.js is opt-in: bash scripts/setup-transformers-js.sh")
 def test_transformers_js_loads_tinyts_optimum_layout_with_the_same_greedy_tokens(
         lm_onnx, browser):
-    """benchmarks/web.py's comparison: the fp32 contract artifact, as transformers.js loads a
+    """benchmarks/browser.py's comparison: the fp32 contract artifact, as transformers.js loads a
     local model, gives tinyt's greedy tokens; an INT8 one (GatherBlockQuantized, which its
     ONNX Runtime Web build lacks) is reported, not crashed on."""
-    from tinyt.benchmarks.web import transformers_js_times
+    from tinyt.benchmarks.browser import transformers_js_times
 
     lm = rt.load(lm_onnx, tune=False)
     ids = lm.tokenizer.encode("def main(")
