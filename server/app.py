@@ -1,0 +1,311 @@
+"""The Starlette application of `tinyt serve`: one OpenAIServer holds what a server shares (the
+model, the engine, the metrics, the chat template, readiness) and each route is one of its
+methods, callable on its own with a request.
+
+    POST /v1/completions, /v1/chat/completions ─▶ authorize ─▶ read_body (schema.parse_body)
+        ─▶ prompts (schema / chat) ─▶ jobs (ids + SamplingParams) ─▶ events (Engine.submit)
+        ─▶ complete (one JSON answer) | stream (server-sent events ending [DONE])
+    GET /v1/models, /health, /metrics;  anything else: an OpenAI-style 404
+
+Every ApiError becomes an OpenAI error body with its status (error); a ValueError from the
+runtime's own checks of what it was given becomes a 400.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tinyt.errors import ApiError, QueueFull
+from tinyt.runtime.engine import Done, Engine, Request, Token
+from tinyt.runtime.generate import LanguageModel
+from tinyt.runtime.sampling import SamplingParams
+
+from .chat import compile_template, render_chat
+from .metrics import CONTENT_TYPE, Metrics
+from .schema import (
+    COMPLETION_MAX_TOKENS,
+    check_prompt,
+    completion_prompts,
+    parse_body,
+    sampling,
+    stream_options,
+)
+
+RETRY_AFTER_S = 1
+STOP_TIMEOUT_S = 30.0  # what runs at shutdown gets this long to finish
+# The engine's finish reasons as OpenAI names them (others, 'error', pass as they are).
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+Event = tuple[int, Token | Done]  # (choice index, engine event)
+
+
+@dataclass
+class Job:
+    """One choice of a request: its prompt ids and what it is asked to make."""
+    ids: list[int]
+    params: SamplingParams
+
+
+def finish_reason(reason: str) -> str:
+    return FINISH.get(reason, reason)
+
+
+def choice(chat: bool, i: int, text: str, reason: str) -> dict:
+    """One choice of a whole (not streamed) answer."""
+    if chat:
+        return {"index": i, "message": {"role": "assistant", "content": text},
+                "finish_reason": reason}
+    return {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+
+
+def chunk_choice(chat: bool, i: int, text: str, reason: str | None) -> dict:
+    """One choice of a streamed chunk: a piece of text (reason None) or the choice's end."""
+    if chat:
+        return {"index": i, "delta": {} if reason else {"content": text},
+                "finish_reason": reason}
+    return {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def sse(data: dict) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class OpenAIServer:
+    """The handlers of one server over `engine` (started and stopped with the app)."""
+
+    def __init__(self, lm: LanguageModel, engine: Engine, *, model_id: str,
+                 api_key: str | None = None):
+        self.lm, self.engine, self.model_id, self.api_key = lm, engine, model_id, api_key
+        self.metrics = Metrics(engine)
+        self.template = compile_template(lm.tokenizer.chat_template)
+        self.ready = False  # the engine runs: /health answers 200
+
+    def app(self) -> Starlette:
+        """The Starlette application routing to this server's handlers."""
+        app = Starlette(routes=[
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+        ], lifespan=self.lifespan, exception_handlers={404: self.not_found,
+                                                       405: self.not_found})
+        app.state.engine, app.state.metrics = self.engine, self.metrics
+        return app
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.engine.start()
+        self.ready = True
+        try:
+            yield
+        finally:
+            self.ready = False
+            await asyncio.to_thread(self.engine.stop, timeout=STOP_TIMEOUT_S)
+
+    # -- routes ------------------------------------------------------------------------------
+    async def completions(self, request: HttpRequest) -> Response:
+        """POST /v1/completions."""
+        return await self._answer(request, chat=False)
+
+    async def chat(self, request: HttpRequest) -> Response:
+        """POST /v1/chat/completions."""
+        return await self._answer(request, chat=True)
+
+    async def models(self, request: HttpRequest) -> Response:
+        """GET /v1/models: the one model, with its context."""
+        try:
+            self.authorize(request)
+        except ApiError as e:
+            return self.error(e, "models")
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_id, "object": "model", "created": int(time.time()),
+            "owned_by": "tinyt", "max_model_len": self.lm.context}]})
+
+    async def health(self, request: HttpRequest) -> Response:
+        """GET /health: 200 while the engine runs, else 503."""
+        ok = self.ready
+        return JSONResponse({"status": "ok" if ok else "unavailable", "model": self.model_id},
+                            status_code=200 if ok else 503)
+
+    async def prometheus(self, request: HttpRequest) -> Response:
+        """GET /metrics."""
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def not_found(self, request: HttpRequest, exc: Exception) -> Response:
+        return self.error(ApiError(404, f"no route {request.method} {request.url.path}",
+                                   kind="not_found_error"), "other")
+
+    # -- the steps of an answer --------------------------------------------------------------
+    def error(self, e: ApiError, endpoint: str) -> JSONResponse:
+        """The OpenAI error body of `e`, counted under `endpoint`."""
+        self.metrics.answered(endpoint, e.status)
+        return JSONResponse({"error": {"message": e.message, "type": e.kind, "param": e.param,
+                                       "code": None}}, status_code=e.status, headers=e.headers)
+
+    def authorize(self, request: HttpRequest) -> None:
+        """Nothing without an API key; else 'Authorization: Bearer KEY' or a 401."""
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if given != f"Bearer {self.api_key}":
+            raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer "
+                                "KEY'" if not given else "the API key is not valid",
+                           kind="authentication_error")
+
+    async def read_body(self, request: HttpRequest) -> dict:
+        return parse_body(await request.body(), self.model_id)
+
+    def prompts(self, body: dict, *, chat: bool) -> list[str]:
+        """The prompt texts of a request: its 'prompt', or its 'messages' rendered."""
+        if not chat:
+            return completion_prompts(body)
+        if self.template is None:
+            raise ApiError(400, f"{self.model_id} has no chat template (tokenizer_config.json's "
+                                "chat_template); use /v1/completions", param="messages")
+        return [render_chat(self.template, body.get("messages"), self.lm.tokenizer)]
+
+    def jobs(self, prompts: list[str], body: dict, default_max: int) -> list[Job]:
+        """One Job per prompt: its ids, checked against the context, and its settings."""
+        out = []
+        for text in prompts:
+            ids = check_prompt(self.lm.tokenizer.encode_prompt(text), self.lm.context)
+            out.append(Job(ids, sampling(body, len(ids), self.lm.context, default_max)))
+        return out
+
+    def submit_all(self, jobs: list[Job], loop: asyncio.AbstractEventLoop,
+                   queue: asyncio.Queue) -> list[Request]:
+        """Every job submitted, its events put on `queue` from the engine's thread; a full
+        queue cancels those already in and is a 429 with Retry-After."""
+        reqs: list[Request] = []
+        try:
+            for i, job in enumerate(jobs):
+                reqs.append(self.engine.submit(job.ids, job.params, listener=lambda ev, i=i:
+                                               loop.call_soon_threadsafe(queue.put_nowait,
+                                                                         (i, ev))))
+        except QueueFull as e:
+            for r in reqs:
+                r.cancel()
+            raise ApiError(429, f"the server is busy: {e}; retry after {RETRY_AFTER_S} s",
+                           kind="rate_limit_error",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        for job in jobs:
+            self.metrics.prompt_tokens.inc(len(job.ids))
+        return reqs
+
+    async def events(self, jobs: list[Job]) -> AsyncGenerator[Event, None]:
+        """(choice index, event) as the engine makes them; cancels what runs if abandoned."""
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        reqs = self.submit_all(jobs, loop, queue)
+        last, seen = [r.submitted for r in reqs], [0] * len(reqs)
+        remaining = len(reqs)
+        try:
+            while remaining:
+                i, ev = await queue.get()
+                if isinstance(ev, Token):
+                    self.metrics.token(ev.at - last[i], first=not seen[i])
+                    last[i], seen[i] = ev.at, seen[i] + 1
+                else:
+                    remaining -= 1
+                yield i, ev
+        finally:  # a disconnect or a finished response: nothing keeps running for it
+            for r in reqs:
+                r.cancel()
+
+    async def _answer(self, request: HttpRequest, *, chat: bool) -> Response:
+        endpoint = "chat" if chat else "completions"
+        try:
+            return await self.generate(request, chat=chat)
+        except ApiError as e:
+            return self.error(e, endpoint)
+        except ValueError as e:  # the runtime's own checks of what it was given
+            return self.error(ApiError(400, str(e)), endpoint)
+
+    async def generate(self, request: HttpRequest, *, chat: bool) -> Response:
+        """A completion or chat completion, whole or streamed; ApiError for a bad request."""
+        self.authorize(request)
+        body = await self.read_body(request)
+        jobs = self.jobs(self.prompts(body, chat=chat), body,
+                         self.lm.context if chat else COMPLETION_MAX_TOKENS)
+        stream, include_usage = stream_options(body)
+        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model_id}
+        if not stream:
+            return await self.complete(jobs, head, chat=chat)
+        return await self.stream(jobs, head, chat=chat, include_usage=include_usage)
+
+    async def complete(self, jobs: list[Job], head: dict, *, chat: bool) -> JSONResponse:
+        """The whole answer once every choice is done (a failed generation: 500)."""
+        texts, reasons, made = [""] * len(jobs), [""] * len(jobs), [0] * len(jobs)
+        async for i, ev in self.events(jobs):
+            if isinstance(ev, Done):
+                if ev.finish_reason == "error":
+                    raise ApiError(500, f"generation failed: {ev.error}", kind="server_error")
+                texts[i], reasons[i] = ev.text, finish_reason(ev.finish_reason)
+            else:
+                made[i] += 1
+        self.metrics.answered("chat" if chat else "completions", 200)
+        return JSONResponse({**head, "choices": [choice(chat, i, t, r) for i, (t, r)
+                                                 in enumerate(zip(texts, reasons))],
+                             "usage": usage(sum(len(j.ids) for j in jobs), sum(made))})
+
+    async def stream(self, jobs: list[Job], head: dict, *, chat: bool,
+                     include_usage: bool) -> StreamingResponse:
+        """Server-sent chunks as tokens come, a usage chunk if asked for, then [DONE]. The
+        first event is awaited here, so a full queue is a 429, not a broken stream."""
+        chunk_head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+        events = self.events(jobs)
+        first = await events.__anext__()
+        prompt_tokens = sum(len(j.ids) for j in jobs)
+
+        async def chunks() -> AsyncIterator[str]:
+            made = 0
+            try:
+                if chat:
+                    yield sse({**chunk_head, "choices": [{"index": 0, "delta": {
+                        "role": "assistant", "content": ""}, "finish_reason": None}]})
+                pending = [first]
+                while True:
+                    i, ev = pending.pop() if pending else await events.__anext__()
+                    if isinstance(ev, Token):
+                        made += 1
+                        if ev.text:
+                            yield sse({**chunk_head,
+                                       "choices": [chunk_choice(chat, i, ev.text, None)]})
+                        continue
+                    reason = finish_reason(ev.finish_reason)
+                    yield sse({**chunk_head, "choices": [chunk_choice(chat, i, "", reason)]})
+            except StopAsyncIteration:
+                pass
+            finally:
+                await events.aclose()
+            if include_usage:
+                yield sse({**chunk_head, "choices": [], "usage": usage(prompt_tokens, made)})
+            yield "data: [DONE]\n\n"
+
+        self.metrics.answered("chat" if chat else "completions", 200)
+        return StreamingResponse(chunks(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+
+def build_app(lm: LanguageModel, engine: Engine, *, model_id: str,
+              api_key: str | None = None) -> Starlette:
+    """The Starlette application serving `engine` (started and stopped with the app)."""
+    return OpenAIServer(lm, engine, model_id=model_id, api_key=api_key).app()
