@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from tinyt.errors import ConfigError, ManifestError
 from tinyt.tokenizer import Tokenizer
 
-from .generate import _prompt_text
+from .generate import prompt_text
 from .session import Artifact
 
 
@@ -28,21 +29,21 @@ class Classifier:
         self.config, self.labels = artifact.config, list(artifact.labels or [])
         self.provider = session.get_providers()[0]
         if len(self.labels) != self.config.num_labels:
-            raise ValueError(f"{artifact.path}/config.json lists {len(self.labels)} labels for "
-                             f"{self.config.num_labels} outputs")
+            raise ManifestError(f"{artifact.path}/config.json lists {len(self.labels)} labels "
+                                f"for {self.config.num_labels} outputs")
         self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
 
     def classify(self, texts: str | Sequence[str], *, batch_size: int = 32
                  ) -> Prediction | list[Prediction]:
         """Label and class probabilities of each text (one text in, one Prediction out)."""
         if not (isinstance(batch_size, int) and batch_size >= 1):
-            raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+            raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
         single = isinstance(texts, (str, bytes))
         if single:
             texts = [texts]  # type: ignore[list-item]  # one text in, one Prediction out
         if not isinstance(texts, (list, tuple)) or not texts:
-            raise ValueError("texts must be a string or a non-empty list of strings")
-        ids = [self.tokenizer.encode(_prompt_text(t))[: self.config.block_size] for t in texts]
+            raise ConfigError("texts must be a string or a non-empty list of strings")
+        ids = [self.tokenizer.encode(prompt_text(t))[: self.config.block_size] for t in texts]
         out: list[Prediction] = []
         for i in range(0, len(ids), batch_size):
             out += self._batch(ids[i:i + batch_size])

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tinyt.contract import SHARED_CACHE_KIND
-from tinyt.errors import NonFiniteError, QueueFull
+from tinyt.errors import ConfigError, NonFiniteError, QueueFull
 
 from .cache import SharedCache
 from .feeds import prefill_feeds
-from .generate import LanguageModel, _safe_end, _stop_cut
+from .generate import LanguageModel, safe_end, stop_cut
 from .sampling import SamplingParams
 
 
@@ -107,8 +107,7 @@ class _SharedRows:
 
     def __init__(self, lm: LanguageModel, rows: int):
         self.lm = lm
-        self.cache = SharedCache(lm.session, lm.config, rows, lm.context,
-                                 kv_dtype=lm._kv_dtype, prefill_session=lm.prefill_session)
+        self.cache = lm.new_cache(rows)
         # Prompts run together only where no activation scale is shared between rows
         # (quantize --kernel qgemm-rows or nbits, one graph for prompts and steps): the pair's
         # per-tensor qgemm prompt graph would let prompts that arrive together move each
@@ -119,11 +118,11 @@ class _SharedRows:
         groups = [new] if self.together else [{row: ids} for row, ids in new.items()]
         out: dict[int, np.ndarray] = {}
         for group in groups:
-            staging = self.lm._caches.take(len(group))
+            staging = self.lm.take_cache(len(group))
             try:
-                out.update(self.cache.admit_from(group, self.lm._pad, staging))
+                out.update(self.cache.admit_from(group, self.lm.pad_id, staging))
             finally:
-                self.lm._caches.give(staging)
+                self.lm.give_cache(staging)
         return out
 
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
@@ -131,7 +130,7 @@ class _SharedRows:
 
     # chunked prefill: a prompt goes through a staging cache of its own, piece by piece
     def start_filling(self) -> SharedCache:
-        staging = self.lm._caches.take(1)
+        staging = self.lm.take_cache(1)
         staging.lens[:] = 0
         return staging
 
@@ -144,7 +143,7 @@ class _SharedRows:
         if staging is not None:
             if keep:
                 self.cache.copy_in(row, staging)
-            self.lm._caches.give(staging)
+            self.lm.give_cache(staging)
 
     def release(self, row: int) -> None:
         self.cache.lens[row] = 0
@@ -172,7 +171,7 @@ class _SeparateRows:
         for row, ids in new.items():  # (returns rows' logits by row index, as _SharedRows)
             steps = self.lm.steps(prefill_feeds(self.lm.config, self.lm.artifact.kind,
                                                 np.array([ids], dtype=np.int64),
-                                                kv_dtype=self.lm._kv_dtype))
+                                                kv_dtype=self.lm.kv_dtype))
             self.logits[row] = next(steps)[0, -1]
             self.steps[row] = steps
         return self.logits
@@ -203,14 +202,14 @@ class Engine:
     def __init__(self, lm: LanguageModel, *, max_batch: int = 8, max_queue: int = 64,
                  prefill_tokens: int = 64, prefill_chunk: int | None = None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
-            raise ValueError(f"max_batch={max_batch!r} must be an integer >= 1")
+            raise ConfigError(f"max_batch={max_batch!r} must be an integer >= 1")
         if not (isinstance(max_queue, int) and max_queue >= 1):
-            raise ValueError(f"max_queue={max_queue!r} must be an integer >= 1")
+            raise ConfigError(f"max_queue={max_queue!r} must be an integer >= 1")
         if lm.artifact.fixed:
-            raise ValueError(f"{lm.artifact.path} is pinned to fixed shapes; serve a "
-                             "dynamic-shape artifact (the shared-cache pair batches best)")
+            raise ConfigError(f"{lm.artifact.path} is pinned to fixed shapes; serve a "
+                              "dynamic-shape artifact (the shared-cache pair batches best)")
         if not (isinstance(prefill_tokens, int) and prefill_tokens >= 1):
-            raise ValueError(f"prefill_tokens={prefill_tokens!r} must be an integer >= 1")
+            raise ConfigError(f"prefill_tokens={prefill_tokens!r} must be an integer >= 1")
         self.lm, self.max_batch, self.max_queue = lm, max_batch, max_queue
         # Prompt tokens admitted between two steps (at least one request's): the running rows
         # wait for those prompts, so this bounds the time between their tokens.
@@ -218,10 +217,10 @@ class Engine:
         self.batched = lm.artifact.kind == SHARED_CACHE_KIND
         if prefill_chunk is not None and not (isinstance(prefill_chunk, int)
                                               and prefill_chunk >= 1):
-            raise ValueError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
+            raise ConfigError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
         if prefill_chunk is not None and not self.batched:
-            raise ValueError("prefill_chunk needs a shared-cache graph (optimize --target gqa): "
-                             f"{lm.artifact.path} is a {lm.artifact.kind} graph")
+            raise ConfigError("prefill_chunk needs a shared-cache graph (optimize --target gqa): "
+                              f"{lm.artifact.path} is a {lm.artifact.kind} graph")
         # Prompt tokens run between two steps when prompts go in pieces (None: whole prompts,
         # up to prefill_tokens): a running row waits for one piece at most.
         self.prefill_chunk = prefill_chunk
@@ -247,9 +246,10 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, *,
                listener: Callable[[Token | Done], None] | None = None) -> Request:
-        """Queue a generation; QueueFull when max_queue are waiting, ValueError for a prompt
-        that leaves no room for a token. `listener` hears every event as it happens."""
-        (ids,) = self.lm._check_ids([prompt_ids])
+        """Queue a generation; QueueFull when max_queue are waiting, ConfigError (a
+        ValueError) for a prompt that leaves no room for a token. `listener` hears every event
+        as it happens."""
+        (ids,) = self.lm.check_ids([prompt_ids])
         req = Request(ids, params, listener=listener)
         with self._cond:
             if self._stopping:
@@ -381,21 +381,18 @@ class Engine:
             heapq.heappush(self._free, row)
 
     def _choose(self, row: int, req: Request, logits: np.ndarray) -> None:
-        """The row's next token by generate's own rules (LanguageModel._choose), its text, and
-        its end if this is one."""
+        """The row's next token by generate's own rules (LanguageModel.choose_next), its text,
+        and its end if this is one."""
         lm, params = self.lm, req.params
-        if lm._choosable is not None:
-            logits = logits[:lm._choosable]
-        try:  # a copy: _choose may mask end-of-text, and the buffer is the next step's output
-            reason = lm._choose(0, logits.copy(), params, self._rngs[row], [req.prompt_ids],
-                                [req.out])
+        try:  # choose_next masks a copy, not the rows' buffer (the next step's output)
+            reason = lm.choose_next(logits, params, self._rngs[row], req.prompt_ids, req.out)
         except NonFiniteError as e:
             return self._finish(row, req, "error", str(e))
         if reason == "eos":
             return self._finish(row, req, "eos")
         self.tokens_generated += 1
         text = lm.tokenizer.decode(req.out)
-        end = _stop_cut(text, params.stop) if reason else _safe_end(text, params.stop)
+        end = stop_cut(text, params.stop) if reason else safe_end(text, params.stop)
         req._emit(Token(req.out[-1], text[req._shown:end] if end > req._shown else "",
                         time.perf_counter()))
         req._shown = max(req._shown, end)
@@ -404,7 +401,7 @@ class Engine:
 
     def _finish(self, row: int, req: Request, reason: str, error: str | None = None) -> None:
         text = self.lm.tokenizer.decode(req.out)
-        req._emit(Done(reason, text[:_stop_cut(text, req.params.stop)], error))
+        req._emit(Done(reason, text[:stop_cut(text, req.params.stop)], error))
         with self._cond:
             del self._running[row]
             self._rngs.pop(row, None)

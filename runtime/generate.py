@@ -6,8 +6,8 @@
 
 A batch of prompts of different lengths is left-padded; positions come from the attention mask,
 so each prompt gets the tokens it gets alone. The model has no positions beyond block_size:
-a prompt must leave room for one new token (else ValueError), and generation stops with
-finish_reason 'context' when a sequence reaches block_size.
+a prompt must leave room for one new token (else ConfigError, a ValueError), and generation
+stops with finish_reason 'context' when a sequence reaches block_size.
 """
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from tinyt.contract import SHARED_CACHE_KIND, past_name
-from tinyt.errors import NonFiniteError
+from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND, past_name
+from tinyt.errors import ConfigError, NonFiniteError
 from tinyt.tokenizer import Tokenizer
 
 from .cache import CachePool, SharedCache, rows_from_left_padded
 from .feeds import grow_mask, left_pad, prefill_feeds, step_feeds
 from .fixed import FixedWindow, capacity
-from .sampling import SamplingParams, _nonfinite, next_token
+from .sampling import SamplingParams, next_token, nonfinite_error
 from .session import Artifact
 
 REPLACEMENT = "\ufffd"  # what a decoder shows for a partial UTF-8 sequence
@@ -38,27 +38,33 @@ class GenerationResult:
     finish_reason: str  # eos | stop | length | context
 
 
-def _prompt_text(prompt) -> str:
+def prompt_text(prompt) -> str:
+    """A prompt (str or UTF-8 bytes) as non-empty, encodable text; ConfigError if it is not."""
     if isinstance(prompt, bytes):
         try:
             prompt = prompt.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"prompt bytes are not valid UTF-8 ({e}); pass str or UTF-8 bytes") \
-                from None
+            raise ConfigError(f"prompt bytes are not valid UTF-8 ({e}); pass str or UTF-8 "
+                              "bytes") from None
     if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be str or UTF-8 bytes, not {type(prompt).__name__}")
+        raise ConfigError(f"prompt must be str or UTF-8 bytes, not {type(prompt).__name__}")
     if not prompt:
-        raise ValueError("prompt is empty; give at least one character")
+        raise ConfigError("prompt is empty; give at least one character")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"prompt is not valid Unicode text ({e.reason} at {e.start})") from None
+        raise ConfigError(f"prompt is not valid Unicode text ({e.reason} at {e.start})") \
+            from None
     return prompt
 
 
 class LanguageModel:
     """A causal LM artifact on an ONNX Runtime session. Thread-safe: calls share only the
-    session, whose run() may be called from many threads."""
+    session, whose run() may be called from many threads.
+
+    Beside generate / stream, the pieces a scheduler of its own (runtime/engine.py) drives:
+    check_ids, steps, choose_next, pad_id and kv_dtype; and on a shared-cache artifact
+    new_cache, take_cache and give_cache."""
 
     def __init__(self, artifact: Artifact, session: ort.InferenceSession, tokenizer: Tokenizer,
                  *, io_binding: bool | None = None,
@@ -81,13 +87,11 @@ class LanguageModel:
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
         self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
-        if artifact.kind == SHARED_CACHE_KIND:
-            self._caches = CachePool(lambda b: SharedCache(
-                self.session, self.config, b, self.context, kv_dtype=self._kv_dtype,
-                prefill_session=self.prefill_session))
         # The most tokens a sequence can hold: block_size, or a pinned graph's window.
         self.context = self.config.block_size if artifact.fixed is None else min(
             self.config.block_size, capacity(artifact.kind, artifact.fixed))
+        if artifact.kind == SHARED_CACHE_KIND:
+            self._caches = CachePool(self.new_cache)
 
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> str | list[str]:
@@ -99,15 +103,15 @@ class LanguageModel:
     def generate_details(self, prompts: Sequence, **kwargs) -> list[GenerationResult]:
         """Text, token ids and finish reason for each prompt of a batch."""
         if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError("prompts must be a non-empty list of strings")
-        return self.generate_ids([self.tokenizer.encode_prompt(_prompt_text(p)) for p in prompts],
+            raise ConfigError("prompts must be a non-empty list of strings")
+        return self.generate_ids([self.tokenizer.encode_prompt(prompt_text(p)) for p in prompts],
                                  **kwargs)
 
     def stream(self, prompt, **kwargs) -> Iterator[str]:
         """Pieces of generated text as they are decided; they concatenate to generate()'s.
         Arguments are checked here, before the first piece is asked for."""
         params = SamplingParams(**_params(kwargs))
-        rows = self._check_ids([self.tokenizer.encode_prompt(_prompt_text(prompt))])
+        rows = self.check_ids([self.tokenizer.encode_prompt(prompt_text(prompt))])
         return self._stream(rows, params)
 
     def _stream(self, rows: list[list[int]], params: SamplingParams) -> Iterator[str]:
@@ -115,7 +119,7 @@ class LanguageModel:
         for out, reasons in self._loop(rows, params):
             text = self.tokenizer.decode(out[0])
             # While running, hold back a partial character or a possible stop-string start.
-            end = _stop_cut(text, params.stop) if reasons[0] else _safe_end(text, params.stop)
+            end = stop_cut(text, params.stop) if reasons[0] else safe_end(text, params.stop)
             if end > shown:
                 yield text[shown:end]
                 shown = end
@@ -123,7 +127,7 @@ class LanguageModel:
     def generate_ids(self, token_ids, **kwargs) -> list[GenerationResult]:
         """Generation from token ids: a list of ints, or a list / 2-D array of rows."""
         params = SamplingParams(**_params(kwargs))
-        rows = self._check_ids(token_ids)
+        rows = self.check_ids(token_ids)
         if (self.artifact.kind == SHARED_CACHE_KIND and len(rows) == 1 and params.temperature == 0
                 and params.repetition_penalty == 1.0 and not params.stop):
             out, reasons = self._greedy_one(rows[0], params)
@@ -134,36 +138,83 @@ class LanguageModel:
         for row, reason in zip(out, reasons):
             assert reason is not None  # both loops end only when every row has its reason
             text = self.tokenizer.decode(row)
-            results.append(GenerationResult(text[:_stop_cut(text, params.stop)], row, reason))
+            results.append(GenerationResult(text[:stop_cut(text, params.stop)], row, reason))
         return results
 
-    # -- the loop ------------------------------------------------------------------------------
-    def _check_ids(self, token_ids) -> list[list[int]]:
+    # -- the pieces a scheduler drives (runtime/engine.py) ---------------------------------
+    @property
+    def pad_id(self) -> int:
+        """The id fed where a row has no token (left padding, finished rows): end-of-text."""
+        return self._pad
+
+    @property
+    def kv_dtype(self) -> type[np.floating]:
+        """The KV cache's element type, as the graph's past inputs declare it."""
+        return self._kv_dtype
+
+    def check_ids(self, token_ids) -> list[list[int]]:
+        """Prompt rows as lists of ints (from a list of ints, a list of rows or a 1-D / 2-D
+        array), each inside the vocabulary and leaving room for one new token in the
+        context; ConfigError naming the row and the limit otherwise."""
         rows = token_ids.tolist() if isinstance(token_ids, np.ndarray) else token_ids
         if isinstance(token_ids, np.ndarray) and (
                 token_ids.ndim not in (1, 2) or not np.issubdtype(token_ids.dtype, np.integer)):
-            raise ValueError(f"token ids must be a 1-D or 2-D integer array, got "
-                             f"{token_ids.ndim}-D {token_ids.dtype}")
+            raise ConfigError(f"token ids must be a 1-D or 2-D integer array, got "
+                              f"{token_ids.ndim}-D {token_ids.dtype}")
         if isinstance(rows, (list, tuple)) and rows and all(_is_int(t) for t in rows):
             rows = [rows]
         if not (isinstance(rows, (list, tuple)) and rows and all(
                 isinstance(r, (list, tuple)) and r and all(_is_int(t) for t in r) for r in rows)):
-            raise ValueError("token ids must be a non-empty list of ints, or a list of "
-                             "non-empty lists of ints")
+            raise ConfigError("token ids must be a non-empty list of ints, or a list of "
+                              "non-empty lists of ints")
         V, block = self.config.vocab_size, self.context
         if self.artifact.fixed and len(rows) > self.artifact.fixed["batch_size"]:
-            raise ValueError(f"{len(rows)} prompts, but this graph is pinned to batch_size "
-                             f"{self.artifact.fixed['batch_size']}; give at most that many")
+            raise ConfigError(f"{len(rows)} prompts, but this graph is pinned to batch_size "
+                              f"{self.artifact.fixed['batch_size']}; give at most that many")
         for i, row in enumerate(rows):
             bad = [int(t) for t in row if not 0 <= t < V]
             if bad:
-                raise ValueError(f"token ids {bad[:5]} (row {i}) are outside the vocabulary "
-                                 f"0..{V - 1}")
+                raise ConfigError(f"token ids {bad[:5]} (row {i}) are outside the vocabulary "
+                                  f"0..{V - 1}")
             if len(row) >= block:
-                raise ValueError(f"prompt {i} is {len(row)} tokens; this model reads at most "
-                                 f"{block - 1} (its context {block}, less one so that a token "
-                                 "can follow)")
+                raise ConfigError(f"prompt {i} is {len(row)} tokens; this model reads at most "
+                                  f"{block - 1} (its context {block}, less one so that a token "
+                                  "can follow)")
         return [[int(t) for t in row] for row in rows]
+
+    def choose_next(self, logits: np.ndarray, params: SamplingParams,
+                    rng: np.random.Generator | None, prompt: list[int],
+                    out: list[int]) -> str | None:
+        """One sequence's next token by generate's own rules (min_new_tokens, repetition
+        penalty, sampling, the context, stop strings), appended to `out` unless it is
+        end-of-text; its finish reason if this ends it, else None. `logits` [vocab] is
+        left as it is (a copy is changed); NonFiniteError for logits that are not finite."""
+        if self._choosable is not None:  # a padded vocabulary: never the ids beyond it
+            logits = logits[:self._choosable]
+        return self._choose(0, logits.copy(), params, rng, [prompt], [out])
+
+    def new_cache(self, rows: int) -> SharedCache:
+        """A shared-cache artifact's KV buffers for `rows` sequences of up to the context,
+        bound to this model's sessions (runtime/cache.py)."""
+        return SharedCache(self.session, self.config, rows, self.context,
+                           kv_dtype=self._kv_dtype, prefill_session=self.prefill_session)
+
+    def take_cache(self, rows: int) -> SharedCache:
+        """A shared cache of `rows` rows from this model's pool (made if none is free); hand
+        it back with give_cache."""
+        return self._shared_pool().take(rows)
+
+    def give_cache(self, cache: SharedCache) -> None:
+        """Return a cache from take_cache to the pool, for the next generation."""
+        self._shared_pool().give(cache)
+
+    def _shared_pool(self) -> CachePool:
+        if self.artifact.kind != SHARED_CACHE_KIND:
+            raise ConfigError(f"{self.artifact.path} is a {self.artifact.kind} graph: shared "
+                              "caches belong to shared-cache graphs (optimize --target gqa)")
+        return self._caches
+
+    # -- the loop ------------------------------------------------------------------------------
 
     def _loop(self, rows: list[list[int]], params: SamplingParams
               ) -> Iterator[tuple[list[list[int]], list[str | None]]]:
@@ -217,7 +268,7 @@ class LanguageModel:
                     z[eos] = -np.inf  # end-of-text is not allowed yet
                 tok = int(z.argmax())
                 if not math.isfinite(z[tok]):
-                    raise _stopped(len(out), 0, _nonfinite(z[tok]))
+                    raise _stopped(len(out), 0, nonfinite_error(z[tok]))
                 if tok == eos:
                     return [out], ["eos"]
                 out.append(tok)
@@ -235,7 +286,7 @@ class LanguageModel:
         running [B] bool) to run the next step. Finished rows are fed what the caller sends
         and their logits are not to be read. Closing it frees the artifact's cache buffers.
 
-            steps = lm.steps(prefill_feeds(lm.config, "decoder_with_past", ids, mask))
+            steps = lm.steps(prefill_feeds(lm.config, DECODER_WITH_PAST, ids, mask))
             logits = next(steps)                                   # [B, S or 1, V]
             logits = steps.send((logits[:, -1].argmax(-1), active))
         """
@@ -258,7 +309,7 @@ class LanguageModel:
                 nxt, active = yield logits[:, None]
                 logits = window.feed(nxt[:, None].astype(np.int64),
                                      np.asarray(active, dtype=np.int64)[:, None])
-        if kind != "decoder_with_past":  # no cache: the whole sequence runs again
+        if kind != DECODER_WITH_PAST:  # no cache: the whole sequence runs again
             while True:
                 outputs = self.session.run(self._outputs, feeds)
                 nxt, active = yield outputs[0]
@@ -326,7 +377,7 @@ class LanguageModel:
             return "context"
         if params.stop:
             text = self.tokenizer.decode(out[r])
-            if _stop_cut(text, params.stop) < len(text):
+            if stop_cut(text, params.stop) < len(text):
                 return "stop"
         return None
 
@@ -346,17 +397,17 @@ def _params(kwargs: dict) -> dict:
         kwargs = {**kwargs, "stop": tuple(kwargs["stop"])}
     unknown = set(kwargs) - set(SamplingParams.__dataclass_fields__)
     if unknown:
-        raise ValueError(f"unknown generation argument(s) {sorted(unknown)}; allowed: "
-                         f"{sorted(SamplingParams.__dataclass_fields__)}")
+        raise ConfigError(f"unknown generation argument(s) {sorted(unknown)}; allowed: "
+                          f"{sorted(SamplingParams.__dataclass_fields__)}")
     return kwargs
 
 
-def _stop_cut(text: str, stops: tuple[str, ...]) -> int:
+def stop_cut(text: str, stops: tuple[str, ...]) -> int:
     """Where `text` ends once cut at the first stop string (its length if none occurs)."""
     return min((text.find(s) for s in stops if s in text), default=len(text))
 
 
-def _safe_end(text: str, stops: tuple[str, ...]) -> int:
+def safe_end(text: str, stops: tuple[str, ...]) -> int:
     """How much of `text` can be shown now: not a trailing partial character, nor a tail that
     may be the start of a stop string."""
     end = len(text)
@@ -367,4 +418,4 @@ def _safe_end(text: str, stops: tuple[str, ...]) -> int:
             if text[:end].endswith(s[:k]):
                 end -= k
                 break
-    return min(end, _stop_cut(text, stops))
+    return min(end, stop_cut(text, stops))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyt.errors import NonFiniteError
+from tinyt.errors import ConfigError, NonFiniteError
 
 MAX_NEW_TOKENS_LIMIT = 1 << 20  # beyond this a request is a mistake, not a plan
 
@@ -26,7 +26,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         def bad(name, value, allowed):
-            raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+            raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
 
         n = self.max_new_tokens
         if not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_NEW_TOKENS_LIMIT):
@@ -65,7 +65,7 @@ def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
     if params.temperature == 0 and params.repetition_penalty == 1.0:
         tok = int(logits.argmax())  # greedy: no copy of the row per token
         if not math.isfinite(logits[tok]):
-            raise _nonfinite(logits[tok])
+            raise nonfinite_error(logits[tok])
         return tok
     z = logits  # float32; float64 from here on only for what needs it (GPT-2's vocabulary:
     # top-k sampling went from 1.25 ms to 0.28 ms a token by not widening the whole row)
@@ -76,7 +76,7 @@ def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
                            z[seen] * params.repetition_penalty)
     top = z.max()
     if not math.isfinite(top):
-        raise _nonfinite(top)
+        raise nonfinite_error(top)
     if params.temperature == 0:
         return int(z.argmax())
     ids = None  # the candidates: every id, or (top-k) the ids that can win, in id order
@@ -99,7 +99,8 @@ def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
     return pick if ids is None else int(ids[pick])
 
 
-def _nonfinite(value) -> NonFiniteError:
+def nonfinite_error(value) -> NonFiniteError:
+    """The error for a row of logits whose deciding value is NaN or infinite."""
     return NonFiniteError(f"the model's logits are not finite ({float(value)}): its weights or "
                           "the artifact are damaged; check it against its checkpoint with "
                           "'tinyt verify CHECKPOINT ARTIFACT'")
