@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import os
 
-from tinyt.contract import SHARED_CACHE_KIND
-from tinyt.hardware import physical_cores
+from tinyt.contract import CLASSIFIER, SHARED_CACHE_KIND
 from tinyt.manifest import ManifestError
 from tinyt.tokenizer import Tokenizer
 
@@ -25,10 +24,10 @@ from .sampling import SamplingParams
 from .session import (
     PROVIDERS,
     ProviderError,
-    check_threads,
     create_session,
     installation_problems,
     open_artifact,
+    resolve_threads,
 )
 from .tuning import Plan, plan_sessions
 
@@ -49,11 +48,10 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     prompt graph against its step graph, and keeps the fastest for each phase (runtime/tuning.py;
     the choice is in LanguageModel.plan). tune=False: every phase at exactly `threads`."""
     artifact = open_artifact(path)
+    threads = resolve_threads(threads)  # checked and defaulted here, once
     if artifact.kind == SHARED_CACHE_KIND and provider == "cpu":
-        check_threads(threads)
-        plan, session, prefill = plan_sessions(
-            artifact, threads=threads or physical_cores(), spinning=spinning, level=level,
-            tune=tune)
+        plan, session, prefill = plan_sessions(artifact, threads=threads, spinning=spinning,
+                                               level=level, tune=tune)
     else:
         plan, session = None, create_session(artifact, provider=provider, threads=threads,
                                              spinning=spinning, level=level)
@@ -65,7 +63,7 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
         raise ManifestError(f"{artifact.path}/tokenizer.json has {tokenizer.vocab_size} tokens but "
                             f"config.json's vocab_size is {artifact.config.vocab_size}: the "
                             "tokenizer does not belong to this model")
-    if artifact.kind == "classifier":
+    if artifact.kind == CLASSIFIER:
         return Classifier(artifact, session, tokenizer)
     return LanguageModel(artifact, session, tokenizer, io_binding=io_binding,
                          prefill_session=None if prefill is session else prefill, plan=plan)

@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from tinyt import contract, int8
 from tinyt.config import ModelConfig
-from tinyt.contract import SHARED_CACHE_KIND
+from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
 from tinyt.errors import ConfigError, NonFiniteError, ProviderError, SaturationError
 from tinyt.graphio import GraphError
 from tinyt.hardware import int8_preset, physical_cores, saturates_here
@@ -35,7 +35,7 @@ LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 class Artifact:
     path: Path
     config: ModelConfig
-    kind: str  # decoder_with_past | decoder | classifier
+    kind: str  # one of tinyt.contract.KINDS
     labels: list[str] | None
     manifest: dict
     model_file: str = "model.onnx"  # model.ort for an ORT-format package
@@ -151,7 +151,7 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
     want = contract.contract_for(cfg, kind)
     model = f"{artifact.path}/{artifact.model_file}"
     layers = sum(t.name.startswith("past_key_values.") for t in session.get_inputs()) // 2
-    if kind in ("decoder_with_past", SHARED_CACHE_KIND) and layers != cfg.n_layer:
+    if kind in (DECODER_WITH_PAST, SHARED_CACHE_KIND) and layers != cfg.n_layer:
         raise ManifestError(f"config.json says n_layer={cfg.n_layer} but {model} has a KV cache "
                             f"for {layers} layers: the config does not belong to this graph")
     for got, specs, side in ((session.get_inputs(), want[0], "inputs"),
@@ -211,20 +211,26 @@ def _probe(artifact: Artifact, session: ort.InferenceSession, model: str) -> Non
                              "hold NaN or inf (re-export it from a good checkpoint)")
 
 
-def check_threads(threads) -> None:
+def resolve_threads(threads: int | None) -> int:
+    """The intra-op threads of an artifact's sessions: `threads` if it is a positive integer,
+    None for the physical cores. The one place a caller's threads is checked and defaulted
+    (rt.load calls it; create_session, session_options and plan_sessions take its answer)."""
     if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool)
                                     and threads >= 1):
         raise ConfigError(f"threads={threads!r} is invalid: a positive integer, or None for "
                           f"the physical cores ({physical_cores()} here)")
+    return physical_cores() if threads is None else threads
 
 
 PHASES = ("any", "step", "prompt")  # what a session runs: both, decode steps only, prompts only
 
 
-def session_options(artifact: Artifact, *, threads: int | None, spinning: bool | None,
+def session_options(artifact: Artifact, *, threads: int, spinning: bool | None,
                     level: str | None, phase: str = "any") -> ort.SessionOptions:
+    """ONNX Runtime's options for one of the artifact's sessions; threads as resolve_threads
+    gives it."""
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or physical_cores()
+    opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # Spinning keeps worker threads busy-waiting between runs. A decode step is a few dozen
@@ -256,10 +262,11 @@ def session_options(artifact: Artifact, *, threads: int | None, spinning: bool |
     return opts
 
 
-def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | None = None,
+def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int,
                    spinning: bool | None = None, level: str | None = None,
                    graph: str | None = None, phase: str = "any") -> ort.InferenceSession:
     """A session on exactly the requested provider ('auto': the best that really works).
+    threads: intra-op threads, checked and defaulted by resolve_threads (rt.load does);
     graph: a file of the artifact other than its model (a shared-cache pair's prompt graph);
     phase: 'prompt' for a session that runs only prompts, taking turns with a step session
     (its threads sleep as soon as a run ends), 'step' for one that runs only decode steps,
@@ -268,9 +275,8 @@ def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int | 
         raise ProviderError(f"provider={provider!r} is not one of {', '.join(PROVIDERS)}, auto")
     if level is not None and level not in LEVELS:
         raise ProviderError(f"level={level!r} is not one of {', '.join(LEVELS)}")
-    check_threads(threads)
     if phase not in PHASES:
-        raise ValueError(f"phase={phase!r} is not one of {', '.join(PHASES)}")
+        raise ConfigError(f"phase={phase!r} is not one of {', '.join(PHASES)}")
     check_int8(artifact.manifest, graph or artifact.model_file)
     opts = session_options(artifact, threads=threads, spinning=spinning, level=level,
                            phase=phase)

@@ -302,7 +302,7 @@ def test_memory_planning_follows_the_graphs_shapes(lm_onnx, tmp_path):
         assert opts.enable_mem_pattern == (kind == SHARED_CACHE_KIND and phase != "prompt"), (kind, phase)
         assert opts.enable_cpu_mem_arena == (kind != SHARED_CACHE_KIND), (kind, phase)
     with pytest.raises(ValueError, match="phase='decode' is not one of any, step, prompt"):
-        rt.session.create_session(art, phase="decode")
+        rt.session.create_session(art, threads=1, phase="decode")
 
 
 def _reference_next_token(logits, params, rng, history):
