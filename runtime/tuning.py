@@ -78,7 +78,8 @@ def prompt_graph_allowed(artifact: Artifact, features: dict | None = None) -> st
 def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
                   level: str | None, tune: bool, features: dict | None = None
                   ) -> tuple[Plan, ort.InferenceSession, ort.InferenceSession]:
-    """The plan, the decode session and the prompt session (possibly the same one)."""
+    """The plan, the decode session and the prompt session (possibly the same one); threads
+    is the budget, checked and defaulted already (session.resolve_threads, in rt.load)."""
     opened: dict[tuple[str, int, str], ort.InferenceSession] = {}
 
     def open_(graph: str, n: int, phase: str) -> ort.InferenceSession:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import tinyt.runtime as rt
 from tinyt.checkpoint import load_checkpoint
+from tinyt.errors import ConfigError
 from tinyt.manifest import ManifestError
 from tinyt.model import generate as torch_generate
 
@@ -119,8 +120,36 @@ def test_context_limit(lm, ck):
     (lambda m: m.stream("alpha beta " * 60), r"reads at most \d+ \(its context"),
 ])
 def test_bad_input_is_a_value_error(lm, call, needle):
-    with pytest.raises(ValueError, match=needle):
+    with pytest.raises(ValueError, match=needle) as e:
         call(lm)
+    assert isinstance(e.value, ConfigError)  # tinyt's own, a ValueError
+
+
+def test_the_scheduler_interface_gives_generates_tokens(lm):
+    """check_ids, steps and choose_next driven token by token, as runtime/engine.py drives
+    them, give generate's tokens, and leave the logits they are given as they were."""
+    from tinyt.runtime.feeds import prefill_feeds
+
+    ids = lm.tokenizer.encode("def ")
+    assert lm.check_ids(np.array(ids)) == lm.check_ids([ids]) == [ids]
+    params = rt.SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=0.8, seed=3)
+    rng = np.random.default_rng(params.seed)
+    steps = lm.steps(prefill_feeds(lm.config, lm.artifact.kind, np.array([ids]),
+                                   kv_dtype=lm.kv_dtype))
+    logits, out = next(steps)[0, -1], []
+    while True:
+        before = logits.copy()
+        reason = lm.choose_next(logits, params, rng, ids, out)
+        assert np.array_equal(logits, before)  # end-of-text was masked in a copy
+        if reason:
+            break
+        logits = steps.send((np.array([out[-1]]), np.ones(1, dtype=bool)))[0, -1]
+    steps.close()
+    (want,) = lm.generate_ids([ids], max_new_tokens=6, min_new_tokens=6, temperature=0.8, seed=3)
+    assert (out, reason) == (want.token_ids, want.finish_reason) == (out, "length")
+    assert lm.pad_id == lm.tokenizer.eos_id and lm.kv_dtype == np.float32
+    with pytest.raises(ConfigError, match="shared caches belong to shared-cache graphs"):
+        lm.take_cache(1)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
