@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlencode
+
+from tinyt.contract import DECODER_WITH_PAST
 
 VARIANTS = ("onnx", "onnx-int8", "onnx-int8-gqa")
 
@@ -164,15 +165,15 @@ def run(artifacts: Path, out: Path, *, prompt_tokens: int = 32, new_tokens: int 
     from tinyt.data import held_out_prompts, load_corpus
     from tinyt.export.package import package
     from tinyt.export.web.serve import chromium
-    from tinyt.hardware import cpu_features
+
+    from .environment import environment
 
     out.mkdir(parents=True, exist_ok=True)
     first = rt.load(artifacts / variants[0])
     ids = held_out_prompts(first.tokenizer, load_corpus(None).val, 1, prompt_tokens)[0]
     ids = [int(i) for i in ids]
     result = {"artifacts": str(artifacts), "model": first.config.to_dict(),
-              "environment": {"cpu": cpu_features(), "python": platform.python_version(),
-                              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+              "environment": environment(("tinyt", "onnxruntime", "playwright")),
               "method": {"prompt_tokens": len(ids), "new_tokens": new_tokens}, "rows": []}
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
@@ -190,8 +191,8 @@ def run(artifacts: Path, out: Path, *, prompt_tokens: int = 32, new_tokens: int 
                     "runtime_prefill_ms": native["prefill_ms"],
                     "runtime_decode_ms": native["decode_ms_per_token"],
                     "same_greedy_tokens": web["greedy"] == native["greedy"]})
-                if transformers_js and rt.load(artifacts / v).artifact.kind == \
-                        "decoder_with_past":
+                if transformers_js and \
+                        rt.load(artifacts / v).artifact.kind == DECODER_WITH_PAST:
                     tjs = transformers_js_times(browser, artifacts / v, transformers_js, ids,
                                                 new_tokens, threads)
                     if "error" in tjs:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 from pathlib import Path
 
@@ -67,14 +66,17 @@ def markdown(table: dict, env: dict) -> str:
         rows.append(f"| {name} | {r['parameters']:,} | {r['kv_cache_bytes_per_token']:,} | "
                     f"{r['val_loss_after_steps']:.4f} | {r['train_seconds']:.0f} | "
                     f"{r['val_loss_at_same_seconds']:.4f} |")
-    return (f"# demo vs llama-demo\n\nCPU: {env['cpu']}; torch {env['torch']}; "
-            f"threads {env['threads']}\n\n" + "\n".join(rows) + "\n")
+    cpu = env["cpu"]
+    flags = [k for k, v in cpu.items() if v is True]
+    return (f"# demo vs llama-demo\n\nCPU: {cpu['model'] or cpu['machine']} ({', '.join(flags)}); "
+            f"torch {env['versions']['torch']}; threads {env['threads']}\n\n"
+            + "\n".join(rows) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from tinyt.hardware import cpu_features
+    from .environment import environment
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -85,12 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = {name: _train(name, args.steps, args.eval_interval, Path(tmp), args.data)
                 for name in PRESETS}
-    feats = cpu_features()
-    flags = [k for k, v in feats.items() if v is True]
-    env = {"cpu": f"{feats['model'] or platform.processor()} ({', '.join(flags)})",
-           "torch": torch.__version__, "threads": torch.get_num_threads(),
-           "command": f".venv/bin/python -m benchmarks.llama_demo --out {args.out} "
-                      f"--steps {args.steps} --eval-interval {args.eval_interval}"}
+    env = environment(("tinyt", "torch"), threads=torch.get_num_threads(),
+                      command=f".venv/bin/python -m benchmarks.llama_demo --out {args.out} "
+                              f"--steps {args.steps} --eval-interval {args.eval_interval}")
     table = compare(runs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "llama-demo.json").write_text(json.dumps(

@@ -20,7 +20,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import socket
 import sys
 import threading
@@ -68,6 +67,8 @@ def run(artifact: Path, out: Path, *, requests: int = 24, max_tokens: int = 16) 
 
     import tinyt.runtime as rt
 
+    from .environment import environment
+
     lm = rt.load(artifact, threads=1)
     prompts = [["def ", "import os\n", "class ", "    return ", "x = "][i % 5] * (1 + i % 3)
                for i in range(requests)]
@@ -101,16 +102,16 @@ def run(artifact: Path, out: Path, *, requests: int = 24, max_tokens: int = 16) 
               "replicas": len(replicas),
               "served_by": {str(r): sum(a["replica"] == r for a in answers) for r in replicas},
               "identical_to_one_process": all(a["text"] == w for a, w in zip(answers, alone)),
-              "seconds": wall, "ray": ray.__version__, "python": platform.python_version(),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "seconds": wall, "environment": environment(("tinyt", "ray", "onnxruntime")),
               "answers": [{"prompt": p, "text": a["text"], "replica": a["replica"]}
                           for p, a in zip(prompts, answers)]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "replicas.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "replicas.md").write_text(
-        f"# Two tinyt replicas behind Ray Serve\n\nRay {result['ray']}, {artifact}, "
-        f"{result['time']}: {requests} greedy completions of {max_tokens} tokens from 4 client "
-        f"threads through Ray Serve's HTTP proxy; served by {len(replicas)} replicas "
+        f"# Two tinyt replicas behind Ray Serve\n\nRay {ray.__version__}, {artifact}, "
+        f"{result['environment']['time']}: {requests} greedy completions of {max_tokens} "
+        f"tokens from 4 client threads through Ray Serve's HTTP proxy; served by "
+        f"{len(replicas)} replicas "
         f"({', '.join(f'{n} by pid {r}' for r, n in result['served_by'].items())}) in "
         f"{wall:.1f} s; every text identical to tinyt.runtime's in one process: "
         f"{result['identical_to_one_process']}.\n\nCommand: `python -m benchmarks.replicas_ray "

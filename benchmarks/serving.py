@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import platform
 import re
 import signal
 import subprocess
@@ -215,8 +213,8 @@ def ceiling(artifact: Path, prompts: list[str], new_tokens: int, threads: int | 
     import numpy as np
 
     import tinyt.runtime as rt
+    from tinyt.runtime.cache import SharedCache
     from tinyt.runtime.engine import rows_independent
-    from tinyt.runtime.gqa import SharedCache
 
     lm = rt.load(artifact, threads=threads)
     ids = [lm.tokenizer.encode(p) for p in prompts[:rows]]
@@ -278,15 +276,15 @@ def run(artifact: Path, out: Path, *, threads: int | None = None, max_batch: int
         seconds: float = 60.0, levels: tuple[int, ...] = CONCURRENCY,
         servers: tuple[str, ...] = ("tinyt-serve", "naive"),
         prefill_chunk: int | None = None) -> dict:
-    from tinyt.hardware import cpu_features
     from tinyt.manifest import read_model_config
+
+    from .environment import environment
 
     cfg, _ = read_model_config(artifact)
     prompts = _prompts(artifact, 64, prompt_tokens)
     result = {"artifact": str(artifact), "model": cfg.to_dict(),
-              "environment": {"cpu": cpu_features(), "python": platform.python_version(),
-                              "cores": os.cpu_count(),
-                              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+              "environment": environment(("tinyt", "onnxruntime", "numpy", "starlette",
+                                          "uvicorn")),
               "method": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
                          "requests_per_client": requests, "seconds_per_level": seconds,
                          "max_batch": max_batch, "threads": threads, "levels": list(levels),

@@ -33,7 +33,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from tinyt.export.blockquant import block_quantize, channel_quantize, pick_block
-from tinyt.hardware import cpu_features
+
+from .environment import environment
 
 MS = "com.microsoft"
 
@@ -131,7 +132,8 @@ def main() -> None:
             times[name].append(time.perf_counter() - t)
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     bandwidth = int8_bytes / (ms["read"] / 1e3)  # bytes/s, one core
-    cpu = cpu_features()
+    env = environment(("tinyt", "onnxruntime", "onnx", "numpy"))
+    cpu = env["cpu"]
     lines = [f"CPU: {cpu['model']} (avx512_vnni={cpu['avx512_vnni']}, "
              f"avx_vnni={cpu['avx_vnni']}, amx_int8={cpu['amx_int8']}); onnxruntime "
              f"{ort.__version__}; 1 thread; {args.rounds} interleaved rounds, medians; shape "
@@ -154,7 +156,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.md").write_text("\n".join(lines) + "\n")
         (args.out / "results.json").write_text(json.dumps(
-            {"cpu": cpu, "onnxruntime": ort.__version__, "read_gb_per_s": bandwidth / 1e9,
+            {"environment": env, "read_gb_per_s": bandwidth / 1e9,
              "shape": {k: v for k, v in vars(args).items() if k != "out"}, "kernels": rows},
             indent=2) + "\n")
 

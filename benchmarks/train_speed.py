@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from tinyt.config import PRESETS, ModelConfig, TrainConfig
-from tinyt.hardware import cpu_features
 from tinyt.model import build_model
 from tinyt.train import make_optimizer
+
+from .environment import environment
 
 
 def variant(preset: str, compiled: bool):
@@ -82,14 +83,14 @@ def main() -> None:
             for _ in range(args.steps):
                 steps[key]()
             samples[key].append((time.perf_counter() - t) / args.steps)
-    cpu = cpu_features()
+    env = environment(("tinyt", "torch"),
+                      torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
+    cpu = env["cpu"]
     results = {"preset": args.preset, "tokens_per_step": tokens, "max_steps": max_steps,
-               "cpu": cpu, "torch": torch.__version__,
-               "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-               "variants": {}}
+               "environment": env, "variants": {}}
     lines = [f"CPU: {cpu['model']} (avx2={cpu['avx2']}, avx512f={cpu['avx512f']}, "
              f"avx512_vnni={cpu['avx512_vnni']}, amx_bf16={cpu['amx_bf16']}); torch "
-             f"{torch.__version__} ({results['torch_cpu_capability']} kernels); preset "
+             f"{torch.__version__} ({env['torch_cpu_capability']} kernels); preset "
              f"{args.preset}, {tokens} tokens a step, {max_steps} steps", "",
              "| variant | ms / step | tokens/s | projected training | first step (compile) |",
              "|---|---|---|---|---|"]
