@@ -30,7 +30,7 @@ from tinyt.runtime.timing import session_latency_ms
 def torchscript_export(ckpt, path: Path, opset: int) -> None:
     cfg = ckpt.config
     inputs, outputs = C.decoder_inputs(cfg), C.decoder_outputs(cfg)
-    kwargs, _ = _example(cfg, "decoder_with_past")
+    kwargs, _ = _example(cfg, C.DECODER_WITH_PAST)
     axes = {t.name: {i: a for i, a in enumerate(t.shape) if isinstance(a, str)}
             for t in [*inputs, *outputs]}
     with warnings.catch_warnings(), torch.no_grad():
@@ -75,8 +75,8 @@ def decode_latency(paths: dict[str, Path], ckpt, past: int, rounds: int) -> dict
         "input_ids": np.array([[1]], dtype=np.int64),
         "attention_mask": np.ones((1, past + 1), dtype=np.int64),
         "position_ids": np.array([[past]], dtype=np.int64),
-        **{n: np.random.default_rng(0).standard_normal(
-            (1, cfg.kv_heads, past, cfg.head_dim)).astype(np.float32)
+        **{n: np.random.default_rng(0).standard_normal(C.kv_shape(cfg, 1, past))
+           .astype(np.float32)
            for n in C.past_names(cfg.n_layer)}}
     return session_latency_ms(paths, feeds, rounds=rounds, threads=2)
 

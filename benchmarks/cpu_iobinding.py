@@ -14,10 +14,11 @@ import time
 import numpy as np
 import onnxruntime as ort
 
+from tinyt.contract import DECODER_WITH_PAST
 from tinyt.manifest import read_model_config
 from tinyt.runtime.feeds import grow_mask, prefill_feeds, step_feeds
 
-KIND = "decoder_with_past"
+KIND = DECODER_WITH_PAST
 
 
 def main(path: str) -> None:

@@ -38,6 +38,7 @@ def measure(kind: str, path: Path, threads: int) -> dict:
         import numpy as np
         import onnxruntime as ort
 
+        from tinyt.contract import DECODER_WITH_PAST
         from tinyt.manifest import read_model_config
         from tinyt.runtime.feeds import prefill_feeds  # torch-free, as a deployment is
         cfg, _ = read_model_config(path)
@@ -46,7 +47,7 @@ def measure(kind: str, path: Path, threads: int) -> dict:
         sess = ort.InferenceSession(str(path / "model.onnx"), opts,
                                     providers=["CPUExecutionProvider"])
         ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, FIRST_CALL_TOKENS))
-        feeds = prefill_feeds(cfg, "decoder_with_past", ids)
+        feeds = prefill_feeds(cfg, DECODER_WITH_PAST, ids)
         call = lambda: sess.run(None, feeds)  # noqa: E731
     elif kind == "torch":
         import torch

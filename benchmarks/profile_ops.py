@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from tinyt.contract import DECODER_WITH_PAST
 from tinyt.export.compare import random_feeds
 from tinyt.manifest import read_model_config
 
@@ -31,7 +32,7 @@ def profile(path: Path, steps: int = 300, threads: int = 2,
         raise SystemExit(f"error: --prefill {prefill} must be between 1 and the model's "
                          f"block_size {cfg.block_size}")
     new, past = (prefill, 0) if prefill else (1, cfg.block_size - 1)
-    feeds = random_feeds(cfg, "decoder_with_past", 1, new, past, 0, np.random.default_rng(0))
+    feeds = random_feeds(cfg, DECODER_WITH_PAST, 1, new, past, 0, np.random.default_rng(0))
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads

@@ -23,21 +23,21 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from tinyt.contract import CAPACITY, kv_shape
+
 FILL = {"input_ids": 1, "position_ids": None, "attention_mask": 1, "seqlens_k": None,
         "total_sequence_length": None, "query_seqlens": 1}
 
 
-def feeds_for(session: ort.InferenceSession, past: int,
-              head_dim: int) -> dict[str, np.ndarray]:
+def feeds_for(session: ort.InferenceSession, past: int, cfg) -> dict[str, np.ndarray]:
     """Feeds of one step after `past` tokens, from the graph's own input list: a cache of
-    [1, heads, past (or, for a shared buffer, past + 1), head_dim]."""
+    kv_shape(cfg, 1, past) (a shared buffer: past + 1)."""
     out = {}
     for i in session.get_inputs():
         dtype = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}.get(i.type, np.float32)
         if i.name.startswith("past_key_values"):
-            shared = i.shape[2] == "max_sequence_length"
-            out[i.name] = np.zeros((1, i.shape[1], past + 1 if shared else past, head_dim),
-                                   dtype)
+            shared = i.shape[2] == CAPACITY
+            out[i.name] = np.zeros(kv_shape(cfg, 1, past + 1 if shared else past), dtype)
         elif i.name == "attention_mask":
             out[i.name] = np.ones((1, past + 1), dtype)
         elif i.name in ("position_ids", "seqlens_k"):
@@ -49,15 +49,14 @@ def feeds_for(session: ort.InferenceSession, past: int,
     return out
 
 
-def profile(path: Path, past: int, threads: int, runs: int,
-            head_dim: int) -> tuple[Counter, float]:
+def profile(path: Path, past: int, threads: int, runs: int, cfg) -> tuple[Counter, float]:
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.enable_profiling = True
         opts.profile_file_prefix = os.path.join(tmp, "prof")
         s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        feeds = feeds_for(s, past, head_dim)
+        feeds = feeds_for(s, past, cfg)
         names = [o.name for o in s.get_outputs()]
         for _ in range(20):
             s.run(names, feeds)
@@ -87,8 +86,7 @@ def main() -> None:
     if not 0 <= args.past < cfg.block_size:
         raise SystemExit(f"error: --past {args.past} must be in 0..{cfg.block_size - 1} (the "
                          "model's block_size less one)")
-    head_dim = cfg.head_dim
-    a, b = (profile(g, args.past, args.threads, args.runs, head_dim) for g in args.graphs)
+    a, b = (profile(g, args.past, args.threads, args.runs, cfg) for g in args.graphs)
     names = [f"{g.parent.name}/{g.name}" for g in args.graphs]
     print(f"one decode step after {args.past} tokens, {args.threads} thread(s), µs per step")
     print(f"| op | {names[0]} | {names[1]} |\n|---|---|---|")

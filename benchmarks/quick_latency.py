@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tinyt.contract import DECODER_WITH_PAST
 from tinyt.export.compare import random_feeds
 from tinyt.manifest import check_manifest, read_model_config
 from tinyt.runtime.timing import session_latency_ms
@@ -28,12 +29,12 @@ def main() -> None:
     args = ap.parse_args()
     cfg, _ = read_model_config(args.dirs[0])
     kinds = {check_manifest(d)["graph"] for d in args.dirs}
-    if kinds != {"decoder_with_past"}:
+    if kinds != {DECODER_WITH_PAST}:
         raise SystemExit(f"expects KV-cache decoder artifacts, got {kinds}")
     rng = np.random.default_rng(0)
     past, prompt = min(64, cfg.block_size - 1), min(128, cfg.block_size)  # demo: 64 and 128
-    shapes = {f"decode_ms_past{past}": random_feeds(cfg, "decoder_with_past", 1, 1, past, 0, rng),
-              f"prefill_ms_{prompt}": random_feeds(cfg, "decoder_with_past", 1, prompt, 0, 0,
+    shapes = {f"decode_ms_past{past}": random_feeds(cfg, DECODER_WITH_PAST, 1, 1, past, 0, rng),
+              f"prefill_ms_{prompt}": random_feeds(cfg, DECODER_WITH_PAST, 1, prompt, 0, 0,
                                                    rng)}
     paths = {str(d): Path(d) / "model.onnx" for d in args.dirs}
     result = {d: {"bytes": p.stat().st_size} for d, p in paths.items()}

@@ -23,6 +23,7 @@ import torch
 
 from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
+from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, kv_shape
 from tinyt.export.compare import random_feeds
 from tinyt.runtime.session import PROVIDERS, create_session, open_artifact
 
@@ -46,7 +47,7 @@ class TorchVariant:
             ids = self._ids(b, past + 1)
             return self._call(lambda: self.model(ids))
         g = torch.Generator().manual_seed(0)
-        shape = (b, cfg.kv_heads, past, cfg.head_dim)
+        shape = kv_shape(cfg, b, past)
         cache = tuple((torch.randn(shape, generator=g).to(self.device),
                        torch.randn(shape, generator=g).to(self.device))
                       for _ in range(cfg.n_layer))
@@ -107,16 +108,16 @@ class OrtVariant:
         return self
 
     def decode(self, b: int, past: int) -> Callable[[], None]:
-        feeds = random_feeds(self.cfg, "decoder_with_past", b, 1, past, 0,
+        feeds = random_feeds(self.cfg, DECODER_WITH_PAST, b, 1, past, 0,
                              np.random.default_rng(0))
         return lambda: self.session.run(None, feeds)
 
     def prefill(self, b: int, n: int) -> Callable[[], None]:
-        feeds = random_feeds(self.cfg, "decoder_with_past", b, n, 0, 0, np.random.default_rng(0))
+        feeds = random_feeds(self.cfg, DECODER_WITH_PAST, b, n, 0, 0, np.random.default_rng(0))
         return lambda: self.session.run(None, feeds)
 
     def classify(self, b: int, n: int) -> Callable[[], None]:
-        feeds = random_feeds(self.cfg, "classifier", b, n, 0, 0, np.random.default_rng(0))
+        feeds = random_feeds(self.cfg, CLASSIFIER, b, n, 0, 0, np.random.default_rng(0))
         return lambda: self.session.run(None, feeds)
 
 
