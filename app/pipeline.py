@@ -12,7 +12,8 @@
     verify (onnx, onnx-opt) ─▶ OUT/*-verify.json      bench --quick ─▶ OUT/bench/
     report ─▶ OUT/report.md (summary table per variant, plots)
 
-A stage is skipped when its output's manifest records exactly the input it would read now
+The stages are tinyt.artifacts' rows made by the pipeline, in that catalogue's order. A stage
+is skipped when its output's manifest records exactly the input it would read now
 (sha256 of the checkpoint's files, or the input artifact's manifest) and the same tinyt code
 (manifest "toolkit"); training resumes an
 interrupted run and is skipped when finished.
@@ -22,9 +23,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from tinyt.artifacts import arguments, made_by
+from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.fsutil import write_text
 from tinyt.manifest import fresh, manifest_of
 
@@ -72,25 +76,12 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
             t = time.perf_counter()
             train(model_cfg, train_cfg, ckpt, data=data, resume=resume, log=log)
             timings["train"] = round(time.perf_counter() - t, 1)
-    stage("export", out / "onnx", ckpt, lambda: export_onnx(ckpt, out / "onnx"))
-    stage("optimize", out / "onnx-opt", out / "onnx",
-          lambda: optimize(out / "onnx", out / "onnx-opt"))
-    stage("quantize", out / "onnx-int8", out / "onnx-opt",
-          lambda: quantize(out / "onnx-opt", out / "onnx-int8", data=data))
-    stage("quantize-static", out / "onnx-int8-static", out / "onnx",
-          lambda: quantize(out / "onnx", out / "onnx-int8-static", mode="static", data=data))
-    stage("quantize-qgemm", out / "onnx-int8-qgemm", out / "onnx-opt",
-          lambda: quantize(out / "onnx-opt", out / "onnx-int8-qgemm", kernel="qgemm", data=data))
-    stage("shared-cache", out / "onnx-int8-gqa", out / "onnx-int8",
-          lambda: optimize(out / "onnx-int8", out / "onnx-int8-gqa", target="gqa",
-                           prefill_from=out / "onnx-int8-qgemm"))
-    stage("quantize-rows", out / "onnx-int8-rows", out / "onnx-opt",
-          lambda: quantize(out / "onnx-opt", out / "onnx-int8-rows", kernel="qgemm-rows",
-                           data=data))
-    stage("shared-cache-rows", out / "onnx-int8-rows-gqa", out / "onnx-int8-rows",
-          lambda: optimize(out / "onnx-int8-rows", out / "onnx-int8-rows-gqa", target="gqa"))
+    stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
+    for v in made_by("pipeline"):  # the catalogue's rows, in making order
+        source, target, options = arguments(v, out, checkpoint=ckpt, data=data)
+        stage(v.step, target, source, partial(stages[v.stage], source, target, **options))
     checks = {}
-    for name in ("onnx", "onnx-opt"):
+    for name in (v.dir for v in made_by("pipeline") if v.verify):
         report = verify(ckpt, out / name, report_path=out / f"{name}-verify.json")
         checks[name] = report["passed"]
         log(f"[verify] {name}: {'passed' if report['passed'] else 'FAILED'}")
@@ -122,10 +113,10 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
     meta = json.loads((ckpt / "config.json").read_text())
     rows = ["| variant | bytes | val loss change | decode tokens/s | prefill ms | equivalence |",
             "|---|---|---|---|---|---|"]
-    names = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "ort-int8-dynamic",
-             "onnx-int8-static": "ort-int8-static", "onnx-int8-qgemm": "ort-int8-qgemm",
-             "onnx-int8-gqa": "ort-int8-gqa", "onnx-int8-rows-gqa": "ort-int8-rows-gqa"}
-    for sub, name in names.items():
+    for v in made_by("pipeline"):
+        if v.bench is None:  # not reported (onnx-int8-rows: only the source of its pair)
+            continue
+        sub, name = v.dir, v.bench
         manifest = manifest_of(out / sub) or {}
         size = sum((out / sub / f).stat().st_size for f in ("model.onnx", "prefill.onnx")
                    if (out / sub / f).is_file())  # a shared-cache pair holds two graphs
@@ -138,7 +129,7 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
                 if r["variant"].split("@")[0] == name and r["kind"] == "prefill":
                     prefill = f"{r['p50_ms']:.2f}"
         equal = {True: "verified vs PyTorch", False: "FAILED"}.get(
-            checks.get(sub), f"checked vs {sub.removesuffix('-gqa')}" if sub.endswith("-gqa")
+            checks.get(sub), f"checked vs {v.source}" if v.kind == SHARED_CACHE_KIND
             else "accuracy report")
         rows.append(f"| {sub} | {size:,} | {100 * change:+.2f}% | {decode} | {prefill} | "
                     f"{equal} |")

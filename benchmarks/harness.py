@@ -17,31 +17,29 @@ decodes with one model, so the settled figure is the real one.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as md
 import json
-import os
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
-from tinyt.hardware import cpu_features, physical_cores
+from tinyt.artifacts import CHECKPOINT, CLASSIFIER_CHECKPOINT, VARIANTS
+from tinyt.contract import CLASSIFIER
+from tinyt.hardware import physical_cores
 from tinyt.manifest import check_manifest, read_model_config
 from tinyt.runtime.timing import measure
 
+from .environment import environment
 from .load_cost import measure_in_subprocess
 from .plots import write_plots
 from .variants import OrtVariant, plain_int8_baseline, torch_classifier, torch_variants
 
-# Artifact subdirectories the main job writes, and the names they are reported under.
-ORT_VARIANTS = {"onnx": "ort-fp32", "onnx-opt": "ort-optimized", "onnx-int8": "ort-int8-dynamic",
-                "onnx-int8-static": "ort-int8-static", "onnx-int4": "ort-int4"}
-CLF_VARIANTS = {"clf-onnx": "ort-clf-fp32", "clf-opt": "ort-clf-optimized",
-                "clf-int8": "ort-clf-int8"}  # measured when ARTIFACTS/clf (a checkpoint) exists
+# The catalogue's variants the harness times (tinyt.artifacts), and the names they are
+# reported under; the classifier's when ARTIFACTS/clf (a checkpoint) exists
+ORT_VARIANTS = {v.dir: str(v.bench) for v in VARIANTS if v.timed and v.kind != CLASSIFIER}
+CLF_VARIANTS = {v.dir: str(v.bench) for v in VARIANTS if v.timed and v.kind == CLASSIFIER}
 BASELINE = "ort-plain-export+quantize_dynamic"
 BASELINE_DIR = "bench-baseline"  # under ARTIFACTS: the baseline graph, reused while current
 SUFFIX = {"CPUExecutionProvider": "", "CUDAExecutionProvider": "-cuda",
@@ -54,22 +52,9 @@ MODES = {
                  threads="both", rounds=20, block=5, settle=3, warmup=5, clf_batches=[1, 8],
                  clf_tokens=[32, "block"]),
 }
+VERSIONS = ("torch", "onnxruntime", "onnx", "onnxscript", "numpy", "tinyt")
 TARGETS = {"decode_int8_vs_torch_kv": 4.0, "decode_int8_vs_plain_int8": 2.0,
            "prefill_best_ort_vs_torch": 2.0, "int8_size_vs_fp32_max": 0.30}
-
-
-def environment(threads: list[int]) -> dict[str, Any]:
-    versions = {}
-    for dist in ("torch", "onnxruntime", "onnx", "onnxscript", "numpy", "tinyt"):
-        try:
-            versions[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            versions[dist] = None
-    return {"cpu": cpu_features(), "physical_cores": physical_cores(),
-            "logical_cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "versions": versions,
-            "providers": ort.get_available_providers(), "threads": threads,
-            "spinning": False, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def percentiles(times: list[float]) -> dict[str, float]:
@@ -121,7 +106,7 @@ def run(artifacts: Path, out: Path, *, mode: str = "quick", device: str = "cpu",
     cfg, _ = read_model_config(artifacts / "onnx")
     all_cores = physical_cores()
     threads = {"all": [all_cores], "both": sorted({1, all_cores})}[spec["threads"]]
-    baseline = plain_int8_baseline(artifacts / "checkpoint", artifacts / BASELINE_DIR)
+    baseline = plain_int8_baseline(artifacts / CHECKPOINT, artifacts / BASELINE_DIR)
     result = _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, device,
                           providers)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +132,7 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, devic
                  providers) -> dict[str, Any]:
     variants, skipped = [], []
     for n in threads:
-        variants += torch_variants(artifacts / "checkpoint", n, device)
+        variants += torch_variants(artifacts / CHECKPOINT, n, device)
         dirs = [(artifacts / sub, name) for sub, name in ORT_VARIANTS.items()
                 if (artifacts / sub / "manifest.json").is_file()] + [(baseline, BASELINE)]
         for path, name in dirs:
@@ -177,14 +162,16 @@ def _measure_all(artifacts, baseline, cfg, spec, threads, all_cores, mode, devic
     # Footprint: each variant alone in a fresh process (imports, session, first call, memory).
     footprint = {}
     if device == "cpu":  # the footprint probe runs on CPU
-        footprint["torch-fp32"] = measure_in_subprocess("torch", artifacts / "checkpoint",
+        footprint["torch-fp32"] = measure_in_subprocess("torch", artifacts / CHECKPOINT,
                                                         all_cores)
         for v in variants:
             name = v.name.split("@")[0]
             if isinstance(v, OrtVariant) and name not in footprint:
                 footprint[name] = measure_in_subprocess("ort", v.path, all_cores)
     return {"mode": mode, "device": device, "skipped": skipped,
-            "environment": environment(threads), "model": cfg.to_dict(),
+            "environment": environment(VERSIONS, providers=ort.get_available_providers(),
+                                       threads=threads, spinning=False),
+            "model": cfg.to_dict(),
             "sizes_bytes": sizes, "accuracy_change": accuracy_change(artifacts),
             "footprint": footprint, "rows": rows,
             "targets": targets(rows, sizes, cfg, all_cores)}
@@ -209,11 +196,11 @@ def _rows(variants, shapes, spec) -> list[dict[str, Any]]:
 
 def _classifier_variants(artifacts, threads, device, providers, skipped) -> list:
     """PyTorch and ORT classifier variants, when ARTIFACTS/clf holds a classifier checkpoint."""
-    if not (artifacts / "clf" / "config.json").is_file():
+    if not (artifacts / CLASSIFIER_CHECKPOINT / "config.json").is_file():
         return []
     out = []
     for n in threads:
-        torch_clf = torch_classifier(artifacts / "clf", n, device)
+        torch_clf = torch_classifier(artifacts / CLASSIFIER_CHECKPOINT, n, device)
         out.append(torch_clf)
         for sub, name in CLF_VARIANTS.items():
             if not (artifacts / sub / "manifest.json").is_file():

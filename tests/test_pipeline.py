@@ -1,6 +1,10 @@
 import json
+from pathlib import Path
+
+import pytest
 
 from tinyt.app.pipeline import pipeline
+from tinyt.artifacts import made_by
 from tinyt.manifest import fresh
 
 
@@ -12,6 +16,8 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     for sub in ("checkpoint", "onnx", "onnx-opt", "onnx-int8", "onnx-int8-static",
                 "onnx-int8-qgemm", "onnx-int8-gqa", "onnx-int8-rows", "onnx-int8-rows-gqa"):
         assert (out / sub).is_dir(), sub
+    made = {p.name for p in out.iterdir() if (p / "manifest.json").is_file()}
+    assert made == {v.dir for v in made_by("pipeline")}  # exactly the catalogue's rows
     assert json.loads((out / "onnx-verify.json").read_text())["passed"]
     assert json.loads((out / "onnx-opt-verify.json").read_text())["passed"]
     text = report.read_text()
@@ -54,3 +60,30 @@ def test_other_tinyt_code_reruns_every_stage(corpus_dir, tmp_path, tiny_ckpt, mo
     import tinyt.manifest
     monkeypatch.setattr(tinyt.manifest, "toolkit_digest", lambda: "an upgraded tinyt")
     assert not fresh(out / "onnx", tiny_ckpt) and not fresh(out / "onnx-opt", out / "onnx")
+
+
+def test_the_catalogue_names_each_variant_once_after_its_sources():
+    """tinyt.artifacts: every row is made from a checkpoint or an earlier row, its options are
+    the stage's keywords, and the names bench and peers report it under are unique."""
+    from tinyt.artifacts import CHECKPOINTS, STAGES, VARIANTS, arguments, variant
+
+    seen: list[str] = []
+    for v in VARIANTS:
+        assert v.stage in STAGES, v
+        assert all(d in seen or d in CHECKPOINTS for d in v.inputs), (v.dir, v.inputs, seen)
+        assert v.dir not in seen, v.dir
+        seen.append(v.dir)
+    for key in ("bench", "engine", "step"):
+        names = [getattr(v, key) for v in VARIANTS if getattr(v, key) is not None]
+        assert len(names) == len(set(names)), key
+    assert all(v.bench for v in VARIANTS if v.timed)
+    assert {v.made_by for v in VARIANTS} == {"pipeline", "peers", "hand"}
+    pair = variant("onnx-int8-gqa")
+    source, out, options = arguments(pair, Path("/a"), checkpoint=Path("/ck"), data="d")
+    assert (source, out) == (Path("/a/onnx-int8"), Path("/a/onnx-int8-gqa"))
+    assert options == {"target": "gqa", "prefill_from": Path("/a/onnx-int8-qgemm")}
+    assert arguments(variant("onnx"), Path("/a"), checkpoint=Path("/ck"))[0] == Path("/ck")
+    assert arguments(variant("onnx-int8"), Path("/a"), data="d")[2] == {"data": "d"}
+    assert all(v.source != "clf" for v in made_by("pipeline"))
+    with pytest.raises(ValueError, match="no artifact variant 'onnx-fp8'; known: onnx, "):
+        variant("onnx-fp8")
