@@ -132,7 +132,7 @@ def import_hf(
     """Import a GPT-2 (GPT-2, DistilGPT-2, fine-tunes) or Llama-family (SmolLM2, TinyLlama,
     Llama-3.2 layouts, Qwen2 / Qwen2.5) model from a Hugging Face directory; options tinyt's
     model does not implement are refused by name."""
-    from tinyt.hfgpt2 import import_hf as run_import
+    from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, log=lambda s: typer.echo(s, err=True))
     typer.echo(f"checkpoint: {path}")
@@ -148,7 +148,7 @@ def export_hf(
     CTranslate2, llama.cpp's converter, vLLM. Its logits are checked first."""
     import json
 
-    from tinyt.hfgpt2 import to_hf
+    from tinyt.hf import to_hf
 
     path = to_hf(checkpoint, out)
     meta = json.loads((path / "config.json").read_text())

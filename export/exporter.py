@@ -26,12 +26,11 @@ from tinyt import __version__
 from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.contract import ONNX_FILE, contract_for, kv_shape
-from tinyt.errors import ExportError
+from tinyt.errors import ConversionError, ExportError
 from tinyt.fsutil import atomic_dir, sha256_file, write_json
 from tinyt.genai import write_genai_config
 from tinyt.graphio import save_graph
-from tinyt.hfgpt2 import ConversionError, gpt2_config
-from tinyt.hfllama import llama_config
+from tinyt.hf import gpt2_config, llama_config
 from tinyt.manifest import check_output_dir, io_spec, write_manifest
 
 # torch's exporter warns on every export that torchvision (whose ops tinyt never uses) is

@@ -16,8 +16,8 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import tinyt.runtime as rt  # noqa: E402
 from tinyt.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from tinyt.errors import CheckpointError  # noqa: E402
-from tinyt.hfgpt2 import ConversionError, import_hf, to_hf_gpt2  # noqa: E402
+from tinyt.errors import CheckpointError, ConversionError  # noqa: E402
+from tinyt.hf import import_hf, to_hf_gpt2  # noqa: E402
 from tinyt.model import TinyTransformer, generate  # noqa: E402
 from tinyt.tokenizer import Tokenizer  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Llama-family models in and out of Hugging Face's layout (tinyt.hfllama): random-weight
+"""Llama-family models in and out of Hugging Face's layout (tinyt.hf): random-weight
 LlamaForCausalLM and Qwen2ForCausalLM directories saved here (no network) import with logits
 equal to transformers' over a sequence and through the cache and the same greedy tokens as
 its generate; sharded saves import the same; tinyt -> HF -> tinyt is bit-identical; the
@@ -12,8 +12,8 @@ from conftest import assert_close, run_tinyt
 from test_llama import HF_ATOL, _hf_model, _llama
 
 from tinyt.checkpoint import load_checkpoint, save_checkpoint, unique_state_dict
-from tinyt.errors import CheckpointError
-from tinyt.hfgpt2 import ConversionError, import_hf, to_hf
+from tinyt.errors import CheckpointError, ConversionError
+from tinyt.hf import import_hf, to_hf
 from tinyt.model import build_model, generate
 from tinyt.tokenizer import Tokenizer
 

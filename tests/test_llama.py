@@ -32,7 +32,7 @@ def from_hf(hf, cfg: ModelConfig):
     """A tinyt model holding a transformers Llama / Qwen2 model's weights, mapped by the
     importer's own code (q, k, v rows stacked into c_attn, gate and up into c_fc)."""
     from tinyt.checkpoint import load_weights
-    from tinyt.hfllama import state_from_llama
+    from tinyt.hf import state_from_llama
 
     ours = build_model(cfg).eval()
     load_weights(ours, state_from_llama(hf.state_dict(), cfg, "test model"), "test model")

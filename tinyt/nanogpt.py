@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from tinyt.checkpoint import check_import_target, check_tokenizer_fits, load_weights, save_import
+from tinyt.checkpoint import check_import_target, check_tokenizer_fits
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConfigError
-from tinyt.model import TinyTransformer
+from tinyt.hf.convert import write_import
 from tinyt.tokenizer import Tokenizer
 
 REQUIRED_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
@@ -96,13 +96,11 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str,
     cfg = config_from_model_args(dict(ckpt["model_args"]), tie_weights=tied)
     tok = _tokenizer(tokenizer, cfg.vocab_size)
     check_tokenizer_fits(tok, cfg, "the tokenizer")
-    model = TinyTransformer(cfg)
-    load_weights(model, state, f"nanoGPT checkpoint {ckpt_path}")
     best = ckpt.get("best_val_loss")
     metrics = {
         "imported_from": "nanoGPT", "source_file": str(ckpt_path.resolve()),
         "iter_num": int(ckpt["iter_num"]) if "iter_num" in ckpt else None,
         "best_val_loss": float(best) if best is not None else None,
-        "parameters": model.num_parameters(),
     }
-    return save_import(out, model, tok, metrics, log)
+    return write_import(out, cfg, tok, state, source=f"nanoGPT checkpoint {ckpt_path}",
+                        metrics=metrics, log=log)

@@ -1,0 +1,37 @@
+"""Hugging Face directories in and out: `tinyt import-hf` and `tinyt export-hf` (torch).
+
+    HF dir (config.json, model.safetensors | shards, tokenizer files)
+        ──import_hf──▶ tinyt checkpoint ──to_hf──▶ HF dir (logits checked, HF_LOGITS_ATOL)
+
+Each architecture is one entry of a catalogue (tinyt.hf.catalogue: GPT-2, Llama, Qwen2), a
+frozen `Family` naming its config keys, value spellings, features, weight names both ways,
+refusals and tokenizer kind. Reading, checks and both tails are shared:
+
+    family.py    the entry's dataclasses; config.json <-> ModelConfig through an entry
+    weights.py   safetensors (and shards) in; tensors under an entry's names both ways
+    tokens.py    tokenizer files: GPT-2's, and the Hub's tokenizer_config.json kind
+    catalogue.py the entries, and which one writes a model (writer_for)
+    convert.py   import_hf, to_hf and their tails
+
+Options tinyt's model does not implement are refused by name, never approximated.
+"""
+from tinyt.errors import ConversionError  # what the refusals raise (defined in tinyt.errors)
+from tinyt.hf.catalogue import (
+    CATALOGUE,
+    GPT2,
+    LLAMA,
+    QWEN2,
+    family_of,
+    gpt2_config,
+    llama_config,
+    state_from_llama,
+    writer_for,
+)
+from tinyt.hf.convert import HF_LOGITS_ATOL, import_hf, to_hf, to_hf_gpt2, write_import
+from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
+from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
+
+__all__ = ["CATALOGUE", "GPT2", "HF_LOGITS_ATOL", "LLAMA", "QWEN2", "ConversionError", "Family",
+           "Spelling", "Weight", "config_from_hf", "family_of", "gpt2_config", "hf_config",
+           "hf_state", "import_hf", "llama_config", "read_hf_weights", "state_from_hf",
+           "state_from_llama", "to_hf", "to_hf_gpt2", "write_import", "writer_for"]

@@ -1,0 +1,145 @@
+"""Hugging Face directories in and out, for every catalogue entry (torch; transformers to write).
+
+    HF dir (config.json, model.safetensors | shards, tokenizer files)
+        ──import_hf──▶ tinyt checkpoint ──to_hf──▶ HF dir (logits checked)
+
+In: the entry of config.json's model_type reads the config, the tokenizer and the weights;
+`write_import` writes the checkpoint (nanoGPT's importer shares it). Out: the first entry whose
+class holds the model exactly is built by transformers from the entry's config.json, given the
+weights under its names, and compared with tinyt's logits (HF_LOGITS_ATOL) before anything is
+written. The written config.json carries a `tinyt` block with what an import restores that the
+layout spells otherwise (a bias-free GPT-2's zero biases, the tokenizer's settings).
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tinyt.checkpoint import (
+    Checkpoint,
+    check_import_target,
+    check_tokenizer_fits,
+    load_checkpoint,
+    load_weights,
+    save_import,
+)
+from tinyt.config import ModelConfig
+from tinyt.errors import CheckpointError, ConversionError
+from tinyt.fsutil import atomic_dir, write_json
+from tinyt.hf.catalogue import GPT2, family_of, writer_for
+from tinyt.hf.family import Family, config_from_hf, hf_config
+from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
+from tinyt.model import build_model
+from tinyt.tokenizer import Tokenizer
+
+HF_LOGITS_ATOL = 1e-5  # tinyt vs transformers on the same weights, logits max abs diff
+CHECK_TOKENS = 64  # prompt length of the logits check, unless positions are a learned table
+
+
+# -- in: Hugging Face -> tinyt ------------------------------------------------------------------
+def write_import(out: Path, cfg: ModelConfig, tok: Tokenizer, state: dict[str, torch.Tensor], *,
+                 source: str, metrics: dict[str, Any], log: Callable[[str], None]) -> Path:
+    """The importers' tail (Hugging Face's and nanoGPT's, each having checked that its tokenizer
+    fits): a model of cfg holding `state`, refused if it does not fit, written as a checkpoint
+    with `metrics` and its parameter count."""
+    model = build_model(cfg)
+    load_weights(model, state, source)
+    return save_import(out, model, tok, {**metrics, "parameters": model.num_parameters()}, log)
+
+
+def read_config_json(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is not readable JSON: {e}") from None
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return hf
+
+
+def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
+              log: Callable[[str], None] = lambda s: None) -> Path:
+    """Write a tinyt checkpoint from a local Hugging Face directory of a catalogue family
+    (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM); returns out."""
+    directory, out = Path(directory), Path(out)
+    if not directory.is_dir():
+        raise CheckpointError(f"Hugging Face model directory {directory} does not exist")
+    check_import_target(out)
+    hf_cfg = read_config_json(directory)
+    family = family_of(hf_cfg, str(directory / "config.json"))
+    cfg = config_from_hf(family, hf_cfg, str(directory / "config.json"))
+    tok = family.read_tokenizer(directory, hf_cfg, log)
+    check_tokenizer_fits(tok, cfg, "the tokenizer")
+    source = f"Hugging Face model {directory}"
+    state = state_from_hf(family, read_hf_weights(directory), cfg, source)
+    return write_import(out, cfg, tok, state, source=source, log=log, metrics={
+        "imported_from": "huggingface", "architecture": family.architecture,
+        "source_dir": str(directory.resolve())})
+
+
+# -- out: tinyt -> Hugging Face -----------------------------------------------------------------
+def to_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """`tinyt export-hf`: a causal-LM checkpoint as the first catalogue class that holds it
+    exactly (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM); returns out_dir."""
+    ckpt = load_checkpoint(checkpoint_dir)
+    return _write_hf(writer_for(ckpt.config, str(checkpoint_dir)), ckpt, checkpoint_dir, out_dir)
+
+
+def to_hf_gpt2(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write a tinyt causal-LM checkpoint as a Hugging Face GPT-2 directory; returns out_dir."""
+    ckpt = load_checkpoint(checkpoint_dir)
+    family = writer_for(ckpt.config, str(checkpoint_dir), among=(GPT2,))
+    return _write_hf(family, ckpt, checkpoint_dir, out_dir)
+
+
+def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLike,
+              out_dir: str | os.PathLike) -> Path:
+    """The export tail: transformers' model of the entry with tinyt's weights, its logits
+    checked, then saved with the tokenizer files."""
+    import transformers
+
+    cfg, tok = ckpt.config, ckpt.tokenizer
+    settings = {k: v for k, v in hf_config(family, cfg, tok.eos_id, tok.bos_id).items()
+                if k not in ("model_type", "architectures")}
+    hf_class = getattr(transformers, family.architecture)
+    hf = hf_class(transformers.AutoConfig.for_model(family.model_type, **settings)).eval()
+    missing, unexpected = hf.load_state_dict(hf_state(family, ckpt.model), strict=False)
+    missing = [k for k in missing if not k.endswith(family.buffers)
+               and not (k == "lm_head.weight" and cfg.tie_weights)]
+    if missing or unexpected:
+        raise ConversionError(f"weights did not map: missing {missing}, unexpected {unexpected}")
+    if cfg.tie_weights:
+        hf.tie_weights()
+    worst = _logits_diff(ckpt.model, hf, family, cfg)
+    with atomic_dir(out_dir) as tmp:
+        hf.save_pretrained(tmp, safe_serialization=True)
+        tok.save(tmp / "tokenizer.json")
+        write_json(tmp / "tokenizer_config.json", {
+            "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.block_size,
+            **family.special_tokens(tok)})
+        meta = json.loads((tmp / "config.json").read_text())
+        meta["tinyt"] = {"source": str(Path(checkpoint_dir).resolve()),
+                         "logits_max_abs_diff": worst,
+                         "bias": cfg.bias, "tokenizer": tok.settings}  # what import restores
+        write_json(tmp / "config.json", meta)
+    return Path(out_dir)
+
+
+def _logits_diff(model, hf, family: Family, cfg: ModelConfig) -> float:
+    """Max abs logits difference on two random prompts; refused above HF_LOGITS_ATOL. A learned
+    position table is checked row by row (the whole block); computed positions need no more
+    than CHECK_TOKENS."""
+    T = cfg.block_size if cfg.pos_encoding == "learned" else min(cfg.block_size, CHECK_TOKENS)
+    ids = torch.randint(0, cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        worst = float((model.eval()(ids)[0] - hf(ids).logits).abs().max())
+    if not worst <= HF_LOGITS_ATOL:
+        raise ConversionError(f"the {family.architecture}'s logits differ from tinyt's by "
+                              f"{worst:.3g} (allowed {HF_LOGITS_ATOL})")
+    return worst

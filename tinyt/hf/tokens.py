@@ -1,0 +1,105 @@
+"""Tokenizer files of a Hugging Face directory, read and written for an entry.
+
+Two kinds exist: GPT-2's (tokenizer.json or vocab.json + merges.txt, beginning, ending and
+padding at <|endoftext|>) and the Hub's now usual one (tokenizer.json with the end, begin and
+chat template in tokenizer_config.json, the end the model stops at in generation_config.json).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tinyt.errors import CheckpointError, ConversionError
+from tinyt.tokenizer import EOS_TOKEN, Tokenizer, read_settings
+
+
+# -- GPT-2 ----------------------------------------------------------------------------------------
+def read_gpt2_tokenizer(directory: Path, hf_cfg: dict[str, Any],
+                        log: Callable[[str], None]) -> Tokenizer:
+    """tokenizer.json, or GPT-2's vocab.json + merges.txt as a byte-level BPE; config.json's
+    end-of-text id must be the tokenizer's <|endoftext|>."""
+    tok = _gpt2_files(directory)
+    eos = hf_cfg.get("eos_token_id")
+    if eos is not None and eos != tok.eos_id:
+        raise ConversionError(f"config.json's eos_token_id={eos} is not the tokenizer's "
+                              f"{EOS_TOKEN} ({tok.eos_id}); tinyt ends text at {EOS_TOKEN}")
+    return tok
+
+
+def _gpt2_files(directory: Path) -> Tokenizer:
+    if (directory / "tokenizer.json").is_file():
+        return Tokenizer.from_file(directory / "tokenizer.json")
+    vocab, merges = directory / "vocab.json", directory / "merges.txt"
+    if not (vocab.is_file() and merges.is_file()):
+        raise CheckpointError(f"{directory} has no tokenizer.json nor vocab.json + merges.txt")
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    try:
+        hf = HFTokenizer(models.BPE.from_file(str(vocab), str(merges)))
+        known = json.loads(vocab.read_text(encoding="utf-8"))
+    except Exception as e:  # the Rust parser raises a bare Exception
+        raise CheckpointError(f"{vocab} / {merges} are not a BPE vocabulary: {e}") from None
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    if EOS_TOKEN in known:
+        hf.add_special_tokens([EOS_TOKEN])
+    return Tokenizer(hf)
+
+
+def gpt2_special_tokens(tok: Tokenizer) -> dict[str, Any]:
+    return {"eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN,
+            "unk_token": EOS_TOKEN} if tok.eos_id is not None else {}
+
+
+# -- the Hub's tokenizer.json + tokenizer_config.json -------------------------------------------
+def _token(tok, idx) -> str | None:
+    return tok.id_to_token(idx) if isinstance(idx, int) else None
+
+
+def read_tokenizer(directory: Path, hf_cfg: dict[str, Any],
+                   log: Callable[[str], None]) -> Tokenizer:
+    """tokenizer.json with its tokenizer_config.json; the end-of-text token is the one the
+    model's generation_config.json (else config.json) declares, as transformers' generate
+    stops at it."""
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        model = " (only a SentencePiece tokenizer.model)" if \
+            (directory / "tokenizer.model").is_file() else ""
+        raise CheckpointError(
+            f"{directory} has no tokenizer.json{model}; write one where transformers is "
+            "installed: python -c \"from transformers import AutoTokenizer as T; "
+            f"T.from_pretrained('{directory}').save_pretrained('{directory}')\"")
+    base = Tokenizer.from_file(path)
+    own = hf_cfg.get("tinyt", {}).get("tokenizer") if isinstance(hf_cfg.get("tinyt"), dict) \
+        else None
+    if isinstance(own, dict):  # written by export-hf: tinyt's own settings, exactly
+        return Tokenizer(base.hf, **own)
+    settings = read_settings(directory)
+    gen = {}
+    if (directory / "generation_config.json").is_file():
+        gen = json.loads((directory / "generation_config.json").read_text(encoding="utf-8"))
+    declared = gen.get("eos_token_id", hf_cfg.get("eos_token_id"))
+    ids = declared if isinstance(declared, list) else [declared] if declared is not None else []
+    named = settings.get("eos_token")
+    if ids:  # the tokenizer's own eos if the model declares it, else the model's first
+        chosen = named if named is not None and base.hf.token_to_id(named) in ids else \
+            _token(base.hf, ids[0])
+        if chosen is None:
+            raise ConversionError(f"{directory}: eos_token_id {ids[0]} is not in the tokenizer")
+        if len(ids) > 1:
+            log(f"the model declares {len(ids)} end-of-text ids {ids}; tinyt stops at one, "
+                f"{chosen!r} ({base.hf.token_to_id(chosen)})")
+        settings["eos_token"] = chosen
+    if "bos_token" not in settings and _token(base.hf, hf_cfg.get("bos_token_id")):
+        settings["bos_token"] = _token(base.hf, hf_cfg.get("bos_token_id"))
+    return Tokenizer(base.hf, **settings)
+
+
+def special_tokens(tok: Tokenizer) -> dict[str, Any]:
+    """tinyt's settings (chat template, end, begin) and a pad and BOS, which CTranslate2 needs:
+    the end-of-text token where the model has none of its own."""
+    return {**tok.settings, "eos_token": tok.eos_token, "pad_token": tok.eos_token,
+            "bos_token": tok.bos_token or tok.eos_token}
