@@ -12,11 +12,12 @@ import tinyt.runtime as rt
 from tinyt.benchmarks import peers
 from tinyt.checkpoint import load_checkpoint
 from tinyt.data import DataError, held_out_prompts
+from tinyt.errors import ConversionError
 from tinyt.export.optimize import optimize
 from tinyt.export.package import package
 from tinyt.export.quantize import quantize
 from tinyt.genai import GENAI_CONFIG
-from tinyt.hfgpt2 import HF_LOGITS_ATOL, ConversionError, to_hf_gpt2
+from tinyt.hf import HF_LOGITS_ATOL, to_hf_gpt2
 from tinyt.manifest import check_manifest
 
 PROMPTS = ["def alpha", "import os\n", "    return ", "x"]
@@ -196,3 +197,22 @@ def _llama_cpp_here() -> bool:
 
     return importlib.util.find_spec("llama_cpp") is not None and \
         peers.llama_cpp_converter() is not None
+
+
+def test_every_engine_is_a_row_naming_its_model():
+    """The engine table: tinyt's rows are the catalogue's variants with an engine, each peer's
+    converted model lives under peers/, and what an engine must equal is an engine."""
+    from tinyt.artifacts import with_engine
+
+    ours = with_engine()
+    assert set(peers.TINYT) == set(ours)
+    for e in peers.ENGINES.values():
+        assert e.same_as is None or e.same_as in peers.ENGINES, e.name
+        if e.ours:
+            assert e.artifact == ours[e.name].dir
+        elif e.convert is not None:
+            assert e.artifact == f"peers/{e.name}"
+    assert set(peers.PIPELINE_ENGINES) <= set(peers.ENGINES)
+    assert peers.ENGINES[peers.REFERENCE].exact and peers.REFERENCE in peers.TINYT
+    with pytest.raises(ValueError, match="unknown engine 'vllm'; known: tinyt-int8, "):
+        peers.engine("vllm")

@@ -1,0 +1,45 @@
+"""tinyt against the engines a user would pick instead, on the same weights.
+
+    ARTIFACTS/checkpoint ──tinyt.hf──▶ peers/hf (GPT-2, logits checked) ──CTranslate2──▶
+        peers/ct2-int8, peers/ct2-float32
+    one worker process per (engine, threads), each loading its model once and answering JSON
+    lines on stdin:
+      1. same computation first: greedy tokens of every engine on held-out prompts, compared
+         with tinyt fp32's (fp32 engines must match exactly; INT8 ones report agreement)
+      2. then time: rounds interleaved across the workers; in a round each worker runs, for
+         every call, `settle` untimed calls and `block` timed ones, then rests (so no engine
+         runs while another's worker threads still spin)
+    decode ms/token = (t(prompt, N new) - t(prompt, 1 new)) / (N - 1)
+    prefill ms      = t(L-token prompt, 1 new token), for L = 128 (or block_size - 1) and
+                      block_size - 1
+    ──▶ peers.json (environment, every raw time), peers.md, peers.png; ratios of tinyt to the
+        fastest peer, the targets tinyt aims at
+
+    .venv/bin/python -m benchmarks.peers artifacts --out benchmarks/results/peers-demo
+    tinyt bench artifacts --peers --out benchmarks/results/peers-demo
+
+Every engine is greedy with the end-of-text token suppressed, so each produces exactly the
+tokens asked for. An engine whose package is absent is skipped with the reason.
+
+    engines.py   the engines as rows (how each loads, where its model lives, what it must equal)
+    adapters.py  a loader per engine family: a greedy generator with next-token logits
+    convert.py   the peers' own artifacts of the checkpoint, each by the peer's own tool
+    prepare.py   skips with reasons; tinyt's on-demand variants and the conversions made
+    worker.py    the worker process and its JSON-lines protocol
+    analysis.py  agreement, KL, decode and prefill times, the memory floor, the targets
+    report.py    peers.md and the plots
+    compare.py   run(): all of it, side by side
+"""
+from .adapters import genai_greedy, genai_logits, llama_cpp_model
+from .analysis import TARGETS, cache_bytes, floor_bytes, read_bandwidth, step_bytes, targets
+from .compare import run
+from .convert import BUILDER_VENV, builder_python, llama_cpp_converter
+from .engines import ENGINES, PIPELINE_ENGINES, REFERENCE, TINYT, Engine, engine
+from .prepare import prepare
+from .report import markdown
+from .worker import Worker, worker
+
+__all__ = ["BUILDER_VENV", "ENGINES", "PIPELINE_ENGINES", "REFERENCE", "TARGETS", "TINYT",
+           "Engine", "Worker", "builder_python", "cache_bytes", "engine", "floor_bytes",
+           "genai_greedy", "genai_logits", "llama_cpp_converter", "llama_cpp_model", "markdown",
+           "prepare", "read_bandwidth", "run", "step_bytes", "targets", "worker"]

@@ -1,0 +1,188 @@
+"""The run: every engine side by side on the same weights, each in its own worker process.
+
+    prepare (skips, conversions) ─▶ the calls and prompts (held-out text of the INT8 stage's
+    corpus) ─▶ one worker per (engine, threads)
+      1. same computation first: greedy tokens and next-token log-probabilities on held-out
+         prompts, against tinyt fp32's
+      2. then time: rounds interleaved across the workers, one core's read bandwidth measured
+         between them; tinyt's loop cost outside ONNX Runtime's runs
+    ─▶ peers.json (environment, every raw time), peers.md, peers.png
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..environment import environment
+from . import analysis, report
+from .engines import ENGINES, TINYT
+from .prepare import prepare
+from .worker import Worker
+
+REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
+VERSIONS = ("tinyt", "onnxruntime", "onnxruntime-genai", "ctranslate2", "torch", "transformers",
+            "llama-cpp-python", "numpy")
+NEEDED = ("checkpoint", "onnx-opt", "onnx-int8")  # under ARTIFACTS, for every run
+
+
+def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 8,
+        block: int = 3, settle: int = 1, engines: list[str] | None = None,
+        agreement_prompts: int = 32, agreement_tokens: int = 64) -> dict[str, Any]:
+    """Measure every engine side by side; write peers.json, peers.md and peers.png."""
+    from tinyt.hardware import physical_cores
+    from tinyt.manifest import read_model_config
+
+    engines = list(engines or ENGINES)
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise ValueError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
+    if not (isinstance(rounds, int) and rounds >= 0):
+        raise ValueError(f"rounds={rounds!r} must be an integer >= 0 (0: agreement only)")
+    for sub in NEEDED:
+        if not (artifacts / sub).is_dir():
+            raise ValueError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
+                             f"{artifacts}` first (peers need checkpoint/, onnx-opt/, onnx-int8/)")
+    cfg, _ = read_model_config(artifacts / "onnx-int8")
+    threads = threads or sorted({1, physical_cores()})
+    skipped = prepare(artifacts, engines)
+    plan = _inputs(artifacts, cfg, agreement_prompts, agreement_tokens)
+    nbytes = analysis.floor_bytes(cfg, plan)
+    workers = _start(engines, artifacts, threads, skipped)
+    try:
+        # 1. the same computation: greedy tokens on held-out prompts
+        tokens = {w.name: w.ask(op="greedy", prompts=plan["agree_prompts"],
+                                n=plan["agree_new"])["tokens"]
+                  for w in workers if w.threads == threads[0]}
+        agreement = analysis.agreement(tokens)
+        logprobs, failed = _logprobs(workers, threads[0], plan["agree_prompts"], cfg.vocab_size)
+        for name, kl in {**failed, **analysis.kl_vs_reference(logprobs)}.items():
+            agreement.setdefault(name, {}).update(kl)
+        bad = [e for e, a in agreement.items()
+               if a.get("must_equal") and a["identical_to"] is False]
+        # 2. time, rounds interleaved (and one core's read bandwidth between them)
+        raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes)
+        loop = {w.label: w.ask(op="outside_run", ids=plan["calls"][1]["ids"],
+                               n=plan["decode_new"])
+                for w in (workers if rounds else []) if w.name in TINYT}  # 0: agreement only
+    finally:
+        for w in workers:
+            w.close()
+    result = {
+        "model": cfg.to_dict(), "artifacts": str(artifacts),
+        "environment": environment(VERSIONS),
+        "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
+                   "decode_prompt": plan["decode_prompt"], "decode_new": plan["decode_new"],
+                   "prefill_tokens": plan["prefills"],
+                   "agreement_prompts": len(plan["agree_prompts"]),
+                   "agreement_prompt_tokens": len(plan["agree_prompts"][0]),
+                   "agreement_new_tokens": plan["agree_new"]},
+        "memory_floor": analysis.memory_floor(cfg, plan, bandwidth),
+        "engines": {k: v.about for k, v in ENGINES.items() if k in engines},
+        "skipped": skipped, "mismatched": bad, "agreement": agreement,
+        "rows": analysis.rows(raw, plan, bandwidth, nbytes),
+        "outside_run": loop, "raw_s": raw,
+        "plans": {w.label: w.plan for w in workers if w.plan},  # tinyt's per-phase choices
+    }
+    result["targets"] = analysis.targets(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peers.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "peers.md").write_text(report.markdown(result))
+    report.plot(result, out / "peers.png")
+    return result
+
+
+def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int) -> dict:
+    """The calls every engine times and the prompts of the agreement check."""
+    from tinyt.data import agreement_prompts as cut_agreement_prompts
+    from tinyt.data import held_out_prompts, load_corpus
+    from tinyt.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_file(artifacts / "onnx-int8" / "tokenizer.json")
+    # Held-out prompts from the corpus the INT8 stage judged accuracy on (its --data, or
+    # the built-in one).
+    val = load_corpus(json.loads((artifacts / "onnx-int8" / "manifest.json").read_text())
+                      .get("options", {}).get("data")).val
+    block_size = cfg.block_size
+    # Shapes: decode after a 64-token prompt; prefill of 128 tokens (or block - 1) and block - 1.
+    decode_prompt = min(64, block_size // 2)
+    decode_new = min(60, block_size - decode_prompt - 1)
+    prefills = sorted({min(128, block_size - 1), block_size - 1})
+    # the accuracy report's prompts (tinyt.data.agreement_prompts), so that the two agree
+    agree_prompts, agree_new = cut_agreement_prompts(tokenizer, val, block_size,
+                                                     agreement_prompts)
+    prompts = held_out_prompts(tokenizer, val, 1 + len(prefills), max(prefills))
+    calls = [{"ids": prompts[0][:decode_prompt], "n": 1},
+             {"ids": prompts[0][:decode_prompt], "n": decode_new}]
+    calls += [{"ids": prompts[1 + i][:L], "n": 1} for i, L in enumerate(prefills)]
+    return {"decode_prompt": decode_prompt, "decode_new": decode_new, "prefills": prefills,
+            "agree_prompts": agree_prompts, "agree_new": min(agree_new, agreement_tokens),
+            "calls": calls}
+
+
+def _start(engines: list[str], artifacts: Path, threads: list[int],
+           skipped: dict[str, str]) -> list[Worker]:
+    """A worker process per engine and thread count; one that fails is skipped with why."""
+    workers: list[Worker] = []
+    try:
+        for name in engines:
+            if name in skipped:
+                continue
+            for n in threads:
+                w = Worker(name, artifacts, n)
+                if w.error:
+                    skipped[w.label] = w.error
+                    w.close()
+                else:
+                    workers.append(w)
+    except BaseException:
+        for w in workers:
+            w.close()
+        raise
+    if not workers:
+        raise RuntimeError("no engine could start: " + "; ".join(
+            f"{k}: {v}" for k, v in skipped.items()))
+    return workers
+
+
+def _logprobs(workers: list[Worker], threads: int, prompts: list[list[int]],
+              vocab: int) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Each engine's next-token log-probabilities after each prompt ([prompts, vocab]), from
+    its worker at `threads`; and the engines that could not give them, with why."""
+    logprobs, failed = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in workers:
+            if w.threads != threads:
+                continue
+            path = str(Path(tmp) / f"{w.name}.npy")
+            try:
+                w.ask(op="logprobs", prompts=prompts, vocab=vocab, path=path)
+                logprobs[w.name] = np.load(path).astype(np.float64)
+            except RuntimeError as e:
+                failed[w.name] = {"kl_error": str(e).splitlines()[0][:200]}
+    return logprobs, failed
+
+
+def _time(workers: list[Worker], bad: list[str], calls: list[dict], rounds: int,
+          settle: int, block: int, nbytes: int) -> tuple[dict, float | None]:
+    """Seconds per call per worker, rounds interleaved (each round starting at the next
+    worker), and the median of one core's read bandwidth measured once a round."""
+    raw: dict[str, list[list[float]]] = {w.label: [[] for _ in calls] for w in workers
+                                         if w.name not in bad and rounds}  # 0: nothing timed
+    bandwidth: list[float] = []
+    for r in range(rounds):
+        order = workers[r % len(workers):] + workers[:r % len(workers)]
+        for w in order:
+            if w.name in bad:
+                continue
+            times = w.ask(op="time", calls=calls, settle=settle, block=block)["times"]
+            for i, ts in enumerate(times):
+                raw[w.label][i] += ts
+            time.sleep(REST_S)
+        bandwidth.append(analysis.read_bandwidth(nbytes))
+    return raw, (statistics.median(bandwidth) if bandwidth else None)

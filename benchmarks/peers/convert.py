@@ -1,0 +1,140 @@
+"""The peers' own artifacts of tinyt's weights, each made by the peer's own tool:
+
+    ARTIFACTS/checkpoint ──tinyt.hf.to_hf──▶ peers/hf (a Hugging Face directory, logits checked)
+        ──CTranslate2's TransformersConverter──▶ peers/ct2-int8, peers/ct2-float32
+        ──GenAI's model builder (its own venv)──▶ peers/genai-builder-{int4,int8,fp32}
+        ──llama.cpp's convert_hf_to_gguf.py (+ its quantizer)──▶ peers/llama.cpp-{q8_0,q4_0}
+        ──Optimum's main_export──▶ peers/optimum-fp32
+
+Every converter is `convert(hf, out, option)`; prepare.py calls the one an engine names and
+stamps `out` with the checkpoint's hash. Where the opt-in tools live is found here too.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+GGUF = "model.gguf"
+EXTRA_BUFTS = "extra_bufts.txt"  # "on", or "off: why" (see gguf)
+BUILDER_VENV = Path(".venv-genai-builder")  # scripts/setup-genai-builder.sh
+STAMP = "tinyt-source.sha256"  # in each converted directory: the checkpoint it came from
+
+
+def builder_python() -> Path | None:
+    """The GenAI model builder's python: $TINYT_GENAI_BUILDER (a venv), else
+    .venv-genai-builder here or beside the checkout this module runs from."""
+    env = os.environ.get("TINYT_GENAI_BUILDER")
+    for venv in ([Path(env)] if env else []) + [BUILDER_VENV,
+                                                Path(__file__).resolve().parents[2] / BUILDER_VENV]:
+        if (venv / "bin" / "python").is_file():
+            return venv / "bin" / "python"
+    return None
+
+
+def llama_cpp_converter() -> Path | None:
+    """llama.cpp's convert_hf_to_gguf.py as scripts/setup-llama-cpp.sh leaves it."""
+    base = os.environ.get("TINYT_LLAMA_CPP_CONVERTER") or Path(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tinyt/llama-cpp/converter"
+    script = Path(base) / "convert_hf_to_gguf.py"
+    return script if script.is_file() else None
+
+
+def builder_missing(llama: bool) -> str | None:
+    """Why the GenAI model builder cannot run here, or None."""
+    if not llama:
+        return "the GenAI model builder builds Llama-family models; this one is GPT-2's form"
+    if builder_python() is None:
+        return f"no {BUILDER_VENV} (bash scripts/setup-genai-builder.sh)"
+    return None
+
+
+def llama_cpp_missing(llama: bool) -> str | None:
+    """Why llama.cpp's converter cannot run here, or None."""
+    if llama_cpp_converter() is None:
+        return "llama.cpp's converter is not in the cache (bash scripts/setup-llama-cpp.sh)"
+    return None
+
+
+def stamp(path: Path) -> str | None:
+    """The checkpoint hash `path` was converted from, or None."""
+    f = path / STAMP
+    return f.read_text() if f.is_file() else None
+
+
+def ctranslate2(hf: Path, out: Path, option: str) -> None:
+    """CTranslate2's converter at quantization `option` (int8, float32)."""
+    from ctranslate2.converters import TransformersConverter
+
+    TransformersConverter(str(hf)).convert(str(out), quantization=option, force=True)
+
+
+def genai_builder(hf: Path, out: Path, option: str) -> None:
+    """GenAI's model builder at precision `option` (int4, int8, fp32), for the CPU, in its own
+    virtual environment (it needs another transformers)."""
+    subprocess.run([str(builder_python()), "-m", "onnxruntime_genai.models.builder",
+                    "-i", str(hf), "-o", str(out), "-p", option, "-e", "cpu",
+                    "-c", str(hf.parent / "builder-cache")],
+                   check=True, capture_output=True, text=True)
+
+
+def optimum(hf: Path, out: Path, option: str) -> None:
+    """Optimum's own ONNX export, with its past-key-values graph."""
+    from optimum.exporters.onnx import main_export
+
+    main_export(str(hf), output=str(out), task="text-generation-with-past",
+                no_post_process=False)
+
+
+# convert_hf_to_gguf.py names a BPE vocabulary's pre-tokenizer by hashing what it makes of a
+# test text, and knows only the published models' hashes. tinyt's BPE is GPT-2's byte-level
+# scheme (tinyt/tokenizer.py), so its pre-tokenizer is "gpt-2"; the benchmark feeds token ids.
+_CONVERT = """import sys
+conv = sys.argv.pop(1)
+sys.path[:0] = [conv, conv + "/gguf-py"]
+import convert_hf_to_gguf as c
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+c.main()
+"""
+
+
+_PROBE = """import sys
+from tinyt.benchmarks.peers import llama_cpp_model
+llama_cpp_model(sys.argv[1], 64, 1, True).eval([1, 2, 3])
+"""
+
+
+def gguf(hf: Path, out: Path, option: str) -> None:
+    """out/model.gguf at quantization `option`: q8_0 straight from llama.cpp's converter; q4_0
+    through f32 and llama.cpp's own quantizer (llama_model_quantize, in the library the wheel
+    ships)."""
+    import ctypes
+
+    out.mkdir(parents=True)
+    model = out / GGUF
+    conv = llama_cpp_converter()
+    if conv is None:
+        raise RuntimeError(llama_cpp_missing(True))
+    first = model if option == "q8_0" else model.with_suffix(".f32.gguf")
+    subprocess.run([sys.executable, "-c", _CONVERT, str(conv.parent), str(hf), "--outfile",
+                    str(first), "--outtype", "q8_0" if option == "q8_0" else "f32"],
+                   check=True, capture_output=True, text=True)
+    if option == "q4_0":
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+        if llama_cpp.llama_model_quantize(str(first).encode(), str(model).encode(),
+                                          ctypes.byref(params)) != 0:
+            raise RuntimeError(f"llama_model_quantize failed on {first}")
+        first.unlink()
+    # llama.cpp's extra buffer types (AMX tiles, repacked weights) are its fastest CPU kernels,
+    # and on some shapes and CPUs they crash (a 128-wide model on a Xeon with AMX: SIGSEGV
+    # in llama_decode). Probe one evaluation in a child process; without them if it dies.
+    probe = subprocess.run([sys.executable, "-c", _PROBE, str(model)], capture_output=True,
+                           text=True, timeout=300)
+    (out / EXTRA_BUFTS).write_text(
+        "on" if probe.returncode == 0 else
+        f"off: with llama.cpp's extra buffer types one evaluation exited {probe.returncode}")

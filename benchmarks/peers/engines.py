@@ -1,0 +1,92 @@
+"""The engines, as data: one row each, naming how it loads (adapters.py), where its model lives
+under ARTIFACTS, how that is made from the checkpoint (convert.py) and what its tokens must
+equal. tinyt's own rows come from the artifact catalogue (tinyt.artifacts). Adding an engine
+is a row here, and an adapter or converter if its family is new.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinyt.artifacts import variant, with_engine
+
+from . import adapters, convert
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    about: str  # what it runs (peers.json's "engines")
+    package: str  # the distribution it needs
+    install: str  # how that gets here
+    load: Callable[[Path, Path, int], adapters.Generator]  # (model path, artifacts, threads)
+    artifact: str  # its model, under ARTIFACTS: a variant's dir, the checkpoint, peers/<name>
+    convert: Callable[[Path, Path, str], None] | None = None  # peers/hf -> artifact (its tool)
+    option: str = ""  # the converter's precision or quantization
+    ours: bool = False  # tinyt's own
+    exact: bool = False  # fp32: its tokens must equal the reference's
+    same_as: str | None = None  # runs that engine's graph: its tokens must equal that one's
+    missing: Callable[[bool], str | None] | None = None  # (Llama family?) -> why not here
+    pipeline: bool = False  # in the main job's peer run
+
+
+REFERENCE = "tinyt-fp32"  # greedy agreement and KL are measured against its tokens and logits
+_EXTRAS = "extra peers"
+
+
+def _ours(name: str, *, exact: bool = False, pipeline: bool = False) -> Engine:
+    v = with_engine()[name]
+    about = f"tinyt.runtime generate on ARTIFACTS/{v.dir}" + (f" ({v.note})" if v.note else "")
+    return Engine(name, about, "onnxruntime", "extra cpu", adapters.tinyt, v.dir, ours=True,
+                  exact=exact, pipeline=pipeline)
+
+
+def _converted(name: str, about: str, package: str, install: str, load, converter,
+               option: str, **kw) -> Engine:
+    return Engine(name, about, package, install, load, f"peers/{name}", converter, option, **kw)
+
+
+_LLAMA_CPP = ("opt-in: bash scripts/setup-llama-cpp.sh, which compiles it (~20 min here) once "
+              "into a cache; kept out of the extras and CI")
+_ROWS = (
+    _ours("tinyt-int8", pipeline=True),
+    _ours(REFERENCE, exact=True, pipeline=True),
+    _ours("tinyt-int8-gqa", pipeline=True),
+    Engine("genai-int8", f"ONNX Runtime GenAI on ARTIFACTS/{variant('onnx-int8').dir}, "
+           "unchanged", "onnxruntime-genai", _EXTRAS, adapters.genai, variant("onnx-int8").dir,
+           same_as="tinyt-int8", pipeline=True),
+    _converted("ct2-int8", "CTranslate2 int8 (converted from the GPT-2 directory)",
+               "ctranslate2", _EXTRAS, adapters.ctranslate2, convert.ctranslate2, "int8",
+               pipeline=True),
+    _converted("ct2-float32", "CTranslate2 float32", "ctranslate2", _EXTRAS,
+               adapters.ctranslate2, convert.ctranslate2, "float32", exact=True, pipeline=True),
+    *(_converted(f"llama.cpp-{q}", f"llama.cpp {q} (llama-cpp-python; GGUF from llama.cpp's own "
+                 "convert_hf_to_gguf.py)", "llama-cpp-python", _LLAMA_CPP, adapters.llama_cpp,
+                 convert.gguf, q, missing=convert.llama_cpp_missing, pipeline=q == "q8_0")
+      for q in ("q8_0", "q4_0")),
+    Engine("torch-eager", "PyTorch eager, tinyt's model with its KV cache", "torch",
+           "extra torch", adapters.torch_eager, "checkpoint", exact=True, pipeline=True),
+    # The Llama family's peers and tinyt's INT4 (made when asked: prepare.py)
+    _ours("tinyt-int4"),
+    _ours("tinyt-int4-gqa"),
+    *(_converted(f"genai-builder-{p}", f"ONNX Runtime GenAI on its own model builder's {p} "
+                 "artifact of the same Hugging Face directory", "onnxruntime-genai",
+                 "bash scripts/setup-genai-builder.sh", adapters.genai, convert.genai_builder,
+                 p, exact=p == "fp32", missing=convert.builder_missing)
+      for p in ("int4", "int8", "fp32")),
+    _converted("optimum-fp32", "Optimum's own ONNX export (text-generation-with-past) run by "
+               "ORTModelForCausalLM.generate", "optimum-onnx", "extra optimum", adapters.optimum,
+               convert.optimum, "", exact=True),
+)
+ENGINES: dict[str, Engine] = {e.name: e for e in _ROWS}
+# The main job's peer run: the engines of the GPT-2-form demo (its time stays as it was)
+PIPELINE_ENGINES = tuple(e.name for e in _ROWS if e.pipeline)
+TINYT = tuple(e.name for e in _ROWS if e.ours)  # tinyt's own engines
+
+
+def engine(name: str) -> Engine:
+    """The row of engine `name`."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+    return ENGINES[name]

@@ -1,0 +1,115 @@
+"""Before a run: which engines can run here (the others are skipped, with the reason), and
+every engine's model brought up to date under ARTIFACTS:
+
+    tinyt's on-demand variants (the catalogue's rows made_by "peers": onnx-int4, onnx-int4-gqa)
+        made by their stage while not fresh
+    peers/hf and each peer's conversion (convert.py), kept while the checkpoint is unchanged
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import shutil
+from pathlib import Path
+
+from tinyt.artifacts import BY_DIR, VARIANTS, arguments, with_engine
+
+from . import convert
+from .engines import ENGINES
+
+
+def prepare(artifacts: Path, engines: list[str]) -> dict[str, str]:
+    """Convert the checkpoint for the peers that need it (kept under ARTIFACTS/peers while the
+    checkpoint is unchanged). Returns the engines skipped, with the reason."""
+    skipped = {}
+    for name in engines:
+        row = ENGINES[name]
+        try:
+            md.version(row.package)
+        except md.PackageNotFoundError:
+            skipped[name] = f"{row.package} is not installed ({row.install})"
+    make_on_demand(artifacts, [n for n in engines if n not in skipped], skipped)
+    llama = bool(json.loads((artifacts / "onnx-opt" / "config.json").read_text())
+                 .get("tinyt", {}).get("model", {}).get("norm") == "rmsnorm")
+    for name in engines:
+        row = ENGINES[name]
+        if name in skipped:
+            continue
+        if row.ours and not (artifacts / row.artifact / "manifest.json").is_file():
+            skipped[name] = f"{artifacts / row.artifact} is missing (`tinyt pipeline` makes it)"
+        elif row.missing is not None and (why := row.missing(llama)):
+            skipped[name] = why
+    need = [n for n in engines if ENGINES[n].convert is not None and n not in skipped]
+    if need:
+        _convert(artifacts, need, skipped)
+    return skipped
+
+
+def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None:
+    from tinyt.fsutil import sha256_file
+    from tinyt.hf import to_hf
+
+    stamp = sha256_file(artifacts / "checkpoint" / "model.safetensors")
+    hf = artifacts / "peers" / "hf"
+    if convert.stamp(hf) != stamp:
+        to_hf(artifacts / "checkpoint", hf)
+        (hf / convert.STAMP).write_text(stamp)
+    for name in names:
+        row, out = ENGINES[name], artifacts / ENGINES[name].artifact
+        if convert.stamp(out) == stamp:
+            continue
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            row.convert(hf, out, row.option)
+        except Exception as e:  # a peer's converter failing is that peer's result
+            skipped[name] = f"conversion failed: {type(e).__name__}: {e}".splitlines()[0][:300]
+            continue
+        (out / convert.STAMP).write_text(stamp)
+
+
+def make_on_demand(artifacts: Path, engines: list[str], skipped: dict[str, str]) -> None:
+    """tinyt's variants that only the peer benchmark uses (onnx-int4 and its shared-cache
+    pair), made from their sources for the engines asked for, and kept while fresh."""
+    on = with_engine()
+    wanted = [on[n] for n in engines if n in on and on[n].made_by == "peers"]
+    todo: set[str] = set()
+
+    def need(d: str) -> None:  # a row and the on-demand rows it is made from
+        if d in BY_DIR and BY_DIR[d].made_by == "peers" and d not in todo:
+            todo.add(d)
+            for src in BY_DIR[d].inputs:
+                need(src)
+    for v in wanted:
+        need(v.dir)
+    if not todo:
+        return
+    from tinyt.manifest import fresh
+
+    blocked: dict[str, str] = {}  # dir -> why it could not be made
+    for v in VARIANTS:  # in making order: a source before what is made from it
+        if v.dir not in todo:
+            continue
+        source, out, options = arguments(v, artifacts)
+        if fresh(out, source):
+            continue
+        why = next((blocked[d] for d in v.inputs if d in blocked), None) or next(
+            (f"{artifacts / d} is missing" for d in v.inputs
+             if not (artifacts / d / "manifest.json").is_file()), None)
+        if why:
+            blocked[v.dir] = why
+            continue
+        _stage(v.stage)(source, out, **options)
+    for v in wanted:
+        if v.dir in blocked:
+            skipped[str(v.engine)] = blocked[v.dir]
+
+
+def _stage(name: str):
+    """The tinyt.export stage called `name` (the ONNX-only ones: no torch)."""
+    from tinyt.export.optimize import optimize
+    from tinyt.export.quantize import quantize
+
+    stages = {"optimize": optimize, "quantize": quantize}
+    if name not in stages:
+        raise ValueError(f"the peer benchmark makes no {name!r} variant (only {', '.join(stages)})")
+    return stages[name]

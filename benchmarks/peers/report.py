@@ -1,0 +1,131 @@
+"""The peer benchmark's report: peers.md (method, times, agreement and KL, targets, what each
+engine chose, what was skipped) and the plots peers.png (decode and prefill per engine) and
+peers-plane.png (decode time against greedy agreement)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .engines import TINYT
+
+
+def markdown(result: dict) -> str:
+    """peers.md: the method, every engine's times, agreement, targets, plans and skips."""
+    env, m = result["environment"], result["method"]
+    flags = [k for k, v in env["cpu"].items() if v is True]
+    vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    lines = [f"# tinyt vs peers, same weights ({result['model']['n_layer']} layers, "
+             f"width {result['model']['n_embd']}, vocab {result['model']['vocab_size']})", "",
+             f"{env['cpu'].get('model')}; CPU flags: {', '.join(flags)}; "
+             f"{env['physical_cores']} physical cores; {vers}; {env['time']}", "",
+             f"Batch 1, greedy. Decode = (t({m['decode_prompt']}-token prompt, "
+             f"{m['decode_new']} new) − t(same, 1 new)) / {m['decode_new'] - 1}; prefill = "
+             f"t(L-token prompt, 1 new). Median of {m['rounds']} interleaved rounds × "
+             f"{m['block']} calls, each engine in its own process.", ""]
+    keys = ["decode_ms_per_token"] + [f"prefill_{L}_ms" for L in m["prefill_tokens"]]
+    floor = result.get("memory_floor")
+    if floor:
+        keys.insert(1, "decode_x_floor")
+        weights_mb = floor["int8_weight_bytes"] / 1e6
+        lines[-1:-1] = [f"Memory floor of a decode step: ({weights_mb:.1f} MB "
+                        f"of int8 weights + {floor['kv_cache_bytes'] / 1e6:.1f} MB of fp32 KV "
+                        "cache at the mean past of the timed steps) ÷ one core's read "
+                        f"bandwidth ({floor['read_gb_per_s_one_core']:.1f} GB/s, numpy between "
+                        f"the rounds) = {floor['decode_ms']:.3f} ms; decode_x_floor is each "
+                        "engine's decode against it (fp32 engines read 4× the weights; where "
+                        "the weights fit in a cache, as the demo's do, this is a cache floor, "
+                        "not memory's).", ""]
+    if not result["rows"]:
+        lines[-2] = "Greedy agreement only (--rounds 0: nothing timed)."
+    lines += ["| engine | threads | " + " | ".join(keys) + " |",
+              "|---|---|" + "---|" * len(keys)] if result["rows"] else []
+    for label, row in sorted(result["rows"].items(), key=lambda kv: (kv[0].split("@")[1],
+                                                                      kv[1][keys[0]])):
+        name, n = label.rsplit("@", 1)
+        lines.append(f"| {name} | {n[:-1]} | " + " | ".join(f"{row[k]:.3f}" for k in keys)
+                     + " |")
+    lines += ["", f"Greedy agreement with tinyt fp32 ({m['agreement_prompts']} held-out prompts "
+              f"of {m['agreement_prompt_tokens']} tokens × {m['agreement_new_tokens']} new "
+              "tokens, position by position):", "",
+              "| engine | agreement | KL vs fp32, next token (mean / max) | must equal | "
+              "identical |", "|---|---|---|---|---|"]
+    for name, a in result["agreement"].items():
+        ag, kl = a.get("agreement_with_fp32"), a.get("kl_vs_fp32")
+        kl_text = "—" if kl is None else f"{kl:.2e} / {a['kl_vs_fp32_max']:.2e}"
+        lines.append(f"| {name} | {'—' if ag is None else f'{ag:.1%}'} "
+                     f"({a.get('matching_tokens')}/{a.get('tokens')}) | {kl_text} | "
+                     f"{a.get('must_equal', '—')} | {a.get('identical_to', '—')} |")
+    if result["targets"]:
+        lines += ["", "| target | tinyt | fastest peer | ratio | goal | met |",
+                  "|---|---|---|---|---|---|"]
+    for key, t in result["targets"].items():
+        if "ratio" in t:
+            lines.append(f"| {key} | {t['tinyt']} | {t['fastest_peer']} | {t['ratio']:.2f} | "
+                         f"≤ {t['target_max']} | {t['met']} |")
+        else:
+            lines.append(f"| {key} | {t['measured']:.1f} µs | — | — | ≤ {t['target_max']} | "
+                         f"{t['met']} |")
+    if result.get("plans"):
+        lines += ["", "What each engine chose at load (tinyt: runtime/tuning.py's plan):", ""]
+        lines += [f"- {label}: {plan}" for label, plan in result["plans"].items()]
+    if result["skipped"]:
+        lines += ["", "Skipped:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()]
+    if result["mismatched"]:
+        lines += ["", f"Not timed (tokens differ where they must be equal): "
+                      f"{result['mismatched']}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    """peers.png (decode and the longest prefill, per engine) and peers-plane.png."""
+    if not result["rows"]:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    m = result["method"]
+    keys = ["decode_ms_per_token", f"prefill_{m['prefill_tokens'][-1]}_ms"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    labels = sorted(result["rows"], key=lambda k: (k.split("@")[1], k))
+    for ax, key in zip(axes, keys):
+        vals = [result["rows"][k][key] for k in labels]
+        colors = ["tab:blue" if k.split("@")[0] in TINYT else "tab:gray" for k in labels]
+        ax.barh(labels, vals, color=colors)
+        ax.set_xlabel("ms" + (" per token" if key.startswith("decode") else ""))
+        ax.set_title(key.replace("_", " "))
+        ax.invert_yaxis()
+    fig.suptitle(f"tinyt (blue) vs peers, same weights: {result['model']['n_layer']} layers × "
+                 f"{result['model']['n_embd']}, batch 1")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    plot_plane(result, path.with_name("peers-plane.png"), plt)
+
+
+def plot_plane(result: dict, path: Path, plt) -> None:
+    """Decode ms/token against greedy agreement with fp32, one point per engine and
+    precision at the first thread count: down and to the right is better."""
+    n = result["method"]["threads"][0]
+    points = [(k.rsplit("@", 1)[0], r["decode_ms_per_token"]) for k, r in result["rows"].items()
+              if k.endswith(f"@{n}t")]
+    points = [(name, ms, result["agreement"].get(name, {}).get("agreement_with_fp32"))
+              for name, ms in points]
+    points = [p for p in points if p[2] is not None]
+    if not points:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, ms, agree in points:
+        ax.scatter(ms, 100 * agree, color="tab:blue" if name in TINYT else "tab:gray")
+        ax.annotate(name, (ms, 100 * agree), textcoords="offset points", xytext=(4, 3),
+                    fontsize=8)
+    ax.set_xlabel(f"decode ms per token ({n} thread{'s' if n > 1 else ''})")
+    ax.set_ylabel("greedy agreement with fp32, %")
+    ax.set_title(f"speed against fidelity: {result['model']['n_layer']} layers × "
+                 f"{result['model']['n_embd']} (tinyt blue)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

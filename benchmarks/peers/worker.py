@@ -1,0 +1,124 @@
+"""One process per (engine, threads): it loads its model once, then answers JSON lines on stdin,
+so no engine's libraries, threads or caches share a process with another's.
+
+    parent                                         worker (python -m tinyt.benchmarks.peers
+                                                           ARTIFACTS --worker NAME --threads N)
+                                           ◀──     {"ready": true, "plan": ...} | {"error": ...}
+    {"op": "greedy", "prompts", "n"}        ──▶    {"tokens": [[id, ...], ...]}
+    {"op": "time", "calls", "settle",       ──▶    {"times": [[s, ...] per call]}: per call,
+     "block"}                                        `settle` untimed runs, then `block` timed
+    {"op": "logprobs", "prompts", "vocab",  ──▶    {"saved": path}: next-token log-softmax,
+     "path"}                                         [prompts, vocab] float32 .npy
+    {"op": "outside_run", "ids", "n"}       ──▶    tinyt's time outside ONNX Runtime's runs
+    (stdin closed)                                 exits
+
+A failed request answers {"error": ..., "trace": ...}; the parent raises it as RuntimeError.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from .engines import engine
+
+
+def _outside_run(artifact: Path, threads: int, ids: list[int], n: int) -> dict:
+    """tinyt's per-token time outside ONNX Runtime's run calls (benchmarks/loop_cost.py),
+    best of 5 generations."""
+    import tinyt.runtime as rt
+
+    from ..loop_cost import outside_run
+
+    return outside_run(rt.load(artifact, threads=threads), ids, n, generations=6)
+
+
+def _answer(req: dict, gen, artifact: Path, threads: int) -> dict:
+    if req["op"] == "greedy":
+        return {"tokens": [gen(p, req["n"]) for p in req["prompts"]]}
+    if req["op"] == "time":
+        times = []
+        for call in req["calls"]:
+            for _ in range(req["settle"]):
+                gen(call["ids"], call["n"])
+            ts = []
+            for _ in range(req["block"]):
+                t = time.perf_counter()
+                gen(call["ids"], call["n"])
+                ts.append(time.perf_counter() - t)
+            times.append(ts)
+        return {"times": times}
+    if req["op"] == "logprobs":  # next-token log-probabilities, to a .npy file
+        rows = [np.asarray(gen.logits(p), dtype=np.float64) for p in req["prompts"]]
+        z = np.stack(rows)[:, :req["vocab"]]  # an engine may pad its vocabulary
+        z = z - z.max(-1, keepdims=True)
+        np.save(req["path"], (z - np.log(np.exp(z).sum(-1, keepdims=True))).astype(np.float32))
+        return {"saved": req["path"]}
+    if req["op"] == "outside_run":
+        return _outside_run(artifact, threads, req["ids"], req["n"])
+    return {"error": f"unknown op {req['op']!r}"}
+
+
+def worker(name: str, artifacts: Path, threads: int) -> None:
+    """Answer JSON requests on stdin, one per line, until stdin closes."""
+    out = sys.stdout
+    sys.stdout = sys.stderr  # libraries' chatter must not reach the protocol
+    try:
+        row = engine(name)
+        gen = row.load(artifacts / row.artifact, artifacts, threads)
+        out.write(json.dumps({"ready": True, "plan": getattr(gen, "plan", None)}) + "\n")
+    except Exception as e:
+        out.write(json.dumps({"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}) + "\n")
+        out.flush()
+        return
+    out.flush()
+    for line in sys.stdin:
+        try:
+            reply = _answer(json.loads(line), gen, artifacts / row.artifact, threads)
+        except Exception as e:
+            reply = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+class Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, name: str, artifacts: Path, threads: int):
+        self.name, self.threads, self.label = name, threads, f"{name}@{threads}t"
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tinyt.benchmarks.peers", str(artifacts.resolve()),
+             "--worker", name, "--threads", str(threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env=env)
+        hello = self._read()
+        self.error, self.plan = hello.get("error"), hello.get("plan")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            return {"error": f"worker exited with status {self.proc.wait()}"}
+        return json.loads(line)
+
+    def ask(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise RuntimeError(f"{self.label}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
