@@ -3,7 +3,8 @@ LlamaForCausalLM and Qwen2ForCausalLM directories saved here (no network) import
 equal to transformers' over a sequence and through the cache and the same greedy tokens as
 its generate; sharded saves import the same; tinyt -> HF -> tinyt is bit-identical; the
 tokenizer's end token and chat template travel; what tinyt does not implement is refused by
-name, with no directory written."""
+name, with no directory written. And every catalogue entry (GPT-2's too) maps its config.json
+and its weight names both ways, without transformers."""
 import json
 
 import pytest
@@ -164,3 +165,37 @@ def test_cli_imports_and_exports_a_llama_model(tmp_path):
     assert "logits max abs diff vs tinyt" in r.stdout
     saved = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
     assert saved["chat_template"] == TEMPLATE and saved["eos_token"] == "<|im_end|>"
+
+
+GPT2_FORM = dict(pos_encoding="learned", norm="layernorm", n_kv_head=None, rope_theta=10000.0)
+
+
+@pytest.mark.parametrize("entry, shape", [
+    ("GPT2", dict(GPT2_FORM, activation="gelu", bias=True)),
+    ("GPT2", dict(GPT2_FORM, activation="gelu_tanh", n_inner=None, bias=False,
+                  tie_weights=False)),  # zero biases in HF's layout
+    ("LLAMA", dict()),
+    ("LLAMA", dict(bias=True, tie_weights=False, n_kv_head=1)),
+    ("QWEN2", dict(qkv_bias=True)),
+])
+def test_every_catalogue_entry_maps_its_config_and_weights_both_ways(entry, shape):
+    """No transformers needed: config.json written from a config reads back as it, each HF
+    name is used once, and tinyt -> HF names -> tinyt gives every tensor back unchanged."""
+    import tinyt.hf as hf
+    from tinyt.hf.weights import pairs
+
+    family, cfg = getattr(hf, entry), _llama(vocab_size=300, **shape)
+    assert hf.writer_for(cfg, "the test model") is family
+    written = hf.hf_config(family, cfg, 256)
+    if family.zero_biases:  # as export-hf's tinyt block says it
+        written["tinyt"] = {"bias": cfg.bias}
+    assert hf.config_from_hf(family, written, "config.json") == cfg
+    names = [name for p in pairs(family, cfg) for name in p.theirs]
+    assert len(names) == len(set(names)), "an HF name mapped twice"
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    theirs = hf.hf_state(family, model)
+    assert sorted(theirs) == sorted(names)
+    back, ours = hf.state_from_hf(family, theirs, cfg, "test"), unique_state_dict(model)
+    assert back.keys() == ours.keys()
+    assert [k for k in ours if not torch.equal(back[k], ours[k])] == []
