@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import kv_shape, past_names
+from tinyt.contract import DECODER_WITH_PAST, kv_shape, past_names
 from tinyt.runtime.feeds import prefill_feeds, step_feeds
 from tinyt.runtime.fixed import FixedWindow
 
@@ -26,7 +26,7 @@ def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int, int]]:
     T = cfg.block_size
     cases = [(1, 1, 0, 0), (2, min(7, T), 0, 0), (3, T, 0, min(5, T - 1)), (1, 1, T - 1, 0),
              (4, 1, min(60, T - 1), 3 if T > 4 else 0), (2, min(5, T // 2), T // 2, 0)]
-    if kind != "decoder_with_past":
+    if kind != DECODER_WITH_PAST:
         cases = [(b, s + p, 0, pad) for b, s, p, pad in cases]
     return sorted(set(cases))
 
@@ -38,7 +38,7 @@ def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
     mask[0, :pad] = 0
     feeds = {"input_ids": rng.integers(0, cfg.vocab_size, (b, s), dtype=np.int64),
              "attention_mask": mask}
-    if kind == "decoder_with_past":
+    if kind == DECODER_WITH_PAST:
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)[:, p:]
         for name in past_names(cfg.n_layer):
             feeds[name] = rng.standard_normal(kv_shape(cfg, b, p)).astype(np.float32)

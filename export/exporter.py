@@ -23,15 +23,17 @@ import torch.nn as nn
 from torch.export import Dim
 
 from tinyt import __version__
-from tinyt.checkpoint import CONFIG_FILE, MODEL_FILE, load_checkpoint
+from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
-from tinyt.contract import ONNX_FILE, contract_for, kv_shape
+from tinyt.contract import CLASSIFIER, DECODER, DECODER_WITH_PAST, ONNX_FILE, contract_for, kv_shape
 from tinyt.errors import ConversionError, ExportError
-from tinyt.fsutil import atomic_dir, sha256_file, write_json
+from tinyt.fsutil import atomic_dir, write_json
 from tinyt.genai import write_genai_config
 from tinyt.graphio import save_graph
 from tinyt.hf import gpt2_config, llama_config
-from tinyt.manifest import check_output_dir, io_spec, write_manifest
+from tinyt.manifest import check_output_dir, checkpoint_source, io_spec, write_manifest
+
+from .stage import Built, built
 
 # torch's exporter warns on every export that torchvision (whose ops tinyt never uses) is
 # missing; a user reads that as a problem with their model.
@@ -69,8 +71,8 @@ class Decoder(nn.Module):
 
 def graph_kind(cfg: ModelConfig, with_past: bool) -> str:
     if cfg.task == "classifier":
-        return "classifier"
-    return "decoder_with_past" if with_past else "decoder"
+        return CLASSIFIER
+    return DECODER_WITH_PAST if with_past else DECODER
 
 
 def _example(cfg: ModelConfig, kind: str):
@@ -79,7 +81,7 @@ def _example(cfg: ModelConfig, kind: str):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (B, S), generator=g)
     dyn = Dim.DYNAMIC
-    if kind != "decoder_with_past":
+    if kind != DECODER_WITH_PAST:
         return ({"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)},
                 {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn}})
     past = [torch.randn(kv_shape(cfg, B, P), generator=g)
@@ -155,7 +157,7 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
     eos = tokenizer.eos_id
     tinyt_block = {"model": cfg.to_dict(), "graph": kind, "labels": labels,
                    "tinyt_version": __version__}
-    if kind == "classifier":
+    if kind == CLASSIFIER:
         return {"model_type": "tinyt-classifier", "num_labels": cfg.num_labels,
                 "id2label": {str(i): n for i, n in enumerate(labels)},
                 "label2id": {n: i for i, n in enumerate(labels)},
@@ -166,9 +168,9 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
         except ConversionError:  # a mix of the two forms: no Hugging Face class holds it
             hf = {"model_type": "tinyt-decoder", "vocab_size": cfg.vocab_size,
                   "eos_token_id": eos, "pad_token_id": eos}
-        return {**hf, "use_cache": kind == "decoder_with_past", "tinyt": tinyt_block}
+        return {**hf, "use_cache": kind == DECODER_WITH_PAST, "tinyt": tinyt_block}
     return {**gpt2_config(cfg, eos), "tie_word_embeddings": cfg.tie_weights,
-            "use_cache": kind == "decoder_with_past", "tinyt": tinyt_block}
+            "use_cache": kind == DECODER_WITH_PAST, "tinyt": tinyt_block}
 
 
 def _check_opset(opset: int) -> None:
@@ -181,7 +183,7 @@ def _check_opset(opset: int) -> None:
 
 def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 opset: int = DEFAULT_OPSET, with_past: bool = True,
-                external_data: bool | None = None) -> Path:
+                external_data: bool | None = None) -> Built:
     """Export a checkpoint to an ONNX artifact directory (written atomically); returns it.
 
     Causal LMs get one decoder graph with a KV cache (with_past=True) or a no-cache graph;
@@ -193,8 +195,8 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     ckpt = load_checkpoint(checkpoint_dir)
     cfg = ckpt.config
     kind = graph_kind(cfg, with_past)
-    wrapper = {"decoder_with_past": DecoderWithPast, "decoder": Decoder,
-               "classifier": lambda m: m}[kind](ckpt.model).eval()
+    wrapper = {DECODER_WITH_PAST: DecoderWithPast, DECODER: Decoder,
+               CLASSIFIER: lambda m: m}[kind](ckpt.model).eval()
     inputs, outputs = contract_for(cfg, kind)
     kwargs, shapes = _example(cfg, kind)
     with warnings.catch_warnings(), torch.no_grad():
@@ -206,7 +208,7 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
         )
     proto = program.model_proto
     _name_axes(proto, inputs, outputs)
-    _tidy_nodes(proto, wrapped=kind != "classifier")
+    _tidy_nodes(proto, wrapped=kind != CLASSIFIER)
     proto.producer_name, proto.producer_version = "tinyt", __version__
     with atomic_dir(out_dir) as tmp:
         files = save_graph(proto, tmp / ONNX_FILE, external=external_data)
@@ -218,14 +220,12 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
             "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,
             "max_length": cfg.block_size, "do_sample": False})
         write_genai_config(tmp, cfg, kind=kind)
-        write_manifest(tmp, stage="export", source={
-            "kind": "checkpoint", "path": str(checkpoint_dir.resolve()),
-            "sha256": {f: sha256_file(checkpoint_dir / f) for f in (MODEL_FILE, CONFIG_FILE)},
-        }, options={"opset": opset, "with_past": with_past,
+        written = write_manifest(tmp, stage="export", source=checkpoint_source(checkpoint_dir),
+                                 options={"opset": opset, "with_past": with_past,
                     "external_data": len(files) > 1}, extra={
             "graph": kind, "opset": opset, "io": io_spec(inputs, outputs),
             "exporter": "torch.onnx.export(dynamo=True)",
             "versions": {"torch": torch.__version__, "onnx": onnx.__version__,
                          "tinyt": __version__, "python": platform.python_version()},
         })
-    return out_dir
+    return built(out_dir, written)

@@ -25,14 +25,14 @@ import onnxscript.optimizer
 from onnx import numpy_helper
 from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-from tinyt.contract import ONNX_FILE
+from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE
 from tinyt.errors import OptimizeError
 from tinyt.graphio import save_graph
 from tinyt.runtime.session import graph_session
 
 from .compare import OPT_ATOL, compare_graphs
 from .kvfuse import attention_with_past
-from .stage import open_source, write_artifact
+from .stage import Built, open_source, write_artifact
 
 TARGETS = ("cpu", "portable", "gqa")  # no cuda: there was no GPU to build it against
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -85,7 +85,7 @@ def moves_cache_into_attention(cfg, kind: str) -> bool:
     """kvfuse.py's rewrite applies to MultiHeadAttention reading the cache it extends: not
     with fewer key/value heads than query heads (the cache is repeated out first), nor with
     rotary positions (RotaryEmbedding sits between the projection and the cache)."""
-    return kind == "decoder_with_past" and cfg.kv_heads == cfg.n_head and \
+    return kind == DECODER_WITH_PAST and cfg.kv_heads == cfg.n_head and \
         cfg.pos_encoding != "rotary"
 
 
@@ -190,7 +190,7 @@ def _ort_offline(proto: onnx.ModelProto, level: str, tmp: Path) -> onnx.ModelPro
 
 
 def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: str = "cpu",
-             level: str = "extended", prefill_from: str | os.PathLike | None = None) -> Path:
+             level: str = "extended", prefill_from: str | os.PathLike | None = None) -> Built:
     """Fuse and optimize an exported graph for `target`; the result is checked against the
     input graph (OPT_ATOL) before the directory is written. Returns out_dir."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)

@@ -23,18 +23,18 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from tinyt.contract import ONNX_FILE
+from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SHARED_CACHE_KIND
 from tinyt.errors import PackageError
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, save_graph
-from tinyt.manifest import write_manifest
+from tinyt.manifest import artifact_source, write_manifest
 from tinyt.runtime.fixed import AXES, capacity
 from tinyt.runtime.session import check_graphs_here, graph_session
 
 from .compare import compare_graphs
 from .optimize import LEVELS
-from .stage import built, copy_artifact_files, open_source
+from .stage import Built, built, copy_artifact_files, open_source
 from .triton import check_config, config_pbtxt
 
 FORMATS = ("onnx", "ort", "triton", "web")
@@ -68,7 +68,7 @@ def parse_fixed(items: list[str] | dict[str, int] | None) -> dict[str, int]:
 def _pin(proto: onnx.ModelProto, fixed: dict[str, int], kind: str, block: int) -> None:
     """Replace the contract's symbolic axes by `fixed` everywhere in the graph, in place."""
     needed = ["batch_size", "sequence_length"] + (
-        ["past_sequence_length"] if kind == "decoder_with_past" else [])
+        ["past_sequence_length"] if kind == DECODER_WITH_PAST else [])
     if set(fixed) != set(needed):
         raise PackageError(f"a {kind} graph pins exactly {', '.join(needed)}; got "
                            f"{', '.join(sorted(fixed)) or 'none'}")
@@ -98,7 +98,7 @@ def _check_same(src: Path, dst: Path, cfg, kind: str, fixed: dict[str, int]) -> 
     else:
         T = cfg.block_size
         cases = [(1, 1, 0, 0), (2, min(7, T), 0, 3 if T > 7 else 0)]
-        if kind == "decoder_with_past":
+        if kind == DECODER_WITH_PAST:
             cases.append((2, 1, T - 1, 0))
     try:
         found = compare_graphs(graph_session(src), graph_session(dst), cfg, kind, cases=cases)
@@ -139,7 +139,7 @@ def _to_ort(onnx_path: Path, out: Path, level: str) -> None:
 
 def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ort",
             fixed: list[str] | dict[str, int] | None = None, name: str | None = None,
-            device: str = "cpu", instances: int = 1, max_batch_size: int = 8) -> Path:
+            device: str = "cpu", instances: int = 1, max_batch_size: int = 8) -> Built:
     """Package an artifact for deployment (see the module docstring); returns out_dir."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if format not in FORMATS:
@@ -152,7 +152,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
         return package_web(src_dir, out_dir)
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
-    if manifest.get("graph") == "decoder_gqa":
+    if manifest.get("graph") == SHARED_CACHE_KIND:
         if format == "ort" and not fixed:
             return _package_shared_cache_ort(src_dir, out_dir, src)
         why = {"triton": "Triton's ONNX Runtime backend copies every input and output, so it "
@@ -207,15 +207,16 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
             if "ort_vs_onnx" in wrote:  # the .ort file against the graph it came from
                 extra["equivalence"]["ort_vs_onnx"] = wrote.pop("ort_vs_onnx")
             extra |= wrote
-            written = write_manifest(out, stage="package", source={
-                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest,
-            }, options={"format": format, "fixed": pins, "name": name, "device": device,
-                        "instances": instances, "max_batch_size": max_batch_size,
-                        "level": manifest.get("options", {}).get("level")}, extra=extra)
+            options = {"format": format, "fixed": pins, "name": name, "device": device,
+                       "instances": instances, "max_batch_size": max_batch_size,
+                       "level": manifest.get("options", {}).get("level")}
+            written = write_manifest(out, stage="package",
+                                     source=artifact_source(src_dir, manifest),
+                                     options=options, extra=extra)
     return built(out_dir, written)
 
 
-def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Path:
+def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
     """A shared-cache graph (or the pair's two) in the ORT format, with the operator list for
     a reduced build; checked by running the package through tinyt.runtime against the source:
     last-token logits of a prompt and of decode steps, and greedy tokens."""
@@ -252,16 +253,15 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Path:
         extra = {k: manifest[k] for k in ("quantization", "accuracy", "prefill_quantization",
                                           "prefill_equivalence", "pair", "layers")
                  if k in manifest}
-        extra.update(graph="decoder_gqa", package_format="ort", fixed_shape=None,
+        extra.update(graph=SHARED_CACHE_KIND, package_format="ort", fixed_shape=None,
                      opset=manifest.get("opset"), model_file=ort_names[ONNX_FILE],
                      ort={"level": level, "model_file": ort_names[ONNX_FILE]},
                      versions={**manifest.get("versions", {}), "onnxruntime": ort.__version__})
         if len(graphs) > 1:
             extra["prefill_model_file"] = ort_names[graphs[1]]
         def write(equivalence: dict | None) -> dict:
-            return write_manifest(out, stage="package", source={
-                "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest},
-                options={"format": "ort", "fixed": {}, "level": level},
+            return write_manifest(out, stage="package", source=artifact_source(src_dir, manifest),
+                                  options={"format": "ort", "fixed": {}, "level": level},
                 extra={**extra, **({"equivalence": equivalence} if equivalence else {})})
         write(None)  # the runtime opens the package by its manifest; rewritten below
         # the check: the package as the runtime loads it, against its source
@@ -287,7 +287,7 @@ def _step_logits(lm, ids: list[int], steps: int) -> list:
 
     from tinyt.runtime.feeds import prefill_feeds
 
-    run = lm.steps(prefill_feeds(lm.config, "decoder_with_past", np.array([ids], np.int64),
+    run = lm.steps(prefill_feeds(lm.config, DECODER_WITH_PAST, np.array([ids], np.int64),
                                  np.ones((1, len(ids)), np.int64)))
     out = [next(run)[0, -1].copy()]
     for _ in range(steps):

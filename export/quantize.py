@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from tinyt import int8
-from tinyt.contract import ONNX_FILE
+from tinyt.contract import CLASSIFIER, ONNX_FILE
 from tinyt.errors import QuantizeError
 from tinyt.graphio import check_graph, graph_files, save_graph
 from tinyt.hardware import int8_preset, saturates_here
@@ -29,7 +29,7 @@ from .accuracy import classifier_accuracy, lm_accuracy
 from .blockquant import MS, quantize_weights
 from .optimize import QUANTIZED_OPS
 from .qdq import CALIBRATIONS, quantize_qdq
-from .stage import open_source, write_artifact
+from .stage import Built, open_source, write_artifact
 
 MODES = {"dynamic": 4, "weight-only": 0, "static": None}  # -> MatMulNBits accuracy_level
 BITS = (8, 4)
@@ -74,7 +74,7 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
     if calibration not in CALIBRATIONS:
         raise QuantizeError(f"calibration={calibration!r} is not one of "
                             f"{', '.join(CALIBRATIONS)}")
-    if mode == "static" and kind == "classifier":
+    if mode == "static" and kind == CLASSIFIER:
         raise QuantizeError("static calibration reads corpus text windows; for a classifier use "
                             "mode='dynamic'")
 
@@ -84,7 +84,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
              exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
              calibration: str = "minmax", per_channel: bool = True,
              reduce_range: bool | None = None, search: dict | None = None,
-             kernel: str = "nbits") -> Path:
+             kernel: str = "nbits") -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). Static
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
@@ -133,7 +133,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
         check_graph(path)
         ref = graph_session(src_dir / ONNX_FILE, level="all")
         cand = graph_session(path, level="all")
-        if kind == "classifier":
+        if kind == CLASSIFIER:
             accuracy = classifier_accuracy(ref, cand, cfg, tokenizer, block["labels"], data)
         else:
             accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data)

@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from tinyt.contract import ONNX_FILE
+from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ONNX_FILE
 from tinyt.manifest import check_manifest, read_model_config
 from tinyt.runtime.timing import session_latency_ms
 
 from .compare import random_feeds
 from .quantize import QuantizeError, quantize
+from .stage import Built
 
 # (name, quantize keyword arguments); static variants need the plain export.
 DYNAMIC_VARIANTS = [
@@ -54,7 +55,7 @@ CHOICES = ("bits", "block_size", "mode", "calibration", "per_channel", "reduce_r
 
 
 def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                    max_loss_increase: float, data: str | None = None, **choices) -> Path:
+                    max_loss_increase: float, data: str | None = None, **choices) -> Built:
     """`choices`: any of CHOICES a caller passed along (a CLI passes its flags); one that is
     not quantize()'s default is refused, since the search picks it."""
     src_dir = Path(src_dir)
@@ -76,7 +77,7 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     cfg, _ = read_model_config(src_dir)
     kind = manifest["graph"]
     variants = list(DYNAMIC_VARIANTS)
-    if manifest.get("stage") == "export" and kind != "classifier":
+    if manifest.get("stage") == "export" and kind != CLASSIFIER:
         variants += STATIC_VARIANTS
     tried: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,6 +114,6 @@ def latency_ms(paths: dict[str, str], cfg, kind: str, *, rounds: int = 200,
     for graphs without a cache, one forward of block_size/2 tokens."""
     past = cfg.block_size // 2
     rng = np.random.default_rng(0)
-    feeds = (random_feeds(cfg, kind, 1, 1, past, 0, rng) if kind == "decoder_with_past"
+    feeds = (random_feeds(cfg, kind, 1, 1, past, 0, rng) if kind == DECODER_WITH_PAST
              else random_feeds(cfg, kind, 1, past, 0, 0, rng))
     return session_latency_ms(paths, feeds, rounds=rounds, threads=threads)

@@ -22,7 +22,13 @@ from tinyt.contract import ONNX_FILE
 from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, load_graph
-from tinyt.manifest import check_manifest, check_output_dir, read_model_config, write_manifest
+from tinyt.manifest import (
+    artifact_source,
+    check_manifest,
+    check_output_dir,
+    read_model_config,
+    write_manifest,
+)
 from tinyt.runtime.session import check_source
 
 COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
@@ -75,7 +81,7 @@ class Source:
 
     def record(self) -> dict[str, Any]:
         """The manifest's `source` entry of an artifact made from this one."""
-        return {"kind": "artifact", "path": str(self.path.resolve()), "manifest": self.manifest}
+        return artifact_source(self.path, self.manifest)
 
     def versions(self, **more: str) -> dict[str, str]:
         return {**self.manifest.get("versions", {}), "onnxruntime": ort.__version__, **more}

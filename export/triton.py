@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import onnx
 
+from tinyt.contract import CLASSIFIER, DECODER
 from tinyt.errors import TritonError
 
 DTYPES = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.INT32: "TYPE_INT32",
@@ -46,7 +47,7 @@ def config_pbtxt(graph: onnx.GraphProto, *, name: str, kind: str, pinned: bool, 
         raise TritonError(f"device={device!r} is not one of {', '.join(KINDS)}")
     if instances < 1:
         raise TritonError(f"instances={instances} must be at least 1")
-    batched = kind in ("classifier", "decoder") and not pinned
+    batched = kind in (CLASSIFIER, DECODER) and not pinned
     if batched and max_batch_size < 1:
         raise TritonError(f"max_batch_size={max_batch_size} must be at least 1 for a "
                           f"{kind} graph, whose requests Triton batches")

@@ -19,7 +19,15 @@ import torch
 from tinyt import data as D
 from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
-from tinyt.contract import ONNX_FILE, SHARED_CACHE_KIND, contract_for, past_names
+from tinyt.contract import (
+    CLASSIFIER,
+    DECODER,
+    DECODER_WITH_PAST,
+    ONNX_FILE,
+    SHARED_CACHE_KIND,
+    contract_for,
+    past_names,
+)
 from tinyt.errors import TinytError, VerificationError
 from tinyt.fsutil import write_json
 from tinyt.manifest import check_manifest
@@ -101,7 +109,7 @@ def _cases(cfg: ModelConfig, kind: str, fixed: dict | None = None
                  fixed.get("past_sequence_length", 0))]
     T = cfg.block_size
     seqs = sorted({1, min(7, T), T})
-    pasts = sorted({0, min(9, T - 1), T - 1}) if kind == "decoder_with_past" else [0]
+    pasts = sorted({0, min(9, T - 1), T - 1}) if kind == DECODER_WITH_PAST else [0]
     return [(b, s, p) for b in (1, 3) for s in seqs for p in pasts if s + p <= T]
 
 
@@ -144,9 +152,9 @@ def torch_outputs(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
     """PyTorch outputs for the same feeds, as numpy, in contract order."""
     t = {k: torch.from_numpy(v) for k, v in feeds.items()}
     with torch.no_grad():
-        if kind == "classifier":
+        if kind == CLASSIFIER:
             return [model(t["input_ids"], t["attention_mask"]).numpy()]
-        if kind == "decoder":
+        if kind == DECODER:
             return [model(t["input_ids"], t["attention_mask"])[0].numpy()]
         names = past_names(n_layer)
         past = tuple((t[names[2 * i]], t[names[2 * i + 1]]) for i in range(n_layer))
@@ -161,7 +169,7 @@ def case_feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: in
     mask = np.ones(ids.shape, dtype=np.int64)
     mask[0, :pad] = 0
     feeds = prefill_feeds(cfg, kind, ids, mask)
-    if kind != "decoder_with_past" or past_len == 0:
+    if kind != DECODER_WITH_PAST or past_len == 0:
         return feeds
     positions = feeds["position_ids"]
     with torch.no_grad():
@@ -208,7 +216,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
             feeds = case_feeds(model, cfg, kind, ids, p, pad)
             ours = sess.run(out_names, feeds)
             ref = torch_outputs(model, kind, feeds, cfg.n_layer)
-            if pad and kind != "classifier":  # logits at padding are unspecified: skip them
+            if pad and kind != CLASSIFIER:  # logits at padding are unspecified: skip them
                 keep = max(pad - p, 0)
                 ours[0], ref[0] = ours[0][:, keep:], ref[0][:, keep:]
             result = {n: _compare(n, o, r) for n, o, r in zip(out_names, ours, ref)}
@@ -223,7 +231,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     failures = [f"{n}: max abs diff {w['max_abs']:.3g} > {_tolerance(n)} at {w['case']}"
                 for n, w in worst.items() if not w["max_abs"] <= _tolerance(n)]
     generation = []
-    if kind != "classifier":
+    if kind != CLASSIFIER:
         context = min(cfg.block_size, capacity(kind, fixed)) if fixed else cfg.block_size
         limit = vocab_limit(ckpt.tokenizer, cfg)
         generation = greedy_generation(
@@ -255,7 +263,7 @@ def _verify_shared_cache(ckpt, onnx_dir: Path, seed: int, gen_tokens: int) -> di
             rows = [_ids(rng, cfg.vocab_size, corpus, 1, n, source)[0].tolist() for n in lens]
             width = max(lens)
             ids, mask = left_pad(rows)
-            steps = lm.steps(prefill_feeds(cfg, "decoder_with_past", ids, mask))
+            steps = lm.steps(prefill_feeds(cfg, DECODER_WITH_PAST, ids, mask))
             ours, active = next(steps)[:, -1].copy(), np.ones(len(rows), bool)
             worst, agree, seen = 0.0, 0, 0
             for step in range(min(6, T - width - 1) + 1):

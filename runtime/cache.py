@@ -25,6 +25,7 @@ import onnxruntime as ort
 
 from tinyt.config import ModelConfig
 from tinyt.contract import kv_shape, past_names, present_names
+from tinyt.errors import ConfigError
 
 
 class SharedCache:
@@ -77,7 +78,7 @@ class SharedCache:
         """Run every row's prompt (right-padded into one chunk); logits of each last token."""
         lens = np.array([len(r) for r in rows], dtype=np.int64)
         if len(rows) != self.B or lens.max() > self.capacity:
-            raise ValueError(f"{len(rows)} rows of up to {lens.max()} tokens do not fit a cache "
+            raise ConfigError(f"{len(rows)} rows of up to {lens.max()} tokens do not fit a cache "
                              f"of {self.B} rows x {self.capacity} tokens")
         T = int(lens.max())
         ids = np.full((self.B, T), pad, dtype=np.int64)
@@ -101,7 +102,7 @@ class SharedCache:
         the cache already (chunked prefill, runtime/engine.py); logits of its last token."""
         start, n = int(self.lens[0]), len(ids)
         if self.B != 1 or start + n > self.capacity:
-            raise ValueError(f"extend takes one row with room for {n} more tokens "
+            raise ConfigError(f"extend takes one row with room for {n} more tokens "
                              f"(rows {self.B}, {start} of {self.capacity} used)")
         tokens = np.array([ids], dtype=np.int64)  # alive through the run: bound by address
         pos = np.arange(start, start + n, dtype=np.int64)[None]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyt.config import ModelConfig
-from tinyt.contract import kv_shape, past_name, past_names
+from tinyt.contract import DECODER_WITH_PAST, kv_shape, past_name, past_names
 
 
 def left_pad(rows: list[list[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -29,7 +29,7 @@ def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray, mask: np.ndarray
     B, T = ids.shape
     mask = np.ones((B, T), dtype=np.int64) if mask is None else mask
     feeds = {"input_ids": ids, "attention_mask": mask}
-    if kind == "decoder_with_past":
+    if kind == DECODER_WITH_PAST:
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)
         empty = np.zeros(kv_shape(cfg, B, 0), dtype=kv_dtype)
         feeds.update(dict.fromkeys(past_names(cfg.n_layer), empty))
@@ -51,7 +51,7 @@ def step_feeds(kind: str, feeds: dict[str, np.ndarray], nxt: np.ndarray, output_
     """Feeds for the next step after `feeds` produced `outputs` and the tokens `nxt` [B] were
     chosen. Without a cache the whole sequence runs again."""
     mask = grow_mask(feeds["attention_mask"], active)
-    if kind != "decoder_with_past":
+    if kind != DECODER_WITH_PAST:
         return {"input_ids": np.concatenate([feeds["input_ids"], nxt[:, None]], axis=1),
                 "attention_mask": mask}
     past = {past_name(n): v for n, v in zip(output_names[1:], outputs[1:])}

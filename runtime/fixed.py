@@ -19,14 +19,15 @@ from __future__ import annotations
 import numpy as np
 
 from tinyt.config import ModelConfig
-from tinyt.contract import kv_shape, past_name, past_names
+from tinyt.contract import DECODER_WITH_PAST, kv_shape, past_name, past_names
+from tinyt.errors import ConfigError
 
 AXES = ("batch_size", "sequence_length", "past_sequence_length")
 
 
 def capacity(kind: str, fixed: dict[str, int]) -> int:
     """The most tokens (prompt + generated) a sequence can hold in this pinned graph."""
-    if kind == "decoder_with_past":
+    if kind == DECODER_WITH_PAST:
         return fixed["past_sequence_length"] + 1
     return fixed["sequence_length"]
 
@@ -39,9 +40,9 @@ class FixedWindow:
                  *, kv_dtype=np.float32):
         self.session, self.cfg, self.kind = session, cfg, kind
         self.B, self.S = fixed["batch_size"], fixed["sequence_length"]
-        self.P = fixed.get("past_sequence_length", 0) if kind == "decoder_with_past" else 0
+        self.P = fixed.get("past_sequence_length", 0) if kind == DECODER_WITH_PAST else 0
         if rows > self.B:
-            raise ValueError(f"{rows} sequences, but this graph is pinned to batch_size "
+            raise ConfigError(f"{rows} sequences, but this graph is pinned to batch_size "
                              f"{self.B}; give at most {self.B} at a time")
         self.rows = rows
         self.names = [o.name for o in session.get_outputs()]
@@ -58,7 +59,7 @@ class FixedWindow:
         n = ids.shape[1]
         ids = np.pad(ids, ((0, self.B - self.rows), (0, 0)))  # unused rows: all padding
         mask = np.pad(mask, ((0, self.B - self.rows), (0, 0)))
-        if self.kind != "decoder_with_past":
+        if self.kind != DECODER_WITH_PAST:
             return self._rerun(ids, mask)[: self.rows]
         lead = -n % self.S  # left-pad the first chunk so chunks are whole
         ids = np.pad(ids, ((0, 0), (lead, 0)))
@@ -70,7 +71,7 @@ class FixedWindow:
     def _chunk(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         full = np.concatenate([self.mask, mask], axis=1)  # [B, P + S]
         if self.overflow:
-            raise ValueError(f"a sequence outgrew this pinned graph's window of "
+            raise ConfigError(f"a sequence outgrew this pinned graph's window of "
                              f"{capacity(self.kind, self._fixed())} tokens")
         positions = self.mask.sum(-1, keepdims=True) + mask.cumsum(-1) - 1
         feeds = {"input_ids": ids, "attention_mask": full,
@@ -88,7 +89,7 @@ class FixedWindow:
         self.ids = np.concatenate([self.ids, ids], axis=1)
         self.hist = np.concatenate([self.hist, mask], axis=1)
         if self.hist[: self.rows, : -self.S].any():
-            raise ValueError(f"a sequence outgrew this pinned graph's window of {self.S} tokens")
+            raise ConfigError(f"a sequence outgrew this pinned graph's window of {self.S} tokens")
         ids, mask = self.ids[:, -self.S:], self.hist[:, -self.S:]
         lead = self.S - ids.shape[1]
         feeds = {"input_ids": np.pad(ids, ((0, 0), (lead, 0))),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tinyt.config import ModelConfig
+from tinyt.errors import ConfigError
 
 ONNX_FILE = "model.onnx"  # an artifact's graph (a package may hold model.ort instead)
 
@@ -119,7 +120,7 @@ def contract_for(cfg: ModelConfig, kind: str) -> tuple[list[TensorSpec], list[Te
     if kind == SHARED_CACHE_KIND:
         return gqa_inputs(cfg), gqa_outputs(cfg)
     if kind not in KINDS:
-        raise ValueError(f"graph kind {kind!r} is not one of {', '.join(KINDS)}")
+        raise ConfigError(f"graph kind {kind!r} is not one of {', '.join(KINDS)}")
     with_past = kind == DECODER_WITH_PAST
     return (decoder_inputs(cfg, with_past=with_past),
             decoder_outputs(cfg, with_past=with_past))

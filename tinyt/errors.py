@@ -11,7 +11,8 @@ class TinytError(Exception):
 
 
 class ConfigError(TinytError, ValueError):
-    """A configuration value is invalid."""
+    """A configuration value, or an argument of a call (a prompt, token ids, a sampling or
+    batch setting), is invalid."""
 
 
 class DataError(TinytError, ValueError):

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from tinyt.config import ModelConfig
+from tinyt.contract import DECODER_WITH_PAST
 from tinyt.fsutil import write_json
 
 GENAI_CONFIG = "genai_config.json"
@@ -54,7 +55,7 @@ def write_genai_config(directory: Path, cfg: ModelConfig, *, kind: str,
     """Write genai_config.json into an artifact directory being built, if GenAI can run its
     graph (a KV-cache decoder with dynamic shapes). The end-of-text id comes from the
     directory's generation_config.json. Returns whether it wrote one."""
-    if kind != "decoder_with_past" or fixed:
+    if kind != DECODER_WITH_PAST or fixed:
         return False
     gen = json.loads((Path(directory) / "generation_config.json").read_text(encoding="utf-8"))
     eos = gen.get("eos_token_id")

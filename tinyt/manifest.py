@@ -72,6 +72,18 @@ def fresh(out: Path, src: Path) -> bool:
     return current is not None and source.get("manifest", {}).get("files") == current["files"]
 
 
+def artifact_source(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The `source` record of an artifact made from the artifact at `path` (its lineage)."""
+    return {"kind": "artifact", "path": str(Path(path).resolve()), "manifest": manifest}
+
+
+def checkpoint_source(path: Path) -> dict[str, Any]:
+    """The `source` record of an artifact exported from the checkpoint at `path`: its files'
+    sha256, what `fresh` and the lineage checks compare."""
+    return {"kind": "checkpoint", "path": str(Path(path).resolve()),
+            "sha256": {f: sha256_file(Path(path) / f) for f in CKPT_FILES}}
+
+
 def write_manifest(directory: Path, *, stage: str, source: dict[str, Any],
                    options: dict[str, Any], extra: dict[str, Any] | None = None) -> dict:
     """Hash every file already in `directory` (and below it) and write manifest.json."""

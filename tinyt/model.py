@@ -296,9 +296,9 @@ def generate(model: TinyTransformer, input_ids: torch.Tensor, max_new_tokens: in
     B, T = input_ids.shape
     block = model.config.block_size
     if T < 1 or T > block:
-        raise ValueError(f"prompt length {T} is outside 1..block_size={block}")
+        raise ConfigError(f"prompt length {T} is outside 1..block_size={block}")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 0")
     steps = min(max_new_tokens, block - T)
     out = input_ids
     logits, cache = model(input_ids)

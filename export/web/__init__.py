@@ -31,15 +31,15 @@ from pathlib import Path
 
 import onnx
 
-from tinyt.contract import ONNX_FILE, kv_axes
+from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SHARED_CACHE_KIND, kv_axes
 from tinyt.errors import WebPackageError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import save_graph
 from tinyt.int8 import records
-from tinyt.manifest import write_manifest
+from tinyt.manifest import artifact_source, write_manifest
 from tinyt.runtime.session import check_graphs_here
 
-from ..stage import built, copy_artifact_files, open_source
+from ..stage import Built, built, copy_artifact_files, open_source
 
 ORT_WEB_VERSION = "1.30.0"
 ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
@@ -149,7 +149,7 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
             raise WebPackageError(f"greedy tokens under onnxruntime-web {g} differ in length "
                                   f"from tinyt.runtime's {w}")
         row = [*prompt, *w[:first]]
-        feeds = prefill_feeds(lm.config, "decoder_with_past", np.array([row], dtype=np.int64),
+        feeds = prefill_feeds(lm.config, DECODER_WITH_PAST, np.array([row], dtype=np.int64),
                               np.ones((1, len(row)), np.int64))
         z = next(lm.steps(feeds))[0, -1]
         if not z[ours] - z[page] <= atol:
@@ -173,7 +173,7 @@ def _check_tokenizer(path: Path) -> None:
 
 
 def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                check_prompts: list[list[int]] | None = None, check_tokens: int = 8) -> Path:
+                check_prompts: list[list[int]] | None = None, check_tokens: int = 8) -> Built:
     """Write the web package (module docstring); returns out_dir."""
     from tinyt.runtime import load
 
@@ -185,7 +185,7 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     check_graphs_here(manifest, files, "the web package")
     dist = ort_web_dist()
     node()
-    if kind not in ("decoder_with_past", "decoder_gqa"):
+    if kind not in (DECODER_WITH_PAST, SHARED_CACHE_KIND):
         raise WebPackageError(f"{src_dir} is a {kind} graph; the web package generates text, "
                               "from a causal LM with a KV cache (decoder_with_past, or a "
                               "shared-cache decoder_gqa)")
@@ -231,12 +231,12 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             notes.append("MatMulNBits: ONNX Runtime Web's WebAssembly runs it ~4x slower than "
                          "fp32 MatMul at GPT-2 width (docs/web.md); in a page the static or "
                          "qgemm INT8 graphs decode fastest")
-        if kind == "decoder_gqa":
+        if kind == SHARED_CACHE_KIND:
             notes.append("shared cache: the page copies the whole cache into and out of "
                          "WebAssembly memory every step; contract graphs decode faster in a page "
                          "at GPT-2 width (docs/web.md)")
-        written = write_manifest(out, stage="package", source={
-            "kind": "artifact", "path": str(src_dir.resolve()), "manifest": manifest},
+        written = write_manifest(
+            out, stage="package", source=artifact_source(src_dir, manifest),
             options={"format": "web"}, extra={
             "graph": kind, "package_format": "web", "web": {
                 **web, "files": [*files, *ORT_WEB_FILES, "tinyt.mjs", "index.html"],
