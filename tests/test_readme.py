@@ -32,7 +32,7 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
                                             "transformers.js where it is installed",
     ".venv/bin/tinyt package artifacts/onnx-int8-gqa artifacts/web-served --format web --serve":
         "hosts the page until Ctrl-C: tests/test_web.py serves packages the same way "
-        "(export/webserve.start) and stops them",
+        "(export/web/serve.start) and stops them",
     "bash scripts/setup.sh": "installs the environment: CI runs it, from a fresh clone",
     ".venv/bin/python -m pytest": "the test suite itself: CI runs it",
     "pip install": "tests/test_packaging.py installs the wheel with the cpu extra in a fresh "
