@@ -198,6 +198,7 @@ QWEN2 = Family(
     read_tokenizer=read_tokenizer, special_tokens=special_tokens, written=qwen2_written,
 )
 CATALOGUE = (GPT2, LLAMA, QWEN2)  # export-hf takes the first that holds a model
+TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers"}  # a task's name in messages
 
 
 def family_of(hf: dict[str, Any], source: str) -> Family:
@@ -216,8 +217,8 @@ def writer_for(cfg: ModelConfig, source: str,
     of_task = [f for f in among if f.task == cfg.task]
     names = " / ".join(f.architecture for f in (of_task or among))
     if not of_task:
-        tasks = " / ".join(dict.fromkeys(f.task for f in among))
-        raise ConversionError(f"{source} is a {cfg.task}: only {tasks} models map onto {names}")
+        tasks = " / ".join(dict.fromkeys(TASKS.get(f.task, f.task) for f in among))
+        raise ConversionError(f"{source} is a {cfg.task}: only {tasks} map onto {names}")
     reasons: list[str] = []
     for family in of_task:
         why = misfit(family, cfg)
