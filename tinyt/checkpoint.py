@@ -97,11 +97,18 @@ def check_import_target(out: Path) -> None:
         raise CheckpointError(f"output directory {out} exists and is not empty; choose a new one")
 
 
-def save_import(out: Path, model: nn.Module, tokenizer: Tokenizer, metrics: dict[str, Any],
+def save_import(out: Path, cfg: ModelConfig, tokenizer: Tokenizer,
+                state: dict[str, torch.Tensor], *, source: str, metrics: dict[str, Any],
                 log: Callable[[str], None]) -> Path:
-    """The importers' tail: the checkpoint written, and a word on a padded vocabulary."""
-    path = save_checkpoint(out, model, tokenizer, metrics=metrics)
-    note = padding_note(model.config, tokenizer)
+    """Every importer's tail (Hugging Face's and nanoGPT's, each having checked that its
+    tokenizer fits): a model of cfg holding `state` (refused by name if it does not fit),
+    written as a checkpoint with `metrics` and its parameter count, and a word on a padded
+    vocabulary."""
+    model = build_model(cfg)
+    load_weights(model, state, source)
+    path = save_checkpoint(out, model, tokenizer,
+                           metrics={**metrics, "parameters": model.num_parameters()})
+    note = padding_note(cfg, tokenizer)
     if note:
         log(note)
     return path

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import torch
 
-from tinyt.checkpoint import check_import_target, check_tokenizer_fits
+from tinyt.checkpoint import check_import_target, check_tokenizer_fits, save_import
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConfigError
-from tinyt.hf.convert import write_import
 from tinyt.tokenizer import Tokenizer
 
 REQUIRED_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
@@ -102,5 +101,5 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, *, tokenizer: str,
         "iter_num": int(ckpt["iter_num"]) if "iter_num" in ckpt else None,
         "best_val_loss": float(best) if best is not None else None,
     }
-    return write_import(out, cfg, tok, state, source=f"nanoGPT checkpoint {ckpt_path}",
+    return save_import(out, cfg, tok, state, source=f"nanoGPT checkpoint {ckpt_path}",
                         metrics=metrics, log=log)

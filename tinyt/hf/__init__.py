@@ -27,11 +27,11 @@ from tinyt.hf.catalogue import (
     state_from_llama,
     writer_for,
 )
-from tinyt.hf.convert import HF_LOGITS_ATOL, import_hf, to_hf, to_hf_gpt2, write_import
+from tinyt.hf.convert import HF_LOGITS_ATOL, import_hf, to_hf, to_hf_gpt2
 from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
 __all__ = ["CATALOGUE", "GPT2", "HF_LOGITS_ATOL", "LLAMA", "QWEN2", "ConversionError", "Family",
            "Spelling", "Weight", "config_from_hf", "family_of", "gpt2_config", "hf_config",
            "hf_state", "import_hf", "llama_config", "read_hf_weights", "state_from_hf",
-           "state_from_llama", "to_hf", "to_hf_gpt2", "write_import", "writer_for"]
+           "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]

@@ -4,11 +4,12 @@
         ──import_hf──▶ tinyt checkpoint ──to_hf──▶ HF dir (logits checked)
 
 In: the entry of config.json's model_type reads the config, the tokenizer and the weights;
-`write_import` writes the checkpoint (nanoGPT's importer shares it). Out: the first entry whose
-class holds the model exactly is built by transformers from the entry's config.json, given the
-weights under its names, and compared with tinyt's logits (HF_LOGITS_ATOL) before anything is
-written. The written config.json carries a `tinyt` block with what an import restores that the
-layout spells otherwise (a bias-free GPT-2's zero biases, the tokenizer's settings).
+`tinyt.checkpoint.save_import` writes the checkpoint (every importer's tail). Out: the first
+entry whose class holds the model exactly is built by transformers from the entry's
+config.json, given the weights under its names, and compared with tinyt's logits
+(HF_LOGITS_ATOL) before anything is written. The written config.json carries a `tinyt` block
+with what an import restores that the layout spells otherwise (a bias-free GPT-2's zero
+biases, the tokenizer's settings).
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from tinyt.checkpoint import (
     check_import_target,
     check_tokenizer_fits,
     load_checkpoint,
-    load_weights,
     save_import,
 )
 from tinyt.config import ModelConfig
@@ -34,24 +34,12 @@ from tinyt.fsutil import atomic_dir, write_json
 from tinyt.hf.catalogue import GPT2, family_of, writer_for
 from tinyt.hf.family import Family, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
-from tinyt.model import build_model
-from tinyt.tokenizer import Tokenizer
 
 HF_LOGITS_ATOL = 1e-5  # tinyt vs transformers on the same weights, logits max abs diff
 CHECK_TOKENS = 64  # prompt length of the logits check, unless positions are a learned table
 
 
 # -- in: Hugging Face -> tinyt ------------------------------------------------------------------
-def write_import(out: Path, cfg: ModelConfig, tok: Tokenizer, state: dict[str, torch.Tensor], *,
-                 source: str, metrics: dict[str, Any], log: Callable[[str], None]) -> Path:
-    """The importers' tail (Hugging Face's and nanoGPT's, each having checked that its tokenizer
-    fits): a model of cfg holding `state`, refused if it does not fit, written as a checkpoint
-    with `metrics` and its parameter count."""
-    model = build_model(cfg)
-    load_weights(model, state, source)
-    return save_import(out, model, tok, {**metrics, "parameters": model.num_parameters()}, log)
-
-
 def read_config_json(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     try:
@@ -78,7 +66,7 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     check_tokenizer_fits(tok, cfg, "the tokenizer")
     source = f"Hugging Face model {directory}"
     state = state_from_hf(family, read_hf_weights(directory), cfg, source)
-    return write_import(out, cfg, tok, state, source=source, log=log, metrics={
+    return save_import(out, cfg, tok, state, source=source, log=log, metrics={
         "imported_from": "huggingface", "architecture": family.architecture,
         "source_dir": str(directory.resolve())})
 
