@@ -394,13 +394,9 @@ def serve_cmd(
                          "'tinyt[cpu,serve]'") from None
     if api_key is not None and not api_key.strip():
         raise TinytError("--api-key is empty; give a key or leave the option out")
-    try:
-        serve(artifact, host=host, port=port, threads=threads, max_batch=max_batch,
-              max_queue=max_queue, prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
-              api_key=api_key,
-              model_id=model_id)
-    except (ValueError, OSError) as e:
-        raise TinytError(str(e)) from None
+    serve(artifact, host=host, port=port, threads=threads, max_batch=max_batch,
+          max_queue=max_queue, prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
+          api_key=api_key, model_id=model_id)
 
 
 @app.command("generate")
@@ -433,16 +429,13 @@ def generate_cmd(
         typer.echo(f"provider: {lm.provider}", err=True)
     if verbose and lm.plan is not None:
         typer.echo(f"plan: {lm.plan.describe()}; measured ms: {lm.plan.measured_ms}", err=True)
-    try:
-        pieces = lm.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                           top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                           stop=stop or (), seed=seed)
-        typer.echo(prompt, nl=False)
-        for piece in pieces:
-            typer.echo(piece, nl=False)
-        typer.echo()
-    except ValueError as e:
-        raise TinytError(str(e)) from None
+    pieces = lm.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                       top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                       stop=stop or (), seed=seed)
+    typer.echo(prompt, nl=False)
+    for piece in pieces:
+        typer.echo(piece, nl=False)
+    typer.echo()
 
 
 @app.command("classify")
@@ -457,10 +450,7 @@ def classify_cmd(
     clf = rt.load(artifact, provider=provider)
     if not isinstance(clf, rt.Classifier):
         raise TinytError(f"{artifact} is a language model; use 'tinyt generate'")
-    try:
-        preds = clf.classify(texts)
-    except ValueError as e:
-        raise TinytError(str(e)) from None
+    preds = clf.classify(texts)
     for text, p in zip(texts, preds):
         short = text if len(text) <= 40 else text[:37] + "..."
         typer.echo(f"{p.label}\t{p.probabilities[p.label]:.3f}\t{short!r}")
@@ -529,10 +519,7 @@ def bench(
     if peers:
         from tinyt.benchmarks.peers import run as run_peers
 
-        try:
-            run_peers(artifacts, out, rounds=8 if rounds is None else rounds)
-        except (ValueError, RuntimeError) as e:
-            raise TinytError(str(e)) from None
+        run_peers(artifacts, out, rounds=8 if rounds is None else rounds)
         typer.echo((out / "peers.md").read_text())
         return
     from tinyt.benchmarks.harness import MODES, run

@@ -27,6 +27,7 @@ import onnxruntime as ort
 
 from tinyt.artifacts import CHECKPOINT, CLASSIFIER_CHECKPOINT, VARIANTS
 from tinyt.contract import CLASSIFIER
+from tinyt.errors import BenchError
 from tinyt.hardware import physical_cores
 from tinyt.manifest import check_manifest, read_model_config
 from tinyt.runtime.timing import measure
@@ -81,11 +82,11 @@ def check_device(device: str) -> list[str]:
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if device != "cuda":
-        raise ValueError(f"device={device!r} is not one of cpu, cuda")
+        raise BenchError(f"device={device!r} is not one of cpu, cuda")
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' needs a GPU that torch can see; this machine has none "
+        raise BenchError("device='cuda' needs a GPU that torch can see; this machine has none "
                            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})")
     # ORT GPU variants only where onnxruntime-gpu offers them (they are skipped, and recorded
     # as skipped, on a machine whose onnxruntime is the CPU build).
@@ -98,9 +99,9 @@ def run(artifacts: Path, out: Path, *, mode: str = "quick", device: str = "cpu",
     """Benchmark every variant found under `artifacts`; write results.json and results.md.
     `rounds` overrides the mode's number of interleaved rounds per shape."""
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not one of {', '.join(MODES)}")
+        raise BenchError(f"mode={mode!r} is not one of {', '.join(MODES)}")
     if rounds is not None and not (isinstance(rounds, int) and rounds >= 1):
-        raise ValueError(f"rounds={rounds!r} must be an integer >= 1")
+        raise BenchError(f"rounds={rounds!r} must be an integer >= 1")
     providers = check_device(device)
     spec = MODES[mode] if rounds is None else {**MODES[mode], "rounds": rounds}
     cfg, _ = read_model_config(artifacts / "onnx")

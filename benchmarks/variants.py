@@ -91,7 +91,7 @@ class OrtVariant:
             artifact = open_artifact(self.path)
             provider = {v: k for k, v in PROVIDERS.items()}[self.provider]
             # Spinning off: variants share this process, and one's spinning workers would
-            # slow the next (benchmarks/peers.py measures tinyt's defaults, each engine alone).
+            # slow the next (benchmarks/peers/ measures tinyt's defaults, each engine alone).
             self.session = create_session(artifact, provider=provider, threads=self.threads,
                                           spinning=False)
             return self

@@ -87,6 +87,12 @@ class WebPackageError(TinytError, ValueError):
     """The artifact cannot be packaged for the web as asked."""
 
 
+# Benchmarks (tinyt.benchmarks)
+class BenchError(TinytError, ValueError, RuntimeError):
+    """A benchmark cannot run as asked: an unknown engine or variant, a missing artifact, an
+    engine that could not start or answer."""
+
+
 # The HTTP server (tinyt.server)
 class ApiError(Exception):
     """An HTTP error answer of `tinyt serve` (status, OpenAI error body): not a TinytError, the

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tinyt.errors import BenchError
+
 from ..environment import environment
 from . import analysis, report
 from .engines import ENGINES, TINYT
@@ -41,12 +43,12 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     engines = list(engines or ENGINES)
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
-        raise ValueError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
+        raise BenchError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
     if not (isinstance(rounds, int) and rounds >= 0):
-        raise ValueError(f"rounds={rounds!r} must be an integer >= 0 (0: agreement only)")
+        raise BenchError(f"rounds={rounds!r} must be an integer >= 0 (0: agreement only)")
     for sub in NEEDED:
         if not (artifacts / sub).is_dir():
-            raise ValueError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
+            raise BenchError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
                              f"{artifacts}` first (peers need checkpoint/, onnx-opt/, onnx-int8/)")
     cfg, _ = read_model_config(artifacts / "onnx-int8")
     threads = threads or sorted({1, physical_cores()})
@@ -145,7 +147,7 @@ def _start(engines: list[str], artifacts: Path, threads: list[int],
             w.close()
         raise
     if not workers:
-        raise RuntimeError("no engine could start: " + "; ".join(
+        raise BenchError("no engine could start: " + "; ".join(
             f"{k}: {v}" for k, v in skipped.items()))
     return workers
 

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tinyt.errors import BenchError
+
 GGUF = "model.gguf"
 EXTRA_BUFTS = "extra_bufts.txt"  # "on", or "off: why" (see gguf)
 BUILDER_VENV = Path(".venv-genai-builder")  # scripts/setup-genai-builder.sh
@@ -116,7 +118,7 @@ def gguf(hf: Path, out: Path, option: str) -> None:
     model = out / GGUF
     conv = llama_cpp_converter()
     if conv is None:
-        raise RuntimeError(llama_cpp_missing(True))
+        raise BenchError(llama_cpp_missing(True))
     first = model if option == "q8_0" else model.with_suffix(".f32.gguf")
     subprocess.run([sys.executable, "-c", _CONVERT, str(conv.parent), str(hf), "--outfile",
                     str(first), "--outtype", "q8_0" if option == "q8_0" else "f32"],
@@ -128,7 +130,7 @@ def gguf(hf: Path, out: Path, option: str) -> None:
         params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
         if llama_cpp.llama_model_quantize(str(first).encode(), str(model).encode(),
                                           ctypes.byref(params)) != 0:
-            raise RuntimeError(f"llama_model_quantize failed on {first}")
+            raise BenchError(f"llama_model_quantize failed on {first}")
         first.unlink()
     # llama.cpp's extra buffer types (AMX tiles, repacked weights) are its fastest CPU kernels,
     # and on some shapes and CPUs they crash (a 128-wide model on a Xeon with AMX: SIGSEGV

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinyt.artifacts import variant, with_engine
+from tinyt.errors import BenchError
 
 from . import adapters, convert
 
@@ -88,5 +89,5 @@ TINYT = tuple(e.name for e in _ROWS if e.ours)  # tinyt's own engines
 def engine(name: str) -> Engine:
     """The row of engine `name`."""
     if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+        raise BenchError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
     return ENGINES[name]

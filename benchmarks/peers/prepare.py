@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from tinyt.artifacts import BY_DIR, VARIANTS, arguments, with_engine
+from tinyt.errors import BenchError
 
 from . import convert
 from .engines import ENGINES
@@ -111,5 +112,5 @@ def _stage(name: str):
 
     stages = {"optimize": optimize, "quantize": quantize}
     if name not in stages:
-        raise ValueError(f"the peer benchmark makes no {name!r} variant (only {', '.join(stages)})")
+        raise BenchError(f"the peer benchmark makes no {name!r} variant (only {', '.join(stages)})")
     return stages[name]

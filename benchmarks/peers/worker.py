@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tinyt.errors import BenchError
+
 from .engines import engine
 
 
@@ -112,7 +114,7 @@ class Worker:
         self.proc.stdin.flush()
         reply = self._read()
         if "error" in reply:
-            raise RuntimeError(f"{self.label}: {reply['error']}")
+            raise BenchError(f"{self.label}: {reply['error']}")
         return reply
 
     def close(self) -> None:
