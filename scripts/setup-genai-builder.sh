@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ONNX Runtime GenAI's model builder in a venv of its own, .venv-genai-builder, for the peer
-# benchmark (benchmarks/peers.py: engines genai-builder-*). The builder 0.18 imports classes
+# benchmark (benchmarks/peers/: engines genai-builder-*). The builder 0.18 imports classes
 # of transformers 5.x, while tinyt's `optimum` extra pins transformers < 4.58: the two cannot
 # share one environment. The builder only converts; GenAI itself runs in .venv.
 #   bash scripts/setup-genai-builder.sh && .venv-genai-builder/bin/python -m \

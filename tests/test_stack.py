@@ -58,3 +58,14 @@ def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
     assert edges["p.a"] == {"p.q.b"} and edges["p.q.b"] == {"p.a"}
     assert stack.cycles(edges) == [["p.a", "p.q.b"]]
     assert stack.cycles(stack.folder_graph(edges, dirs)) == [["p", "p.q"]]
+
+
+def test_every_package_is_installed():
+    """A folder with an __init__.py that pyproject's package list leaves out would be missing
+    from the wheel while every test in the checkout passes."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {name for name, path in stack.modules().items() if path.name == "__init__.py"}
+    assert found == listed, f"unlisted: {sorted(found - listed)}; not packages: {sorted(listed - found)}"

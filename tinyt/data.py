@@ -167,7 +167,7 @@ def held_out_prompts(tokenizer, texts: list[str], count: int, length: int, *,
 
 
 # Greedy agreement, one definition for the accuracy report (export/accuracy.py) and the peer
-# benchmark (benchmarks/peers.py): AGREEMENT_PROMPTS prompts of AGREEMENT_PROMPT_TOKENS tokens
+# benchmark (benchmarks/peers/): AGREEMENT_PROMPTS prompts of AGREEMENT_PROMPT_TOKENS tokens
 # cut from the held-out split, each run alone, AGREEMENT_TOKENS new tokens each, compared
 # position by position with the reference's tokens.
 AGREEMENT_PROMPTS = 32
