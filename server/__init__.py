@@ -24,7 +24,7 @@ from __future__ import annotations
 from tinyt.errors import ConfigError
 from tinyt.runtime.engine import Engine
 
-from .app import STOP_TIMEOUT_S, OpenAIServer, build_app
+from .handlers import STOP_TIMEOUT_S, OpenAIServer, build_app
 
 __all__ = ["serve", "build_app", "OpenAIServer"]
 

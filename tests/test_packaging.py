@@ -49,7 +49,7 @@ def test_wheel_holds_every_floor(wheel):
                  "tinyt/export/__init__.py", "tinyt/export/web/__init__.py",
                  "tinyt/export/web/tinyt.mjs", "tinyt/export/web/index.html",
                  "tinyt/runtime/__init__.py", "tinyt/benchmarks/harness.py",
-                 "tinyt/benchmarks/peers/__init__.py", "tinyt/server/app.py", "tinyt/app/cli.py"):
+                 "tinyt/benchmarks/peers/__init__.py", "tinyt/server/handlers.py", "tinyt/app/cli.py"):
         assert must in names, f"{must} missing from the wheel"
     top = ("export/", "runtime/", "tests/", "benchmarks/", "server/", "app/")
     assert not [n for n in names if n.startswith(top)]

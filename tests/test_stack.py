@@ -69,3 +69,14 @@ def test_every_package_is_installed():
                  ["packages"])
     found = {name for name, path in stack.modules().items() if path.name == "__init__.py"}
     assert found == listed, f"unlisted: {sorted(found - listed)}; not packages: {sorted(listed - found)}"
+
+
+def test_no_two_modules_share_a_name():
+    """One name per idea: two `gqa.py` or two `web.py` make a reader open the wrong one."""
+    from collections import defaultdict
+
+    by_name = defaultdict(list)
+    for module in stack.modules():
+        by_name[module.rpartition(".")[2]].append(module)
+    twice = {k: v for k, v in by_name.items() if len(v) > 1 and k != "__main__"}
+    assert not twice, twice

@@ -86,7 +86,7 @@ def decoder_outputs(cfg: ModelConfig, *, with_past: bool = True,
 CAPACITY = "max_sequence_length"
 
 
-def gqa_inputs(cfg: ModelConfig) -> list[TensorSpec]:
+def shared_cache_inputs(cfg: ModelConfig) -> list[TensorSpec]:
     """The shared-cache variant: right-padded chunks, one buffer per cache."""
     kv = kv_axes(cfg, CAPACITY)
     return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
@@ -97,7 +97,7 @@ def gqa_inputs(cfg: ModelConfig) -> list[TensorSpec]:
             *(TensorSpec(n, "float32", kv) for n in past_names(cfg.n_layer))]
 
 
-def gqa_outputs(cfg: ModelConfig) -> list[TensorSpec]:
+def shared_cache_outputs(cfg: ModelConfig) -> list[TensorSpec]:
     kv = kv_axes(cfg, CAPACITY)
     return [TensorSpec("logits", "float32", (BATCH, 1, cfg.vocab_size)),
             *(TensorSpec(n, "float32", kv) for n in present_names(cfg.n_layer))]
@@ -118,7 +118,7 @@ def contract_for(cfg: ModelConfig, kind: str) -> tuple[list[TensorSpec], list[Te
     if kind == CLASSIFIER:
         return classifier_inputs(cfg), classifier_outputs(cfg)
     if kind == SHARED_CACHE_KIND:
-        return gqa_inputs(cfg), gqa_outputs(cfg)
+        return shared_cache_inputs(cfg), shared_cache_outputs(cfg)
     if kind not in KINDS:
         raise ConfigError(f"graph kind {kind!r} is not one of {', '.join(KINDS)}")
     with_past = kind == DECODER_WITH_PAST

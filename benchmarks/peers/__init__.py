@@ -23,18 +23,18 @@ tokens asked for. An engine whose package is absent is skipped with the reason.
 
     engines.py   the engines as rows (how each loads, where its model lives, what it must equal)
     adapters.py  a loader per engine family: a greedy generator with next-token logits
-    convert.py   the peers' own artifacts of the checkpoint, each by the peer's own tool
+    formats.py   the peers' own artifacts of the checkpoint, each by the peer's own tool
     prepare.py   skips with reasons; tinyt's on-demand variants and the conversions made
     worker.py    the worker process and its JSON-lines protocol
     analysis.py  agreement, KL, decode and prefill times, the memory floor, the targets
     report.py    peers.md and the plots
-    compare.py   run(): all of it, side by side
+    measure.py   run(): all of it, side by side
 """
 from .adapters import genai_greedy, genai_logits, llama_cpp_model
 from .analysis import TARGETS, cache_bytes, floor_bytes, read_bandwidth, step_bytes, targets
-from .compare import run
-from .convert import BUILDER_VENV, builder_python, llama_cpp_converter
 from .engines import ENGINES, PIPELINE_ENGINES, REFERENCE, TINYT, Engine, engine
+from .formats import BUILDER_VENV, builder_python, llama_cpp_converter
+from .measure import run
 from .prepare import prepare
 from .report import markdown
 from .worker import Worker, worker

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .compare import run
 from .engines import ENGINES
+from .measure import run
 from .worker import worker
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from tinyt.contract import DECODER_WITH_PAST
 
-from .convert import EXTRA_BUFTS, GGUF
+from .formats import EXTRA_BUFTS, GGUF
 
 Generator = Callable[[list[int], int], list[int]]  # with .logits (and perhaps .plan) set
 
@@ -151,7 +151,7 @@ def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = Tr
 
 def llama_cpp(path: Path, artifacts: Path, threads: int) -> Generator:
     """llama-cpp-python on its GGUF, with the extra buffer types where the probe at conversion
-    found them safe (convert.gguf)."""
+    found them safe (formats.gguf)."""
     from llama_cpp import LogitsProcessorList
 
     from tinyt.manifest import read_model_config

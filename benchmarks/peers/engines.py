@@ -1,5 +1,5 @@
 """The engines, as data: one row each, naming how it loads (adapters.py), where its model lives
-under ARTIFACTS, how that is made from the checkpoint (convert.py) and what its tokens must
+under ARTIFACTS, how that is made from the checkpoint (formats.py) and what its tokens must
 equal. tinyt's own rows come from the artifact catalogue (tinyt.artifacts). Adding an engine
 is a row here, and an adapter or converter if its family is new.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from tinyt.artifacts import variant, with_engine
 from tinyt.errors import BenchError
 
-from . import adapters, convert
+from . import adapters, formats
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,13 @@ _ROWS = (
            "unchanged", "onnxruntime-genai", _EXTRAS, adapters.genai, variant("onnx-int8").dir,
            same_as="tinyt-int8", pipeline=True),
     _converted("ct2-int8", "CTranslate2 int8 (converted from the GPT-2 directory)",
-               "ctranslate2", _EXTRAS, adapters.ctranslate2, convert.ctranslate2, "int8",
+               "ctranslate2", _EXTRAS, adapters.ctranslate2, formats.ctranslate2, "int8",
                pipeline=True),
     _converted("ct2-float32", "CTranslate2 float32", "ctranslate2", _EXTRAS,
-               adapters.ctranslate2, convert.ctranslate2, "float32", exact=True, pipeline=True),
+               adapters.ctranslate2, formats.ctranslate2, "float32", exact=True, pipeline=True),
     *(_converted(f"llama.cpp-{q}", f"llama.cpp {q} (llama-cpp-python; GGUF from llama.cpp's own "
                  "convert_hf_to_gguf.py)", "llama-cpp-python", _LLAMA_CPP, adapters.llama_cpp,
-                 convert.gguf, q, missing=convert.llama_cpp_missing, pipeline=q == "q8_0")
+                 formats.gguf, q, missing=formats.llama_cpp_missing, pipeline=q == "q8_0")
       for q in ("q8_0", "q4_0")),
     Engine("torch-eager", "PyTorch eager, tinyt's model with its KV cache", "torch",
            "extra torch", adapters.torch_eager, "checkpoint", exact=True, pipeline=True),
@@ -73,12 +73,12 @@ _ROWS = (
     _ours("tinyt-int4-gqa"),
     *(_converted(f"genai-builder-{p}", f"ONNX Runtime GenAI on its own model builder's {p} "
                  "artifact of the same Hugging Face directory", "onnxruntime-genai",
-                 "bash scripts/setup-genai-builder.sh", adapters.genai, convert.genai_builder,
-                 p, exact=p == "fp32", missing=convert.builder_missing)
+                 "bash scripts/setup-genai-builder.sh", adapters.genai, formats.genai_builder,
+                 p, exact=p == "fp32", missing=formats.builder_missing)
       for p in ("int4", "int8", "fp32")),
     _converted("optimum-fp32", "Optimum's own ONNX export (text-generation-with-past) run by "
                "ORTModelForCausalLM.generate", "optimum-onnx", "extra optimum", adapters.optimum,
-               convert.optimum, "", exact=True),
+               formats.optimum, "", exact=True),
 )
 ENGINES: dict[str, Engine] = {e.name: e for e in _ROWS}
 # The main job's peer run: the engines of the GPT-2-form demo (its time stays as it was)

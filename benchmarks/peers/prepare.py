@@ -3,7 +3,7 @@ every engine's model brought up to date under ARTIFACTS:
 
     tinyt's on-demand variants (the catalogue's rows made_by "peers": onnx-int4, onnx-int4-gqa)
         made by their stage while not fresh
-    peers/hf and each peer's conversion (convert.py), kept while the checkpoint is unchanged
+    peers/hf and each peer's conversion (formats.py), kept while the checkpoint is unchanged
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from tinyt.artifacts import BY_DIR, VARIANTS, arguments, with_engine
 from tinyt.errors import BenchError
 
-from . import convert
+from . import formats
 from .engines import ENGINES
 
 
@@ -52,12 +52,12 @@ def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None
 
     stamp = sha256_file(artifacts / "checkpoint" / "model.safetensors")
     hf = artifacts / "peers" / "hf"
-    if convert.stamp(hf) != stamp:
+    if formats.stamp(hf) != stamp:
         to_hf(artifacts / "checkpoint", hf)
-        (hf / convert.STAMP).write_text(stamp)
+        (hf / formats.STAMP).write_text(stamp)
     for name in names:
         row, out = ENGINES[name], artifacts / ENGINES[name].artifact
-        if convert.stamp(out) == stamp:
+        if formats.stamp(out) == stamp:
             continue
         shutil.rmtree(out, ignore_errors=True)
         try:
@@ -65,7 +65,7 @@ def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None
         except Exception as e:  # a peer's converter failing is that peer's result
             skipped[name] = f"conversion failed: {type(e).__name__}: {e}".splitlines()[0][:300]
             continue
-        (out / convert.STAMP).write_text(stamp)
+        (out / formats.STAMP).write_text(stamp)
 
 
 def make_on_demand(artifacts: Path, engines: list[str], skipped: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""tinyt.server.app's handlers called one by one, without HTTP or a model: a stub model and a
+"""tinyt.server.handlers's handlers called one by one, without HTTP or a model: a stub model and a
 stub engine that answers at once, so each route's answer, error and count is checked alone
 (tests/test_server.py runs the whole server through the openai client)."""
 import asyncio
@@ -11,7 +11,7 @@ pytest.importorskip("starlette", reason="the serve extra is not installed")
 
 from tinyt.errors import QueueFull  # noqa: E402
 from tinyt.runtime.engine import Done, Token  # noqa: E402
-from tinyt.server.app import OpenAIServer  # noqa: E402
+from tinyt.server.handlers import OpenAIServer  # noqa: E402
 
 KEY = "k"
 
