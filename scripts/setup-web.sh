@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The browser edge target (`tinyt package --format web`, tests/test_web.py): onnxruntime-web at
+# The browser edge target (`tinyt package --format web`, tests/export/test_web.py): onnxruntime-web at
 # the version web/package-lock.json pins, from the npm registry, into web/node_modules; and a
 # Chromium for the headless page tests, from the distribution's packages (Debian: chromium).
 # Playwright (the `web` extra) drives that system browser; it downloads no browser of its own.

@@ -2,7 +2,7 @@
 (alone or under torchrun), that also saves on rank 0 the gradients of the first step, before
 clipping (a clip to norm 1 would hide a gradient scaled by the wrong factor), in float64.
 
-For tests/test_ddp.py: the first step is the one both runs take from the same weights, so its
+For tests/core/test_ddp.py: the first step is the one both runs take from the same weights, so its
 gradients are what data parallelism promises to reproduce.
 """
 import os

@@ -112,3 +112,23 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         return self.lm_head(self.transformer.ln_f(x))
+
+
+def nanogpt_ckpt(path, *, compiled=False, bias=True, extra_key=None, vocab=320):
+    """A small random nanoGPT saved at `path` as nanoGPT's train.py saves it; returns the model."""
+    torch.manual_seed(0)
+    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=24, bias=bias, vocab_size=vocab,
+                dropout=0.0)
+    model = GPT(GPTConfig(**args))
+    sd = model.state_dict()
+    if compiled:
+        sd = {"_orig_mod." + k: v for k, v in sd.items()}
+    if extra_key:
+        sd[extra_key] = torch.zeros(3)
+    # What nanoGPT's train.py saves (optimizer state and run config included).
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.save({"model": sd, "optimizer": opt.state_dict(), "model_args": args,
+                "iter_num": 250, "best_val_loss": torch.tensor(1.25),
+                "config": {"batch_size": 12, "dataset": "shakespeare_char", "compile": compiled}},
+               path)
+    return model.eval()

@@ -1,7 +1,7 @@
 """Every int8 graph knows where it is exact (tinyt.int8), and no path runs one where its u8 x s8
 products would saturate: the manifests' records, the refusals and redirections on a CPU that
 adds products in 16 bits (forced here, and real under `qemu-x86_64 -cpu Haswell`), and the same
-artifacts running where int8 is exact. The arithmetic itself: tests/test_quantize.py."""
+artifacts running where int8 is exact. The arithmetic itself: tests/export/test_quantize.py."""
 from __future__ import annotations
 
 import json

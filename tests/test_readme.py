@@ -28,10 +28,10 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
     "bash scripts/setup-web.sh": "installs onnxruntime-web and Chromium: scripts/setup.sh runs "
                                  "it (CI runs that from a fresh clone)",
     "bash scripts/setup-transformers-js.sh": "an opt-in npm install of ~475 MB for one "
-                                            "benchmark comparison; tests/test_web.py runs "
+                                            "benchmark comparison; tests/export/test_web.py runs "
                                             "transformers.js where it is installed",
     ".venv/bin/tinyt package artifacts/onnx-int8-gqa artifacts/web-served --format web --serve":
-        "hosts the page until Ctrl-C: tests/test_web.py serves packages the same way "
+        "hosts the page until Ctrl-C: tests/export/test_web.py serves packages the same way "
         "(export/web/serve.start) and stops them",
     "bash scripts/setup.sh": "installs the environment: CI runs it, from a fresh clone",
     ".venv/bin/python -m pytest": "the test suite itself: CI runs it",
@@ -50,7 +50,7 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
                                 "tests/test_int8_exactness.py::test_under_an_emulated_avx2_cpu "
                                 "runs tinyt under the same emulator",
     "bash scripts/setup-llama-cpp.sh": "an opt-in build of llama.cpp (6-20 min): kept out of "
-                                       "CI; tests/test_peers.py runs llama.cpp where it is",
+                                       "CI; tests/benchmarks/test_peers.py runs llama.cpp where it is",
 }
 FAILS_HERE = {  # command prefix -> (exit status, text in stderr): it must fail, clearly
     "bash benchmarks/gpu.sh": (2, "needs a GPU"),

@@ -256,7 +256,7 @@ def test_integer_options_have_their_range_checked(args, option):
 
 # -- vocabularies that do not match --------------------------------------------------------------
 def test_a_vocabulary_padded_beyond_the_tokenizer_never_samples_the_padding(tmp_path):
-    from test_nanogpt import nanogpt_ckpt
+    from nanogpt_reference import nanogpt_ckpt
 
     from tinyt.export import export_onnx
     from tinyt.model import generate
@@ -284,7 +284,7 @@ def test_a_vocabulary_padded_beyond_the_tokenizer_never_samples_the_padding(tmp_
 
 
 def test_a_byte_level_model_without_end_of_text_imports_and_runs(tmp_path):
-    from test_nanogpt import nanogpt_ckpt
+    from nanogpt_reference import nanogpt_ckpt
 
     from tinyt.export import export_onnx
     from tinyt.nanogpt import import_nanogpt

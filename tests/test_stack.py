@@ -80,3 +80,13 @@ def test_no_two_modules_share_a_name():
         by_name[module.rpartition(".")[2]].append(module)
     twice = {k: v for k, v in by_name.items() if len(v) > 1 and k != "__main__"}
     assert not twice, twice
+
+
+def test_the_tests_mirror_the_code_folders():
+    """tests/<floor>/ holds the tests of that floor's folder; the whole house's checks (lint,
+    the stack, packaging, the README, reliability, faults, int8 exactness) sit at the top."""
+    floors = {Path(folder).name if name != "tinyt" else "core"
+              for name, folder in stack.package_dirs().items()}
+    here = {p.name for p in (ROOT / "tests").iterdir()
+            if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert here == floors, (here, floors)

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 from conftest import assert_close, run_tinyt
-from test_llama import HF_ATOL, _hf_model, _llama
+from llama_reference import HF_ATOL, hf_reference, small_llama
 
 from tinyt.checkpoint import load_checkpoint, save_checkpoint, unique_state_dict
 from tinyt.errors import CheckpointError, ConversionError
@@ -32,8 +32,8 @@ def _tokenizer() -> Tokenizer:
 
 def _save_hf(kind: str, path, *, shard: str | None = None, **shape):
     """A random-weight transformers model saved as a Hub directory would hold it."""
-    cfg = _llama(vocab_size=300, **shape)
-    hf = _hf_model(kind, cfg)
+    cfg = small_llama(vocab_size=300, **shape)
+    hf = hf_reference(kind, cfg)
     hf.config.bos_token_id, hf.config.eos_token_id = 257, 258
     hf.generation_config.bos_token_id, hf.generation_config.eos_token_id = 257, 258
     hf.save_pretrained(path, safe_serialization=True,
@@ -93,7 +93,7 @@ def test_a_sharded_save_imports_the_same(tmp_path):
     dict(qkv_bias=True),  # Qwen2
 ])
 def test_tinyt_to_hf_to_tinyt_is_bit_identical(shape, tmp_path):
-    cfg = _llama(vocab_size=300, **shape)
+    cfg = small_llama(vocab_size=300, **shape)
     torch.manual_seed(0)
     src = save_checkpoint(tmp_path / "src", build_model(cfg), _tokenizer())
     out = to_hf(src, tmp_path / "hf")
@@ -149,7 +149,7 @@ def test_qwen2_sliding_window_and_missing_files_are_refused(tmp_path):
 def test_mixed_forms_and_unsupported_biases_are_not_written_as_llama(tmp_path):
     for kw, says in ((dict(pos_encoding="learned"), "pos_encoding='learned'"),
                      (dict(bias=True, qkv_bias=False), "bias=True with qkv_bias=False")):
-        src = save_checkpoint(tmp_path / f"src{len(says)}", build_model(_llama(vocab_size=300, **kw)),
+        src = save_checkpoint(tmp_path / f"src{len(says)}", build_model(small_llama(vocab_size=300, **kw)),
                               Tokenizer.byte_level())
         with pytest.raises(ConversionError, match=says):
             to_hf(src, tmp_path / "hf")
@@ -184,7 +184,7 @@ def test_every_catalogue_entry_maps_its_config_and_weights_both_ways(entry, shap
     import tinyt.hf as hf
     from tinyt.hf.weights import pairs
 
-    family, cfg = getattr(hf, entry), _llama(vocab_size=300, **shape)
+    family, cfg = getattr(hf, entry), small_llama(vocab_size=300, **shape)
     assert hf.writer_for(cfg, "the test model") is family
     written = hf.hf_config(family, cfg, 256)
     if family.zero_biases:  # as export-hf's tinyt block says it

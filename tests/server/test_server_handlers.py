@@ -1,6 +1,6 @@
 """tinyt.server.handlers's handlers called one by one, without HTTP or a model: a stub model and a
 stub engine that answers at once, so each route's answer, error and count is checked alone
-(tests/test_server.py runs the whole server through the openai client)."""
+(tests/server/test_server.py runs the whole server through the openai client)."""
 import asyncio
 import json
 from types import SimpleNamespace

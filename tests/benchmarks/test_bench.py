@@ -104,7 +104,7 @@ def test_gpu_script_stops_clearly_where_a_gpu_is_needed(artifacts, tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(["bash", str(root / "benchmarks/gpu.sh"), str(tmp_path / "none"),
                            sys.executable], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "run the main job first" in proc.stderr

@@ -236,7 +236,7 @@ def test_page_shows_a_clear_message_for_bad_files_and_prompts(packages, browser,
         assert not errors, errors  # a message on the page, not an uncaught stack
 
 
-TJS = Path(__file__).resolve().parent.parent / "web" / "transformers-js" / "node_modules"
+TJS = Path(__file__).resolve().parents[2] / "web" / "transformers-js" / "node_modules"
 
 
 @needs_browser

@@ -68,7 +68,7 @@ def test_train_classifier_from_the_cli(labelled_dir, tmp_path):
 
 
 def test_import_nanogpt_from_the_cli(tmp_path):
-    from test_nanogpt import nanogpt_ckpt
+    from nanogpt_reference import nanogpt_ckpt
     nanogpt_ckpt(tmp_path / "ckpt.pt")
     proc = tinyt("import-nanogpt", tmp_path / "ckpt.pt", tmp_path / "imported", "--tokenizer",
                  "byte")

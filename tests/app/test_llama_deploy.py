@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from test_llama import _llama
+from llama_reference import small_llama
 
 from tinyt.checkpoint import load_checkpoint
 from tinyt.contract import ONNX_FILE
@@ -29,7 +29,7 @@ def llama_ckpt(request, tmp_path_factory, corpus_dir):
     from tinyt.config import TrainConfig
     from tinyt.train import train
 
-    cfg = _llama(block_size=64, vocab_size=300, **SHAPES[request.param])
+    cfg = small_llama(block_size=64, vocab_size=300, **SHAPES[request.param])
     out = tmp_path_factory.mktemp(f"llama-{request.param}") / "ck"
     return train(cfg, TrainConfig(max_steps=40, batch_size=8, warmup_steps=2, eval_interval=40,
                                   eval_batches=2, learning_rate=3e-3, min_lr=3e-4),
@@ -128,10 +128,10 @@ def test_the_runtime_generates_on_every_graph_as_pytorch_does(llama_ckpt, chain)
 
 
 def test_kv_cache_bytes_per_token_follow_the_key_value_heads():
-    full = _llama(n_embd=64, n_head=4, n_kv_head=4)
-    assert _llama(n_embd=64, n_head=4, n_kv_head=2).kv_cache_bytes_per_token() * 2 == \
+    full = small_llama(n_embd=64, n_head=4, n_kv_head=4)
+    assert small_llama(n_embd=64, n_head=4, n_kv_head=2).kv_cache_bytes_per_token() * 2 == \
         full.kv_cache_bytes_per_token()
-    assert _llama(n_embd=64, n_head=4, n_kv_head=1).kv_cache_bytes_per_token() * 4 == \
+    assert small_llama(n_embd=64, n_head=4, n_kv_head=1).kv_cache_bytes_per_token() * 4 == \
         full.kv_cache_bytes_per_token() == 2 * 2 * 64 * 4
     np.testing.assert_equal(full.kv_heads, 4)
 
@@ -146,7 +146,7 @@ def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, mon
     from tinyt.config import TrainConfig
     from tinyt.train import train
 
-    cfg = _llama(block_size=64, vocab_size=300, **SHAPES["grouped"])
+    cfg = small_llama(block_size=64, vocab_size=300, **SHAPES["grouped"])
     ck = train(cfg, TrainConfig(max_steps=40, batch_size=8, warmup_steps=2, eval_interval=40,
                                 eval_batches=2), tmp_path / "art" / "checkpoint",
                data=str(corpus_dir), log=lambda s: None)

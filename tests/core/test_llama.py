@@ -8,57 +8,13 @@ import math
 import pytest
 import torch
 from conftest import assert_close
+from llama_reference import HF_ATOL, from_hf, hf_reference, small_llama
 
 from tinyt.config import ModelConfig, TrainConfig
 from tinyt.errors import ConfigError
 from tinyt.model import build_model
 
-# The same PyTorch kernels on the same weights; tinyt runs q, k, v (and gate, up) as one
-# matmul where transformers runs two or three, which sums nothing differently per output but
-# may block the GEMM otherwise: ulp-level (measured below 1e-5). A wrong rotary half, head
-# grouping or norm moves logits by ~0.1 or more.
-HF_ATOL = 1e-4
 CACHE_TOL = 1e-5  # tinyt against itself: cached vs full, padded vs alone (as test_model.py)
-LLAMA = dict(block_size=64, vocab_size=211, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-             n_inner=48, pos_encoding="rotary", norm="rmsnorm", activation="swiglu",
-             bias=False, norm_eps=1e-6, rope_theta=500.0)
-
-
-def _llama(**kw) -> ModelConfig:
-    return ModelConfig(**{**LLAMA, **kw})
-
-
-def from_hf(hf, cfg: ModelConfig):
-    """A tinyt model holding a transformers Llama / Qwen2 model's weights, mapped by the
-    importer's own code (q, k, v rows stacked into c_attn, gate and up into c_fc)."""
-    from tinyt.checkpoint import load_weights
-    from tinyt.hf import state_from_llama
-
-    ours = build_model(cfg).eval()
-    load_weights(ours, state_from_llama(hf.state_dict(), cfg, "test model"), "test model")
-    return ours
-
-
-def _hf_model(kind: str, cfg: ModelConfig):
-    import transformers as T
-
-    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd,
-                  intermediate_size=cfg.mlp_width, num_hidden_layers=cfg.n_layer,
-                  num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
-                  max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps,
-                  rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_weights,
-                  hidden_act="silu", attn_implementation="eager")
-    torch.manual_seed(0)
-    if kind == "llama":
-        model = T.LlamaForCausalLM(T.LlamaConfig(**common, attention_bias=False,
-                                                 mlp_bias=False))
-    else:
-        model = T.Qwen2ForCausalLM(T.Qwen2Config(**common, use_sliding_window=False))
-    for p in model.parameters():  # random weights of size, not init's near-zero biases
-        torch.nn.init.normal_(p, std=0.2)
-    return model.eval()
-
-
 @pytest.mark.parametrize("kind, shape", [
     ("llama", dict()),  # grouped: 4 query heads, 2 key/value heads
     ("llama", dict(n_kv_head=1, tie_weights=False)),  # multi-query, untied head
@@ -66,8 +22,8 @@ def _hf_model(kind: str, cfg: ModelConfig):
     ("qwen2", dict(qkv_bias=True, n_head=6, n_kv_head=2, n_embd=48)),  # q/k/v biases only
 ])
 def test_equal_to_transformers_over_a_sequence_and_through_the_cache(kind, shape):
-    cfg = _llama(**shape)
-    hf = _hf_model(kind, cfg)
+    cfg = small_llama(**shape)
+    hf = hf_reference(kind, cfg)
     ours = from_hf(hf, cfg)
     ids = torch.randint(0, cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -83,10 +39,10 @@ def test_equal_to_transformers_over_a_sequence_and_through_the_cache(kind, shape
 def test_grouped_heads_equal_full_heads_with_each_key_value_head_repeated():
     """Query head i reads key/value head i // (n_head / n_kv_head): the same model with every
     key/value head copied out to its group's query heads gives the same logits."""
-    cfg = _llama(n_head=4, n_kv_head=2)
+    cfg = small_llama(n_head=4, n_kv_head=2)
     torch.manual_seed(0)
     grouped = build_model(cfg).eval()
-    full = build_model(_llama(n_head=4, n_kv_head=4)).eval()
+    full = build_model(small_llama(n_head=4, n_kv_head=4)).eval()
     sd = grouped.state_dict()
     C, hs = cfg.n_embd, cfg.head_dim
     for i in range(cfg.n_layer):
@@ -101,7 +57,7 @@ def test_grouped_heads_equal_full_heads_with_each_key_value_head_repeated():
 
 
 def test_rotary_positions_are_relative_and_left_padding_keeps_them():
-    cfg = _llama()
+    cfg = small_llama()
     torch.manual_seed(0)
     m = build_model(cfg).eval()
     ids = torch.randint(1, cfg.vocab_size, (1, 9))
@@ -125,8 +81,8 @@ def test_options_are_validated_by_name():
                      (dict(qkv_bias="yes"), "qkv_bias='yes' is invalid"),
                      (dict(activation="relu"), "activation='relu' is invalid")):
         with pytest.raises(ConfigError, match=says):
-            _llama(**kw)
-    cfg = _llama(qkv_bias=True)
+            small_llama(**kw)
+    cfg = small_llama(qkv_bias=True)
     assert cfg.kv_cache_bytes_per_token() == 2 * 2 * 2 * 8 * 4  # layers, k+v, kv heads, hs
     assert ModelConfig().llama_options == [] and "n_kv_head=2" in cfg.llama_options
     assert ModelConfig.from_json(cfg.to_json()) == cfg  # checkpoints keep every option
@@ -136,7 +92,7 @@ def test_a_llama_model_trains_saves_and_reloads(corpus_dir, tmp_path):
     from tinyt.checkpoint import load_checkpoint
     from tinyt.train import train
 
-    cfg = _llama(block_size=32, vocab_size=300)
+    cfg = small_llama(block_size=32, vocab_size=300)
     out = train(cfg, TrainConfig(max_steps=30, batch_size=8, warmup_steps=2, eval_interval=15,
                                  eval_batches=2, learning_rate=3e-3, min_lr=3e-4),
                 tmp_path / "ck", data=str(corpus_dir), log=lambda s: None)

@@ -128,7 +128,7 @@ def test_no_cache_and_classifier_graphs(tiny_ckpt, tiny_clf, tmp_path):
 
 
 def test_export_of_an_imported_nanogpt_checkpoint(tmp_path):
-    from test_nanogpt import nanogpt_ckpt
+    from nanogpt_reference import nanogpt_ckpt
 
     from tinyt.nanogpt import import_nanogpt
     nanogpt_ckpt(tmp_path / "ckpt.pt")

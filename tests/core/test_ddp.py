@@ -9,7 +9,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-WORKER = str(Path(__file__).with_name("ddp_worker.py"))
+WORKER = str(Path(__file__).resolve().parents[1] / "ddp_worker.py")
 # The tolerance, from the arithmetic. float32 rounds each operation by at most u = 2^-24 (6e-8).
 # A gradient entry of the test preset passes through sums of at most a few thousand terms (the
 # batch's 8 x 32 positions, 512 vocabulary logits, 128-wide MLP rows, forward and backward
