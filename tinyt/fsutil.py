@@ -200,6 +200,17 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def read_json_object(path: Path, error: type[Exception]) -> dict[str, Any]:
+    """A JSON file holding an object, or `error` naming the file and what is wrong with it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise error(f"{path} is not readable JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} must hold a JSON object")
+    return data
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tinyt.errors import ConfigError, DataError
+from tinyt.fsutil import read_json_object
 
 EOS_TOKEN = "<|endoftext|>"
 MIN_BPE_VOCAB = 257  # 256 bytes + <|endoftext|>
@@ -184,12 +185,7 @@ def read_settings(directory: Path) -> dict:
     settings: dict = {}
     config = directory / TOKENIZER_CONFIG
     if config.is_file():
-        try:
-            data = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise DataError(f"{config} is not readable JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise DataError(f"{config} must hold a JSON object")
+        data = read_json_object(config, DataError)
         for key in ("eos_token", "bos_token"):
             if _token_text(data.get(key)) is not None:
                 settings[key] = _token_text(data[key])

@@ -17,7 +17,6 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -30,7 +29,7 @@ from tinyt.checkpoint import (
 )
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConversionError
-from tinyt.fsutil import atomic_dir, write_json
+from tinyt.fsutil import atomic_dir, read_json_object, write_json
 from tinyt.hf.catalogue import GPT2, family_of, writer_for
 from tinyt.hf.family import Family, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
@@ -40,17 +39,6 @@ CHECK_TOKENS = 64  # prompt length of the logits check, unless positions are a l
 
 
 # -- in: Hugging Face -> tinyt ------------------------------------------------------------------
-def read_config_json(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is not readable JSON: {e}") from None
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
-    return hf
-
-
 def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
               log: Callable[[str], None] = lambda s: None) -> Path:
     """Write a tinyt checkpoint from a local Hugging Face directory of a catalogue family
@@ -59,7 +47,7 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     if not directory.is_dir():
         raise CheckpointError(f"Hugging Face model directory {directory} does not exist")
     check_import_target(out)
-    hf_cfg = read_config_json(directory)
+    hf_cfg = read_json_object(directory / "config.json", CheckpointError)
     family = family_of(hf_cfg, str(directory / "config.json"))
     cfg = config_from_hf(family, hf_cfg, str(directory / "config.json"))
     tok = family.read_tokenizer(directory, hf_cfg, log)
