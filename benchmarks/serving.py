@@ -322,12 +322,17 @@ def targets(result: dict) -> dict:
             "p99_tbt_at_8_vs_1": {"measured": tbt, "max": 2.0, "met": tbt <= 2.0}}
 
 
+def _cores(env: dict) -> int:
+    """Logical cores, as benchmarks.environment records them (older results: "cores")."""
+    return env.get("logical_cores", env.get("cores"))
+
+
 def markdown(result: dict) -> str:
     m, cpu = result["method"], result["environment"]["cpu"]
     flags = [k for k, v in cpu.items() if v is True]
     lines = [f"# Serving under load ({result['model']['n_layer']} layers × "
              f"{result['model']['n_embd']}, {Path(result['artifact']).name})", "",
-             f"{cpu.get('model')}; {', '.join(flags)}; {result['environment']['cores']} cores; "
+             f"{cpu.get('model')}; {', '.join(flags)}; {_cores(result['environment'])} cores; "
              f"{result['environment']['time']}", "",
              f"Closed-loop clients, each streaming greedy completions of {m['prompt_tokens']} "
              f"prompt tokens and exactly {m['new_tokens']} new ones, {m['requests_per_client']} "

@@ -8,19 +8,34 @@ The folder → package mapping is pyproject's package-dir table.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
-
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 DOOR = "tinyt.__main__"  # the one module allowed to import the top floor from the core folder
 
 
+def setuptools_table(root: Path = ROOT) -> dict:
+    """pyproject's [tool.setuptools] with its package-dir table (tomllib from Python 3.11; on
+    3.10 the two entries this reads, which pyproject spells one per line)."""
+    text = (root / "pyproject.toml").read_text()
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        section = re.search(r"^\[tool\.setuptools\.package-dir\]\n(.*?)(?=^\[|\Z)", text,
+                            re.M | re.S)
+        dirs = dict(re.findall(r'^"([^"]+)"\s*=\s*"([^"]+)"', section.group(1) if section else "",
+                               re.M))
+        listed = re.search(r"^packages\s*=\s*\[(.*?)\]", text, re.M | re.S)
+        return {"package-dir": dirs,
+                "packages": re.findall(r'"([^"]+)"', listed.group(1) if listed else "")}
+    return tomllib.loads(text)["tool"]["setuptools"]
+
+
 def package_dirs(root: Path = ROOT) -> dict[str, Path]:
     """Package name -> folder, from pyproject's [tool.setuptools.package-dir]."""
-    table = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    return {name: root / folder for name, folder in table["package-dir"].items()}
+    return {name: root / folder for name, folder in setuptools_table(root)["package-dir"].items()}
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

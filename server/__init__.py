@@ -10,7 +10,7 @@
     schema.py   the request's fields, checked -> SamplingParams (ApiError names the bad one)
     chat.py     chat templates, compiled and rendered as transformers does
     metrics.py  the Prometheus registry of one server
-    app.py      OpenAIServer: the routes' handlers over one model and engine; build_app
+    handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
 
 Every failure is an OpenAI-style {"error": {"message", "type", "param", "code"}} with its
 status, never a traceback: malformed JSON and wrong types 400, an unknown model 404, a prompt

@@ -68,12 +68,14 @@ import tinyt.runtime as rt
 lm = rt.load(sys.argv[1])
 print(json.dumps([r.token_ids for r in lm.generate_details(["def alpha", "import os"],
                                                             max_new_tokens=16)]))
+from tinyt.manifest import toolkit_digest
+print(toolkit_digest())
 """
 
 
 def test_edge_install_from_the_wheel_generates_without_torch(wheel, lm_onnx, tmp_path):
-    """The built wheel with the 'cpu' extra, in a fresh virtual environment: no torch, and the
-    same tokens as here. Its size on disk is what tinyt.footprint reports."""
+    """The built wheel with the 'cpu' extra, in a fresh virtual environment: no torch, the
+    same tokens and the same toolkit digest as here. Its size on disk is what tinyt.footprint reports."""
     import json
 
     import tinyt.runtime as rt
@@ -90,7 +92,11 @@ def test_edge_install_from_the_wheel_generates_without_torch(wheel, lm_onnx, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     here = [r.token_ids for r in rt.load(lm_onnx).generate_details(["def alpha", "import os"],
                                                                     max_new_tokens=16)]
-    assert json.loads(proc.stdout) == here
+    tokens, digest = proc.stdout.splitlines()
+    assert json.loads(tokens) == here
+    # an install hashes the same code as the checkout (its tinyt/ holds every floor's folder)
+    from tinyt.manifest import toolkit_digest
+    assert digest == toolkit_digest()
     site = next((venv / "lib").glob("python*/site-packages"))
     on_disk = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
     pip_itself = sum(p.stat().st_size for p in site.glob("pip*/**/*") if p.is_file())

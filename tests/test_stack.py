@@ -43,6 +43,14 @@ def test_the_door_is_the_only_way_up_from_the_core():
     assert up == {"tinyt.app.cli"}
 
 
+def test_the_310_reading_of_pyproject_agrees_with_tomllib(monkeypatch):
+    """scripts/stack.py runs on Python 3.10, which has no tomllib."""
+    want = stack.setuptools_table()
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # import raises ModuleNotFoundError
+    got = stack.setuptools_table()
+    assert got["package-dir"] == want["package-dir"] and got["packages"] == want["packages"]
+
+
 def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
     """The checker itself: a package whose modules import each other (one inside a function)."""
     (tmp_path / "pyproject.toml").write_text(
@@ -63,10 +71,7 @@ def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
 def test_every_package_is_installed():
     """A folder with an __init__.py that pyproject's package list leaves out would be missing
     from the wheel while every test in the checkout passes."""
-    import tomllib
-
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-                 ["packages"])
+    listed = set(stack.setuptools_table()["packages"])
     found = {name for name, path in stack.modules().items() if path.name == "__init__.py"}
     assert found == listed, f"unlisted: {sorted(found - listed)}; not packages: {sorted(listed - found)}"
 

@@ -30,9 +30,14 @@ def io_spec(inputs: Iterable, outputs: Iterable) -> dict[str, list[dict[str, Any
     return {"inputs": [asdict(t) for t in inputs], "outputs": [asdict(t) for t in outputs]}
 
 
+OTHER_FLOORS = ("export", "runtime", "benchmarks", "server", "app")  # tinyt.<name>, installed
+
+
 def toolkit_digest() -> str:
-    """sha256 over tinyt's own source (tinyt, tinyt.export, tinyt.runtime): a stage's output
-    depends on the code that made it, so the pipeline re-runs a stage after an upgrade."""
+    """sha256 over the source of the floors that make artifacts (tinyt with tinyt.hf,
+    tinyt.export with tinyt.export.web, tinyt.runtime), the same in a checkout and an install:
+    a stage's output depends on the code that made it, so the pipeline re-runs a stage after an
+    upgrade."""
     import hashlib
     import importlib.util
 
@@ -41,7 +46,12 @@ def toolkit_digest() -> str:
         spec = importlib.util.find_spec(pkg)  # locates without importing (tinyt.export needs torch)
         for root in (spec.submodule_search_locations if spec else None) or []:
             for path in sorted(Path(root).rglob("*.py")):
-                h.update(f"{pkg}/{path.relative_to(root).as_posix()}\0".encode())
+                rel = path.relative_to(root)
+                # an installed tinyt/ holds the other floors' folders: each counts once, under
+                # its own package, or not at all (benchmarks, server, app make no artifact)
+                if pkg == "tinyt" and len(rel.parts) > 1 and rel.parts[0] in OTHER_FLOORS:
+                    continue
+                h.update(f"{pkg}/{rel.as_posix()}\0".encode())
                 h.update(path.read_bytes())
     return h.hexdigest()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -142,10 +142,21 @@ def config_from_hf(family: Family, hf: dict[str, Any], source: str) -> ModelConf
     if family.zero_biases:  # written by export-hf from a bias-free model: its biases are zeros
         block = hf.get("tinyt")
         kwargs["bias"] = bool(block.get("bias", True)) if isinstance(block, dict) else True
+    kwargs = _as_typed(kwargs)
     try:
         return ModelConfig(**{**kwargs, **family.features})
     except ConfigError as e:
         raise ConversionError(f"{source}: {e}") from None
+
+
+def _as_typed(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """config.json spells 100000 for 100000.0 and leaves num_key_value_heads out for "as many
+    as the query heads": the config saved is the one the same model always gets."""
+    floats = {f.name for f in fields(ModelConfig) if f.type in ("float", float)}
+    out = {k: float(v) if k in floats and type(v) is int else v for k, v in kwargs.items()}
+    if "n_kv_head" in out and out["n_kv_head"] is None:
+        out["n_kv_head"] = out.get("n_head")
+    return out
 
 
 def hf_config(family: Family, cfg: ModelConfig, eos_id: int | None,
