@@ -1,0 +1,129 @@
+"""What users bring: tiny random-weight transformers models (a few layers, width 64, vocab 320)
+saved as Hub directories with the real models' other config.json settings — their contexts,
+rope parameters, windows, head_dim, norms, multipliers — and a byte-level BPE tokenizer.json
+covering the whole vocabulary, with a chat template.
+
+    save_hf(name, path, **overrides) -> (transformers model, config.json dict)
+
+`REAL` holds each real model's settings, with only the size scaled down (layers, width, heads,
+vocabulary); a test that needs a window shorter than its sequence overrides `sliding_window`
+and says so. Nothing is downloaded: the models are built and saved here.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from tinyt.tokenizer import Tokenizer
+
+VOCAB = 320
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# The size every fixture shares (the real models' are in the comments of REAL).
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             bos_token_id=VOCAB - 2, eos_token_id=VOCAB - 1)
+
+REAL: dict[str, tuple[str, dict]] = {
+    # HuggingFaceTB/SmolLM2-135M: 30 layers, 576 wide, 9 / 3 heads
+    "smollm2": ("llama", dict(num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=8192, rope_theta=100000.0,
+                              rms_norm_eps=1e-5, tie_word_embeddings=True)),
+    # Qwen/Qwen2.5-0.5B: 24 layers, 896 wide, 14 / 2 heads; the window is off
+    "qwen2.5": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=32768, rope_theta=1000000.0,
+                              rms_norm_eps=1e-6, tie_word_embeddings=True,
+                              use_sliding_window=False, sliding_window=32768,
+                              max_window_layers=2)),
+    # meta-llama/Llama-3.2-1B: 16 layers, 2048 wide, 32 / 8 heads, head_dim 64
+    "llama3.2": ("llama", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               max_position_embeddings=131072, rope_theta=500000.0,
+                               rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 8192},
+                               rms_norm_eps=1e-5, tie_word_embeddings=True)),
+    # Llama-3.2's context and base without its rope scaling (the context alone)
+    "llama-131k": ("llama", dict(num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=131072, rope_theta=500000.0,
+                                 rms_norm_eps=1e-5, tie_word_embeddings=True)),
+    # Qwen/Qwen3-0.6B: 28 layers, 1024 wide, 16 / 8 heads, head_dim 128 (not 1024 / 16)
+    "qwen3": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            max_position_embeddings=40960, rope_theta=1000000.0,
+                            rms_norm_eps=1e-6, tie_word_embeddings=True,
+                            use_sliding_window=False, sliding_window=None,
+                            max_window_layers=2)),
+    # mistralai/Mistral-7B-v0.1: 32 layers, 4096 wide, 32 / 8 heads, window 4096, untied
+    "mistral": ("mistral", dict(num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=32768, rope_theta=10000.0,
+                                sliding_window=4096, rms_norm_eps=1e-5,
+                                tie_word_embeddings=False)),
+    # HuggingFaceTB/SmolLM3-3B: 36 layers, 2048 wide, 16 / 4 heads, no rotary on every 4th
+    "smollm3": ("smollm3", dict(num_hidden_layers=4, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=65536,
+                                rope_theta=5000000.0, no_rope_layer_interval=4,
+                                rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                use_sliding_window=False, pad_token_id=None)),
+    # ibm-granite/granite-3.1-2b-instruct: 40 layers, 2048 wide, 32 / 8 heads
+    "granite": ("granite", dict(num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=131072, rope_theta=5000000.0,
+                                embedding_multiplier=12.0, residual_multiplier=0.22,
+                                attention_multiplier=0.015625, logits_scaling=8.0,
+                                rms_norm_eps=1e-5, tie_word_embeddings=True)),
+}
+CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+           "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+           "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+           "mistral": ("MistralConfig", "MistralForCausalLM"),
+           "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+           "granite": ("GraniteConfig", "GraniteForCausalLM")}
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer() -> Tokenizer:
+    """Byte-level BPE trained to the whole vocabulary on the standard library's own source
+    (the corpus every machine has), with <|im_start|> / <|im_end|> as its last two ids."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(lib / name).read_text(encoding="utf-8") for name in
+             ("textwrap.py", "string.py", "shlex.py", "fnmatch.py")]
+    tok = Tokenizer.train_bpe(texts, VOCAB - 2)
+    tok.hf.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    out = Tokenizer(tok.hf, eos_token="<|im_end|>", bos_token="<|im_start|>",
+                    chat_template=TEMPLATE)
+    assert out.vocab_size == VOCAB and (out.bos_id, out.eos_id) == (VOCAB - 2, VOCAB - 1)
+    return out
+
+
+def hf_model(name: str, **overrides):
+    """transformers' model of the fixture `name` on random weights (std 0.2: logits of size,
+    where init's near-zero weights would hide a wrong sign)."""
+    import transformers as T
+
+    model_type, settings = REAL[name]
+    config_class, model_class = CLASSES[model_type]
+    config = getattr(T, config_class)(**{**SMALL, **settings, **overrides},
+                                      attn_implementation="eager")
+    torch.manual_seed(0)
+    model = getattr(T, model_class)(config)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return model.eval()
+
+
+def save_hf(name: str, path: Path, **overrides):
+    """The fixture `name` saved as a Hub directory (safetensors, config.json, tokenizer.json,
+    tokenizer_config.json with the chat template); returns (model, config.json as saved)."""
+    path = Path(path)
+    model = hf_model(name, **overrides)
+    model.generation_config.bos_token_id = VOCAB - 2
+    model.generation_config.eos_token_id = VOCAB - 1
+    model.save_pretrained(path, safe_serialization=True)
+    tok = tokenizer()
+    tok.hf.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE,
+        "model_max_length": model.config.max_position_embeddings,
+        "eos_token": {"content": "<|im_end|>", "special": True}, "bos_token": "<|im_start|>"}))
+    return model, json.loads((path / "config.json").read_text())
