@@ -88,17 +88,31 @@ class ModelConfig(_JsonMixin):
     n_kv_head: int | None = None  # key/value heads; None = n_head, 1 = multi-query
     rope_theta: float = 10000.0  # rotary positions' base (pos_encoding='rotary')
     qkv_bias: bool | None = None  # biases of q, k, v; None = `bias` (Qwen2: bias=False, True)
+    # Options of the families beyond Llama (docs/model.md); each default is "off"
+    head_size: int | None = None  # per-head width; None = n_embd / n_head (Qwen3: 128 at 1024/16)
+    qk_norm: bool = False  # RMSNorm of each head's q and k before rotary (Qwen3)
+    rope_scaling: dict | None = None  # transformers' rope_scaling: linear, dynamic, llama3, yarn
+    sliding_window: int | None = None  # a query sees the last `sliding_window` keys (Mistral)
+    full_attention_layers: tuple[int, ...] = ()  # layers the window leaves out (Qwen2's lower)
+    nope_layers: tuple[int, ...] = ()  # layers without rotary positions (SmolLM3's every 4th)
+    embedding_multiplier: float = 1.0  # token embeddings times this (Granite)
+    residual_multiplier: float = 1.0  # each block's attention and MLP outputs times this
+    attention_multiplier: float | None = None  # q.k scale; None = 1 / sqrt(head_dim)
+    logits_scaling: float = 1.0  # logits divided by this (Granite)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             v = getattr(self, name)
             _require(_is_int(v) and v >= 1, name, v, "must be an integer >= 1")
         _require(self.vocab_size >= 2, "vocab_size", self.vocab_size, "must be >= 2")
+        _require(self.head_size is None or (_is_int(self.head_size) and self.head_size >= 1),
+                 "head_size", self.head_size, "must be null (n_embd / n_head) or an integer >= 1")
         _require(
-            self.n_embd % self.n_head == 0,
+            self.head_size is not None or self.n_embd % self.n_head == 0,
             "n_embd",
             self.n_embd,
-            f"must be divisible by n_head={self.n_head} (head_dim = n_embd / n_head)",
+            f"must be divisible by n_head={self.n_head} (head_dim = n_embd / n_head), or "
+            "head_size set",
         )
         if self.pos_encoding == "sinusoidal":
             _require(
@@ -150,10 +164,56 @@ class ModelConfig(_JsonMixin):
                      f"{self.n_embd / self.n_head:g})")
         _require(self.qkv_bias is None or isinstance(self.qkv_bias, bool), "qkv_bias",
                  self.qkv_bias, "must be null (= bias), true or false")
+        self._check_family_options()
+
+    def _check_family_options(self) -> None:
+        rotary = self.pos_encoding == "rotary"
+        _require(isinstance(self.qk_norm, bool), "qk_norm", self.qk_norm, "must be true or false")
+        _require(not self.qk_norm or self.norm == "rmsnorm", "qk_norm", self.qk_norm,
+                 "q/k norms are RMSNorms: they need norm='rmsnorm'")
+        if self.rope_scaling is not None:
+            _require(rotary, "rope_scaling", self.rope_scaling,
+                     "scales rotary positions: it needs pos_encoding='rotary'")
+            rope_parameters(self)  # validates the dict, naming the key
+        window = self.sliding_window
+        _require(window is None or (_is_int(window) and window >= 1), "sliding_window", window,
+                 "must be null (the whole context) or an integer >= 1")
+        for name in ("full_attention_layers", "nope_layers"):
+            v = getattr(self, name)
+            if isinstance(v, list):  # JSON's spelling of a tuple
+                object.__setattr__(self, name, v := tuple(v))
+            _require(isinstance(v, tuple) and all(_is_int(i) and 0 <= i < self.n_layer for i in v)
+                     and list(v) == sorted(set(v)), name, v,
+                     f"must be increasing layer indices in 0..{self.n_layer - 1}")
+        _require(window is None or self.task == "causal_lm", "sliding_window", window,
+                 "a classifier attends both ways: windows belong to causal LMs")
+        _require(window is not None or not self.full_attention_layers, "full_attention_layers",
+                 self.full_attention_layers, "only means something with a sliding_window")
+        _require(rotary or not self.nope_layers, "nope_layers", self.nope_layers,
+                 "only means something with pos_encoding='rotary'")
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            v = getattr(self, name)
+            _require(_is_number(v) and v != 0, name, v, "must be a finite number other than 0")
+        _require(self.attention_multiplier is None or (_is_number(self.attention_multiplier)
+                                                       and self.attention_multiplier > 0),
+                 "attention_multiplier", self.attention_multiplier,
+                 "must be null (1 / sqrt(head_dim)) or a finite number > 0")
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size or self.n_embd // self.n_head
+
+    @property
+    def q_width(self) -> int:
+        """Width of the query heads together (n_embd unless head_size says otherwise)."""
+        return self.n_head * self.head_dim
+
+    def windowed(self, layer: int) -> bool:
+        """Whether `layer` attends through the sliding window."""
+        return self.sliding_window is not None and layer not in self.full_attention_layers
+
+    def rotary_layer(self, layer: int) -> bool:
+        return self.pos_encoding == "rotary" and layer not in self.nope_layers
 
     @property
     def mlp_width(self) -> int:
@@ -171,11 +231,71 @@ class ModelConfig(_JsonMixin):
             ("pos_encoding='rotary'", self.pos_encoding == "rotary"),
             ("activation='swiglu'", self.activation == "swiglu"),
             (f"n_kv_head={self.n_kv_head}", self.kv_heads != self.n_head),
-            (f"qkv_bias={self.qkv_bias}", self.qkv_bias not in (None, self.bias))) if on]
+            (f"qkv_bias={self.qkv_bias}", self.qkv_bias not in (None, self.bias))) if on] + \
+            self.family_options
+
+    @property
+    def family_options(self) -> list[str]:
+        """The options beyond Llama's this config uses (head_size, qk_norm, rope_scaling, the
+        window, nope layers, Granite's multipliers), as name=value."""
+        return [f"{name}={getattr(self, name)!r}" for name, off in FAMILY_OPTIONS.items()
+                if getattr(self, name) != off]
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """Bytes the KV cache grows by per token: keys and values of every layer."""
         return self.n_layer * 2 * self.kv_heads * self.head_dim * dtype_bytes
+
+
+FAMILY_OPTIONS = {"head_size": None, "qk_norm": False, "rope_scaling": None,
+                  "sliding_window": None, "full_attention_layers": (), "nope_layers": (),
+                  "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
+                  "attention_multiplier": None, "logits_scaling": 1.0}  # name -> its "off"
+
+# rope_scaling's types as transformers computes them (modeling_rope_utils): each type's
+# required and optional keys. `dynamic` changes nothing within max_position_embeddings, the
+# context tinyt runs to: its frequencies are the default ones there.
+ROPE_KEYS = {
+    "linear": ({"factor"}, set()),
+    "dynamic": ({"factor"}, set()),
+    "llama3": ({"factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings"}, set()),
+    "yarn": ({"factor"}, {"attention_factor", "beta_fast", "beta_slow", "mscale",
+                          "mscale_all_dim", "original_max_position_embeddings", "truncate"}),
+}
+
+
+def rope_parameters(cfg: ModelConfig) -> tuple[str, dict[str, Any]]:
+    """rope_scaling's type and its other keys, checked: a type transformers has that tinyt does
+    not compute, an unknown key or a bad value is a ConfigError naming it."""
+    scaling = cfg.rope_scaling
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"rope_scaling={scaling!r} is invalid: must be null or an object")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in ROPE_KEYS:
+        raise ConfigError(f"rope_scaling type {kind!r} is not one tinyt computes; allowed: "
+                          f"{', '.join(ROPE_KEYS)}")
+    params = {k: v for k, v in scaling.items() if k not in ("rope_type", "type")}
+    required, optional = ROPE_KEYS[kind]
+    if required - set(params):
+        raise ConfigError(f"rope_scaling {kind!r} lacks {sorted(required - set(params))}")
+    if set(params) - required - optional:
+        raise ConfigError(f"rope_scaling {kind!r} has {sorted(set(params) - required - optional)}"
+                          f"; allowed keys: {sorted(required | optional)}")
+    for key, v in params.items():
+        if key == "truncate":
+            _require(isinstance(v, bool), "rope_scaling.truncate", v, "must be true or false")
+        elif key == "original_max_position_embeddings":
+            _require(_is_int(v) and v >= 1, f"rope_scaling.{key}", v, "must be an integer >= 1")
+        elif v is not None or key not in optional:
+            _require(_is_number(v) and v > 0, f"rope_scaling.{key}", v,
+                     "must be a finite number > 0")
+    if kind in ("linear", "dynamic", "llama3"):
+        _require(params["factor"] >= 1, "rope_scaling.factor", params["factor"], "must be >= 1")
+    if kind == "llama3":
+        _require(params["high_freq_factor"] > params["low_freq_factor"],
+                 "rope_scaling.high_freq_factor", params["high_freq_factor"],
+                 f"must be > low_freq_factor={params['low_freq_factor']}")
+    return kind, params
 
 
 @dataclass(frozen=True)

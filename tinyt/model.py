@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
+from tinyt.rope import rope_frequencies
 
 
 def rotate(x, rope):
@@ -42,15 +43,24 @@ class SelfAttention(nn.Module):
         qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
         self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * self.n_kv) * self.hs,
                                 bias=qkv_bias)  # fused q, k, v
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.q_width, cfg.n_embd, bias=cfg.bias)
+        # Qwen3: each head's q and k RMS-normalised over head_dim before rotary
+        self.q_norm = nn.RMSNorm(self.hs, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.hs, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.scale = cfg.attention_multiplier  # None: SDPA's 1 / sqrt(head_dim)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, mask, past, is_causal: bool, rope=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split([C, self.n_kv * self.hs, self.n_kv * self.hs], dim=2)
-        q = q.view(B, T, self.n_head, self.hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        q, k, v = self.c_attn(x).split([self.n_head * self.hs, self.n_kv * self.hs,
+                                        self.n_kv * self.hs], dim=2)
+        q = q.view(B, T, self.n_head, self.hs)
+        k = k.view(B, T, self.n_kv, self.hs)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.transpose(1, 2)  # (B, nh, T, hs)
+        k = k.transpose(1, 2)  # (B, nkv, T, hs)
         v = v.view(B, T, self.n_kv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
         if rope is not None:
             q, k = rotate(q, rope), rotate(k, rope)
@@ -63,9 +73,9 @@ class SelfAttention(nn.Module):
             v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
         )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.hs)
         return self.resid_dropout(self.c_proj(y)), present
 
 
@@ -98,7 +108,8 @@ def norm(cfg: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x)) (each branch times
+    residual_multiplier, Granite's)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -106,11 +117,14 @@ class Block(nn.Module):
         self.attn = SelfAttention(cfg)
         self.ln_2 = norm(cfg)
         self.mlp = MLP(cfg)
+        self.residual = cfg.residual_multiplier
 
     def forward(self, x, mask, past, is_causal: bool, rope=None):
         a, present = self.attn(self.ln_1(x), mask, past, is_causal, rope)
-        x = x + a
-        x = x + self.mlp(self.ln_2(x))
+        m = self.residual
+        x = x + (a if m == 1.0 else a * m)
+        h = self.mlp(self.ln_2(x))
+        x = x + (h if m == 1.0 else h * m)
         return x, present
 
 
@@ -129,19 +143,24 @@ class SinusoidalPositions(nn.Module):
 
 class RotaryPositions(nn.Module):
     """cos and sin of each token's rotary angles, from its position id (so left padding does
-    not shift them): the head's i-th and (i + hs/2)-th coordinates turn by pos / theta^(2i/hs)."""
+    not shift them): the head's i-th and (i + hs/2)-th coordinates turn by pos * inv_freq[i],
+    1 / theta^(2i/hs) scaled as rope_scaling says (tinyt.rope), cos and sin times its
+    attention factor (yarn's)."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (hs/2,)
+        inv_freq, self.factor = rope_frequencies(cfg)
+        self.register_buffer("inv_freq", torch.from_numpy(inv_freq), persistent=False)
 
     def forward(self, position_ids):
         # inv_freq (1, hs/2, 1) @ positions (B, 1, T): the form the cos/sin-cache fusion knows
         inv = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
         angles = (inv @ position_ids[:, None, :].float()).transpose(1, 2)  # (B, T, hs/2)
         angles = torch.cat([angles, angles], dim=-1)  # (B, T, hs)
-        return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (B, 1, T, hs)
+        cos, sin = angles.cos(), angles.sin()
+        if self.factor != 1.0:
+            cos, sin = cos * self.factor, sin * self.factor
+        return cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, hs)
 
 
 class Trunk(nn.Module):
@@ -157,13 +176,20 @@ class Trunk(nn.Module):
         elif cfg.pos_encoding == "sinusoidal":
             self.wpe = SinusoidalPositions(cfg.n_embd)
         else:
-            self.rope = RotaryPositions(cfg.head_dim, cfg.rope_theta)
+            self.rope = RotaryPositions(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = norm(cfg)
+        self.embedding_multiplier = cfg.embedding_multiplier
+        self.rotary = [cfg.rotary_layer(i) for i in range(cfg.n_layer)]
+        self.windowed = [cfg.windowed(i) for i in range(cfg.n_layer)]
 
-    def forward(self, input_ids, position_ids, mask, past_key_values, is_causal: bool):
+    def forward(self, input_ids, position_ids, mask, past_key_values, is_causal: bool,
+                window_mask=None):
+        """window_mask: the mask of the layers that attend through the sliding window."""
         x = self.wte(input_ids)  # (B, T, C)
+        if self.embedding_multiplier != 1.0:
+            x = x * self.embedding_multiplier
         rope = None
         if self.rope is not None:
             rope = self.rope(position_ids)
@@ -173,7 +199,9 @@ class Trunk(nn.Module):
         presents = []
         for i, block in enumerate(self.h):
             past = None if past_key_values is None else past_key_values[i]
-            x, present = block(x, mask, past, is_causal, rope)
+            local = self.windowed[i]
+            x, present = block(x, window_mask if local else mask, past,
+                               is_causal and not local, rope if self.rotary[i] else None)
             presents.append(present)
         return self.ln_f(x), tuple(presents)
 
@@ -221,22 +249,33 @@ class TinyTransformer(nn.Module):
                 position_ids = torch.arange(P, P + T, device=input_ids.device).unsqueeze(0)
             else:
                 position_ids = positions_from_mask(attention_mask, T)
-        mask = None
+        mask = window_mask = None
         if attention_mask is not None or past_key_values is not None:
             mask = self._mask(attention_mask, P, T, input_ids.device)
+        window = self.config.sliding_window
+        if window is not None:  # windowed layers always get a mask of their own
+            window_mask = self._mask(attention_mask, P, T, input_ids.device, window)
         # Without a cache or padding, SDPA's own causal path is the fast one (training).
         x, presents = self.transformer(input_ids, position_ids, mask, past_key_values,
-                                       is_causal=mask is None)
-        return self.lm_head(x), presents  # (B, T, vocab)
+                                       is_causal=mask is None, window_mask=window_mask)
+        logits = self.lm_head(x)  # (B, T, vocab)
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
+        return logits, presents
 
     @staticmethod
-    def _mask(attention_mask, P, T, device):
+    def _mask(attention_mask, P, T, device, window: int | None = None):
         # Query i sits at absolute position P+i and sees key j when j <= P+i and j is not
-        # padding. Each query also sees itself, so a padding row is never fully masked
-        # (SDPA returns NaN for those); real tokens never see padding either way.
+        # padding (and, through a sliding window, P+i - j < window: transformers' "kv_idx >
+        # q_idx - sliding_window"). Each query also sees itself, so a padding row is never
+        # fully masked (SDPA returns NaN for those); real tokens never see padding either way.
+        # Left padding leaves a row's real tokens contiguous, so index distances are position
+        # distances.
         k_idx = torch.arange(P + T, device=device)
         q_idx = torch.arange(T, device=device) + P
         causal = k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)  # (T, P+T)
+        if window is not None:
+            causal = causal & (k_idx.unsqueeze(0) > q_idx.unsqueeze(1) - window)
         if attention_mask is None:
             return causal.unsqueeze(0).unsqueeze(0)  # (1, 1, T, P+T)
         keep = attention_mask.bool().unsqueeze(1).unsqueeze(2)  # (B, 1, 1, P+T)

@@ -6,6 +6,7 @@ tokenizer's end token and chat template travel; what tinyt does not implement is
 name, with no directory written. And every catalogue entry (GPT-2's too) maps its config.json
 and its weight names both ways, without transformers."""
 import json
+import re
 
 import pytest
 import torch
@@ -109,14 +110,21 @@ def test_tinyt_to_hf_to_tinyt_is_bit_identical(shape, tmp_path):
 
 
 @pytest.mark.parametrize("change, says", [
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 32.0}), "rope scaling 'llama3'"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope scaling 'linear'"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 32.0}),
+     "rope_scaling 'llama3' lacks ['high_freq_factor', 'low_freq_factor', "
+     "'original_max_position_embeddings']"),
+    (dict(rope_scaling={"rope_type": "longrope", "factor": 2.0}),
+     "rope_scaling type 'longrope' is not one tinyt computes; allowed: linear, dynamic, llama3, "
+     "yarn"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "alpha": 1}),
+     "rope_scaling 'yarn' has ['alpha']"),
+    (dict(rope_scaling={"type": "linear", "factor": float("nan")}), "rope_scaling.factor=nan"),
     (dict(hidden_act="gelu"), "hidden_act='gelu' is not implemented"),
-    (dict(head_dim=16), "head_dim=16 with 4 heads is not hidden_size=32"),
     (dict(attention_bias=True, mlp_bias=False), "attention_bias=True with mlp_bias=False"),
-    (dict(sliding_window=16), "sliding-window attention"),
+    (dict(sliding_window=16), "is not part of LlamaForCausalLM; a windowed model is a "
+                              "MistralForCausalLM"),
     (dict(architectures=["LlamaForSequenceClassification"]), "tinyt imports LlamaForCausalLM"),
-    (dict(model_type="mistral"), "model_type 'mistral' is not one tinyt imports"),
+    (dict(model_type="gemma3_text"), "model_type 'gemma3_text' is not one tinyt imports"),
     (dict(num_key_value_heads=3), "n_kv_head=3 is invalid"),
 ])
 def test_what_tinyt_does_not_implement_is_refused_by_name(change, says, tmp_path):
@@ -128,13 +136,16 @@ def test_what_tinyt_does_not_implement_is_refused_by_name(change, says, tmp_path
     assert not (tmp_path / "ck").exists()
 
 
-def test_qwen2_sliding_window_and_missing_files_are_refused(tmp_path):
+def test_qwen2_uneven_heads_odd_layer_types_and_missing_files_are_refused(tmp_path):
     _save_hf("qwen2", tmp_path / "hf", qkv_bias=True)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config,
-                                                             "use_sliding_window": True}))
-    with pytest.raises(ConversionError, match="sliding-window attention"):
-        import_hf(tmp_path / "hf", tmp_path / "ck")
+    for change, says in ((dict(head_dim=16), "head_dim=16 with 4 heads is not hidden_size=32"),
+                         (dict(use_sliding_window=True, sliding_window=8,
+                               layer_types=["chunked_attention", "full_attention"]),
+                          "layer_types ['chunked_attention'] is not implemented")):
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ConversionError, match=re.escape(says)):
+            import_hf(tmp_path / "hf", tmp_path / "ck")
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     (tmp_path / "hf" / "tokenizer.json").rename(tmp_path / "hf" / "tokenizer.model")
     with pytest.raises(CheckpointError, match=r"no tokenizer.json \(only a SentencePiece"):

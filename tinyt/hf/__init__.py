@@ -3,9 +3,10 @@
     HF dir (config.json, model.safetensors | shards, tokenizer files)
         ──import_hf──▶ tinyt checkpoint ──to_hf──▶ HF dir (logits checked, HF_LOGITS_ATOL)
 
-Each architecture is one entry of a catalogue (tinyt.hf.catalogue: GPT-2, Llama, Qwen2), a
-frozen `Family` naming its config keys, value spellings, features, weight names both ways,
-refusals and tokenizer kind. Reading, checks and both tails are shared:
+Each architecture is one entry of a catalogue (tinyt.hf.catalogue: GPT-2, Llama, Qwen2, Mistral,
+Qwen3, SmolLM3, Granite), a frozen `Family` naming its config keys, value spellings, features,
+weight names both ways, readers, refusals and tokenizer kind. Reading, checks and both tails
+are shared:
 
     family.py    the entry's dataclasses; config.json <-> ModelConfig through an entry
     weights.py   safetensors (and shards) in; tensors under an entry's names both ways
@@ -19,8 +20,12 @@ from tinyt.errors import ConversionError  # what the refusals raise (defined in 
 from tinyt.hf.catalogue import (
     CATALOGUE,
     GPT2,
+    GRANITE,
     LLAMA,
+    MISTRAL,
     QWEN2,
+    QWEN3,
+    SMOLLM3,
     family_of,
     gpt2_config,
     llama_config,
@@ -31,7 +36,8 @@ from tinyt.hf.convert import HF_LOGITS_ATOL, import_hf, to_hf, to_hf_gpt2
 from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
-__all__ = ["CATALOGUE", "GPT2", "HF_LOGITS_ATOL", "LLAMA", "QWEN2", "ConversionError", "Family",
+__all__ = ["CATALOGUE", "GPT2", "GRANITE", "HF_LOGITS_ATOL", "LLAMA", "MISTRAL", "QWEN2", "QWEN3",
+           "SMOLLM3", "ConversionError", "Family",
            "Spelling", "Weight", "config_from_hf", "family_of", "gpt2_config", "hf_config",
            "hf_state", "import_hf", "llama_config", "read_hf_weights", "state_from_hf",
            "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]

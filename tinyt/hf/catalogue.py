@@ -23,6 +23,7 @@ checkpoint as the first entry whose class holds it exactly (`writer_for`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,38 +41,98 @@ from tinyt.hf.weights import gate_up_rows, qkv_rows, state_from_hf
 from tinyt.tokenizer import Tokenizer
 
 
-# -- refusals: each returns why tinyt's model cannot run a config.json, or None -------------------
-def rope_scaling(hf: dict[str, Any]) -> str | None:
-    scaling = hf.get("rope_scaling") or {}
-    kind = scaling.get("rope_type") or scaling.get("type") if isinstance(scaling, dict) \
-        else scaling
+# -- readers: what config.json spells its own way, as ModelConfig settings ---------------------
+def read_rope_scaling(hf: dict[str, Any]) -> dict[str, Any]:
+    """transformers' rope_scaling as it is (validated by ModelConfig: linear, dynamic, llama3,
+    yarn; another type is refused by name). `type` is the older spelling of `rope_type`."""
+    scaling = hf.get("rope_scaling")
+    if scaling is None:
+        return {}
+    if not isinstance(scaling, dict):
+        raise ConversionError(f"rope_scaling={scaling!r} is not an object")
+    kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
-        return None
-    return (f"rope scaling {kind!r} is not implemented by tinyt's rotary positions (plain "
-            "RoPE, rope_type 'default'); refusing rather than approximating it")
+        return {}
+    params = {k: v for k, v in scaling.items() if k not in ("type", "rope_type", "rope_theta")}
+    if kind == "dynamic" and "original_max_position_embeddings" in params:
+        params.pop("original_max_position_embeddings")  # unread by transformers' dynamic
+    return {"rope_scaling": {"rope_type": kind, **params}}
 
 
-def _window(hf: dict[str, Any]) -> str:
-    return (f"sliding-window attention (sliding_window={hf.get('sliding_window')}) is not "
-            "implemented by tinyt's attention, which sees the whole context")
+def head_dim_reader(default: int | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """head_dim, when it is not hidden_size / heads (Qwen3's default is 128 whatever the
+    width)."""
+    def read(hf: dict[str, Any]) -> dict[str, Any]:
+        head_dim = hf.get("head_dim", default)
+        heads, width = hf["num_attention_heads"], hf["hidden_size"]
+        if head_dim is None or head_dim * heads == width:
+            return {}
+        return {"head_size": head_dim}
+    return read
 
 
+def window_reader(switch: str | None, windowed: Callable[[dict[str, Any], int], bool]
+                  ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The sliding window and the layers it leaves out. `switch` is the key that turns the
+    window on (Qwen2's use_sliding_window; None: the window's size alone, Mistral's);
+    layer_types says which layers use it where config.json has it, else `windowed(hf, i)`."""
+    def read(hf: dict[str, Any]) -> dict[str, Any]:
+        window = hf.get("sliding_window")
+        if switch is not None and not hf.get(switch):
+            window = None
+        n = hf["num_hidden_layers"]
+        types = hf.get("layer_types") if switch is not None else None
+        if types is not None:
+            odd = sorted({t for t in types} - {"full_attention", "sliding_attention"})
+            if odd or len(types) != n:
+                raise ConversionError(f"layer_types {odd or types} is not implemented: tinyt's "
+                                      "layers are 'full_attention' or 'sliding_attention', one "
+                                      "per layer")
+            local = [t == "sliding_attention" for t in types]
+        else:
+            local = [windowed(hf, i) for i in range(n)]
+        if window is None or not any(local):
+            if window is None and any(local) and types is not None:
+                raise ConversionError(f"layer_types has sliding layers but sliding_window is "
+                                      f"{hf.get('sliding_window')!r}")
+            return {}
+        return {"sliding_window": window,
+                "full_attention_layers": tuple(i for i in range(n) if not local[i])}
+    return read
+
+
+def qwen_windowed(hf: dict[str, Any], i: int) -> bool:
+    return i >= hf.get("max_window_layers", 28)  # Qwen2Config's default
+
+
+def read_nope_layers(hf: dict[str, Any]) -> dict[str, Any]:
+    """SmolLM3: `no_rope_layers` holds 1 for a layer WITH rotary, 0 without; absent, every
+    `no_rope_layer_interval`-th layer (4 by default) has none."""
+    n, flags = hf["num_hidden_layers"], hf.get("no_rope_layers")
+    if flags is None:
+        every = hf.get("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % every != 0) for i in range(n)]
+    if len(flags) != n or any(f not in (0, 1) for f in flags):
+        raise ConversionError(f"no_rope_layers={flags!r} must hold a 0 or 1 for each of the "
+                              f"{n} layers")
+    return {"nope_layers": tuple(i for i, f in enumerate(flags) if not f)}
+
+
+# -- refusals: each returns why tinyt's model cannot run a config.json, or None -------------------
 def sliding_window(hf: dict[str, Any]) -> str | None:
-    """Llama's: a window size, or the switch, turns it on."""
-    return _window(hf) if hf.get("use_sliding_window") or hf.get("sliding_window") else None
-
-
-def sliding_window_switch(hf: dict[str, Any]) -> str | None:
-    """Qwen2's: `use_sliding_window` alone turns it on (its sliding_window is then unused)."""
-    return _window(hf) if hf.get("use_sliding_window") else None
+    """Llama's attention has no window: a config asking for one is not a Llama tinyt runs."""
+    if hf.get("use_sliding_window") or hf.get("sliding_window"):
+        return (f"sliding-window attention (sliding_window={hf.get('sliding_window')}) is not "
+                "part of LlamaForCausalLM; a windowed model is a MistralForCausalLM")
+    return None
 
 
 def uneven_heads(hf: dict[str, Any]) -> str | None:
     heads, width, head_dim = hf["num_attention_heads"], hf["hidden_size"], hf.get("head_dim")
     if head_dim is None or not isinstance(heads, int) or head_dim * heads == width:
         return None
-    return (f"head_dim={head_dim} with {heads} heads is not hidden_size={width}: tinyt's "
-            "heads split the width evenly")
+    return (f"head_dim={head_dim} with {heads} heads is not hidden_size={width}: "
+            "Qwen2ForCausalLM splits the width evenly")
 
 
 def split_biases(hf: dict[str, Any]) -> str | None:
@@ -113,7 +174,7 @@ def gpt2_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
 def _rotary_written(cfg: ModelConfig) -> dict[str, Any]:
     # resolved, not tinyt's None: LlamaConfig's defaults are Llama-7B's
     return {"intermediate_size": cfg.mlp_width, "num_key_value_heads": cfg.kv_heads,
-            "head_dim": cfg.head_dim, "rope_scaling": None, "attention_dropout": 0.0,
+            "head_dim": cfg.head_dim, "rope_scaling": cfg.rope_scaling, "attention_dropout": 0.0,
             "initializer_range": 0.02, "use_cache": True}
 
 
@@ -121,9 +182,51 @@ def llama_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     return {**_rotary_written(cfg), "pretraining_tp": 1}
 
 
+def _layer_types(cfg: ModelConfig) -> list[str]:
+    return ["sliding_attention" if cfg.windowed(i) else "full_attention"
+            for i in range(cfg.n_layer)]
+
+
 def qwen2_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
-    return {**_rotary_written(cfg), "use_sliding_window": False, "sliding_window": None,
-            "max_window_layers": cfg.n_layer}
+    local = [i for i in range(cfg.n_layer) if cfg.windowed(i)]
+    return {**_rotary_written(cfg), "use_sliding_window": cfg.sliding_window is not None,
+            "sliding_window": cfg.sliding_window, "layer_types": _layer_types(cfg),
+            "max_window_layers": local[0] if local else cfg.n_layer}
+
+
+def mistral_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    out = {**_rotary_written(cfg), "sliding_window": cfg.sliding_window}
+    if cfg.rope_scaling is None:
+        del out["rope_scaling"]  # MistralConfig has no such key
+    return out
+
+
+def smollm3_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    return {**_rotary_written(cfg), "use_sliding_window": cfg.sliding_window is not None,
+            "sliding_window": cfg.sliding_window, "layer_types": _layer_types(cfg),
+            "no_rope_layers": [int(cfg.rotary_layer(i)) for i in range(cfg.n_layer)],
+            "no_rope_layer_interval": 4,
+            "pad_token_id": None}  # SmolLM3Config's default is Llama 3's id 128004
+
+
+def granite_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    scale = cfg.attention_multiplier
+    return {**_rotary_written(cfg),  # Granite's attention_multiplier is always explicit
+            "attention_multiplier": cfg.head_dim ** -0.5 if scale is None else scale}
+
+
+def mistral_misfit(cfg: ModelConfig) -> str | None:
+    if cfg.full_attention_layers:
+        return (f"MistralForCausalLM's window covers every layer; this one leaves out "
+                f"{list(cfg.full_attention_layers)}")
+    return llama_misfit(cfg)
+
+
+def smollm3_misfit(cfg: ModelConfig) -> str | None:
+    nope = set(cfg.nope_layers)
+    if any(cfg.windowed(i) and i not in nope for i in range(cfg.n_layer)):
+        return "SmolLM3ForCausalLM windows only layers without rotary"
+    return llama_misfit(cfg)
 
 
 # -- weight names ---------------------------------------------------------------------------------
@@ -147,6 +250,8 @@ LLAMA_WEIGHTS = (
     Weight(BLOCK + "mlp.c_fc.{w}", (LAYER + "mlp.gate_proj.{w}", LAYER + "mlp.up_proj.{w}"),
            rows=gate_up_rows),
     Weight(BLOCK + "mlp.c_proj.{w}", (LAYER + "mlp.down_proj.{w}",)),
+    Weight(BLOCK + "attn.q_norm.weight", (LAYER + "self_attn.q_norm.weight",)),  # Qwen3's
+    Weight(BLOCK + "attn.k_norm.weight", (LAYER + "self_attn.k_norm.weight",)),
 )
 
 # -- the entries ---------------------------------------------------------------------------------
@@ -180,24 +285,73 @@ _ROTARY_DEFAULTS = {"num_key_value_heads": None, "max_position_embeddings": 2048
 _SILU = {"hidden_act": Spelling("activation", {"silu": "swiglu"}, default="silu",
                                 why=" (its gated MLP is SwiGLU)")}
 _ROTARY = {"norm": "rmsnorm", "pos_encoding": "rotary"}
+_BIASES = {"attention_bias": "bias", "mlp_bias": "bias"}  # Llama's: all or none (split_biases)
+_NO_BIASES = {"attention_bias": False, "mlp_bias": False}
+_LLAMA_LIKE = dict(spelled=_SILU, weights=LLAMA_WEIGHTS, base="model.",
+                   buffers=("rotary_emb.inv_freq",), read_tokenizer=read_tokenizer,
+                   special_tokens=special_tokens)
 LLAMA = Family(
     model_type="llama", architecture="LlamaForCausalLM",
-    keys={**_ROTARY_KEYS, "attention_bias": "bias", "mlp_bias": "bias"},
-    defaults={**_ROTARY_DEFAULTS, "attention_bias": False, "mlp_bias": False},
-    spelled=_SILU, features=_ROTARY,
-    refuses=(rope_scaling, sliding_window, uneven_heads, split_biases), misfit=llama_misfit,
-    weights=LLAMA_WEIGHTS, base="model.", buffers=("rotary_emb.inv_freq",),
-    read_tokenizer=read_tokenizer, special_tokens=special_tokens, written=llama_written,
+    keys={**_ROTARY_KEYS, **_BIASES}, defaults={**_ROTARY_DEFAULTS, **_NO_BIASES},
+    features=_ROTARY, refuses=(sliding_window, split_biases), misfit=llama_misfit,
+    reads=(read_rope_scaling, head_dim_reader(None)),
+    holds=frozenset({"rope_scaling", "head_size"}), written=llama_written, **_LLAMA_LIKE,
 )
+_QWEN_WINDOW = window_reader("use_sliding_window", qwen_windowed)
 QWEN2 = Family(
     model_type="qwen2", architecture="Qwen2ForCausalLM",
-    keys=_ROTARY_KEYS, defaults=_ROTARY_DEFAULTS, spelled=_SILU,
+    keys=_ROTARY_KEYS, defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": 32768},
     features={**_ROTARY, "bias": False, "qkv_bias": True},
-    refuses=(rope_scaling, sliding_window_switch, uneven_heads),
-    weights=LLAMA_WEIGHTS, base="model.", buffers=("rotary_emb.inv_freq",),
-    read_tokenizer=read_tokenizer, special_tokens=special_tokens, written=qwen2_written,
+    refuses=(uneven_heads,), reads=(read_rope_scaling, _QWEN_WINDOW),
+    holds=frozenset({"rope_scaling", "sliding_window", "full_attention_layers"}),
+    written=qwen2_written, **_LLAMA_LIKE,
 )
-CATALOGUE = (GPT2, LLAMA, QWEN2)  # export-hf takes the first that holds a model
+QWEN3 = Family(  # Qwen2 with q/k norms, head_dim of its own and no q, k, v biases
+    model_type="qwen3", architecture="Qwen3ForCausalLM",
+    keys=_ROTARY_KEYS, defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": 32768},
+    features={**_ROTARY, "bias": False, "qk_norm": True},
+    fixed={"attention_bias": False},
+    reads=(read_rope_scaling, head_dim_reader(128), _QWEN_WINDOW),
+    holds=frozenset({"rope_scaling", "head_size", "sliding_window", "full_attention_layers"}),
+    written=qwen2_written, **_LLAMA_LIKE,
+)
+MISTRAL = Family(  # Llama with a sliding window over every layer
+    model_type="mistral", architecture="MistralForCausalLM",
+    keys=_ROTARY_KEYS, defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": 4096 * 32},
+    features={**_ROTARY, "bias": False},
+    reads=(read_rope_scaling, head_dim_reader(None),
+           window_reader(None, lambda hf, i: True)),
+    holds=frozenset({"rope_scaling", "head_size", "sliding_window"}), misfit=mistral_misfit,
+    written=mistral_written, **_LLAMA_LIKE,
+)
+SMOLLM3 = Family(  # Llama with layers that have no rotary positions
+    model_type="smollm3", architecture="SmolLM3ForCausalLM",
+    keys={**_ROTARY_KEYS, **_BIASES},
+    defaults={**_ROTARY_DEFAULTS, **_NO_BIASES, "max_position_embeddings": 32768,
+              "rope_theta": 2000000.0, "tie_word_embeddings": True},  # PretrainedConfig's tie
+    features=_ROTARY, refuses=(split_biases,), misfit=smollm3_misfit,
+    reads=(read_rope_scaling, read_nope_layers,
+           window_reader("use_sliding_window",  # its window is on the layers without rotary
+                         lambda hf, i: i in read_nope_layers(hf)["nope_layers"])),
+    holds=frozenset({"rope_scaling", "nope_layers", "sliding_window",
+                     "full_attention_layers"}),
+    written=smollm3_written, **_LLAMA_LIKE,
+)
+GRANITE = Family(  # Llama with four multipliers
+    model_type="granite", architecture="GraniteForCausalLM",
+    keys={**_ROTARY_KEYS, **_BIASES, "embedding_multiplier": "embedding_multiplier",
+          "residual_multiplier": "residual_multiplier",
+          "attention_multiplier": "attention_multiplier", "logits_scaling": "logits_scaling"},
+    defaults={**_ROTARY_DEFAULTS, **_NO_BIASES, "embedding_multiplier": 1.0,
+              "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
+    features=_ROTARY, refuses=(split_biases,), misfit=llama_misfit,
+    reads=(read_rope_scaling,),
+    holds=frozenset({"rope_scaling", "embedding_multiplier", "residual_multiplier",
+                     "attention_multiplier", "logits_scaling"}),
+    written=granite_written, **_LLAMA_LIKE,
+)
+# export-hf takes the first that holds a model: the plainer classes first
+CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE)
 TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers"}  # a task's name in messages
 
 
@@ -237,7 +391,7 @@ def gpt2_config(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
 def llama_config(cfg: ModelConfig, tokenizer: Tokenizer) -> dict[str, Any]:
     """config.json of the LlamaForCausalLM / Qwen2ForCausalLM holding cfg; a model neither
     holds exactly is refused by name (ConversionError)."""
-    family = writer_for(cfg, "the model", among=(LLAMA, QWEN2))
+    family = writer_for(cfg, "the model", among=CATALOGUE[1:])
     return hf_config(family, cfg, tokenizer.eos_id, tokenizer.bos_id)
 
 

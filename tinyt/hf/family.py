@@ -66,6 +66,10 @@ class Family:
     fixed     settings whose one value is what tinyt runs; another value is refused
     refuses   named checks of what else tinyt's model does not run: each returns why, or None
     misfit    why the class cannot hold a tinyt model, said before the features are compared
+    reads     readers of what config.json spells its own way (rope_scaling, head_dim, windows,
+              layers without rotary): each returns ModelConfig settings, or raises by name
+    holds     the options beyond Llama's (config.FAMILY_OPTIONS) the class can express; a
+              model using another one is not written as it
     weights   every tinyt tensor's HF names; `base` is the prefix a base-model save (no head)
               lacks, `buffers` the name endings of non-weights older saves hold (skipped)
     zero_biases  the class always has biases: a bias-free model writes zeros, and reads back
@@ -87,6 +91,8 @@ class Family:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     refuses: tuple[Callable[[dict[str, Any]], str | None], ...] = ()
     misfit: Callable[[ModelConfig], str | None] | None = None
+    reads: tuple[Callable[[dict[str, Any]], dict[str, Any]], ...] = ()
+    holds: frozenset[str] = frozenset()
     buffers: tuple[str, ...] = ()
     zero_biases: bool = False
     task: str = "causal_lm"
@@ -139,6 +145,11 @@ def config_from_hf(family: Family, hf: dict[str, Any], source: str) -> ModelConf
         why = check(hf)
         if why:
             raise ConversionError(f"{source}: {why}")
+    for read in family.reads:
+        try:
+            kwargs.update(read(hf))
+        except (ConfigError, ValueError, TypeError, KeyError) as e:
+            raise ConversionError(f"{source}: {e}") from None
     if family.zero_biases:  # written by export-hf from a bias-free model: its biases are zeros
         block = hf.get("tinyt")
         kwargs["bias"] = bool(block.get("bias", True)) if isinstance(block, dict) else True
@@ -176,6 +187,10 @@ def misfit(family: Family, cfg: ModelConfig) -> str | None:
     """Why the family's class cannot hold cfg exactly, or None when it can."""
     if family.misfit and (why := family.misfit(cfg)):
         return why
+    extra = [o for o in cfg.family_options
+             if o.split("=")[0] not in family.holds | set(family.features)]
+    if extra:
+        return f"a {family.architecture} has no {', '.join(extra)}"
     wanted = {**{name: (value,) for name, value in family.features.items()},
               **{s.field: tuple(dict.fromkeys(s.names.values())) for s in family.spelled.values()}}
     off = [f"{name}={getattr(cfg, name)!r}" for name, allowed in wanted.items()
