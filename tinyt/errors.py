@@ -54,6 +54,33 @@ class QueueFull(TinytError, RuntimeError):
     """The engine's queue holds max_queue requests already."""
 
 
+class MemoryLimitError(TinytError, MemoryError):
+    """An allocation does not fit this machine's memory: refused before it is made where its
+    size is known (KV buffers: rows x tokens), or ONNX Runtime failed to make it; the message
+    names the size where known and what to lower."""
+
+
+# What ONNX Runtime, numpy and torch say when an allocation fails (ORT's RuntimeException /
+# Fail "Failed to allocate memory for requested buffer of size N", numpy's "Unable to allocate
+# 824. GiB for an array", torch's "DefaultCPUAllocator: can't allocate memory").
+_ALLOCATION_FAILURES = ("Failed to allocate memory", "Unable to allocate", "can't allocate memory",
+                        "bad_alloc", "std::bad_alloc")
+
+
+def memory_failure(e: BaseException) -> MemoryLimitError | None:
+    """A failed allocation deep in a library as one line naming it (and the size where the
+    library says it), else None."""
+    text = str(e)
+    if not (isinstance(e, MemoryError) or any(s in text for s in _ALLOCATION_FAILURES)):
+        return None
+    line = next((ln.strip() for ln in text.splitlines()
+                 if any(s in ln for s in _ALLOCATION_FAILURES)), text.splitlines()[0] if text
+                else type(e).__name__)
+    return MemoryLimitError(f"an allocation failed ({line[:300]}): this machine has not the "
+                            "memory for it; lower the batch, the sequence length or the context "
+                            "(--max-context, import-hf --context)")
+
+
 # Export stages (tinyt.export)
 class ExportError(TinytError, ValueError):
     """The export cannot be done as asked."""

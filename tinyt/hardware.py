@@ -161,3 +161,38 @@ def physical_cores(cpuinfo: str | None = None) -> int:
         elif key == "core id":
             cores.add((phys, value.strip()))
     return len(cores) or os.cpu_count() or 1
+
+
+def available_memory(meminfo: str | None = None) -> int | None:
+    """Bytes the kernel says can be allocated without swapping (/proc/meminfo's MemAvailable),
+    or None where it does not say (not Linux, an old kernel)."""
+    if meminfo is None:
+        try:
+            meminfo = Path("/proc/meminfo").read_text(errors="replace")
+        except OSError:
+            return None
+    for line in meminfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "MemAvailable":
+            parts = value.split()
+            if parts and parts[0].isdigit():
+                return int(parts[0]) * 1024 if parts[1:2] == ["kB"] else int(parts[0])
+    return None
+
+
+def gib(nbytes: float) -> str:
+    """A size in bytes as people read it: '2.5 GiB', '64.0 MiB'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{int(nbytes)} bytes"
+
+
+def memory_refusal(nbytes: int, what: str, lower: str) -> str | None:
+    """None if `nbytes` fit in this machine's available memory (or it cannot be read), else the
+    one line that refuses it: the size, what it is, what there is and what to lower."""
+    free = available_memory()
+    if free is None or nbytes <= free:
+        return None
+    return (f"{what} need {gib(nbytes)}, but this machine has {gib(free)} available "
+            f"(MemAvailable): lower {lower}")
