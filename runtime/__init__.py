@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from tinyt.contract import CLASSIFIER, SHARED_CACHE_KIND
+from tinyt.errors import ConfigError
 from tinyt.manifest import ManifestError
 from tinyt.tokenizer import Tokenizer
 
@@ -37,7 +38,8 @@ __all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Predictio
 
 def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
          spinning: bool | None = None, level: str | None = None,
-         io_binding: bool | None = None, tune: bool = True) -> LanguageModel | Classifier:
+         io_binding: bool | None = None, tune: bool = True,
+         max_context: int | None = None) -> LanguageModel | Classifier:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
     classifier graphs. threads defaults to the physical cores; spinning to on when there is
     more than one thread (see session_options); level to the artifact's own; io_binding (KV
@@ -46,7 +48,17 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     A shared-cache artifact on CPU takes `threads` as a budget: with tune=True (default) it
     times, at load and on this CPU, decode steps at 1 thread and at `threads`, and a pair's
     prompt graph against its step graph, and keeps the fastest for each phase (runtime/tuning.py;
-    the choice is in LanguageModel.plan). tune=False: every phase at exactly `threads`."""
+    the choice is in LanguageModel.plan). tune=False: every phase at exactly `threads`.
+
+    max_context: the most tokens (prompt + generated) a sequence may hold, at most the model's
+    own (LanguageModel.context = min(max_context, block_size)); an int >= 2, None for the
+    model's. Generation allocates KV buffers for what each call can reach either way; this
+    bounds what a caller may ask for, and the engine's cache (max_batch rows x context)."""
+    if max_context is not None and not (isinstance(max_context, int)
+                                        and not isinstance(max_context, bool)
+                                        and max_context >= 2):
+        raise ConfigError(f"max_context={max_context!r} is invalid: an integer >= 2 (a prompt "
+                          "token and one to follow), or None for the model's context")
     artifact = open_artifact(path)
     threads = resolve_threads(threads)  # checked and defaulted here, once
     if artifact.kind == SHARED_CACHE_KIND and provider == "cpu":
@@ -66,4 +78,5 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     if artifact.kind == CLASSIFIER:
         return Classifier(artifact, session, tokenizer)
     return LanguageModel(artifact, session, tokenizer, io_binding=io_binding,
-                         prefill_session=None if prefill is session else prefill, plan=plan)
+                         prefill_session=None if prefill is session else prefill, plan=plan,
+                         max_context=max_context)

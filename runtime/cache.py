@@ -25,18 +25,58 @@ import onnxruntime as ort
 
 from tinyt.config import ModelConfig
 from tinyt.contract import kv_shape, past_names, present_names
-from tinyt.errors import ConfigError
+from tinyt.errors import ConfigError, MemoryLimitError
+from tinyt.hardware import memory_refusal
+
+# A cache holds what a call needs, not the model's context: its capacity is the tokens the
+# call can reach rounded up to a power of two, at least MIN_CAPACITY, at most the context. So
+# pooled caches serve calls of nearby sizes (a 300-token and a 400-token generation share a
+# 512 one), a cache is at most twice what its call needs, and a model with a 131,072-token
+# context costs a 64-token generation what a 256-token model does.
+MIN_CAPACITY = 256
+# What a refusal of a cache too large for the machine tells the user to lower.
+LOWER = "the rows or the tokens (max_new_tokens, max_context / --max-context, max_batch / " \
+        "--max-batch)"
+
+
+def capacity_for(tokens: int, context: int) -> int:
+    """The capacity of a cache for `tokens` (prompt + new tokens): the next power of two, at
+    least MIN_CAPACITY, at most `context`."""
+    want = max(int(tokens), MIN_CAPACITY)
+    return min(int(context), 1 << (want - 1).bit_length())
+
+
+def kv_bytes(cfg: ModelConfig, rows: int, capacity: int, kv_dtype=np.float32) -> int:
+    """Bytes of a KV cache of `rows` x `capacity` tokens: every layer's keys and values."""
+    return 2 * cfg.n_layer * int(np.prod(kv_shape(cfg, rows, capacity))) * \
+        np.dtype(kv_dtype).itemsize
+
+
+def check_kv_fits(cfg: ModelConfig, rows: int, capacity: int, kv_dtype=np.float32, *,
+                  lower: str = LOWER, copies: int = 1) -> None:
+    """MemoryLimitError, before anything is allocated, if `copies` KV caches of rows x capacity
+    tokens do not fit this machine's available memory."""
+    nbytes = copies * kv_bytes(cfg, rows, capacity, kv_dtype)
+    why = memory_refusal(nbytes, f"KV buffers of {rows} row(s) x {capacity} tokens "
+                                 f"({cfg.n_layer} layers, keys and values"
+                                 + (f", {copies} copies" if copies > 1 else "") + ")", lower)
+    if why:
+        raise MemoryLimitError(why)
 
 
 class SharedCache:
     """Buffers and one I/O binding for a generation of `batch` rows of at most `capacity`
     tokens each. prefill(rows) then step(next_tokens, active) return logits [B, 1, vocab]
-    (a buffer that the next call overwrites)."""
+    (a buffer that the next call overwrites). Buffers that would not fit the machine's
+    available memory are refused before they are allocated (MemoryLimitError naming the size
+    and `lower`, what to make smaller)."""
 
     def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, batch: int,
                  capacity: int, *, kv_dtype=np.float32,
-                 prefill_session: ort.InferenceSession | None = None):
+                 prefill_session: ort.InferenceSession | None = None, lower: str = LOWER):
+        check_kv_fits(cfg, batch, capacity, kv_dtype, lower=lower)
         self.session, self.cfg, self.B, self.capacity = session, cfg, batch, capacity
+        self.kv_dtype = kv_dtype
         # A pair: prompts run through prefill_session's graph (made for many rows), steps
         # through session's; both read and write the same cache buffers.
         self.prefill_session = prefill_session or session
@@ -129,6 +169,14 @@ class SharedCache:
             out[row] = logits[j, 0].copy()
         return out
 
+    def copy_from(self, other: SharedCache) -> None:
+        """Every row of `other` (a cache of as many rows, smaller or as large) into this one:
+        the tokens it holds and their keys and values (a generation moving to a larger cache)."""
+        n = int(other.lens.max())
+        for mine, theirs in zip(self.kv, other.kv):
+            mine[:, :, :n] = theirs[:, :, :n]
+        self.lens[:] = other.lens
+
     def copy_in(self, row: int, staging: SharedCache, j: int = 0) -> None:
         """This cache's `row` becomes staging's row j (its lens[j] tokens of keys and values)."""
         n = int(staging.lens[j])
@@ -187,21 +235,23 @@ def rows_from_left_padded(ids: np.ndarray, mask: np.ndarray) -> list[list[int]]:
 
 
 class CachePool:
-    """SharedCaches kept between generations, by batch size: setting one up (buffers and
-    some twenty bindings) costs more than tens of decode steps' Python work. A cache is used
-    by one generation at a time; at most `keep` wait here."""
+    """SharedCaches kept between generations, by batch size and capacity: setting one up
+    (buffers and some twenty bindings) costs more than tens of decode steps' Python work. A
+    cache is used by one generation at a time; at most `keep` wait here. take(batch,
+    capacity) hands out the smallest free cache of that batch holding at least `capacity`
+    tokens (capacities are capacity_for's powers of two, so nearby sizes share one)."""
 
-    def __init__(self, make: Callable[[int], SharedCache], keep: int = 4):
+    def __init__(self, make: Callable[[int, int], SharedCache], keep: int = 4):
         self.make, self.keep = make, keep
         self.free: list[SharedCache] = []
         self.lock = threading.Lock()
 
-    def take(self, batch: int) -> SharedCache:
+    def take(self, batch: int, capacity: int) -> SharedCache:
         with self.lock:
-            for i, cache in enumerate(self.free):
-                if cache.B == batch:
-                    return self.free.pop(i)
-        return self.make(batch)
+            fits = [i for i, c in enumerate(self.free) if c.B == batch and c.capacity >= capacity]
+            if fits:
+                return self.free.pop(min(fits, key=lambda i: self.free[i].capacity))
+        return self.make(batch, capacity)
 
     def give(self, cache: SharedCache) -> None:
         with self.lock:

@@ -1,7 +1,9 @@
 """Continuous batching (torch-free): the engine `tinyt serve` drives, usable by any application.
 
     submit(prompt ids, SamplingParams) ──bounded queue──▶ the engine's thread, in a loop:
-      admit   waiting requests into free rows of one cache [max_batch rows x context], up to
+      admit   waiting requests into free rows of one cache [max_batch rows x context: the
+              model's, or rt.load's max_context; refused before it is allocated where it does
+              not fit the machine's memory], up to
               prefill_tokens prompt tokens at a time (the running rows wait for them): their
               prompts run through the prompt graph, together where the graph computes each
               row as if alone (quantize --kernel qgemm-rows), else one by one; or, with
@@ -38,6 +40,9 @@ from .cache import SharedCache
 from .feeds import prefill_feeds
 from .generate import LanguageModel, safe_end, stop_cut
 from .sampling import SamplingParams
+
+# What a refusal of the engine's cache (max_batch rows x the context) tells the user to lower.
+ENGINE_LOWER = "max_batch (--max-batch) or the context (rt.load's max_context, --max-context)"
 
 
 @dataclass
@@ -107,7 +112,7 @@ class _SharedRows:
 
     def __init__(self, lm: LanguageModel, rows: int):
         self.lm = lm
-        self.cache = lm.new_cache(rows)
+        self.cache = lm.new_cache(rows, lower=ENGINE_LOWER)
         # Prompts run together only where no activation scale is shared between rows
         # (quantize --kernel qgemm-rows or nbits, one graph for prompts and steps): the pair's
         # per-tensor qgemm prompt graph would let prompts that arrive together move each
@@ -118,7 +123,7 @@ class _SharedRows:
         groups = [new] if self.together else [{row: ids} for row, ids in new.items()]
         out: dict[int, np.ndarray] = {}
         for group in groups:
-            staging = self.lm.take_cache(len(group))
+            staging = self.lm.take_cache(len(group), max(map(len, group.values())))
             try:
                 out.update(self.cache.admit_from(group, self.lm.pad_id, staging))
             finally:
@@ -129,8 +134,8 @@ class _SharedRows:
         return self.cache.step_rows(int(np.flatnonzero(active).max()) + 1, nxt, active)
 
     # chunked prefill: a prompt goes through a staging cache of its own, piece by piece
-    def start_filling(self) -> SharedCache:
-        staging = self.lm.take_cache(1)
+    def start_filling(self, tokens: int) -> SharedCache:
+        staging = self.lm.take_cache(1, tokens)
         staging.lens[:] = 0
         return staging
 
@@ -361,7 +366,7 @@ class Engine:
             return
         row, state = next(iter(self._filling.items()))
         if state[1] is None:
-            state[1] = self._shared.start_filling()
+            state[1] = self._shared.start_filling(len(req.prompt_ids))
         req, staging, done = state
         piece = req.prompt_ids[done:done + self.prefill_chunk]
         logits = self._shared.fill(staging, piece)

@@ -11,6 +11,34 @@ import numpy as np
 from tinyt.config import ModelConfig
 from tinyt.contract import DECODER_WITH_PAST, kv_shape, past_name, past_names
 
+# The longest sequence the stages' checks (verify, optimize, quantize, package, the shared
+# cache's, the load-time probe) run, whatever the model's context: their time and memory are
+# bounded by it, not by block_size (a full-block prefill of a 131,072-token Llama at batch 3
+# asks for 824 GB of attention scores). 128 is the whole context of every preset with computed
+# positions (demo, llama-demo), so their checks are as they were; it is longer than any
+# sequence length at which a graph's behaviour can change shape (the causal triangle, masks,
+# padding, positions from the mask, the fused kernels' multi-block paths). What changes beyond
+# it is only the values of the positions, and those are checked where they are largest: at
+# the end of the context (end_positions), with a short sequence.
+CHECK_TOKENS = 128
+# A learned position table is weights: each of its rows is a parameter that only a sequence
+# reaching it reads, so such a model is checked over its whole block as before, up to GPT-2's
+# 1024 (beyond, its last rows are reached through end_positions).
+LEARNED_CHECK_TOKENS = 1024
+
+
+def check_tokens(cfg: ModelConfig) -> int:
+    """The longest sequence a check runs on a model of `cfg` (CHECK_TOKENS, or for a learned
+    position table its block up to LEARNED_CHECK_TOKENS)."""
+    cap = LEARNED_CHECK_TOKENS if cfg.pos_encoding == "learned" else CHECK_TOKENS
+    return min(cfg.block_size, cap)
+
+
+def end_positions(cfg: ModelConfig, n: int) -> np.ndarray:
+    """The last n positions of the context, [n]: a short sequence placed at its end, where a
+    position table or rotary cache that is short or wrong only at high positions shows."""
+    return np.arange(cfg.block_size - n, cfg.block_size, dtype=np.int64)
+
 
 def left_pad(rows: list[list[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Token rows of different lengths as ids and attention mask [B, T], left-padded."""

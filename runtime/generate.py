@@ -5,9 +5,11 @@
                  └──── decode step: 1 token, past = present, mask += 1 ◀────────┘
 
 A batch of prompts of different lengths is left-padded; positions come from the attention mask,
-so each prompt gets the tokens it gets alone. The model has no positions beyond block_size:
-a prompt must leave room for one new token (else ConfigError, a ValueError), and generation
-stops with finish_reason 'context' when a sequence reaches block_size.
+so each prompt gets the tokens it gets alone. The model has no positions beyond its context
+(block_size, or less: rt.load's max_context): a prompt must leave room for one new token (else
+ConfigError, a ValueError), and generation stops with finish_reason 'context' when a sequence
+reaches it. The context is a limit, not an allocation: a call's KV buffers hold the prompt and
+the new tokens it may make (runtime/cache.capacity_for), whatever the model's context.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND, past_name
 from tinyt.errors import ConfigError, NonFiniteError
 from tinyt.tokenizer import Tokenizer
 
-from .cache import CachePool, SharedCache, rows_from_left_padded
+from .cache import CachePool, SharedCache, capacity_for, check_kv_fits, rows_from_left_padded
 from .feeds import grow_mask, left_pad, prefill_feeds, step_feeds
 from .fixed import FixedWindow, capacity
 from .sampling import SamplingParams, next_token, nonfinite_error
@@ -68,7 +70,8 @@ class LanguageModel:
 
     def __init__(self, artifact: Artifact, session: ort.InferenceSession, tokenizer: Tokenizer,
                  *, io_binding: bool | None = None,
-                 prefill_session: ort.InferenceSession | None = None, plan=None):
+                 prefill_session: ort.InferenceSession | None = None, plan=None,
+                 max_context: int | None = None):
         self.artifact, self.session, self.tokenizer = artifact, session, tokenizer
         self.plan = plan  # a shared-cache model's per-phase choice (runtime/tuning.Plan)
         self.prefill_session = prefill_session  # a shared-cache pair's prompt graph
@@ -87,9 +90,12 @@ class LanguageModel:
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
         self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
-        # The most tokens a sequence can hold: block_size, or a pinned graph's window.
+        # The most tokens a sequence can hold: block_size, or a pinned graph's window, or
+        # less where the caller says (max_context: rt.load checks it).
         self.context = self.config.block_size if artifact.fixed is None else min(
             self.config.block_size, capacity(artifact.kind, artifact.fixed))
+        if max_context is not None:
+            self.context = min(self.context, max_context)
         if artifact.kind == SHARED_CACHE_KIND:
             self._caches = CachePool(self.new_cache)
 
@@ -193,16 +199,22 @@ class LanguageModel:
             logits = logits[:self._choosable]
         return self._choose(0, logits.copy(), params, rng, [prompt], [out])
 
-    def new_cache(self, rows: int) -> SharedCache:
-        """A shared-cache artifact's KV buffers for `rows` sequences of up to the context,
-        bound to this model's sessions (runtime/cache.py)."""
-        return SharedCache(self.session, self.config, rows, self.context,
-                           kv_dtype=self._kv_dtype, prefill_session=self.prefill_session)
+    def new_cache(self, rows: int, capacity: int | None = None, *,
+                  lower: str | None = None) -> SharedCache:
+        """A shared-cache artifact's KV buffers for `rows` sequences of up to `capacity` tokens
+        (default: the context), bound to this model's sessions (runtime/cache.py); refused
+        before allocating if they do not fit the machine (`lower`: what the refusal tells the
+        user to make smaller)."""
+        capacity = self.context if capacity is None else min(capacity, self.context)
+        return SharedCache(self.session, self.config, rows, capacity,
+                           kv_dtype=self._kv_dtype, prefill_session=self.prefill_session,
+                           **({} if lower is None else {"lower": lower}))
 
-    def take_cache(self, rows: int) -> SharedCache:
-        """A shared cache of `rows` rows from this model's pool (made if none is free); hand
-        it back with give_cache."""
-        return self._shared_pool().take(rows)
+    def take_cache(self, rows: int, tokens: int | None = None) -> SharedCache:
+        """A shared cache of `rows` rows holding at least `tokens` tokens each (default: the
+        context) from this model's pool (made if none fits); hand it back with give_cache."""
+        return self._shared_pool().take(
+            rows, capacity_for(self.context if tokens is None else tokens, self.context))
 
     def give_cache(self, cache: SharedCache) -> None:
         """Return a cache from take_cache to the pool, for the next generation."""
@@ -226,8 +238,13 @@ class LanguageModel:
                 for _ in rows]  # greedy draws nothing
         out: list[list[int]] = [[] for _ in rows]
         reasons: list[str | None] = ["length" if params.max_new_tokens == 0 else None] * B
+        if self.artifact.kind == DECODER_WITH_PAST:  # past and present: two caches at a time
+            check_kv_fits(self.config, B, min(self.context, ids.shape[1] + params.max_new_tokens),
+                          self._kv_dtype, copies=2, lower="the prompts, their length or "
+                          "max_new_tokens")
         steps = self.steps(prefill_feeds(self.config, self.artifact.kind, ids, mask,
-                                          kv_dtype=self._kv_dtype))
+                                          kv_dtype=self._kv_dtype),
+                           new_tokens=params.max_new_tokens)
         logits = next(steps) if not all(reasons) else np.zeros(0)  # read only while rows run
         nxt = np.full(B, self._pad, dtype=np.int64)
         while not all(reasons):
@@ -259,7 +276,7 @@ class LanguageModel:
             return [out], ["length"]
         eos, limit, n_min = self.tokenizer.eos_id, self._choosable, params.min_new_tokens
         room = min(params.max_new_tokens, self.context - len(row))  # tokens this call may add
-        cache = self._caches.take(1)
+        cache = self._caches.take(1, capacity_for(len(row) + room, self.context))
         try:
             logits, nxt, step = cache.prefill([row], self._pad), np.zeros(1, np.int64), cache.step
             while True:
@@ -279,25 +296,37 @@ class LanguageModel:
         finally:
             self._caches.give(cache)
 
-    def steps(self, feeds: dict[str, np.ndarray]):
+    def steps(self, feeds: dict[str, np.ndarray], *, new_tokens: int | None = None):
         """The step API that generate and the stages' checks drive: a coroutine over the
         feeds of a prompt batch (runtime.feeds.prefill_feeds). It yields the logits of the
         prompt pass, then of each step; send it (next tokens [B] int64, which rows are still
         running [B] bool) to run the next step. Finished rows are fed what the caller sends
         and their logits are not to be read. Closing it frees the artifact's cache buffers.
+        `new_tokens`, the most steps the caller will run, sizes the buffers at the start (a
+        shared cache, the mask); without it they start small and grow as the steps go.
 
             steps = lm.steps(prefill_feeds(lm.config, DECODER_WITH_PAST, ids, mask))
             logits = next(steps)                                   # [B, S or 1, V]
             logits = steps.send((logits[:, -1].argmax(-1), active))
         """
         kind = self.artifact.kind
+        B, T = feeds["input_ids"].shape
+        reach = T + (1 if new_tokens is None else new_tokens)  # the tokens the call can reach
         if kind == SHARED_CACHE_KIND:  # one KV buffer per layer, bound once (runtime/cache.py)
-            cache = self._caches.take(len(feeds["input_ids"]))
+            cache = self._caches.take(B, capacity_for(reach, self.context))
             try:
                 logits = cache.prefill(rows_from_left_padded(feeds["input_ids"],
                                                              feeds["attention_mask"]), self._pad)
                 while True:
                     nxt, active = yield logits
+                    if cache.lens.max() >= cache.capacity and cache.capacity < self.context:
+                        # the next token has no room: the generation moves to a cache twice
+                        # as long (steps() was not told how far the call would go)
+                        bigger = self._caches.take(B, capacity_for(2 * cache.capacity,
+                                                                   self.context))
+                        bigger.copy_from(cache)
+                        self._caches.give(cache)
+                        cache = bigger
                     logits = cache.step(nxt, active)
             finally:  # the generation ended (or was abandoned): the buffers serve the next one
                 self._caches.give(cache)
@@ -315,7 +344,7 @@ class LanguageModel:
                 nxt, active = yield outputs[0]
                 feeds = step_feeds(kind, feeds, nxt, self._outputs, outputs, active)
         if not self.io_binding:
-            return (yield from self._cpu_steps(feeds))
+            return (yield from self._cpu_steps(feeds, reach))
         # I/O binding: present keys/values stay where the provider put them (device memory on
         # CUDA) and become the next step's past without a round trip through numpy.
         binding = self.session.io_binding()
@@ -337,19 +366,23 @@ class LanguageModel:
             for name, value in zip(self._outputs[1:], outputs[1:]):
                 binding.bind_ortvalue_input(past_name(name), value)
 
-    def _cpu_steps(self, feeds: dict[str, np.ndarray]):
+    def _cpu_steps(self, feeds: dict[str, np.ndarray], reach: int):
         """The KV-cache loop of steps() with numpy feeds, doing as little per step as it can:
-        the mask grows in a preallocated buffer, positions count up in place (a finished
-        row's stop: see grow_mask), and the presents become the next pasts as they are."""
+        the mask grows in a preallocated buffer (room for `reach` tokens, doubled when a call
+        runs past it), positions count up in place (a finished row's stop: see grow_mask), and
+        the presents become the next pasts as they are."""
         B, T = feeds["attention_mask"].shape
-        # A row may run to the context while a longer one finished: T + context bounds the width.
-        mask = np.zeros((B, T + self.context + 1), dtype=np.int64)
+        # A row may run to the context while a longer one finished: T + context bounds the
+        # width; a call reaching `reach` tokens needs reach + 1.
+        mask = np.zeros((B, min(max(reach, T) + 1, T + self.context + 1)), dtype=np.int64)
         mask[:, :T] = feeds["attention_mask"]
         pos = feeds["position_ids"][:, -1:].copy()  # [B, 1]
         run, names, past_names, n = self.session.run, self._outputs, self._past_names, T
         while True:
             outputs = run(names, feeds)
             nxt, active = yield outputs[0]
+            if n == mask.shape[1]:  # the call ran past what it said it would reach
+                mask = np.concatenate([mask, np.zeros_like(mask)], axis=1)
             mask[:, n] = active
             n += 1
             pos += active[:, None]

@@ -18,6 +18,8 @@ from tinyt.graphio import GraphError
 from tinyt.hardware import int8_preset, physical_cores, saturates_here
 from tinyt.manifest import ManifestError, check_manifest, read_manifest, read_model_config
 
+from .feeds import check_tokens
+
 KINDS = contract.KINDS
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
@@ -189,8 +191,11 @@ def _probe(artifact: Artifact, session: ort.InferenceSession, model: str) -> Non
     inputs = session.get_inputs()
     last = cfg.block_size - 1
     # With position_ids as an input one token reaches the last position; without (classifier,
-    # no-cache decoder) the sequence itself must be block_size long.
-    S = 1 if any(i.name == "position_ids" for i in inputs) else cfg.block_size
+    # no-cache decoder) the sequence itself must reach it: a learned table's block (up to
+    # LEARNED_CHECK_TOKENS), computed positions CHECK_TOKENS (the probe costs what a check
+    # does, never a full 131,072-token prefill).
+    S = 1 if any(i.name == "position_ids" for i in inputs) else check_tokens(cfg)
+    last = last if S == 1 else S - 1
     sizes = {contract.BATCH: 1, contract.SEQ: S, contract.PAST: 0, contract.TOTAL: S,
              contract.CAPACITY: S}
     values = {"attention_mask": 1, "position_ids": last, "seqlens_k": S - 1,
