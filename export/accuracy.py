@@ -14,7 +14,7 @@ import onnxruntime as ort
 from tinyt import data as D
 from tinyt.config import ModelConfig
 from tinyt.errors import DataError
-from tinyt.runtime.feeds import prefill_feeds
+from tinyt.runtime.feeds import check_tokens, prefill_feeds
 from tinyt.tokenizer import Tokenizer
 
 from .compare import ort_greedy, row_chunks
@@ -58,14 +58,19 @@ def _nll_sum(logits: np.ndarray, y: np.ndarray) -> float:
 
 def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: ModelConfig,
                 kind: str, tokenizer: Tokenizer, data: str | None = None) -> dict[str, Any]:
+    """Validation loss, agreement and KL of `cand` against `ref` over windows of
+    check_tokens(cfg) tokens (the whole block of the presets and of GPT-2; 128 where a long
+    context's computed positions would make full-block windows cost what the context does),
+    and greedy agreement; `window` in the result says which."""
     corpus = D.load_corpus(data)
     tokens = D.encode_documents(tokenizer, corpus.val)
-    D.check_lm_tokens(tokens, cfg.block_size, "validation")
-    x, y = D.lm_eval_windows(tokens, cfg.block_size, max(4, EVAL_TOKENS // cfg.block_size))
+    W = check_tokens(cfg)
+    D.check_lm_tokens(tokens, W, "validation")
+    x, y = D.lm_eval_windows(tokens, W, max(4, EVAL_TOKENS // W))
     byte_len = tokenizer.token_byte_lengths()
     nats = {"reference": 0.0, "candidate": 0.0}
     agree, kl = 0, 0.0
-    batch = max(1, min(EVAL_BATCH, EVAL_LOGITS // (cfg.block_size * cfg.vocab_size)))
+    batch = max(1, min(EVAL_BATCH, EVAL_LOGITS // (W * cfg.vocab_size)))
     for i in range(0, len(x), batch):
         xb, yb = x[i:i + batch], y[i:i + batch]
         a, b = _logits(ref, cfg, kind, xb), _logits(cand, cfg, kind, xb)
@@ -74,7 +79,7 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         kl += _kl_sum(a, b)
     n_tokens, n_bytes = y.size, int(byte_len[y].sum())
-    prompts, steps = D.agreement_prompts(tokenizer, corpus.val, cfg.block_size)
+    prompts, steps = D.agreement_prompts(tokenizer, corpus.val, W)
     same = total = 0
     for prompt in prompts:
         ga = ort_greedy(ref, cfg, kind, prompt, steps)
@@ -83,7 +88,7 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
         total += steps
     loss_ref, loss_cand = nats["reference"] / n_tokens, nats["candidate"] / n_tokens
     return {
-        "data": corpus.source, "tokens": n_tokens,
+        "data": corpus.source, "tokens": n_tokens, "window": W, "context": cfg.block_size,
         "val_loss_reference": loss_ref, "val_loss": loss_cand,
         "val_nats_per_byte_reference": nats["reference"] / n_bytes,
         "val_nats_per_byte": nats["candidate"] / n_bytes,

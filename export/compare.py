@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 from tinyt.config import ModelConfig
 from tinyt.contract import DECODER_WITH_PAST, kv_shape, past_names
-from tinyt.runtime.feeds import prefill_feeds, step_feeds
+from tinyt.runtime.feeds import check_tokens, prefill_feeds, step_feeds
 from tinyt.runtime.fixed import FixedWindow
 
 # An fp32 graph rewritten (fused, folded, re-laid-out) against its input: max abs diff on every
@@ -21,25 +21,44 @@ from tinyt.runtime.fixed import FixedWindow
 OPT_ATOL = 1e-4
 
 
-def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, int, int, int]]:
-    """(batch, sequence, past, left padding of row 0) cases, ends of every range included."""
-    T = cfg.block_size
-    cases = [(1, 1, 0, 0), (2, min(7, T), 0, 0), (3, T, 0, min(5, T - 1)), (1, 1, T - 1, 0),
-             (4, 1, min(60, T - 1), 3 if T > 4 else 0), (2, min(5, T // 2), T // 2, 0)]
+def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, ...]]:
+    """(batch, sequence, past, left padding of row 0[, first position]) cases, ends of every
+    range included: sequences of at most T = check_tokens(cfg) tokens (past + new), whatever
+    the context; where the context is longer and the graph takes positions, two cases with a
+    short past placed at the context's end (positions up to block_size - 1)."""
+    T = check_tokens(cfg)
+    cases: list[tuple[int, ...]] = [
+        (1, 1, 0, 0), (2, min(7, T), 0, 0), (3, T, 0, min(5, T - 1)), (1, 1, T - 1, 0),
+        (4, 1, min(60, T - 1), 3 if T > 4 else 0), (2, min(5, T // 2), T // 2, 0)]
     if kind != DECODER_WITH_PAST:
         cases = [(b, s + p, 0, pad) for b, s, p, pad in cases]
+    elif cfg.block_size > T:
+        cases += [(1, 1, 9, 0, cfg.block_size - 10), (3, 7, 9, 2, cfg.block_size - 16)]
     return sorted(set(cases))
 
 
+CASE_KEYS = ("batch", "sequence", "past", "padding", "first_position")
+
+
+def grid_sizes(cfg: ModelConfig, cases) -> dict[str, int]:
+    """What a grid runs, for a stage's report: the longest sequence (past + new tokens), the
+    model's context, the highest position reached and the largest batch."""
+    return {"longest_sequence": max(c[1] + c[2] for c in cases), "context": cfg.block_size,
+            "highest_position": max(c[1] + c[2] - 1 + (c[4] if len(c) > 4 else 0)
+                                    for c in cases),
+            "batch": max(c[0] for c in cases)}
+
+
 def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
-                 rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Feeds for a batch of b, s new tokens after a random past of p, row 0 left-padded."""
+                 rng: np.random.Generator, first: int = 0) -> dict[str, np.ndarray]:
+    """Feeds for a batch of b, s new tokens after a random past of p, row 0 left-padded, the
+    first token at position `first`."""
     mask = np.ones((b, p + s), dtype=np.int64)
     mask[0, :pad] = 0
     feeds = {"input_ids": rng.integers(0, cfg.vocab_size, (b, s), dtype=np.int64),
              "attention_mask": mask}
     if kind == DECODER_WITH_PAST:
-        feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)[:, p:]
+        feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)[:, p:] + first
         for name in past_names(cfg.n_layer):
             feeds[name] = rng.standard_normal(kv_shape(cfg, b, p)).astype(np.float32)
     return feeds
@@ -71,19 +90,19 @@ def max_abs_diff(x: np.ndarray, y: np.ndarray) -> float:
 def compare_graphs(a: ort.InferenceSession, b: ort.InferenceSession, cfg: ModelConfig,
                    kind: str, *, seed: int = 0, cases=None) -> dict[str, Any]:
     """Worst max-abs difference per output (and where) between sessions a and b, over
-    `cases` of (batch, sequence, past, padding) — by default grid(cfg, kind)."""
+    `cases` of (batch, sequence, past, padding[, first position]) — by default
+    grid(cfg, kind)."""
     rng = np.random.default_rng(seed)
     names = [o.name for o in a.get_outputs()]
     worst: dict[str, Any] = {n: {"max_abs": 0.0, "case": None} for n in names}
     for case in grid(cfg, kind) if cases is None else cases:
-        feeds = random_feeds(cfg, kind, *case, rng)
+        feeds = random_feeds(cfg, kind, *case[:4], rng, first=case[4] if len(case) > 4 else 0)
         for name, x, y in zip(names, a.run(names, feeds), b.run(names, feeds)):
             if x.shape != y.shape:
                 raise ValueError(f"{name}: shape {x.shape} vs {y.shape} at {case}")
             d = max_abs_diff(x, y)
             if not d <= worst[name]["max_abs"]:  # NaN counts as worse than anything
-                worst[name] = {"max_abs": d, "case": dict(zip(("batch", "sequence", "past",
-                                                                "padding"), case))}
+                worst[name] = {"max_abs": d, "case": dict(zip(CASE_KEYS, case))}
     return worst
 
 

@@ -30,7 +30,7 @@ from tinyt.errors import OptimizeError
 from tinyt.graphio import save_graph
 from tinyt.runtime.session import graph_session
 
-from .compare import OPT_ATOL, compare_graphs
+from .compare import OPT_ATOL, compare_graphs, grid, grid_sizes
 from .kvfuse import attention_with_past
 from .stage import Built, open_source, write_artifact
 
@@ -235,5 +235,6 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
             "target": target, "level": level}, extra={
             "graph": kind, "opset": src.manifest.get("opset"), "io": src.manifest.get("io"),
             "fusions": fusions, "op_counts": dict(sorted(counts.items())),
-            "contrib_ops": contrib, "equivalence": {"tolerance": OPT_ATOL, "worst": worst},
+            "contrib_ops": contrib, "equivalence": {"tolerance": OPT_ATOL, "worst": worst,
+                                                    "sizes": grid_sizes(cfg, grid(cfg, kind))},
             "versions": src.versions(onnxscript=onnxscript.__version__)})

@@ -29,10 +29,11 @@ from tinyt.fsutil import atomic_dir
 from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import artifact_source, write_manifest
+from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.fixed import AXES, capacity
 from tinyt.runtime.session import check_graphs_here, graph_session
 
-from .compare import compare_graphs
+from .compare import compare_graphs, grid_sizes
 from .optimize import LEVELS
 from .stage import Built, built, copy_artifact_files, open_source
 from .triton import check_config, config_pbtxt
@@ -88,18 +89,25 @@ def _pin(proto: onnx.ModelProto, fixed: dict[str, int], kind: str, block: int) -
     del graph.value_info[:]  # intermediate shapes: ONNX Runtime infers them from the inputs
 
 
-def _check_same(src: Path, dst: Path, cfg, kind: str, fixed: dict[str, int]) -> dict:
-    """Worst max-abs difference per output, src vs dst, on the pinned shape (or a small grid),
-    random ids, row 0 left-padded when there are two rows or more."""
+def check_cases(cfg, kind: str, fixed: dict[str, int]) -> list[tuple[int, ...]]:
+    """The pinned shape (row 0 left-padded when there are two rows or more), or a small grid:
+    sequences of at most check_tokens(cfg) tokens, and a step at the context's end."""
     if fixed:
         B, S, P = fixed["batch_size"], fixed["sequence_length"], fixed.get(
             "past_sequence_length", 0)
-        cases = [(B, S, P, 0), (B, S, P, (S + P) // 2 if B > 1 else 0)]
-    else:
-        T = cfg.block_size
-        cases = [(1, 1, 0, 0), (2, min(7, T), 0, 3 if T > 7 else 0)]
-        if kind == DECODER_WITH_PAST:
-            cases.append((2, 1, T - 1, 0))
+        return [(B, S, P, 0), (B, S, P, (S + P) // 2 if B > 1 else 0)]
+    T = check_tokens(cfg)
+    cases: list[tuple[int, ...]] = [(1, 1, 0, 0), (2, min(7, T), 0, 3 if T > 7 else 0)]
+    if kind == DECODER_WITH_PAST:
+        cases.append((2, 1, T - 1, 0))
+        if cfg.block_size > T:
+            cases.append((2, 1, 9, 0, cfg.block_size - 10))
+    return cases
+
+
+def _check_same(src: Path, dst: Path, cfg, kind: str, fixed: dict[str, int]) -> dict:
+    """Worst max-abs difference per output, src vs dst, on check_cases, random ids."""
+    cases = check_cases(cfg, kind, fixed)
     try:
         found = compare_graphs(graph_session(src), graph_session(dst), cfg, kind, cases=cases)
     except ValueError as e:  # an output of another shape
@@ -195,7 +203,8 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
         worst = _check_same(src_dir / ONNX_FILE, graph_path, cfg, kind, pins)
         extra = {"graph": kind, "package_format": format, "fixed_shape": pins or None,
                  "opset": manifest.get("opset"), "io": manifest.get("io"),
-                 "equivalence": {"tolerance": PACKAGE_ATOL, "worst": worst},
+                 "equivalence": {"tolerance": PACKAGE_ATOL, "worst": worst,
+                                 "sizes": grid_sizes(cfg, check_cases(cfg, kind, pins))},
                  "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
         if pins:
             extra["capacity_tokens"] = capacity(kind, pins)

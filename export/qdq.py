@@ -27,7 +27,7 @@ from tinyt import data as D
 from tinyt.config import ModelConfig
 from tinyt.errors import DataError
 from tinyt.graphio import graph_files
-from tinyt.runtime.feeds import prefill_feeds
+from tinyt.runtime.feeds import check_tokens, prefill_feeds
 from tinyt.tokenizer import Tokenizer
 
 from .blockquant import QuantReport, excluded_by, module_of
@@ -55,14 +55,17 @@ class _Windows(CalibrationDataReader):
 
 def calibration_windows(tokenizer: Tokenizer, cfg: ModelConfig, data: str | None,
                         count: int = CALIBRATION_WINDOWS) -> np.ndarray:
-    """Windows of block_size tokens from the corpus' training split (never validation)."""
+    """Windows of check_tokens(cfg) tokens (the block of the presets and GPT-2, at most 128 for
+    computed positions, whatever the context) from the corpus' training split (never
+    validation)."""
     corpus = D.load_corpus(data)
     tokens = D.encode_documents(tokenizer, corpus.train[:200])
+    W = check_tokens(cfg)
     try:
-        D.check_lm_tokens(tokens, cfg.block_size, "calibration")
+        D.check_lm_tokens(tokens, W, "calibration")
     except DataError as e:
         raise DataError(f"calibration set from {corpus.source}: {e}") from None
-    return D.lm_eval_windows(tokens, cfg.block_size, count)[0]
+    return D.lm_eval_windows(tokens, W, count)[0]
 
 
 def weight_nodes(proto: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:

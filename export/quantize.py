@@ -22,6 +22,7 @@ from tinyt.contract import CLASSIFIER, ONNX_FILE
 from tinyt.errors import QuantizeError
 from tinyt.graphio import check_graph, graph_files, save_graph
 from tinyt.hardware import int8_preset, saturates_here
+from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
 
@@ -154,6 +155,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                 # whether a row's outputs are independent of the other rows of its batch (no
                 # activation scale is shared between rows): serving may then batch prompts
                 "rows_independent": mode != "static" and kernel != "qgemm",
+                **({"calibration_window": check_tokens(cfg)} if mode == "static" else {}),
             },
             "int8": {ONNX_FILE: exactness},
             "accuracy": accuracy, **({"search": search} if search else {}),

@@ -20,6 +20,7 @@ import numpy as np
 
 from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ONNX_FILE
 from tinyt.manifest import check_manifest, read_model_config
+from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.timing import session_latency_ms
 
 from .compare import random_feeds
@@ -103,16 +104,18 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             t["latency_ms"] = latency[t["variant"]]
         best = min(fit, key=lambda t: t["latency_ms"])
     search = {"max_loss_increase": max_loss_increase, "chosen": best["variant"],
-              "objective": "median ms per decode step (batch 1, past block_size/2, 2 threads)",
+              "objective": "median ms per decode step (batch 1, past "
+                           f"{check_tokens(cfg) // 2} = check_tokens/2, 2 threads)",
               "tried": tried}
     return quantize(src_dir, out_dir, data=data, search=search, **best["options"])
 
 
 def latency_ms(paths: dict[str, str], cfg, kind: str, *, rounds: int = 200,
                threads: int = 2) -> dict[str, float]:
-    """Median ms of one decode step (batch 1, one new token, past block_size/2) per graph;
-    for graphs without a cache, one forward of block_size/2 tokens."""
-    past = cfg.block_size // 2
+    """Median ms of one decode step (batch 1, one new token, past check_tokens(cfg) / 2: half
+    the demo's context, whatever a model's own) per graph; for graphs without a cache, one
+    forward of that many tokens."""
+    past = check_tokens(cfg) // 2
     rng = np.random.default_rng(0)
     feeds = (random_feeds(cfg, kind, 1, 1, past, 0, rng) if kind == DECODER_WITH_PAST
              else random_feeds(cfg, kind, 1, past, 0, 0, rng))

@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
 from tinyt.errors import SharedCacheError
-from tinyt.runtime.feeds import prefill_feeds
+from tinyt.runtime.feeds import check_tokens, prefill_feeds
 from tinyt.runtime.session import UNFUSED
 
 from .compare import OPT_ATOL, first_difference
@@ -24,7 +24,8 @@ QUANT_ATOL = 0.1
 
 def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
     """Ragged prompts, then decode steps: last-position logits of both graphs, and the
-    runtime's greedy tokens."""
+    runtime's greedy tokens. Prompts of at most check_tokens(cfg) / 2 tokens, whatever the
+    context (the result's "sizes" says what ran)."""
     from tinyt.runtime import load
     from tinyt.runtime.feeds import left_pad
 
@@ -35,13 +36,13 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
     # DynamicQuantizeMatMul quantizes activations with one scale per tensor, so the padding of
     # a batch moves its rows' results (left padding in the source, right padding here): such
     # a graph is compared on single prompts only.
-    cases = [[cfg.block_size // 2]] + ([] if "DynamicQuantizeMatMul" in ops
-                                       else [[3, cfg.block_size // 3, 1]])
+    C = check_tokens(cfg)
+    cases = [[C // 2]] + ([] if "DynamicQuantizeMatMul" in ops else [[3, C // 3, 1]])
     for lens in cases:
         B, T = len(lens), max(lens)
         ids, mask = left_pad([rng.integers(0, cfg.vocab_size, n).tolist() for n in lens])
         feeds = prefill_feeds(cfg, DECODER_WITH_PAST, ids, mask)
-        a, b = ref.steps(dict(feeds)), cand.steps(dict(feeds))
+        a, b = ref.steps(dict(feeds), new_tokens=6), cand.steps(dict(feeds), new_tokens=6)
         la, lb = next(a)[:, -1].copy(), next(b)[:, -1].copy()
         active = np.ones(B, bool)
         for step in range(min(6, cfg.block_size - T - 1)):
@@ -79,7 +80,10 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
                 f"{z[w[first]] - z[g[first]]:.3g}, more than a tie at fp32 precision)")
         ties += 1
     return {"tolerance": atol, "logits_max_abs": worst, "greedy_agreement": same / total,
-            "greedy_ties": ties}
+            "greedy_ties": ties,
+            "sizes": {"longest_sequence": min(max(map(max, cases)) + 6, cfg.block_size),
+                      "context": cfg.block_size, "batch": max(map(len, cases)),
+                      "greedy_tokens": n}}
 
 
 def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None):
@@ -110,10 +114,11 @@ def check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
     ref, pair = load(src_dir, threads=1), _gqa_model(src_dir, path, cfg, prefill)
     rng = np.random.default_rng(1)
     worst, same, total = 0.0, 0, 0
-    for n in (cfg.block_size // 4, cfg.block_size // 2):
+    C = check_tokens(cfg)
+    for n in (C // 4, C // 2):
         ids = rng.integers(0, cfg.vocab_size, (1, n))
         feeds = prefill_feeds(cfg, DECODER_WITH_PAST, ids, np.ones_like(ids))
-        a, b = ref.steps(dict(feeds)), pair.steps(dict(feeds))
+        a, b = ref.steps(dict(feeds), new_tokens=8), pair.steps(dict(feeds), new_tokens=8)
         la, lb = next(a)[:, -1].copy(), next(b)[:, -1].copy()
         for _ in range(min(8, cfg.block_size - n - 1)):
             worst = max(worst, float(np.abs(la - lb).max()))
@@ -122,4 +127,6 @@ def check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
             nxt = la.argmax(-1)
             la, lb = a.send((nxt, np.ones(1, bool)))[:, -1].copy(), \
                 b.send((nxt, np.ones(1, bool)))[:, -1].copy()
-    return {"logits_max_abs": worst, "top1_agreement": same / total}
+    return {"logits_max_abs": worst, "top1_agreement": same / total,
+            "sizes": {"longest_sequence": min(C // 2 + 8, cfg.block_size),
+                      "context": cfg.block_size}}

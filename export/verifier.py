@@ -4,6 +4,12 @@ For each (batch, sequence, past length) case and each input source (random ids, 
 text, a left-padded batch), both run the same inputs (a past cache made by PyTorch from the
 same prefix) and every output is compared: max abs diff, max rel diff, and for logits top-1
 agreement. Then greedy generation from several prompts must give identical tokens.
+
+The grid's sequences are at most runtime.feeds.check_tokens(cfg) long (128 for computed
+positions), whatever the context: a 131,072-token model verifies in what a 128-token one
+takes. Where the context is longer, cases with a past also run at its end (positions up to
+block_size - 1, a short past made by PyTorch at those positions), where a rotary cache or
+position table wrong only at high positions shows. The report's "sizes" says what ran.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from tinyt.errors import TinytError, VerificationError
 from tinyt.fsutil import write_json
 from tinyt.manifest import check_manifest
 from tinyt.model import generate
-from tinyt.runtime.feeds import left_pad, prefill_feeds
+from tinyt.runtime.feeds import check_tokens, left_pad, prefill_feeds
 from tinyt.runtime.fixed import capacity
 from tinyt.runtime.session import graph_session
 
@@ -100,17 +106,33 @@ def cpu_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
     return graph_session(path, level="all", threads=threads)
 
 
+END_CASES = ((1, 1, 9), (3, 7, 9))  # (batch, seq, past) run at the end of a long context
+
+
 def _cases(cfg: ModelConfig, kind: str, fixed: dict | None = None
-           ) -> list[tuple[int, int, int]]:
-    """(batch, seq, past) grid: sequence 1 and block_size, past 0 and block_size - 1; a graph
-    with pinned shapes runs its one shape."""
+           ) -> list[tuple[int, int, int, int]]:
+    """(batch, seq, past, first position) grid: sequence 1 and T = check_tokens(cfg), past 0
+    and T - 1, from position 0; where the context is longer than T and the graph takes
+    positions, END_CASES placed at the context's end. A graph with pinned shapes runs its one
+    shape."""
     if fixed:
         return [(fixed["batch_size"], fixed["sequence_length"],
-                 fixed.get("past_sequence_length", 0))]
-    T = cfg.block_size
+                 fixed.get("past_sequence_length", 0), 0)]
+    T = check_tokens(cfg)
     seqs = sorted({1, min(7, T), T})
     pasts = sorted({0, min(9, T - 1), T - 1}) if kind == DECODER_WITH_PAST else [0]
-    return [(b, s, p) for b in (1, 3) for s in seqs for p in pasts if s + p <= T]
+    cases = [(b, s, p, 0) for b in (1, 3) for s in seqs for p in pasts if s + p <= T]
+    if kind == DECODER_WITH_PAST and cfg.block_size > T:
+        cases += [(b, s, p, cfg.block_size - s - p) for b, s, p in END_CASES]
+    return cases
+
+
+def sizes(cfg: ModelConfig, cases) -> dict[str, Any]:
+    """What a check ran, for its report: the longest sequence (past + new tokens), the model's
+    context, and the highest position reached."""
+    return {"longest_sequence": max(s + p for _, s, p, *_ in cases), "context": cfg.block_size,
+            "highest_position": max(s + p - 1 + (c[0] if c else 0) for _, s, p, *c in cases),
+            "batch": max(b for b, *_ in cases)}
 
 
 def _corpus_tokens(tokenizer) -> np.ndarray | None:
@@ -163,13 +185,17 @@ def torch_outputs(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
 
 
 def case_feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: int,
-           pad: int) -> dict[str, np.ndarray]:
+           pad: int, first: int = 0) -> dict[str, np.ndarray]:
     """Inputs for one case; ids holds past_len prefix tokens then the new ones, and `pad`
-    leading positions of row 0 are padding. The prefix becomes a KV cache made by PyTorch."""
+    leading positions of row 0 are padding; positions start at `first`. The prefix becomes a
+    KV cache made by PyTorch."""
     mask = np.ones(ids.shape, dtype=np.int64)
     mask[0, :pad] = 0
     feeds = prefill_feeds(cfg, kind, ids, mask)
-    if kind != DECODER_WITH_PAST or past_len == 0:
+    if kind != DECODER_WITH_PAST:
+        return feeds
+    feeds["position_ids"] = feeds["position_ids"] + first
+    if past_len == 0:
         return feeds
     positions = feeds["position_ids"]
     with torch.no_grad():
@@ -206,28 +232,31 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     rng = np.random.default_rng(seed)
     corpus = _corpus_tokens(ckpt.tokenizer)
     cases = []
-    for (b, s, p) in _cases(cfg, kind, fixed):
+    grid = _cases(cfg, kind, fixed)
+    for (b, s, p, first) in grid:
         for source in ("random", "corpus", "left-padded"):
             if source == "left-padded" and (b < 2 or s + p < 4):
                 continue
             ids = _ids(rng, cfg.vocab_size, corpus, b, p + s,
                        "corpus" if source != "random" else "random")
             pad = (p + s) // 2 if source == "left-padded" else 0
-            feeds = case_feeds(model, cfg, kind, ids, p, pad)
+            feeds = case_feeds(model, cfg, kind, ids, p, pad, first)
             ours = sess.run(out_names, feeds)
             ref = torch_outputs(model, kind, feeds, cfg.n_layer)
             if pad and kind != CLASSIFIER:  # logits at padding are unspecified: skip them
                 keep = max(pad - p, 0)
                 ours[0], ref[0] = ours[0][:, keep:], ref[0][:, keep:]
             result = {n: _compare(n, o, r) for n, o, r in zip(out_names, ours, ref)}
-            cases.append({"batch": b, "sequence": s, "past": p, "inputs": source,
-                          "outputs": result})
+            cases.append({"batch": b, "sequence": s, "past": p, "first_position": first,
+                          "inputs": source, "outputs": result})
             del feeds, ours, ref  # at GPT-2 small's size a case's tensors are 2 GB
     worst = {}
     for name in out_names:
         case = max(cases, key=lambda c: c["outputs"][name]["max_abs"])
         worst[name] = {"max_abs": case["outputs"][name]["max_abs"],
-                       "case": {k: case[k] for k in ("batch", "sequence", "past", "inputs")}}
+                       "case": {k: case[k] for k in ("batch", "sequence", "past",
+                                                     "first_position", "inputs")
+                                if k != "first_position" or case[k]}}
     failures = [f"{n}: max abs diff {w['max_abs']:.3g} > {_tolerance(n)} at {w['case']}"
                 for n, w in worst.items() if not w["max_abs"] <= _tolerance(n)]
     generation = []
@@ -238,6 +267,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
             model, ckpt.tokenizer, context, gen_tokens,
             lambda prompt, n: ort_greedy(sess, cfg, kind, prompt, n, fixed, limit), failures)
     report = {"passed": not failures, "failures": failures, "graph": kind, "fixed_shape": fixed,
+              "sizes": {**sizes(cfg, grid), "generated_tokens": gen_tokens},
               "tolerances": {"logits_max_abs": FP32_LOGITS_ATOL, "present_max_abs": FP32_KV_ATOL},
               "worst": worst, "cases": cases, "generation": generation,
               "checkpoint": str(Path(checkpoint_dir).resolve()), "onnx": str(onnx_dir.resolve())}
@@ -249,21 +279,23 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
 def _verify_shared_cache(ckpt, onnx_dir: Path, seed: int, gen_tokens: int) -> dict[str, Any]:
     """A shared-cache artifact (runtime/cache.py) through the runtime, against PyTorch: the last
     token's logits of single and ragged prompts (random and corpus text), then of decode steps
-    fed PyTorch's greedy tokens, with a row finishing early; then greedy generation."""
+    fed PyTorch's greedy tokens, with a row finishing early; then greedy generation. Prompts
+    are at most check_tokens(cfg) / 2 long (the graph's own positions start at 0: reaching the
+    end of a long context would take a prompt as long as the context)."""
     from tinyt.runtime import load
 
     cfg, model = ckpt.config, ckpt.model.eval()
     lm = load(onnx_dir, threads=1)
     rng = np.random.default_rng(seed)
     corpus = _corpus_tokens(ckpt.tokenizer)
-    T = cfg.block_size
+    T, C = cfg.block_size, check_tokens(cfg)
     cases, failures = [], []
-    for lens in ([1], [min(7, T - 2)], [T // 2], [3, T // 3, 1]):
+    for lens in ([1], [min(7, C - 2)], [C // 2], [3, C // 3, 1]):
         for source in ("random", "corpus"):
             rows = [_ids(rng, cfg.vocab_size, corpus, 1, n, source)[0].tolist() for n in lens]
             width = max(lens)
             ids, mask = left_pad(rows)
-            steps = lm.steps(prefill_feeds(cfg, DECODER_WITH_PAST, ids, mask))
+            steps = lm.steps(prefill_feeds(cfg, DECODER_WITH_PAST, ids, mask), new_tokens=6)
             ours, active = next(steps)[:, -1].copy(), np.ones(len(rows), bool)
             worst, agree, seen = 0.0, 0, 0
             for step in range(min(6, T - width - 1) + 1):
@@ -291,7 +323,10 @@ def _verify_shared_cache(ckpt, onnx_dir: Path, seed: int, gen_tokens: int) -> di
         model, ckpt.tokenizer, T, gen_tokens,
         lambda prompt, n: lm.generate_ids([prompt], max_new_tokens=n,
                                           min_new_tokens=n)[0].token_ids, failures)
+    longest = max(max(c["prompts"]) for c in cases) + 6
     return {"passed": not failures, "failures": failures, "graph": SHARED_CACHE_KIND,
+            "sizes": {"longest_sequence": min(longest, T), "context": T, "batch": 3,
+                      "highest_position": min(longest, T) - 1, "generated_tokens": gen_tokens},
             "tolerances": {"logits_max_abs": FP32_LOGITS_ATOL},
             "worst": {"logits": {"max_abs": worst_case["logits_max_abs"],
                                  "case": {k: worst_case[k] for k in ("prompts", "inputs")}}},
