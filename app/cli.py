@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tinyt.errors import TinytError
+from tinyt.errors import TinytError, memory_failure
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="tinyt: train a small Transformer, export it to ONNX, run it fast.")
@@ -128,13 +128,21 @@ def import_hf(
                                                    "[+ tokenizer_config.json]; GPT-2 may have "
                                                    "vocab.json + merges.txt).")],
     out: Annotated[Path, typer.Argument(help="tinyt checkpoint directory to write.")],
+    context: Annotated[Optional[int], typer.Option(
+        help="Keep a shorter context than the model's max_position_embeddings: N tokens, 2 to "
+             "the model's (exact for the positions kept: rotary positions are computed, a "
+             "learned GPT-2 table keeps its first N rows; refused where a rope scaling depends "
+             "on the context). Recorded in the checkpoint's metrics as context and "
+             "model_context. Default: the model's whole context; the stages and the runtime "
+             "cost what a call uses either way (tinyt serve / generate --max-context bound "
+             "what they hold).")] = None,
 ) -> None:
     """Import a GPT-2 (GPT-2, DistilGPT-2, fine-tunes) or Llama-family (SmolLM2, TinyLlama,
     Llama-3.2 layouts, Qwen2 / Qwen2.5) model from a Hugging Face directory; options tinyt's
     model does not implement are refused by name."""
     from tinyt.hf import import_hf as run_import
 
-    path = run_import(directory, out, log=lambda s: typer.echo(s, err=True))
+    path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))
     typer.echo(f"checkpoint: {path}")
 
 
@@ -192,6 +200,10 @@ def verify(
     result = run_verify(checkpoint, onnx_dir, report_path=report)
     for name, worst in result["worst"].items():
         typer.echo(f"{name:28s} max abs diff {worst['max_abs']:.2e}  (worst at {worst['case']})")
+    size = result["sizes"]
+    typer.echo(f"checked sequences of up to {size['longest_sequence']} tokens (batch up to "
+               f"{size['batch']}, positions up to {size['highest_position']}) of the context "
+               f"{size['context']}")
     for g in result["generation"]:
         typer.echo(f"greedy {g['tokens']:3d} tokens from {g['prompt']!r}: "
                    f"{'identical' if g['identical'] else 'DIFFERENT'}")
@@ -228,7 +240,9 @@ def optimize(
         eq = manifest["equivalence"]
         typer.echo(f"GroupQueryAttention with a shared KV cache in {manifest['layers']} layers; "
                    f"logits max abs diff vs input graph {eq['logits_max_abs']:.2e} (tolerance "
-                   f"{eq['tolerance']}), greedy agreement {eq['greedy_agreement']:.0%}")
+                   f"{eq['tolerance']}; prompts + steps of up to "
+                   f"{eq['sizes']['longest_sequence']} tokens of the context "
+                   f"{eq['sizes']['context']}), greedy agreement {eq['greedy_agreement']:.0%}")
         if "pair" in manifest:
             p = manifest["pair"]
             typer.echo(f"prompts run by {manifest['prefill_model_file']} (from {prefill_from}); "
@@ -239,8 +253,11 @@ def optimize(
     typer.echo(f"fusions: {manifest['fusions'] or 'none'}")
     typer.echo(f"contrib ops: {', '.join(manifest['contrib_ops']) or 'none'}")
     worst = max(w["max_abs"] for w in manifest["equivalence"]["worst"].values())
+    size = manifest["equivalence"]["sizes"]
     typer.echo(f"max abs diff vs input graph: {worst:.2e} "
-               f"(tolerance {manifest['equivalence']['tolerance']})")
+               f"(tolerance {manifest['equivalence']['tolerance']}; sequences of up to "
+               f"{size['longest_sequence']} tokens, positions up to {size['highest_position']} "
+               f"of the context {size['context']})")
     typer.echo(f"onnx: {path}")
 
 
@@ -384,6 +401,11 @@ def serve_cmd(
         envvar="TINYT_API_KEY")] = None,
     model_id: Annotated[Optional[str], typer.Option(
         help="The model name clients send (default: the artifact directory's name).")] = None,
+    max_context: Annotated[Optional[int], typer.Option(
+        min=2, help="Tokens per request, prompt + generated (default: the model's context, at "
+                    "most 4096). The engine's KV cache is --max-batch rows of it, allocated at "
+                    "start; refused there if it does not fit the machine's memory. "
+                    "GET /v1/models reports it as max_model_len.")] = None,
 ) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API with continuous batching (no torch
     needed; the `serve` extra)."""
@@ -396,7 +418,7 @@ def serve_cmd(
         raise TinytError("--api-key is empty; give a key or leave the option out")
     serve(artifact, host=host, port=port, threads=threads, max_batch=max_batch,
           max_queue=max_queue, prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
-          api_key=api_key, model_id=model_id)
+          max_context=max_context, api_key=api_key, model_id=model_id)
 
 
 @app.command("generate")
@@ -418,11 +440,15 @@ def generate_cmd(
              "the fastest (--no-tune: every phase at exactly --threads).")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
                                           help="Say what each phase runs with.")] = False,
+    max_context: Annotated[Optional[int], typer.Option(
+        min=2, help="Tokens the sequence may hold, prompt + generated (default: the model's "
+                    "context); the KV buffers hold what this call reaches either way.")] = None,
 ) -> None:
     """Stream a continuation of PROMPT with ONNX Runtime (no torch needed)."""
     import tinyt.runtime as rt
 
-    lm = rt.load(artifact, provider=provider, threads=threads, tune=tune)
+    lm = rt.load(artifact, provider=provider, threads=threads, tune=tune,
+                 max_context=max_context)
     if not isinstance(lm, rt.LanguageModel):
         raise TinytError(f"{artifact} is a classifier; use 'tinyt classify'")
     if provider == "auto" or verbose:
@@ -573,7 +599,8 @@ def info() -> None:
 
 
 def run(interrupted: list[bool]) -> None:
-    """Run the CLI: tinyt's errors exit 2 with one line; Ctrl-C (`interrupted` is appended to
+    """Run the CLI: tinyt's errors, and an allocation a library could not make, exit 2 with
+    one line; Ctrl-C (`interrupted` is appended to
     by the SIGINT handler) exits 130 with one line, whatever the library was doing when it came
     (torch's exporter, for one, turns a KeyboardInterrupt inside it into errors of its own),
     and earlier outputs stay intact."""
@@ -591,6 +618,10 @@ def run(interrupted: list[bool]) -> None:
     except BaseException as e:
         if interrupted:
             _exit_interrupted(e)
+        failed = memory_failure(e) if isinstance(e, Exception) else None
+        if failed is not None:  # ONNX Runtime / numpy / torch could not allocate: one line
+            typer.echo(f"error: {failed}", err=True)
+            sys.exit(2)
         raise
 
 

@@ -26,16 +26,25 @@ from tinyt.runtime.engine import Engine
 
 from .handlers import STOP_TIMEOUT_S, OpenAIServer, build_app
 
-__all__ = ["serve", "build_app", "OpenAIServer"]
+__all__ = ["serve", "build_app", "OpenAIServer", "DEFAULT_CONTEXT"]
+
+# The context a server holds per row unless told (--max-context): the engine allocates its
+# cache up front, max_batch rows x the context, so a model's own 131,072 tokens would cost 8
+# rows of a Llama-3.2-1B 64 GiB before the first request. 4096 tokens is what a chat
+# exchange with a small model uses; a larger --max-context is refused at start where the cache
+# does not fit the machine's memory.
+DEFAULT_CONTEXT = 4096
 
 
 def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
           max_batch: int = 8, max_queue: int = 64, prefill_tokens: int = 64,
-          prefill_chunk: int | None = None,
+          prefill_chunk: int | None = None, max_context: int | None = None,
           api_key: str | None = None, model_id: str | None = None,
           spinning: bool | None = None, log_level: str = "info") -> None:
     """Load `artifact` (checked), bind, then serve it until SIGTERM / Ctrl-C (which stop
     taking requests, finish what runs and return). Prints the address it listens on.
+    max_context: tokens per row (prompt + generated), at most the model's; default
+    min(block_size, DEFAULT_CONTEXT). GET /v1/models reports it as max_model_len.
     spinning: whether ONNX Runtime's workers busy-wait after each run (None: the runtime's
     choice, on with more than one thread; measured at the GPT-2-small shape, 2 threads, off
     cost a single client 38% of its tokens/s and 8 clients 19%)."""
@@ -49,7 +58,8 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
 
     if not (isinstance(port, int) and 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} must be in 0..65535")
-    lm = rt.load(artifact, threads=threads, spinning=spinning)
+    lm = rt.load(artifact, threads=threads, spinning=spinning,
+                 max_context=DEFAULT_CONTEXT if max_context is None else max_context)
     if not isinstance(lm, rt.LanguageModel):
         raise ConfigError(f"{artifact} is a classifier; tinyt serve serves language models")
     engine = Engine(lm, max_batch=max_batch, max_queue=max_queue, prefill_tokens=prefill_tokens,
@@ -62,7 +72,8 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     bound = sock.getsockname()[1]
     how = "shared-cache batching" if engine.batched else "a contract graph: rows run one by one"
-    print(f"tinyt serve: {name} on http://{host}:{bound} (max batch {max_batch}, {how})",
+    print(f"tinyt serve: {name} on http://{host}:{bound} (max batch {max_batch}, context "
+          f"{lm.context} of the model's {lm.config.block_size}, {how})",
           file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
                                            timeout_graceful_shutdown=int(STOP_TIMEOUT_S)))
