@@ -13,11 +13,13 @@ biases, the tokenizer's settings).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tinyt.checkpoint import (
@@ -40,9 +42,14 @@ CHECK_TOKENS = 64  # prompt length of the logits check, unless positions are a l
 
 # -- in: Hugging Face -> tinyt ------------------------------------------------------------------
 def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
-              log: Callable[[str], None] = lambda s: None) -> Path:
+              context: int | None = None, log: Callable[[str], None] = lambda s: None) -> Path:
     """Write a tinyt checkpoint from a local Hugging Face directory of a catalogue family
-    (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM); returns out."""
+    (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM); returns out.
+
+    context: keep a shorter context than the model's max_position_embeddings (block_size = N,
+    2 <= N <= the model's). Exact for the positions kept: computed rotary positions do not
+    depend on it (refused where a rope scaling would), and a learned table (GPT-2) keeps its
+    first N rows. The checkpoint's metrics record {"context": N, "model_context": the model's}."""
     directory, out = Path(directory), Path(out)
     if not directory.is_dir():
         raise CheckpointError(f"Hugging Face model directory {directory} does not exist")
@@ -50,13 +57,50 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     hf_cfg = read_json_object(directory / "config.json", CheckpointError)
     family = family_of(hf_cfg, str(directory / "config.json"))
     cfg = config_from_hf(family, hf_cfg, str(directory / "config.json"))
+    model_context = cfg.block_size
     tok = family.read_tokenizer(directory, hf_cfg, log)
     check_tokenizer_fits(tok, cfg, "the tokenizer")
     source = f"Hugging Face model {directory}"
     state = state_from_hf(family, read_hf_weights(directory), cfg, source)
+    kept = {}
+    if context is not None:
+        cfg, state = _shorter_context(cfg, state, context, str(directory / "config.json"))
+        kept = {"context": cfg.block_size, "model_context": model_context}
+        log(f"context: {cfg.block_size} of the model's {model_context} tokens")
     return save_import(out, cfg, tok, state, source=source, log=log, metrics={
         "imported_from": "huggingface", "architecture": family.architecture,
-        "source_dir": str(directory.resolve())})
+        "source_dir": str(directory.resolve()), **kept})
+
+
+def _shorter_context(cfg: ModelConfig, state: dict[str, torch.Tensor], context: int,
+                     source: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The config and weights of the model at `context` tokens (import-hf --context)."""
+    if not (isinstance(context, int) and not isinstance(context, bool)
+            and 2 <= context <= cfg.block_size):
+        raise ConversionError(f"--context {context!r}: the context kept must be an integer from "
+                              f"2 (a token and one to follow) to the model's "
+                              f"max_position_embeddings, {cfg.block_size} ({source})")
+    short = dataclasses.replace(cfg, block_size=context)
+    if cfg.pos_encoding == "rotary":
+        _same_rotary(cfg, short, source)
+    if cfg.pos_encoding == "learned":  # the first N rows: positions 0..N-1, as they were
+        state = {k: (v[:context].clone() if k.endswith("wpe.weight") else v)
+                 for k, v in state.items()}
+    return short, state
+
+
+def _same_rotary(cfg: ModelConfig, short: ModelConfig, source: str) -> None:
+    """Refuse a shorter context where the rotary frequencies depend on it (a rope scaling
+    read against max_position_embeddings): the positions kept would change."""
+    try:
+        from tinyt.rope import rope_frequencies
+    except ImportError:  # no rope scaling in this tinyt: the frequencies are theta's alone
+        return
+    (a, fa), (b, fb) = rope_frequencies(cfg), rope_frequencies(short)
+    if not (np.array_equal(a, b) and fa == fb):
+        raise ConversionError(f"{source}: this model's rope scaling is computed from its "
+                              f"context ({cfg.block_size}), so --context {short.block_size} "
+                              "would change every position's rotation; import it whole")
 
 
 # -- out: tinyt -> Hugging Face -----------------------------------------------------------------
