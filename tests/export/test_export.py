@@ -181,6 +181,9 @@ def test_export_and_verify_cli(tiny_ckpt, tmp_path):
     proc = tinyt("verify", tiny_ckpt, tmp_path / "onnx")
     assert proc.returncode == 0, proc.stderr
     assert "passed" in proc.stdout and (tmp_path / "onnx-verify.json").is_file()
+    # the sizes it checked: the tiny model's whole (learned) block of 32, batch 3
+    assert "checked sequences of up to 32 tokens (batch up to 3, positions up to 31) of the " \
+        "context 32" in proc.stdout, proc.stdout
     (tmp_path / "onnx" / "config.json").write_text("{}")
     proc = tinyt("verify", tiny_ckpt, tmp_path / "onnx")
     assert proc.returncode == 2 and "config.json does not match its sha256" in proc.stderr

@@ -299,3 +299,32 @@ def test_bad_flags_at_start_up_are_one_line(artifacts, tmp_path):
     finally:
         assert taken.stop() == 0
     assert os.environ.get("TINYT_API_KEY") is None  # the tests' servers read no stray key
+
+
+def test_max_context_bounds_what_the_server_holds(artifacts):
+    """--max-context: the engine's cache is max_batch rows of it, /v1/models reports it as
+    max_model_len, and a prompt that leaves no room in it is a 400."""
+    s = Server(artifacts["gqa"], "--max-context", "16", "--max-batch", "2")
+    try:
+        models = json.loads(s.get("/v1/models")[1])["data"]
+        assert [m["max_model_len"] for m in models] == [16]
+        code, text, _ = s.post("/v1/completions", {"model": "tiny-gqa", "prompt": "x = 1\n" * 20})
+        message = json.loads(text)["error"]["message"]
+        assert code == 400 and "at most 15 (its context 16" in message, message
+        code, text, _ = s.post("/v1/completions", {"model": "tiny-gqa", "prompt": "def ",
+                                                   "max_tokens": 100})
+        assert code == 400 and "context 16" in json.loads(text)["error"]["message"], text
+        code, text, _ = s.post("/v1/completions", {"model": "tiny-gqa", "prompt": "def ",
+                                                   "max_tokens": 8, "temperature": 0})
+        assert code == 200, text
+    finally:
+        assert s.stop() == 0
+    # the default: the model's context (32 here) when it is under DEFAULT_CONTEXT
+    from tinyt.server import DEFAULT_CONTEXT
+
+    assert DEFAULT_CONTEXT == 4096
+    s = Server(artifacts["gqa"])
+    try:
+        assert json.loads(s.get("/v1/models")[1])["data"][0]["max_model_len"] == 32
+    finally:
+        assert s.stop() == 0
