@@ -27,6 +27,7 @@ from onnx import TensorProto, helper
 
 from tinyt.contract import CAPACITY
 from tinyt.errors import SharedCacheError
+from tinyt.rope import rope_table
 
 from .kvfuse import drop_dead, producers
 
@@ -95,12 +96,8 @@ def _upstream(name: str, prod: dict, stop) -> onnx.NodeProto | None:
 
 def rope_cache(cfg) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [block_size, head_dim / 2] of the rotary angles, as tinyt.model computes
-    them in float32: position times 1 / theta^(2i / head_dim)."""
-    hs = cfg.head_dim
-    inv_freq = (1.0 / cfg.rope_theta ** (np.arange(0, hs, 2, dtype=np.float32) / hs))
-    angles = np.arange(cfg.block_size, dtype=np.float32)[:, None] * \
-        inv_freq.astype(np.float32)[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    them in float32 (tinyt.rope: the scaled frequencies, times yarn's attention factor)."""
+    return rope_table(cfg, cfg.block_size)
 
 
 def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
@@ -145,19 +142,53 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
         past = [f"past_key_values.{layer}.{kv}" for kv in ("key", "value")]
         present = [f"present.{layer}.{kv}" for kv in ("key", "value")]
         replaced.update(present)
-        inputs = [split.input[0], "", "", *past, "seqlens_k", "total_sequence_length"]
-        inputs += ["/rotary/cos_cache", "/rotary/sin_cache"] if rotary else ["", ""]
+        i = int(layer)
+        turn = rotary and cfg.rotary_layer(i)
+        qkv, before = [split.input[0], "", ""], []
+        if cfg.qk_norm:  # q and k after their norms, v as it is: three inputs, not one packed
+            qkv, before = _normed_qkv(g, split, i)
+        inputs = [*qkv, *past, "seqlens_k", "total_sequence_length"]
+        inputs += ["/rotary/cos_cache", "/rotary/sin_cache"] if turn else ["", ""]
         inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
-        nodes[id(node)] = helper.make_node(
+        attrs = dict(num_heads=cfg.n_head, kv_num_heads=cfg.kv_heads, do_rotary=int(turn),
+                     rotary_interleaved=0)
+        scale = next((a.f for a in node.attribute if a.name == "scale"), None)
+        if scale is not None:  # attention_multiplier (Granite): the fused op's own scale
+            attrs["scale"] = scale
+        if cfg.windowed(i):  # ORT counts the query itself in it: W keys, as transformers
+            attrs["local_window_size"] = cfg.sliding_window
+        nodes[id(node)] = [*before, helper.make_node(
             "GroupQueryAttention", inputs, [node.output[0], *present], domain=MS,
-            name=f"/transformer/h.{layer}/attn/GroupQueryAttention",
-            num_heads=cfg.n_head, kv_num_heads=cfg.kv_heads, do_rotary=int(rotary),
-            rotary_interleaved=0)
+            name=f"/transformer/h.{layer}/attn/GroupQueryAttention", **attrs)]
         done += 1
-    kept = [nodes.get(id(n), n) for n in g.node if not set(n.output) & replaced]
+    kept = [m for n in g.node if not set(n.output) & replaced
+            for m in nodes.get(id(n), [n])]
     del g.node[:]
     g.node.extend(kept)
     return done
+
+
+def _normed_qkv(g: onnx.GraphProto, split: onnx.NodeProto, layer: int
+                ) -> tuple[list[str], list[onnx.NodeProto]]:
+    """Qwen3's q and k come out of their RMSNorms as [B, S, heads, head_dim]: reshaped to
+    [B, S, heads * head_dim] for GroupQueryAttention, which rotates them itself; v is the
+    Split's third output."""
+    out, nodes = [], []
+    for which in ("q_norm", "k_norm"):
+        norm = next((n for n in g.node if n.op_type == "SimplifiedLayerNormalization"
+                     and n.input[1].endswith(f"h.{layer}.attn.{which}.weight")), None)
+        if norm is None:
+            raise SharedCacheError(f"layer {layer}: no SimplifiedLayerNormalization of its "
+                                   f"{which} found; only graphs from `tinyt optimize --target "
+                                   "cpu`")
+        flat = f"/transformer/h.{layer}/attn/{which}/flat"
+        nodes.append(helper.make_node("Reshape", [norm.output[0], "/gqa/bs_flat"], [flat],
+                                      name=f"{flat}/Reshape"))
+        out.append(flat)
+    if not any(i.name == "/gqa/bs_flat" for i in g.initializer):
+        g.initializer.append(onnx.numpy_helper.from_array(np.array([0, 0, -1], np.int64),
+                                                          "/gqa/bs_flat"))
+    return [*out, split.output[2]], nodes
 
 
 def _unfuse_skip_layernorm(g: onnx.GraphProto) -> None:

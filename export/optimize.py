@@ -69,10 +69,12 @@ def expected_fusions(cfg, kind: str) -> list[tuple[str, tuple[str, ...], int]]:
     out = []
     if cfg.norm == "rmsnorm":  # ln_1, ln_2 per layer and ln_f; ORT fuses the residual Adds in
         norms = ("SimplifiedLayerNormalization", f"{CONTRIB}.SkipSimplifiedLayerNormalization")
-        out.append(("RMSNorm", norms, 2 * cfg.n_layer + 1))
-    if cfg.pos_encoding == "rotary":  # queries and keys of every layer
-        out.append(("rotary positions", (f"{CONTRIB}.RotaryEmbedding",),
-                    2 * cfg.n_layer))
+        # Qwen3's q and k norms too: one SimplifiedLayerNormalization over head_dim each
+        out.append(("RMSNorm" + (" (with q/k norms)" if cfg.qk_norm else ""), norms,
+                    2 * cfg.n_layer + 1 + (2 * cfg.n_layer if cfg.qk_norm else 0)))
+    rotary = sum(cfg.rotary_layer(i) for i in range(cfg.n_layer))
+    if rotary:  # queries and keys of every layer with rotary positions (SmolLM3: not all)
+        out.append(("rotary positions", (f"{CONTRIB}.RotaryEmbedding",), 2 * rotary))
     # The MLP's activation in one kernel with its bias: BiasGelu (exact erf GELU) or FastGelu
     # (the tanh approximation, GPT-2's gelu_new). SwiGLU's SiLU-times-up has no CPU kernel.
     if cfg.activation in GELU_OPS:
