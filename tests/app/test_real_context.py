@@ -279,3 +279,20 @@ def test_check_sizes_are_bounded_whatever_the_context():
     assert (3, 64, 0, 5) in grid(gpt2, "decoder_with_past")
     assert (1, 1, 63, 0) in grid(gpt2, "decoder_with_past")
     assert sizes(gpt2, _cases(gpt2, "decoder_with_past"))["highest_position"] == 63
+
+
+@pytest.mark.parametrize("name, context", [("qwen2.5", 32_768), ("smollm2", 8_192)])
+def test_real_contexts_export_and_verify_at_their_end(name, context, tmp_path):
+    """Qwen2.5's and SmolLM2's contexts: export, then verify against PyTorch with sequences of
+    CHECK_TOKENS and a past placed at the context's end."""
+    from tinyt.export import export_onnx, verify
+    from tinyt.hf import import_hf
+
+    save_hf(name, tmp_path / "hf")
+    ck = import_hf(tmp_path / "hf", tmp_path / "ck")
+    report = verify(ck, export_onnx(ck, tmp_path / "onnx"), gen_tokens=8)
+    assert report["passed"], report["failures"]
+    assert report["sizes"]["longest_sequence"] == CHECK_TOKENS
+    assert report["sizes"]["highest_position"] == context - 1
+    end = [c for c in report["cases"] if c["first_position"]]
+    assert end and all(c["first_position"] + c["past"] + c["sequence"] == context for c in end)
