@@ -39,7 +39,9 @@ class _JsonMixin:
     """JSON round trip for a flat frozen dataclass; unknown keys are an error, not ignored."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]  # a mixin of dataclasses
+        """JSON's own types: a tuple field (layer indices) as a list, as it reads back."""
+        data = dataclasses.asdict(self)  # type: ignore[call-overload]  # a mixin of dataclasses
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):

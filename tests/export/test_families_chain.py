@@ -1,0 +1,130 @@
+"""The families' options through every ONNX stage at a real context: export + verify against
+PyTorch, `optimize --target cpu` with its fusions counted per form (q/k norms as
+SimplifiedLayerNormalization, rotary only where a layer has it), the shared-cache graph on
+GroupQueryAttention (scaled rotary tables, q/k norms, `local_window_size`, per-layer rotary,
+Granite's scale) checked against its source and PyTorch, INT8 and INT4 with the accuracy report,
+and the runtime generating PyTorch's greedy tokens on each fp32 graph.
+
+One model carries every option at once (the graphs do not care which Hugging Face class it
+came from; tests/core/test_families.py maps each class to them), at Llama-3.2's 131,072-token
+context with its llama3 rope scaling, a window (12) shorter than the prompts, one layer without
+rotary and one full-attention layer. The slow test takes each family's own directory through
+the same stages."""
+import onnx
+import pytest
+import torch
+from hf_fixtures import save_hf, tokenizer
+
+from tinyt.checkpoint import load_checkpoint, save_checkpoint
+from tinyt.config import ModelConfig
+from tinyt.contract import ONNX_FILE
+from tinyt.manifest import check_manifest
+from tinyt.model import build_model, generate
+
+LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+EVERY = dict(block_size=131072, vocab_size=320, n_layer=3, n_head=4, n_kv_head=2, n_embd=64,
+             n_inner=96, norm="rmsnorm", pos_encoding="rotary", activation="swiglu", bias=False,
+             rope_theta=500000.0, rope_scaling=LLAMA3, head_size=32, qk_norm=True,
+             sliding_window=12, full_attention_layers=(0,), nope_layers=(2,),
+             embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.125,
+             logits_scaling=2.0, tie_weights=True)
+PROMPT = list(range(40, 80))  # 40 tokens: past the window
+
+
+def _chain(ck, root):
+    from tinyt.export import export_onnx
+    from tinyt.export.optimize import optimize
+    from tinyt.export.quantize import quantize
+
+    out = {"onnx": export_onnx(ck, root / "onnx")}
+    out["opt"] = optimize(out["onnx"], root / "opt", target="cpu")
+    out["gqa"] = optimize(out["opt"], root / "gqa", target="gqa")
+    out["int8"] = quantize(out["opt"], root / "int8", bits=8, block_size=16)
+    out["int4"] = quantize(out["opt"], root / "int4", bits=4, block_size=16)
+    out["int8-gqa"] = optimize(out["int8"], root / "int8-gqa", target="gqa")
+    return out
+
+
+@pytest.fixture(scope="module")
+def every(tmp_path_factory):
+    """A random-weight model with every option (std 0.2: logits with margins for greedy)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**EVERY))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    root = tmp_path_factory.mktemp("every")
+    ck = save_checkpoint(root / "ck", model, tokenizer())
+    return ck, _chain(ck, root)
+
+
+def test_every_graph_verifies_against_pytorch(every):
+    from tinyt.export import verify
+
+    ck, chain = every
+    for name in ("onnx", "opt", "gqa"):
+        report = verify(ck, chain[name])
+        assert report["passed"], (name, report)
+
+
+def test_optimize_counts_each_form_and_gqa_takes_each_option(every):
+    ck, chain = every
+    cfg = load_checkpoint(ck).config
+    ops = check_manifest(chain["opt"])["op_counts"]
+    norms = ops.get("SimplifiedLayerNormalization", 0) + \
+        ops.get("com.microsoft.SkipSimplifiedLayerNormalization", 0)
+    assert norms == 2 * cfg.n_layer + 1 + 2 * cfg.n_layer  # ln_1, ln_2, ln_f; q and k norms
+    assert ops.get("com.microsoft.RotaryEmbedding") == 2 * 2  # layers 0 and 1 (2 has none)
+    assert ops.get("com.microsoft.MultiHeadAttention") == cfg.n_layer
+    gqa = [n for n in onnx.load(str(chain["gqa"] / ONNX_FILE)).graph.node
+           if n.op_type == "GroupQueryAttention"]
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in gqa]
+    assert [a["do_rotary"] for a in attrs] == [1, 1, 0]
+    assert [a.get("local_window_size", -1) for a in attrs] == [-1, 12, 12]
+    assert all(abs(a["scale"] - 0.125) < 1e-6 for a in attrs)  # sqrt(s)^2 in float32
+    assert all(len([i for i in n.input[:3] if i]) == 3 for n in gqa)  # q, k normed apart
+
+
+def test_quantized_graphs_report_accuracy(every):
+    _, chain = every
+    for bits in (8, 4):
+        acc = check_manifest(chain[f"int{bits}"])["accuracy"]
+        assert 0 <= acc["kl_divergence"] < (0.05 if bits == 8 else 0.5), (bits, acc)
+
+
+def test_the_runtime_generates_pytorch_greedy_tokens_past_the_window(every):
+    from tinyt.runtime import load
+
+    ck_dir, chain = every
+    ck = load_checkpoint(ck_dir)
+    with torch.no_grad():
+        want = generate(ck.model, torch.tensor([PROMPT]), 16, temperature=0)[0, 40:].tolist()
+    for name in ("onnx", "opt", "gqa"):
+        got = load(chain[name]).generate_ids([PROMPT], max_new_tokens=16)[0].token_ids
+        assert got == want, name
+    for name in ("int8", "int8-gqa", "int4"):
+        rows = load(chain[name]).generate_ids([PROMPT, PROMPT[:5]], max_new_tokens=8,
+                                              min_new_tokens=8)
+        assert [len(r.token_ids) for r in rows] == [8, 8], name
+
+
+FAMILIES = {"llama3.2": {}, "qwen3": {}, "mistral": dict(sliding_window=12), "smollm3": {},
+            "granite": {}, "qwen2.5": dict(use_sliding_window=True, sliding_window=10,
+                                           max_window_layers=1)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_directory_through_every_stage(name, tmp_path):
+    """Each family as its Hugging Face directory, at its real context: every graph verifies
+    against PyTorch (which tests/core/test_families.py holds to transformers)."""
+    from tinyt.export import verify
+    from tinyt.hf import import_hf
+
+    save_hf(name, tmp_path / "hf", **FAMILIES[name])
+    ck = import_hf(tmp_path / "hf", tmp_path / "ck", log=lambda s: None)
+    chain = _chain(ck, tmp_path)
+    for stage in ("onnx", "opt", "gqa"):
+        report = verify(ck, chain[stage])
+        assert report["passed"], (name, stage, report)
+    assert check_manifest(chain["int8-gqa"])["graph"] == "decoder_gqa"
