@@ -122,8 +122,10 @@ def import_nanogpt(
 @app.command("import-hf")
 def import_hf(
     directory: Annotated[Path, typer.Argument(help="Local Hugging Face directory of a "
-                                                   "GPT2LMHeadModel, LlamaForCausalLM or "
-                                                   "Qwen2ForCausalLM (config.json, "
+                                                   "GPT2LMHeadModel, LlamaForCausalLM, "
+                                                   "Qwen2ForCausalLM, MistralForCausalLM, "
+                                                   "Qwen3ForCausalLM, SmolLM3ForCausalLM or "
+                                                   "GraniteForCausalLM (config.json, "
                                                    "model.safetensors or shards, tokenizer.json "
                                                    "[+ tokenizer_config.json]; GPT-2 may have "
                                                    "vocab.json + merges.txt).")],
@@ -137,9 +139,11 @@ def import_hf(
              "cost what a call uses either way (tinyt serve / generate --max-context bound "
              "what they hold).")] = None,
 ) -> None:
-    """Import a GPT-2 (GPT-2, DistilGPT-2, fine-tunes) or Llama-family (SmolLM2, TinyLlama,
-    Llama-3.2 layouts, Qwen2 / Qwen2.5) model from a Hugging Face directory; options tinyt's
-    model does not implement are refused by name."""
+    """Import a GPT-2 (GPT-2, DistilGPT-2, fine-tunes) or Llama-family model from a Hugging
+    Face directory: Llama (SmolLM2, TinyLlama, Llama 3.x with rope_scaling llama3 / linear /
+    dynamic / yarn), Qwen2 / Qwen2.5 (windowed layers too), Mistral (sliding window), Qwen3
+    (head_dim, q/k norms), SmolLM3 (layers without rotary), Granite (its multipliers).
+    Anything else tinyt's model does not implement is refused by name."""
     from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))
@@ -151,8 +155,9 @@ def export_hf(
     checkpoint: Annotated[Path, typer.Argument(help="Causal-LM checkpoint directory.")],
     out: Annotated[Path, typer.Argument(help="Hugging Face directory to write.")],
 ) -> None:
-    """Write a checkpoint as a Hugging Face directory (safetensors): GPT2LMHeadModel, or
-    LlamaForCausalLM / Qwen2ForCausalLM for a Llama-family model; for transformers,
+    """Write a checkpoint as a Hugging Face directory (safetensors): GPT2LMHeadModel, or the
+    first of LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM,
+    SmolLM3ForCausalLM, GraniteForCausalLM that holds it exactly; for transformers,
     CTranslate2, llama.cpp's converter, vLLM. Its logits are checked first."""
     import json
 
