@@ -128,3 +128,22 @@ def test_each_family_directory_through_every_stage(name, tmp_path):
         report = verify(ck, chain[stage])
         assert report["passed"], (name, stage, report)
     assert check_manifest(chain["int8-gqa"])["graph"] == "decoder_gqa"
+
+
+def test_edge_and_browser_packages_take_every_option(every, tmp_path):
+    """`--format ort` of the contract and shared-cache graphs (each checked against its source
+    by the stage), and `--format web` checked under node with onnxruntime-web: the page's
+    tokenizer ids and greedy tokens equal tinyt's (a window, q/k norms, a layer without
+    rotary and the llama3 table are all inside the graph)."""
+    import shutil
+
+    from tinyt.export.package import package
+
+    _, chain = every
+    for name in ("opt", "int8-gqa"):
+        out = package(chain[name], tmp_path / f"ort-{name}", format="ort")
+        assert (out / "model.ort").is_file()
+    if shutil.which("node") is None:
+        pytest.skip("node / onnxruntime-web missing: bash scripts/setup-web.sh")
+    web = package(chain["opt"], tmp_path / "web", format="web")
+    assert (web / "tinyt.mjs").is_file() and (web / "model.onnx").is_file()
