@@ -43,7 +43,8 @@ def tinyt(path: Path, artifacts: Path, threads: int) -> Generator:
         return lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n)[0].token_ids
 
     def logits(ids):
-        steps = lm.steps(prefill_feeds(lm.config, DECODER_WITH_PAST, np.array([ids])))
+        steps = lm.steps(prefill_feeds(lm.config, DECODER_WITH_PAST, np.array([ids])),
+                         new_tokens=1)  # the prompt pass only: buffers for it alone
         try:
             return next(steps)[0, -1].copy()
         finally:

@@ -92,10 +92,8 @@ def _shorter_context(cfg: ModelConfig, state: dict[str, torch.Tensor], context: 
 def _same_rotary(cfg: ModelConfig, short: ModelConfig, source: str) -> None:
     """Refuse a shorter context where the rotary frequencies depend on it (a rope scaling
     read against max_position_embeddings): the positions kept would change."""
-    try:
-        from tinyt.rope import rope_frequencies
-    except ImportError:  # no rope scaling in this tinyt: the frequencies are theta's alone
-        return
+    from tinyt.rope import rope_frequencies
+
     (a, fa), (b, fb) = rope_frequencies(cfg), rope_frequencies(short)
     if not (np.array_equal(a, b) and fa == fb):
         raise ConversionError(f"{source}: this model's rope scaling is computed from its "
@@ -106,7 +104,8 @@ def _same_rotary(cfg: ModelConfig, short: ModelConfig, source: str) -> None:
 # -- out: tinyt -> Hugging Face -----------------------------------------------------------------
 def to_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """`tinyt export-hf`: a causal-LM checkpoint as the first catalogue class that holds it
-    exactly (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM); returns out_dir."""
+    exactly (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, ...:
+    tinyt.hf.catalogue.CATALOGUE's order); returns out_dir."""
     ckpt = load_checkpoint(checkpoint_dir)
     return _write_hf(writer_for(ckpt.config, str(checkpoint_dir)), ckpt, checkpoint_dir, out_dir)
 
