@@ -44,7 +44,7 @@ def to_gqa(proto: onnx.ModelProto, cfg) -> int:
     if cfg.pos_encoding == "rotary" or cfg.kv_heads != cfg.n_head:
         done = _cache_outside_attention_to_gqa(proto, cfg)
     else:
-        done = _mha_with_past_to_gqa(proto, cfg.n_head)
+        done = _mha_with_past_to_gqa(proto, cfg)
     g = proto.graph
     _unfuse_skip_layernorm(g)
     _last_position_logits(g)
@@ -53,8 +53,8 @@ def to_gqa(proto: onnx.ModelProto, cfg) -> int:
     return done
 
 
-def _mha_with_past_to_gqa(proto: onnx.ModelProto, n_head: int) -> int:
-    g = proto.graph
+def _mha_with_past_to_gqa(proto: onnx.ModelProto, cfg) -> int:
+    g, n_head = proto.graph, cfg.n_head
     prod = producers(g)
     nodes, done = [], 0
     for node in g.node:
@@ -74,10 +74,11 @@ def _mha_with_past_to_gqa(proto: onnx.ModelProto, n_head: int) -> int:
             qkv = f"{qkv}_biased"
         inputs = [qkv, "", "", node.input[6], node.input[7], "seqlens_k", "total_sequence_length"]
         inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
+        layer = int(node.output[1].split(".")[1])  # present.{i}.key
         nodes.append(helper.make_node(
             "GroupQueryAttention", inputs, list(node.output[:3]), domain=MS,
             name=node.name.replace("MultiHeadAttention", "GroupQueryAttention") or None,
-            num_heads=n_head, kv_num_heads=n_head))
+            num_heads=n_head, kv_num_heads=n_head, **_attention_attrs(cfg, node, layer)))
         done += 1
     del g.node[:]
     g.node.extend(nodes)
@@ -96,8 +97,11 @@ def _upstream(name: str, prod: dict, stop) -> onnx.NodeProto | None:
 
 def rope_cache(cfg) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [block_size, head_dim / 2] of the rotary angles, as tinyt.model computes
-    them in float32 (tinyt.rope: the scaled frequencies, times yarn's attention factor)."""
-    return rope_table(cfg, cfg.block_size)
+    them in float32 (tinyt.rope's scaled frequencies; yarn's attention factor is in the
+    attention's scale, which the rewrite copies from MultiHeadAttention). The one constant of
+    the graph sized by the context: 2 x block_size x head_dim / 2 floats (64 MiB at 131,072
+    positions and head_dim 128)."""
+    return rope_table(cfg, cfg.block_size, scaled=False)
 
 
 def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
@@ -151,12 +155,7 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
         inputs += ["/rotary/cos_cache", "/rotary/sin_cache"] if turn else ["", ""]
         inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
         attrs = dict(num_heads=cfg.n_head, kv_num_heads=cfg.kv_heads, do_rotary=int(turn),
-                     rotary_interleaved=0)
-        scale = next((a.f for a in node.attribute if a.name == "scale"), None)
-        if scale is not None:  # attention_multiplier (Granite): the fused op's own scale
-            attrs["scale"] = scale
-        if cfg.windowed(i):  # ORT counts the query itself in it: W keys, as transformers
-            attrs["local_window_size"] = cfg.sliding_window
+                     rotary_interleaved=0, **_attention_attrs(cfg, node, i))
         nodes[id(node)] = [*before, helper.make_node(
             "GroupQueryAttention", inputs, [node.output[0], *present], domain=MS,
             name=f"/transformer/h.{layer}/attn/GroupQueryAttention", **attrs)]
@@ -166,6 +165,18 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
     del g.node[:]
     g.node.extend(kept)
     return done
+
+
+def _attention_attrs(cfg, mha: onnx.NodeProto, layer: int) -> dict:
+    """What GroupQueryAttention takes over from the model: the fused op's own scale
+    (attention_multiplier, yarn's factor squared) and the layer's window."""
+    attrs = {}
+    scale = next((a.f for a in mha.attribute if a.name == "scale"), None)
+    if scale is not None:
+        attrs["scale"] = scale
+    if cfg.windowed(layer):  # ORT counts the query itself in it: W keys, as transformers
+        attrs["local_window_size"] = cfg.sliding_window
+    return attrs
 
 
 def _normed_qkv(g: onnx.GraphProto, split: onnx.NodeProto, layer: int

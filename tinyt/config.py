@@ -173,6 +173,8 @@ class ModelConfig(_JsonMixin):
         _require(isinstance(self.qk_norm, bool), "qk_norm", self.qk_norm, "must be true or false")
         _require(not self.qk_norm or self.norm == "rmsnorm", "qk_norm", self.qk_norm,
                  "q/k norms are RMSNorms: they need norm='rmsnorm'")
+        if isinstance(self.rope_scaling, dict):  # a copy: the caller's dict may change after
+            object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
         if self.rope_scaling is not None:
             _require(rotary, "rope_scaling", self.rope_scaling,
                      "scales rotary positions: it needs pos_encoding='rotary'")

@@ -47,7 +47,7 @@ class SelfAttention(nn.Module):
         # Qwen3: each head's q and k RMS-normalised over head_dim before rotary
         self.q_norm = nn.RMSNorm(self.hs, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = nn.RMSNorm(self.hs, eps=cfg.norm_eps) if cfg.qk_norm else None
-        self.scale = cfg.attention_multiplier  # None: SDPA's 1 / sqrt(head_dim)
+        self.scale = attention_scale(cfg)  # None: SDPA's 1 / sqrt(head_dim)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
@@ -101,6 +101,16 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.act(h)))
 
 
+def attention_scale(cfg: ModelConfig) -> float | None:
+    """q.k's scale: attention_multiplier (Granite's) or 1 / sqrt(head_dim), times yarn's
+    attention factor squared; None where it is SDPA's own default."""
+    factor = rope_frequencies(cfg)[1] if cfg.pos_encoding == "rotary" else 1.0
+    if cfg.attention_multiplier is None and factor == 1.0:
+        return None
+    base = cfg.attention_multiplier or 1.0 / math.sqrt(cfg.head_dim)
+    return base * factor * factor
+
+
 def norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
@@ -144,12 +154,14 @@ class SinusoidalPositions(nn.Module):
 class RotaryPositions(nn.Module):
     """cos and sin of each token's rotary angles, from its position id (so left padding does
     not shift them): the head's i-th and (i + hs/2)-th coordinates turn by pos * inv_freq[i],
-    1 / theta^(2i/hs) scaled as rope_scaling says (tinyt.rope), cos and sin times its
-    attention factor (yarn's)."""
+    1 / theta^(2i/hs) scaled as rope_scaling says (tinyt.rope). Yarn's attention factor f,
+    which transformers multiplies cos and sin by, is the attention's scale times f^2 instead
+    (q and k each carry one f): the same product, and the rotary stays the form ONNX Runtime
+    fuses into RotaryEmbedding."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        inv_freq, self.factor = rope_frequencies(cfg)
+        inv_freq, _ = rope_frequencies(cfg)
         self.register_buffer("inv_freq", torch.from_numpy(inv_freq), persistent=False)
 
     def forward(self, position_ids):
@@ -157,10 +169,7 @@ class RotaryPositions(nn.Module):
         inv = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
         angles = (inv @ position_ids[:, None, :].float()).transpose(1, 2)  # (B, T, hs/2)
         angles = torch.cat([angles, angles], dim=-1)  # (B, T, hs)
-        cos, sin = angles.cos(), angles.sin()
-        if self.factor != 1.0:
-            cos, sin = cos * self.factor, sin * self.factor
-        return cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, hs)
+        return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (B, 1, T, hs)
 
 
 class Trunk(nn.Module):
@@ -254,7 +263,8 @@ class TinyTransformer(nn.Module):
             mask = self._mask(attention_mask, P, T, input_ids.device)
         window = self.config.sliding_window
         if window is not None:  # windowed layers always get a mask of their own
-            window_mask = self._mask(attention_mask, P, T, input_ids.device, window)
+            window_mask = self._mask(attention_mask, P, T, input_ids.device, window,
+                                     position_ids)
         # Without a cache or padding, SDPA's own causal path is the fast one (training).
         x, presents = self.transformer(input_ids, position_ids, mask, past_key_values,
                                        is_causal=mask is None, window_mask=window_mask)
@@ -264,23 +274,29 @@ class TinyTransformer(nn.Module):
         return logits, presents
 
     @staticmethod
-    def _mask(attention_mask, P, T, device, window: int | None = None):
+    def _mask(attention_mask, P, T, device, window: int | None = None, position_ids=None):
         # Query i sits at absolute position P+i and sees key j when j <= P+i and j is not
-        # padding (and, through a sliding window, P+i - j < window: transformers' "kv_idx >
-        # q_idx - sliding_window"). Each query also sees itself, so a padding row is never
-        # fully masked (SDPA returns NaN for those); real tokens never see padding either way.
-        # Left padding leaves a row's real tokens contiguous, so index distances are position
-        # distances.
+        # padding. Each query also sees itself, so a padding row is never fully masked
+        # (SDPA returns NaN for those); real tokens never see padding either way.
+        # Through a sliding window it sees only keys whose position is less than `window`
+        # before its own (transformers' "kv_idx > q_idx - sliding_window" on a contiguous
+        # row): positions, not indices, so padding between a row's tokens (a pinned-shape
+        # graph's slots, runtime/fixed.py) does not shift the window.
         k_idx = torch.arange(P + T, device=device)
         q_idx = torch.arange(T, device=device) + P
         causal = k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)  # (T, P+T)
-        if window is not None:
-            causal = causal & (k_idx.unsqueeze(0) > q_idx.unsqueeze(1) - window)
         if attention_mask is None:
+            if window is not None:
+                causal = causal & (k_idx.unsqueeze(0) > q_idx.unsqueeze(1) - window)
             return causal.unsqueeze(0).unsqueeze(0)  # (1, 1, T, P+T)
         keep = attention_mask.bool().unsqueeze(1).unsqueeze(2)  # (B, 1, 1, P+T)
         diag = k_idx.unsqueeze(0) == q_idx.unsqueeze(1)  # (T, P+T)
-        return causal & (keep | diag)  # (B, 1, T, P+T)
+        mask = causal & (keep | diag)  # (B, 1, T, P+T)
+        if window is not None:
+            k_pos = attention_mask.long().cumsum(-1) - 1  # (B, P+T): each key's position
+            near = position_ids.unsqueeze(-1) - k_pos.unsqueeze(1) < window  # (B, T, P+T)
+            mask = mask & (near.unsqueeze(1) | diag)
+        return mask
 
     def num_parameters(self) -> int:
         """Unique parameters (a tied matrix counts once)."""

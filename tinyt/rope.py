@@ -89,12 +89,14 @@ def _yarn(cfg: ModelConfig, p: dict, factor: float) -> tuple[np.ndarray, float]:
     return inv, float(attention)
 
 
-def rope_table(cfg: ModelConfig, positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [positions, head_dim / 2] (times the attention factor), float32: position
-    times inv_freq, as one float32 product each, then cos and sin."""
+def rope_table(cfg: ModelConfig, positions: int, *, scaled: bool = True
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [positions, head_dim / 2], float32: position times inv_freq, as one float32
+    product each, then cos and sin; times the attention factor unless scaled=False (tinyt's
+    graphs put the factor into the attention's scale instead)."""
     inv, factor = rope_frequencies(cfg)
     angles = np.arange(positions, dtype=F32)[:, None] * inv[None, :]
     cos, sin = np.cos(angles).astype(F32), np.sin(angles).astype(F32)
-    if factor != 1.0:
+    if scaled and factor != 1.0:
         cos, sin = (cos * F32(factor)).astype(F32), (sin * F32(factor)).astype(F32)
     return cos, sin

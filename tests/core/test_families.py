@@ -214,3 +214,27 @@ def test_transformers_reads_the_fixture_configs_as_the_real_models_settings():
                                                                "smollm3", "granite")} == \
         {"llama3.2": 131072, "qwen3": 40960, "mistral": 32768, "smollm3": 65536,
          "granite": 131072}
+
+
+def test_the_window_counts_positions_not_slots():
+    """A pinned-shape graph's layout (runtime/fixed.py): the past right-aligned in its slots,
+    a step of S slots with the token last behind padding. The window must count the keys'
+    positions, not their slots: the last token's logits equal a contiguous run's."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32,
+                      norm="rmsnorm", pos_encoding="rotary", activation="swiglu", bias=False,
+                      sliding_window=4)
+    model = build_model(cfg).eval()
+    x = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(x)[0][0, -1]
+        P, S = 12, 4  # 9 real tokens in 12 slots, then the tenth behind 3 slots of padding
+        past_ids = torch.cat([torch.zeros(1, P - 9, dtype=torch.long), x[:, :9]], dim=1)
+        past_mask = torch.tensor([[0] * (P - 9) + [1] * 9])
+        _, cache = model(past_ids, attention_mask=past_mask,
+                         position_ids=torch.tensor([[0] * (P - 9) + list(range(9))]))
+        step = torch.cat([torch.zeros(1, S - 1, dtype=torch.long), x[:, 9:]], dim=1)
+        mask = torch.cat([past_mask, torch.tensor([[0] * (S - 1) + [1]])], dim=1)
+        got = model(step, attention_mask=mask, position_ids=torch.tensor([[9] * S]),
+                    past_key_values=cache)[0][0, -1]
+    assert float((got - want).abs().max()) <= 1e-5

@@ -108,9 +108,14 @@ def test_the_runtime_generates_pytorch_greedy_tokens_past_the_window(every):
         assert [len(r.token_ids) for r in rows] == [8, 8], name
 
 
-FAMILIES = {"llama3.2": {}, "qwen3": {}, "mistral": dict(sliding_window=12), "smollm3": {},
-            "granite": {}, "qwen2.5": dict(use_sliding_window=True, sliding_window=10,
-                                           max_window_layers=1)}
+FAMILIES = {  # test id: (fixture, overrides)
+    "llama3.2": ("llama3.2", {}), "qwen3": ("qwen3", {}),
+    "mistral": ("mistral", dict(sliding_window=12)), "smollm3": ("smollm3", {}),
+    "granite": ("granite", {}),
+    "qwen2.5": ("qwen2.5", dict(use_sliding_window=True, sliding_window=10, max_window_layers=1)),
+    "llama-yarn": ("llama-131k", dict(rope_scaling={  # its factor is in the attention's scale
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})),
+}
 
 
 @pytest.mark.slow
@@ -121,7 +126,8 @@ def test_each_family_directory_through_every_stage(name, tmp_path):
     from tinyt.export import verify
     from tinyt.hf import import_hf
 
-    save_hf(name, tmp_path / "hf", **FAMILIES[name])
+    fixture, overrides = FAMILIES[name]
+    save_hf(fixture, tmp_path / "hf", **overrides)
     ck = import_hf(tmp_path / "hf", tmp_path / "ck", log=lambda s: None)
     chain = _chain(ck, tmp_path)
     for stage in ("onnx", "opt", "gqa"):

@@ -71,13 +71,14 @@ def head_dim_reader(default: int | None) -> Callable[[dict[str, Any]], dict[str,
     return read
 
 
-def window_reader(switch: str | None, windowed: Callable[[dict[str, Any], int], bool]
-                  ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def window_reader(switch: str | None, windowed: Callable[[dict[str, Any], int], bool],
+                  default: int | None = None) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The sliding window and the layers it leaves out. `switch` is the key that turns the
     window on (Qwen2's use_sliding_window; None: the window's size alone, Mistral's);
-    layer_types says which layers use it where config.json has it, else `windowed(hf, i)`."""
+    layer_types says which layers use it where config.json has it, else `windowed(hf, i)`;
+    `default` is the class's window when config.json leaves the key out (Mistral's 4096)."""
     def read(hf: dict[str, Any]) -> dict[str, Any]:
-        window = hf.get("sliding_window")
+        window = hf.get("sliding_window", default)
         if switch is not None and not hf.get(switch):
             window = None
         n = hf["num_hidden_layers"]
@@ -131,8 +132,8 @@ def uneven_heads(hf: dict[str, Any]) -> str | None:
     heads, width, head_dim = hf["num_attention_heads"], hf["hidden_size"], hf.get("head_dim")
     if head_dim is None or not isinstance(heads, int) or head_dim * heads == width:
         return None
-    return (f"head_dim={head_dim} with {heads} heads is not hidden_size={width}: "
-            "Qwen2ForCausalLM splits the width evenly")
+    return (f"head_dim={head_dim} with {heads} heads is not hidden_size={width}: Qwen2's "
+            "config class has no head_dim key, and tinyt writes what it can read back")
 
 
 def split_biases(hf: dict[str, Any]) -> str | None:
@@ -320,7 +321,7 @@ MISTRAL = Family(  # Llama with a sliding window over every layer
     keys=_ROTARY_KEYS, defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": 4096 * 32},
     features={**_ROTARY, "bias": False},
     reads=(read_rope_scaling, head_dim_reader(None),
-           window_reader(None, lambda hf, i: True)),
+           window_reader(None, lambda hf, i: True, default=4096)),  # MistralConfig's window
     holds=frozenset({"rope_scaling", "head_size", "sliding_window"}), misfit=mistral_misfit,
     written=mistral_written, **_LLAMA_LIKE,
 )
@@ -330,10 +331,10 @@ SMOLLM3 = Family(  # Llama with layers that have no rotary positions
     defaults={**_ROTARY_DEFAULTS, **_NO_BIASES, "max_position_embeddings": 32768,
               "rope_theta": 2000000.0, "tie_word_embeddings": True},  # PretrainedConfig's tie
     features=_ROTARY, refuses=(split_biases,), misfit=smollm3_misfit,
-    reads=(read_rope_scaling, read_nope_layers,
+    reads=(read_rope_scaling, head_dim_reader(None), read_nope_layers,
            window_reader("use_sliding_window",  # its window is on the layers without rotary
                          lambda hf, i: i in read_nope_layers(hf)["nope_layers"])),
-    holds=frozenset({"rope_scaling", "nope_layers", "sliding_window",
+    holds=frozenset({"rope_scaling", "head_size", "nope_layers", "sliding_window",
                      "full_attention_layers"}),
     written=smollm3_written, **_LLAMA_LIKE,
 )
@@ -345,8 +346,8 @@ GRANITE = Family(  # Llama with four multipliers
     defaults={**_ROTARY_DEFAULTS, **_NO_BIASES, "embedding_multiplier": 1.0,
               "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
     features=_ROTARY, refuses=(split_biases,), misfit=llama_misfit,
-    reads=(read_rope_scaling,),
-    holds=frozenset({"rope_scaling", "embedding_multiplier", "residual_multiplier",
+    reads=(read_rope_scaling, head_dim_reader(None)),
+    holds=frozenset({"rope_scaling", "head_size", "embedding_multiplier", "residual_multiplier",
                      "attention_multiplier", "logits_scaling"}),
     written=granite_written, **_LLAMA_LIKE,
 )

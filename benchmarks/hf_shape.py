@@ -1,0 +1,73 @@
+"""A random-weight Hugging Face directory at a real model's shape and settings, saved by
+transformers (no download): the input of the chain and of the peer benchmark at real shapes.
+
+    python -m tinyt.benchmarks.hf_shape qwen3-0.6b DIR     # then: tinyt import-hf DIR CK
+
+The shapes are the real config.json files' (layers, widths, heads, head_dim, vocabulary, rope
+settings, context, tie); the weights are N(0, 0.02), what transformers' init gives, so the
+files have the real sizes. The tokenizer is byte-level BPE trained on the standard library
+(the corpus every machine has) to `TOKENIZER_VOCAB` ids, fewer than the model's vocabulary: the
+rest of the table is the padding a tokenizer does not reach (tinyt never samples it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sysconfig
+from pathlib import Path
+
+TOKENIZER_VOCAB = 8192
+SHAPES: dict[str, tuple[str, str, dict]] = {
+    # Qwen/Qwen3-0.6B's config.json
+    "qwen3-0.6b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
+        max_window_layers=28)),
+    # meta-llama/Llama-3.2-1B's config.json
+    "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=True)),
+}
+
+
+def save(name: str, out: Path, seed: int = 0) -> Path:
+    import torch
+    import transformers as T
+
+    from tinyt.tokenizer import Tokenizer
+
+    config_class, model_class, settings = SHAPES[name]
+    tok = Tokenizer.train_bpe(
+        (p.read_text(encoding="utf-8", errors="replace")
+         for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:200]),
+        TOKENIZER_VOCAB)
+    eos = tok.eos_id
+    config = getattr(T, config_class)(**settings, bos_token_id=eos, eos_token_id=eos)
+    torch.manual_seed(seed)
+    model = getattr(T, model_class)(config).eval()
+    model.generation_config.bos_token_id = model.generation_config.eos_token_id = eos
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.hf.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "model_max_length": settings["max_position_embeddings"]}))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("out", type=Path)
+    args = ap.parse_args()
+    print(save(args.shape, args.out))
+
+
+if __name__ == "__main__":
+    main()
