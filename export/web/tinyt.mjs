@@ -227,8 +227,10 @@ export class LanguageModel {
     return f;
   }
 
-  _emptyCache() {
-    const w = this.web, cap = w.graph === "decoder_gqa" ? this.context : 0;
+  _emptyCache(tokens) {
+    // a shared-cache graph's buffers hold what this call can reach (prompt + new tokens),
+    // never the model's whole context; the contract graph's past starts empty and grows
+    const w = this.web, cap = w.graph === "decoder_gqa" ? Math.min(tokens, this.context) : 0;
     // the contract's order (tinyt.contract.kv_axes), symbolic axes filled in
     const shape = w.kv_axes.map((a) => (a === "length" ? cap : typeof a === "string" ? 1 : a));
     const size = shape.reduce((a, b) => a * b, 1);
@@ -263,7 +265,7 @@ export class LanguageModel {
     }
     const room = Math.min(o.maxNewTokens, this.context - ids.length);
     const random = rng(o.seed), out = [], t0 = performance.now();
-    let cache = this._emptyCache(), past = 0, shown = 0, reason = "length", tPrompt = 0;
+    let cache = this._emptyCache(ids.length + room), past = 0, shown = 0, reason = "length", tPrompt = 0;
     let r = await this._run(this.prompt, ids, past, cache);
     past = ids.length; cache = r.cache; tPrompt = performance.now() - t0;
     const eos = this.web.eos_token_id;
