@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 from tinyt.config import ModelConfig
 from tinyt.contract import DECODER_WITH_PAST, kv_shape, past_names
-from tinyt.runtime.feeds import check_tokens, prefill_feeds, step_feeds
+from tinyt.runtime.feeds import check_tokens, prefill_feeds, step_feeds, window_tokens
 from tinyt.runtime.fixed import FixedWindow
 
 # An fp32 graph rewritten (fused, folded, re-laid-out) against its input: max abs diff on every
@@ -34,6 +34,8 @@ def grid(cfg: ModelConfig, kind: str) -> list[tuple[int, ...]]:
         cases = [(b, s + p, 0, pad) for b, s, p, pad in cases]
     elif cfg.block_size > T:
         cases += [(1, 1, 9, 0, cfg.block_size - 10), (3, 7, 9, 2, cfg.block_size - 16)]
+    if (W := window_tokens(cfg)) is not None:  # past a window longer than T: batch 1
+        cases += [(1, W, 0, 0)] + ([(1, 4, W - 4, 0)] if kind == DECODER_WITH_PAST else [])
     return sorted(set(cases))
 
 

@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
 from tinyt.errors import SharedCacheError
-from tinyt.runtime.feeds import check_tokens, prefill_feeds
+from tinyt.runtime.feeds import check_tokens, prefill_feeds, window_tokens
 from tinyt.runtime.session import UNFUSED
 
 from .compare import OPT_ATOL, first_difference
@@ -38,6 +38,8 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
     # a graph is compared on single prompts only.
     C = check_tokens(cfg)
     cases = [[C // 2]] + ([] if "DynamicQuantizeMatMul" in ops else [[3, C // 3, 1]])
+    if (W := window_tokens(cfg)) is not None:  # past a window longer than C (Mistral's 4096)
+        cases.append([W - 7])  # the window + 1 tokens, then the steps past it
     for lens in cases:
         B, T = len(lens), max(lens)
         ids, mask = left_pad([rng.integers(0, cfg.vocab_size, n).tolist() for n in lens])

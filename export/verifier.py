@@ -38,7 +38,7 @@ from tinyt.errors import TinytError, VerificationError
 from tinyt.fsutil import write_json
 from tinyt.manifest import check_manifest
 from tinyt.model import generate
-from tinyt.runtime.feeds import check_tokens, left_pad, prefill_feeds
+from tinyt.runtime.feeds import check_tokens, left_pad, prefill_feeds, window_tokens
 from tinyt.runtime.fixed import capacity
 from tinyt.runtime.session import graph_session
 
@@ -124,6 +124,8 @@ def _cases(cfg: ModelConfig, kind: str, fixed: dict | None = None
     cases = [(b, s, p, 0) for b in (1, 3) for s in seqs for p in pasts if s + p <= T]
     if kind == DECODER_WITH_PAST and cfg.block_size > T:
         cases += [(b, s, p, cfg.block_size - s - p) for b, s, p in END_CASES]
+    if (W := window_tokens(cfg)) is not None:  # past a window longer than T: batch 1
+        cases += [(1, W, 0, 0)] + ([(1, 4, W - 4, 0)] if kind == DECODER_WITH_PAST else [])
     return cases
 
 

@@ -34,6 +34,16 @@ def check_tokens(cfg: ModelConfig) -> int:
     return min(cfg.block_size, cap)
 
 
+def window_tokens(cfg: ModelConfig) -> int | None:
+    """A sequence past the sliding window, for one batch-1 case of each check where the window
+    is longer than check_tokens(cfg) (Mistral's 4096): min(window + 8, block_size) tokens,
+    bounded by the window, not by the context. None where check_tokens already crosses it."""
+    window = cfg.sliding_window
+    if window is None or window + 1 >= cfg.block_size or window + 8 <= check_tokens(cfg):
+        return None
+    return min(window + 8, cfg.block_size)
+
+
 def end_positions(cfg: ModelConfig, n: int) -> np.ndarray:
     """The last n positions of the context, [n]: a short sequence placed at its end, where a
     position table or rotary cache that is short or wrong only at high positions shows."""

@@ -188,3 +188,28 @@ def _peers_run_the_artifacts(name, ck, chain):
             got = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12,
                              min_new_tokens=12, do_sample=False, pad_token_id=0)
             assert torch.equal(got, want), (name, stage)
+
+
+def test_a_window_longer_than_the_checks_is_crossed_by_them(tmp_path, monkeypatch):
+    """Mistral's window (300 here, 4096 in the real model) is longer than check_tokens (128):
+    verify and the shared-cache check each add one batch-1 case past it, so a graph that
+    ignored the window fails the stage (a rewrite without local_window_size, forced here)."""
+    from tinyt.errors import SharedCacheError
+    from tinyt.export import export_onnx, verify
+    from tinyt.export import gqa_graph as G
+    from tinyt.export.optimize import optimize
+    from tinyt.hf import import_hf
+
+    save_hf("mistral", tmp_path / "hf", sliding_window=300)
+    ck = import_hf(tmp_path / "hf", tmp_path / "ck", log=lambda s: None)
+    onnx_dir = export_onnx(ck, tmp_path / "onnx")
+    report = verify(ck, onnx_dir)
+    assert report["passed"] and report["sizes"]["longest_sequence"] == 308, report["sizes"]
+    opt = optimize(onnx_dir, tmp_path / "opt", target="cpu")
+    attrs = G._attention_attrs
+    monkeypatch.setattr(G, "_attention_attrs", lambda cfg, node, layer: {
+        k: v for k, v in attrs(cfg, node, layer).items() if k != "local_window_size"})
+    with pytest.raises(SharedCacheError, match="differ from its source's"):
+        optimize(opt, tmp_path / "gqa", target="gqa")
+    monkeypatch.setattr(G, "_attention_attrs", attrs)
+    assert verify(ck, optimize(opt, tmp_path / "gqa", target="gqa"))["passed"]
