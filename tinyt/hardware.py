@@ -163,20 +163,38 @@ def physical_cores(cpuinfo: str | None = None) -> int:
     return len(cores) or os.cpu_count() or 1
 
 
-def available_memory(meminfo: str | None = None) -> int | None:
-    """Bytes the kernel says can be allocated without swapping (/proc/meminfo's MemAvailable),
-    or None where it does not say (not Linux, an old kernel)."""
+def available_memory(meminfo: str | None = None, cgroup: Path | None = None) -> int | None:
+    """Bytes that can be allocated without swapping or the OOM killer: /proc/meminfo's
+    MemAvailable, or less where a cgroup (a container's limit) leaves less (v2's memory.max
+    less memory.current, v1's memory.limit_in_bytes less memory.usage_in_bytes). None where
+    neither says (not Linux, an old kernel)."""
     if meminfo is None:
         try:
             meminfo = Path("/proc/meminfo").read_text(errors="replace")
         except OSError:
-            return None
+            meminfo = ""
+    free = None
     for line in meminfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "MemAvailable":
             parts = value.split()
             if parts and parts[0].isdigit():
-                return int(parts[0]) * 1024 if parts[1:2] == ["kB"] else int(parts[0])
+                free = int(parts[0]) * 1024 if parts[1:2] == ["kB"] else int(parts[0])
+    room = _cgroup_room(Path("/sys/fs/cgroup") if cgroup is None else cgroup)
+    if room is None:
+        return free
+    return room if free is None else min(free, room)
+
+
+def _cgroup_room(root: Path) -> int | None:
+    for limit, used in (("memory.max", "memory.current"),
+                        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            cap, now = (root / limit).read_text().strip(), (root / used).read_text().strip()
+        except OSError:
+            continue
+        if cap.isdigit() and now.isdigit() and int(cap) < 1 << 60:  # "max" / v1's huge = none
+            return max(0, int(cap) - int(now))
     return None
 
 

@@ -194,11 +194,24 @@ def test_the_cli_refuses_in_one_line_exit_2(lm_onnx, monkeypatch, capsys):
     assert "requested buffer of size 824633720832" in err and "lower" in err
 
 
-def test_available_memory_reads_meminfo():
+def test_available_memory_reads_meminfo_and_a_containers_limit(tmp_path):
     from tinyt.hardware import available_memory, memory_refusal
 
-    assert available_memory("MemTotal: 100 kB\nMemAvailable:    2048 kB\n") == 2 << 20
-    assert available_memory("MemTotal: 100 kB\n") is None
+    none = tmp_path / "no-cgroup"
+    assert available_memory("MemTotal: 100 kB\nMemAvailable:    2048 kB\n", none) == 2 << 20
+    assert available_memory("MemTotal: 100 kB\n", none) is None
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("3145728\n")  # a 3 MiB container, 2 MiB of it in use
+    (v2 / "memory.current").write_text("2097152\n")
+    assert available_memory("MemAvailable: 2048 kB\n", v2) == 1 << 20  # the smaller one
+    (v2 / "memory.max").write_text("max\n")  # no limit
+    assert available_memory("MemAvailable: 2048 kB\n", v2) == 2 << 20
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(4 << 20))
+    (v1 / "memory.usage_in_bytes").write_text(str(1 << 20))
+    assert available_memory("", tmp_path / "v1") == 3 << 20
     here = available_memory()
     assert here is None or here > 0
     assert memory_refusal(1, "one byte", "nothing") is None
