@@ -34,9 +34,20 @@ def test_readme_main_job_runs_the_pipeline_and_the_runtime():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel of the working tree's files (tracked, and untracked ones git does not
+    ignore), built from a copy: a checkout's own build/ (setuptools' cache, which keeps
+    modules since deleted) never reaches it."""
+    import shutil
+
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src")
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard",
+                             "-z"], capture_output=True, check=True, timeout=60).stdout
+    for rel in filter(None, listed.decode().split("\0")):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                           "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+                           "--no-build-isolation", "-q", "-w", str(out), str(src)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (path,) = out.glob("tinyt-*.whl")
