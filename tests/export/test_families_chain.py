@@ -213,3 +213,28 @@ def test_a_window_longer_than_the_checks_is_crossed_by_them(tmp_path, monkeypatc
         optimize(opt, tmp_path / "gqa", target="gqa")
     monkeypatch.setattr(G, "_attention_attrs", attrs)
     assert verify(ck, optimize(opt, tmp_path / "gqa", target="gqa"))["passed"]
+
+
+def test_serve_chats_through_the_models_template(every):
+    """`tinyt serve` on the every-option shared-cache graph (131,072-token model, the server's
+    default context of 4096 held): a chat request is rendered by the tokenizer's chat
+    template and answered with the runtime's own greedy text for that prompt."""
+    pytest.importorskip("starlette", reason="the serve extra is not installed")
+    pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
+    from live_server import Server
+
+    from tinyt.runtime import load
+
+    _, chain = every
+    lm = load(chain["gqa"], threads=1, tune=False)
+    prompt = "<|im_start|>user\ndef f<|im_end|>\n<|im_start|>assistant\n"
+    s = Server(chain["gqa"], "--max-batch", "2", "--api-key", "k")
+    try:
+        c = s.client("k")
+        models = c.models.list().data
+        assert [m.model_dump().get("max_model_len") for m in models] == [4096]
+        r = c.chat.completions.create(model=models[0].id, max_tokens=6, temperature=0,
+                                      messages=[{"role": "user", "content": "def f"}])
+        assert r.choices[0].message.content == lm.generate(prompt, max_new_tokens=6)
+    finally:
+        assert s.stop() == 0
