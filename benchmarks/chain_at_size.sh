@@ -3,6 +3,11 @@
 # maximum resident set size), one stage at a time on an otherwise idle machine.
 #
 #   bash benchmarks/chain_at_size.sh PRESET WORK_DIR RESULTS_DIR [CORPUS]
+#   bash benchmarks/chain_at_size.sh hf:SHAPE WORK_DIR RESULTS_DIR [CORPUS]
+#
+# hf:SHAPE (qwen3-0.6b, llama-3.2-1b: benchmarks/hf_shape.py) starts from a random-weight
+# Hugging Face directory at a real model's shape, context and rope settings, imported with
+# `tinyt import-hf` (whole context), instead of one training step.
 #
 # README runs it on the gpt2-small preset (12 layers, 12 heads, width 768, context 1024,
 # vocabulary as far as a BPE trained on the corpus reaches toward 50257) after one training
@@ -23,7 +28,7 @@ LOG="$RESULTS/chain.log"
 trap 'echo "a stage failed; the end of $LOG:" >&2; tail -5 "$LOG" >&2' ERR
 
 {
-  echo "# The chain at the $PRESET preset's size"
+  echo "# The chain at the $PRESET size"
   echo
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
        "flags: $(grep -m1 -o -w -E 'avx512_vnni|avx_vnni|amx_int8|avx2' /proc/cpuinfo | sort -u | xargs)"
@@ -45,8 +50,13 @@ stage() {  # stage NAME COMMAND...
 }
 
 rm -rf "$WORK"
-stage train "$TINYT" train --preset "$PRESET" --max-steps 1 --batch-size 1 --eval-interval 1 \
-  --out "$WORK/checkpoint" "${DATA[@]}"
+if [[ $PRESET == hf:* ]]; then
+  stage hf-shape "$PY" -m tinyt.benchmarks.hf_shape "${PRESET#hf:}" "$WORK/hf"
+  stage import-hf "$TINYT" import-hf "$WORK/hf" "$WORK/checkpoint"
+else
+  stage train "$TINYT" train --preset "$PRESET" --max-steps 1 --batch-size 1 --eval-interval 1 \
+    --out "$WORK/checkpoint" "${DATA[@]}"
+fi
 stage export "$TINYT" export "$WORK/checkpoint" "$WORK/onnx"
 stage verify "$TINYT" verify "$WORK/checkpoint" "$WORK/onnx"
 stage optimize "$TINYT" optimize "$WORK/onnx" "$WORK/onnx-opt"
