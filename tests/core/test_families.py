@@ -23,6 +23,7 @@ from tinyt.checkpoint import load_checkpoint, save_checkpoint, unique_state_dict
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError, ConversionError
 from tinyt.hf import import_hf, to_hf
+from tinyt.hf.family import misfit
 from tinyt.model import build_model
 from tinyt.rope import rope_frequencies
 
@@ -198,11 +199,13 @@ def test_a_model_no_class_holds_is_refused_with_each_reason(tmp_path):
     assert "a LlamaForCausalLM has no qk_norm=True, nope_layers=(1,)" in str(e.value)
     assert "Qwen3ForCausalLM" in str(e.value) and not (tmp_path / "out").exists()
     cfg = small_llama(vocab_size=300, sliding_window=8, full_attention_layers=(0,))
-    src = save_checkpoint(tmp_path / "src2", build_model(cfg), Tokenizer.byte_level())
-    with pytest.raises(ConversionError) as e:  # Mistral windows every layer, Qwen2 has biases
-        to_hf(src, tmp_path / "out")
     assert "MistralForCausalLM's window covers every layer; this one leaves out [0]" in \
-        str(e.value) and "a Qwen2ForCausalLM has " in str(e.value)
+        str(misfit(hf.MISTRAL, cfg))  # but SmolLM3's layer_types say which layers
+    src = save_checkpoint(tmp_path / "src2", build_model(cfg), Tokenizer.byte_level())
+    meta = json.loads((to_hf(src, tmp_path / "out") / "config.json").read_text())
+    assert meta["architectures"] == ["SmolLM3ForCausalLM"] and meta["no_rope_layers"] == [1, 1]
+    assert meta["layer_types"] == ["full_attention", "sliding_attention"]
+    assert load_checkpoint(import_hf(tmp_path / "out", tmp_path / "back")).config == cfg
 
 
 def test_transformers_reads_the_fixture_configs_as_the_real_models_settings():

@@ -223,11 +223,6 @@ def mistral_misfit(cfg: ModelConfig) -> str | None:
     return llama_misfit(cfg)
 
 
-def smollm3_misfit(cfg: ModelConfig) -> str | None:
-    nope = set(cfg.nope_layers)
-    if any(cfg.windowed(i) and i not in nope for i in range(cfg.n_layer)):
-        return "SmolLM3ForCausalLM windows only layers without rotary"
-    return llama_misfit(cfg)
 
 
 # -- weight names ---------------------------------------------------------------------------------
@@ -330,7 +325,7 @@ SMOLLM3 = Family(  # Llama with layers that have no rotary positions
     keys={**_ROTARY_KEYS, **_BIASES},
     defaults={**_ROTARY_DEFAULTS, **_NO_BIASES, "max_position_embeddings": 32768,
               "rope_theta": 2000000.0, "tie_word_embeddings": True},  # PretrainedConfig's tie
-    features=_ROTARY, refuses=(split_biases,), misfit=smollm3_misfit,
+    features=_ROTARY, refuses=(split_biases,), misfit=llama_misfit,  # windows by layer_types
     reads=(read_rope_scaling, head_dim_reader(None), read_nope_layers,
            window_reader("use_sliding_window",  # its window is on the layers without rotary
                          lambda hf, i: i in read_nope_layers(hf)["nope_layers"])),
