@@ -133,12 +133,16 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
             else "accuracy report")
         rows.append(f"| {sub} | {size:,} | {100 * change:+.2f}% | {decode} | {prefill} | "
                     f"{equal} |")
-    m = meta.get("metrics", {})
+    m = meta.get("metrics") or {}  # a checkpoint saved by hand may have none
+
+    def said(key: str, spec: str, unit: str) -> str:
+        value = m.get(key)
+        return f"{value:{spec}} {unit}" if isinstance(value, (int, float)) else f"? {unit}"
     lines = ["# tinyt pipeline report", "",
-             f"Checkpoint: {ckpt} — {m.get('parameters', '?'):,} parameters, validation "
-             f"{m.get('val_loss', float('nan')):.3f} nats/token, "
-             f"{m.get('val_nats_per_byte', float('nan')):.3f} nats/byte, "
-             f"{m.get('tokens_per_s', 0):,.0f} tokens/s in training.", "", *rows, "",
+             f"Checkpoint: {ckpt} — {said('parameters', ',', 'parameters')}, validation "
+             f"{said('val_loss', '.3f', 'nats/token')}, "
+             f"{said('val_nats_per_byte', '.3f', 'nats/byte')}, "
+             f"{said('tokens_per_s', ',.0f', 'tokens/s')} in training.", "", *rows, "",
              "Stage times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), "",
              summary(edge_footprint()) + " (tinyt.footprint; a wheel-install test checks it)",
              ""]
