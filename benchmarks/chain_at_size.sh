@@ -28,7 +28,11 @@ LOG="$RESULTS/chain.log"
 trap 'echo "a stage failed; the end of $LOG:" >&2; tail -5 "$LOG" >&2' ERR
 
 {
-  echo "# The chain at the $PRESET size"
+  if [[ $PRESET == hf:* ]]; then
+    echo "# The chain at the ${PRESET#hf:} shape (a random-weight Hugging Face directory)"
+  else
+    echo "# The chain at the $PRESET preset's size"
+  fi
   echo
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
        "flags: $(grep -m1 -o -w -E 'avx512_vnni|avx_vnni|amx_int8|avx2' /proc/cpuinfo | sort -u | xargs)"
