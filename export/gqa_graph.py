@@ -183,15 +183,26 @@ def _normed_qkv(g: onnx.GraphProto, split: onnx.NodeProto, layer: int
                 ) -> tuple[list[str], list[onnx.NodeProto]]:
     """Qwen3's q and k come out of their RMSNorms as [B, S, heads, head_dim]: reshaped to
     [B, S, heads * head_dim] for GroupQueryAttention, which rotates them itself; v is the
-    Split's third output."""
+    Split's third output. Each norm is found from the Split down (Reshape, then the norm),
+    not by its weight's name: norms with equal weights (a fresh model's ones) share one
+    initializer after optimization."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
     out, nodes = [], []
-    for which in ("q_norm", "k_norm"):
-        norm = next((n for n in g.node if n.op_type == "SimplifiedLayerNormalization"
-                     and n.input[1].endswith(f"h.{layer}.attn.{which}.weight")), None)
+    for which, source in (("q_norm", split.output[0]), ("k_norm", split.output[1])):
+        norm, name = None, source
+        for _ in range(4):  # Split -> Reshape -> SimplifiedLayerNormalization
+            nxt = readers.get(name, [])
+            norm = next((n for n in nxt if n.op_type == "SimplifiedLayerNormalization"), None)
+            if norm is not None or len(nxt) != 1:
+                break
+            name = nxt[0].output[0]
         if norm is None:
             raise SharedCacheError(f"layer {layer}: no SimplifiedLayerNormalization of its "
-                                   f"{which} found; only graphs from `tinyt optimize --target "
-                                   "cpu`")
+                                   f"{which} found after its projection; only graphs from "
+                                   "`tinyt optimize --target cpu`")
         flat = f"/transformer/h.{layer}/attn/{which}/flat"
         nodes.append(helper.make_node("Reshape", [norm.output[0], "/gqa/bs_flat"], [flat],
                                       name=f"{flat}/Reshape"))

@@ -255,3 +255,19 @@ def test_the_main_job_makes_every_variant_of_the_every_option_model(every, tmp_p
         assert read_model_config(tmp_path / "art" / sub)[0] == load_checkpoint(ck).config
     report = (tmp_path / "art" / "report.md").read_text()
     assert "? parameters" in report and "FAILED" not in report
+
+
+def test_qk_norms_with_equal_weights_still_reach_the_shared_cache_graph(tmp_path):
+    """A fresh model's q and k norms are all ones: optimization keeps one initializer for
+    them, so the rewrite finds each norm from its projection's Split, not by name (found at
+    the Qwen3-0.6B shape, where the by-name lookup refused the INT8 graph)."""
+    from tinyt.export import export_onnx, verify
+    from tinyt.export.optimize import optimize
+
+    cfg = ModelConfig(block_size=40960, vocab_size=320, n_layer=2, n_head=4, n_kv_head=2,
+                      n_embd=64, head_size=32, qk_norm=True, norm="rmsnorm",
+                      pos_encoding="rotary", activation="swiglu", bias=False)
+    torch.manual_seed(0)
+    ck = save_checkpoint(tmp_path / "ck", build_model(cfg), tokenizer())  # norms: ones
+    opt = optimize(export_onnx(ck, tmp_path / "onnx"), tmp_path / "opt", target="cpu")
+    assert verify(ck, optimize(opt, tmp_path / "gqa", target="gqa"))["passed"]
