@@ -6,8 +6,9 @@ transformers (no download): the input of the chain and of the peer benchmark at 
 The shapes are the real config.json files' (layers, widths, heads, head_dim, vocabulary, rope
 settings, context, tie); the weights are N(0, 0.02), what transformers' init gives, so the
 files have the real sizes. The tokenizer is byte-level BPE trained on the standard library
-(the corpus every machine has) to `TOKENIZER_VOCAB` ids, fewer than the model's vocabulary: the
-rest of the table is the padding a tokenizer does not reach (tinyt never samples it).
+(the corpus every machine has) to `TOKENIZER_VOCAB` ids (or the whole vocabulary where it is
+smaller), fewer than the real models' vocabularies: the rest of the table is the padding a
+tokenizer does not reach (tinyt never samples it).
 """
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
         max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
         max_window_layers=28)),
+    # Qwen3-0.6B's settings (context, rope, head_dim 128, q/k norms, tie) at a test's size:
+    # what the README test runs the chain on
+    "qwen3-test": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
+        max_window_layers=2)),
     # meta-llama/Llama-3.2-1B's config.json
     "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -46,7 +55,7 @@ def save(name: str, out: Path, seed: int = 0) -> Path:
     tok = Tokenizer.train_bpe(
         (p.read_text(encoding="utf-8", errors="replace")
          for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:200]),
-        TOKENIZER_VOCAB)
+        min(TOKENIZER_VOCAB, settings["vocab_size"]))
     eos = tok.eos_id
     config = getattr(T, config_class)(**settings, bos_token_id=eos, eos_token_id=eos)
     torch.manual_seed(seed)

@@ -99,6 +99,9 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the chain at GPT-2 small's size -> at the test preset's, its results in the work dir
     "chain_at_size.sh gpt2-small artifacts-gpt2-small benchmarks/results/chain-gpt2-small":
         "chain_at_size.sh test chain-work chain-results corpus",
+    # the chain at Qwen3-0.6B's shape -> its settings and whole context at a test's size
+    "chain_at_size.sh hf:qwen3-0.6b artifacts-qwen3 benchmarks/results/chain-qwen3-0.6b-epyc-avx2":
+        "chain_at_size.sh hf:qwen3-test chain-qwen3-work chain-qwen3-results",
 }
 
 
