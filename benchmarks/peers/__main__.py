@@ -22,13 +22,19 @@ def main() -> None:
     ap.add_argument("--engine", action="append", help=f"one of {', '.join(ENGINES)} (repeat)")
     ap.add_argument("--agreement-prompts", type=int, default=32,
                     help="held-out prompts for the greedy agreement (64 new tokens each)")
+    ap.add_argument("--long-context", type=int, metavar="N",
+                    help="also decode with the context filled to N tokens (peak RSS with it)")
+    ap.add_argument("--block", type=int, default=3, help="timed calls per call and round")
+    ap.add_argument("--settle", type=int, default=1,
+                    help="untimed calls before them (warm caches, spun-up threads)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.artifacts, args.threads[0])
     try:
         run(args.artifacts, args.out, threads=args.threads, rounds=args.rounds,
-            engines=args.engine, agreement_prompts=args.agreement_prompts)
+            engines=args.engine, agreement_prompts=args.agreement_prompts,
+            long_context=args.long_context, block=args.block, settle=args.settle)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

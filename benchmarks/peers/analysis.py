@@ -73,6 +73,11 @@ def rows(raw: dict, plan: dict, bandwidth: float | None, nbytes: int) -> dict:
         out[label] = {"decode_ms_per_token": decode,
                       **{f"prefill_{L}_ms": med[2 + i] for i, L in enumerate(plan["prefills"])},
                       "first_token_ms": med[0], "generate_ms": med[1]}
+        N = plan.get("long_context")
+        if N:  # the two calls after the prefills: a prompt of N - n tokens, then n new
+            at = 2 + len(plan["prefills"])
+            out[label][f"decode_at_{N}_ms_per_token"] = (med[at + 1] - med[at]) / (n - 1)
+            out[label][f"first_token_at_{N}_ms"] = med[at]
         if bandwidth:
             out[label]["decode_x_floor"] = decode / (nbytes / bandwidth * 1e3)
     return out
@@ -88,8 +93,7 @@ def targets(result: dict) -> dict[str, Any]:
         ours = {k: v for k, v in at.items() if k in TINYT}
         if not peers or not ours:
             continue
-        keys = ["decode_ms_per_token"] + [f"prefill_{L}_ms"
-                                          for L in result["method"]["prefill_tokens"]]
+        keys = time_keys(result["method"])
         for key in keys:
             peer = min(peers, key=lambda k: peers[k][key])
             mine = min(ours, key=lambda k: ours[k][key])
@@ -106,13 +110,22 @@ def targets(result: dict) -> dict[str, Any]:
     return out
 
 
+def time_keys(method: dict) -> list[str]:
+    """The timed measurements of a run's rows, each a target: decode, the prefills, and the
+    decode at the long context where one was asked for."""
+    N = method.get("long_context")
+    return (["decode_ms_per_token"] + [f"prefill_{L}_ms" for L in method["prefill_tokens"]]
+            + ([f"decode_at_{N}_ms_per_token"] if N else []))
+
+
 def step_bytes(cfg) -> int:
     """Bytes of int8 weights a decode step reads: every layer's matrices (q and the output
-    projection C x C, k and v C x (one position's keys) each; the MLP's two matrices, three
-    for SwiGLU) and the lm_head (the embedding lookup reads one row)."""
+    projection C x q_width — C x C unless head_dim says otherwise, as Qwen3's — k and v C x
+    (one position's keys) each; the MLP's two matrices, three for SwiGLU) and the lm_head (the
+    embedding lookup reads one row)."""
     C, kv = cfg.n_embd, math.prod(kv_shape(cfg, 1, 1))  # kv: kv_heads * head_dim
     mlp = (3 if cfg.activation == "swiglu" else 2) * C * cfg.mlp_width
-    return cfg.n_layer * (2 * C * C + 2 * C * kv + mlp) + C * cfg.vocab_size
+    return cfg.n_layer * (2 * C * cfg.q_width + 2 * C * kv + mlp) + C * cfg.vocab_size
 
 
 def cache_bytes(cfg, past: float) -> int:

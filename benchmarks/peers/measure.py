@@ -35,8 +35,12 @@ NEEDED = ("checkpoint", "onnx-opt", "onnx-int8")  # under ARTIFACTS, for every r
 
 def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 8,
         block: int = 3, settle: int = 1, engines: list[str] | None = None,
-        agreement_prompts: int = 32, agreement_tokens: int = 64) -> dict[str, Any]:
-    """Measure every engine side by side; write peers.json, peers.md and peers.png."""
+        agreement_prompts: int = 32, agreement_tokens: int = 64,
+        long_context: int | None = None) -> dict[str, Any]:
+    """Measure every engine side by side; write peers.json, peers.md and peers.png.
+    long_context=N adds a generation that fills N tokens of context (a prompt of N - the
+    decode's new tokens, then those tokens): decode speed there, and each worker's peak
+    resident memory with a cache of that length."""
     from tinyt.hardware import physical_cores
     from tinyt.manifest import read_model_config
 
@@ -46,6 +50,9 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
         raise BenchError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
     if not (isinstance(rounds, int) and rounds >= 0):
         raise BenchError(f"rounds={rounds!r} must be an integer >= 0 (0: agreement only)")
+    if not (isinstance(block, int) and block >= 1 and isinstance(settle, int) and settle >= 0):
+        raise BenchError(f"block={block!r} must be an integer >= 1 and settle={settle!r} one "
+                         ">= 0 (timed and untimed calls per call and round)")
     for sub in NEEDED:
         if not (artifacts / sub).is_dir():
             raise BenchError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
@@ -53,7 +60,7 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     cfg, _ = read_model_config(artifacts / "onnx-int8")
     threads = threads or sorted({1, physical_cores()})
     skipped = prepare(artifacts, engines)
-    plan = _inputs(artifacts, cfg, agreement_prompts, agreement_tokens)
+    plan = _inputs(artifacts, cfg, agreement_prompts, agreement_tokens, long_context)
     nbytes = analysis.floor_bytes(cfg, plan)
     workers = _start(engines, artifacts, threads, skipped)
     try:
@@ -69,6 +76,10 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                if a.get("must_equal") and a["identical_to"] is False]
         # 2. time, rounds interleaved (and one core's read bandwidth between them)
         raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes)
+        # resident memory: after the load, and the peak over every call so far (the longest
+        # context's cache included), before the loop probe loads a second runtime
+        memory = {w.label: {"loaded": w.loaded, **(w.ask(op="memory")["memory"] or {})}
+                  for w in workers}
         loop = {w.label: w.ask(op="outside_run", ids=plan["calls"][1]["ids"],
                                n=plan["decode_new"])
                 for w in (workers if rounds else []) if w.name in TINYT}  # 0: agreement only
@@ -83,11 +94,14 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                    "prefill_tokens": plan["prefills"],
                    "agreement_prompts": len(plan["agree_prompts"]),
                    "agreement_prompt_tokens": len(plan["agree_prompts"][0]),
-                   "agreement_new_tokens": plan["agree_new"]},
+                   "agreement_new_tokens": plan["agree_new"],
+                   "long_context": plan["long_context"]},
         "memory_floor": analysis.memory_floor(cfg, plan, bandwidth),
         "engines": {k: v.about for k, v in ENGINES.items() if k in engines},
         "skipped": skipped, "mismatched": bad, "agreement": agreement,
         "rows": analysis.rows(raw, plan, bandwidth, nbytes),
+        "memory": memory, "files": {e: _bytes(artifacts / ENGINES[e].artifact)
+                                    for e in engines if e not in skipped},
         "outside_run": loop, "raw_s": raw,
         "plans": {w.label: w.plan for w in workers if w.plan},  # tinyt's per-phase choices
     }
@@ -99,7 +113,16 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     return result
 
 
-def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int) -> dict:
+def _bytes(path: Path) -> int | None:
+    """An engine's model on disk: every file of its directory (a pair: both graphs)."""
+    if path.is_file():
+        return path.stat().st_size
+    files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else []
+    return sum(f.stat().st_size for f in files) or None
+
+
+def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int,
+            long_context: int | None = None) -> dict:
     """The calls every engine times and the prompts of the agreement check."""
     from tinyt.data import agreement_prompts as cut_agreement_prompts
     from tinyt.data import held_out_prompts, load_corpus
@@ -119,11 +142,21 @@ def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int)
     # the accuracy report's prompts (tinyt.data.agreement_prompts), so that the two agree
     agree_prompts, agree_new = cut_agreement_prompts(tokenizer, val, block_size,
                                                      agreement_prompts)
-    prompts = held_out_prompts(tokenizer, val, 1 + len(prefills), max(prefills))
+    if long_context is not None and not (isinstance(long_context, int)
+                                         and decode_new < long_context <= block_size):
+        raise BenchError(f"long_context={long_context!r}: more than the decode's {decode_new} "
+                         f"new tokens, at most the model's context, {block_size}")
+    long_prompt = long_context - decode_new if long_context else 0
+    prompts = held_out_prompts(tokenizer, val, 1 + len(prefills) + bool(long_context),
+                               max(*prefills, long_prompt))
     calls = [{"ids": prompts[0][:decode_prompt], "n": 1},
              {"ids": prompts[0][:decode_prompt], "n": decode_new}]
     calls += [{"ids": prompts[1 + i][:L], "n": 1} for i, L in enumerate(prefills)]
+    if long_context:  # the decode at a filled context: (t(N new) - t(1 new)) / (N - 1)
+        calls += [{"ids": prompts[-1][:long_prompt], "n": 1},
+                  {"ids": prompts[-1][:long_prompt], "n": decode_new}]
     return {"decode_prompt": decode_prompt, "decode_new": decode_new, "prefills": prefills,
+            "long_context": long_context,
             "agree_prompts": agree_prompts, "agree_new": min(agree_new, agreement_tokens),
             "calls": calls}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .analysis import time_keys
 from .engines import TINYT
 
 
@@ -20,8 +21,11 @@ def markdown(result: dict) -> str:
              f"Batch 1, greedy. Decode = (t({m['decode_prompt']}-token prompt, "
              f"{m['decode_new']} new) − t(same, 1 new)) / {m['decode_new'] - 1}; prefill = "
              f"t(L-token prompt, 1 new). Median of {m['rounds']} interleaved rounds × "
-             f"{m['block']} calls, each engine in its own process.", ""]
-    keys = ["decode_ms_per_token"] + [f"prefill_{L}_ms" for L in m["prefill_tokens"]]
+             f"{m['block']} calls, each engine in its own process."
+             + (f" decode_at_{m['long_context']} = the same decode after a prompt of "
+                f"{m['long_context'] - m['decode_new']} tokens (the context filled to "
+                f"{m['long_context']})." if m.get("long_context") else ""), ""]
+    keys = time_keys(m)
     floor = result.get("memory_floor")
     if floor:
         keys.insert(1, "decode_x_floor")
@@ -43,6 +47,20 @@ def markdown(result: dict) -> str:
         name, n = label.rsplit("@", 1)
         lines.append(f"| {name} | {n[:-1]} | " + " | ".join(f"{row[k]:.3f}" for k in keys)
                      + " |")
+    if result.get("memory"):
+        files = result.get("files", {})
+        lines += ["", "Files and resident memory of each worker process (MB: 10^6 bytes): "
+                  "after the load, and the peak over every call"
+                  + (f" (the {m['long_context']}-token context's included)"
+                     if m.get("long_context") else "") + ":", "",
+                  "| engine | threads | files MB | loaded RSS MB | peak RSS MB |",
+                  "|---|---|---|---|---|"]
+        for label, mem in result["memory"].items():
+            name, n = label.rsplit("@", 1)
+            size = files.get(name)
+            loaded = (mem.get("loaded") or {}).get("rss")
+            lines.append(f"| {name} | {n[:-1]} | {_mb(size)} | {_mb(loaded)} | "
+                         f"{_mb(mem.get('peak_rss'))} |")
     lines += ["", f"Greedy agreement with tinyt fp32 ({m['agreement_prompts']} held-out prompts "
               f"of {m['agreement_prompt_tokens']} tokens × {m['agreement_new_tokens']} new "
               "tokens, position by position):", "",
@@ -73,6 +91,10 @@ def markdown(result: dict) -> str:
         lines += ["", f"Not timed (tokens differ where they must be equal): "
                       f"{result['mismatched']}"]
     return "\n".join(lines) + "\n"
+
+
+def _mb(n: int | None) -> str:
+    return "—" if n is None else f"{n / 1e6:,.0f}"
 
 
 def plot(result: dict, path: Path) -> None:

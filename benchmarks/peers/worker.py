@@ -10,6 +10,9 @@ so no engine's libraries, threads or caches share a process with another's.
     {"op": "logprobs", "prompts", "vocab",  ──▶    {"saved": path}: next-token log-softmax,
      "path"}                                         [prompts, vocab] float32 .npy
     {"op": "outside_run", "ids", "n"}       ──▶    tinyt's time outside ONNX Runtime's runs
+    {"op": "memory"}                        ──▶    {"rss": bytes, "peak_rss": bytes} of the
+                                                     worker (Linux /proc; the hello carries
+                                                     the same after the load, "loaded")
     (stdin closed)                                 exits
 
 A failed request answers {"error": ..., "trace": ...}; the parent raises it as RuntimeError.
@@ -41,6 +44,20 @@ def _outside_run(artifact: Path, threads: int, ids: list[int], n: int) -> dict:
     return outside_run(rt.load(artifact, threads=threads), ids, n, generations=6)
 
 
+def memory() -> dict | None:
+    """This process's resident set now and its peak (VmRSS, VmHWM), in bytes; None where
+    /proc does not say (not Linux)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in status.splitlines()
+                                           if line.startswith(("VmRSS:", "VmHWM:")))}
+    if len(kb) != 2:
+        return None
+    return {"rss": kb["VmRSS"] * 1024, "peak_rss": kb["VmHWM"] * 1024}
+
+
 def _answer(req: dict, gen, artifact: Path, threads: int) -> dict:
     if req["op"] == "greedy":
         return {"tokens": [gen(p, req["n"]) for p in req["prompts"]]}
@@ -64,6 +81,8 @@ def _answer(req: dict, gen, artifact: Path, threads: int) -> dict:
         return {"saved": req["path"]}
     if req["op"] == "outside_run":
         return _outside_run(artifact, threads, req["ids"], req["n"])
+    if req["op"] == "memory":
+        return {"memory": memory()}
     return {"error": f"unknown op {req['op']!r}"}
 
 
@@ -74,7 +93,8 @@ def worker(name: str, artifacts: Path, threads: int) -> None:
     try:
         row = engine(name)
         gen = row.load(artifacts / row.artifact, artifacts, threads)
-        out.write(json.dumps({"ready": True, "plan": getattr(gen, "plan", None)}) + "\n")
+        out.write(json.dumps({"ready": True, "plan": getattr(gen, "plan", None),
+                              "loaded": memory()}) + "\n")
     except Exception as e:
         out.write(json.dumps({"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}) + "\n")
         out.flush()
@@ -102,6 +122,7 @@ class Worker:
             stderr=subprocess.DEVNULL, text=True, env=env)
         hello = self._read()
         self.error, self.plan = hello.get("error"), hello.get("plan")
+        self.loaded = hello.get("loaded")  # its memory once the model is loaded
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()

@@ -139,7 +139,7 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     monkeypatch.chdir(tmp_path)
     art = Path("art")  # relative, as on the command line: the workers run elsewhere
     result = peers.run(art, tmp_path / "out", threads=[1], rounds=1, block=1,
-                       agreement_prompts=2, agreement_tokens=8,
+                       agreement_prompts=2, agreement_tokens=8, long_context=32,
                        engines=["tinyt-fp32", "tinyt-int8", "genai-int8", "ct2-float32",
                                 "torch-eager", "llama.cpp-q8_0"])
     agree = result["agreement"]
@@ -163,6 +163,15 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
                          + (("llama.cpp-q8_0",) if cpp else ())}
     for row in rows.values():
         assert row["generate_ms"] > 0 and row["first_token_ms"] > 0  # (one round: no order)
+        # the context filled to 32 (the whole block): a 17-token prompt, then 15 new tokens
+        assert row["first_token_at_32_ms"] > 0 and "decode_at_32_ms_per_token" in row
+    assert result["method"]["long_context"] == 32
+    assert "decode_at_32_ms_per_token@1t" in result["targets"]
+    for mem in result["memory"].values():  # every worker's resident memory, Linux /proc
+        assert 0 < mem["loaded"]["rss"] <= mem["peak_rss"] and 0 < mem["rss"] <= mem["peak_rss"]
+    assert set(result["memory"]) == set(rows)
+    assert result["files"]["tinyt-int8"] == sum(f.stat().st_size for f in lm_int8.rglob("*")
+                                                if f.is_file())
     if cpp:  # q8_0 of a trained model: most greedy tokens as fp32's
         assert agree["llama.cpp-q8_0"]["agreement_with_fp32"] > 0.5
     else:
@@ -183,13 +192,31 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     for row in rows.values():
         assert row["decode_x_floor"] == pytest.approx(row["decode_ms_per_token"]
                                                       / floor["decode_ms"])
-    assert "| genai-int8 | 1 |" in (tmp_path / "out" / "peers.md").read_text()
+    md = (tmp_path / "out" / "peers.md").read_text()
+    assert "| genai-int8 | 1 |" in md and "| peak RSS MB |" in md
+    assert "decode_at_32 = the same decode after a prompt of 17 tokens" in md
     assert (tmp_path / "out" / "peers.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown engine"):
         peers.run(art, tmp_path / "out2", engines=["vllm"])
+    with pytest.raises(ValueError, match="long_context=15: more than the decode's 15 new "
+                                         "tokens, at most the model's context, 32"):
+        peers.run(art, tmp_path / "out2", engines=["tinyt-int8"], long_context=15)
+    with pytest.raises(ValueError, match="block=0 must be an integer >= 1"):
+        peers.run(art, tmp_path / "out2", engines=["tinyt-int8"], block=0)
     with pytest.raises(RuntimeError, match="no engine could start: genai-builder-int4: the "
                                            "GenAI model builder builds Llama-family models"):
         peers.run(art, tmp_path / "out3", engines=["genai-builder-int4"])
+
+
+def test_the_decode_floor_counts_the_query_width():
+    """Qwen3's head_dim makes q and the output projection C x (heads x head_dim), not C x C."""
+    from tinyt.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=512, n_embd=64, n_head=4, n_kv_head=2, head_size=32,
+                      n_inner=96, n_layer=3, block_size=64, pos_encoding="rotary",
+                      norm="rmsnorm", activation="swiglu", bias=False, qk_norm=True)
+    C, qw, kv, inner = 64, 4 * 32, 2 * 32, 96
+    assert peers.step_bytes(cfg) == 3 * (2 * C * qw + 2 * C * kv + 3 * C * inner) + C * 512
 
 
 def _llama_cpp_here() -> bool:
