@@ -127,11 +127,33 @@ def ort_greedy(sess, cfg: ModelConfig, kind: str, prompt: list[int], steps: int,
             logits = window.feed(np.asarray([out[-1:]]), np.ones((1, 1), dtype=np.int64))
             out.append(int(logits[0, :vocab_limit].argmax()))
         return out
+    return _greedy_rows(sess, cfg, kind, [prompt], steps, vocab_limit)[0]
+
+
+GREEDY_LOGITS = 1 << 26  # logits of one batched prefill, at most (256 MB of float32)
+
+
+def ort_greedy_rows(sess, cfg: ModelConfig, kind: str, prompts: list[list[int]], steps: int,
+                    vocab_limit: int | None = None) -> list[list[int]]:
+    """ort_greedy for each prompt, prompts of one length decoded together as the rows of a
+    batch (of at most GREEDY_LOGITS prefill logits): each step reads the weights once for
+    every row. Only for a graph whose rows are independent of each other (fp32, weight-only
+    or per-row quantized activations: a per-tensor activation scale would couple them); the
+    tokens are then each prompt's alone, up to the float32 rounding of another GEMM blocking."""
+    if len({len(p) for p in prompts}) != 1:
+        return [ort_greedy(sess, cfg, kind, p, steps, vocab_limit=vocab_limit) for p in prompts]
+    rows = max(1, GREEDY_LOGITS // (len(prompts[0]) * cfg.vocab_size))
+    return [t for i in range(0, len(prompts), rows)
+            for t in _greedy_rows(sess, cfg, kind, prompts[i:i + rows], steps, vocab_limit)]
+
+
+def _greedy_rows(sess, cfg: ModelConfig, kind: str, prompts: list[list[int]], steps: int,
+                 vocab_limit: int | None) -> list[list[int]]:
     names = [o.name for o in sess.get_outputs()]
-    feeds = prefill_feeds(cfg, kind, np.asarray([prompt], dtype=np.int64))
-    out: list[int] = []
-    for _ in range(steps):
+    feeds = prefill_feeds(cfg, kind, np.asarray(prompts, dtype=np.int64))
+    out = np.zeros((len(prompts), steps), dtype=np.int64)
+    for t in range(steps):
         outputs = sess.run(names, feeds)
-        out.append(int(outputs[0][0, -1, :vocab_limit].argmax()))
-        feeds = step_feeds(kind, feeds, np.asarray(out[-1:]), names, outputs)
-    return out
+        out[:, t] = outputs[0][:, -1, :vocab_limit].argmax(-1)
+        feeds = step_feeds(kind, feeds, out[:, t], names, outputs)
+    return out.tolist()

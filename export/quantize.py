@@ -109,6 +109,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             "so the accuracy check would measure wrong products: quantize on a CPU with VNNI, "
             "AMX or ARM dot products, or keep 7-bit weights here (the default; exact on every "
             "CPU)")
+    # whether a row's outputs are independent of the other rows of its batch (no activation
+    # scale is shared between rows): serving may then batch prompts, the accuracy check too
+    independent = mode != "static" and kernel != "qgemm"
     tokenizer = Tokenizer.from_file(src_dir / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
@@ -137,7 +140,8 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
         if kind == CLASSIFIER:
             accuracy = classifier_accuracy(ref, cand, cfg, tokenizer, block["labels"], data)
         else:
-            accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data)
+            accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data,
+                                   rows_independent=independent)
         src_bytes, out_bytes = _bytes(src.model_path), _bytes(path)
         return write_artifact(out_dir, src, [path], stage="quantize", options={
             "mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
@@ -152,9 +156,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                 "skipped": report.skipped, "shared_tables": report.shared_tables,
                 "contrib_domain": MS, "bytes": out_bytes,
                 "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
-                # whether a row's outputs are independent of the other rows of its batch (no
-                # activation scale is shared between rows): serving may then batch prompts
-                "rows_independent": mode != "static" and kernel != "qgemm",
+                "rows_independent": independent,
                 **({"calibration_window": check_tokens(cfg)} if mode == "static" else {}),
             },
             "int8": {ONNX_FILE: exactness},

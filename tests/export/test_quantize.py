@@ -66,11 +66,36 @@ def test_int8_accuracy_report(int8):
     assert 0.0 < a["kl_divergence"] < 0.01  # nats per token: INT8 barely moves the distribution
 
 
+def test_greedy_prompts_batched_are_each_prompt_alone(int8, lm_onnx):
+    """The accuracy report's greedy prompts run as one batch through graphs whose rows are
+    independent (fp32; MatMulNBits quantizes activations per row): each row's tokens are that
+    prompt's alone."""
+    from tinyt.data import held_out_prompts, load_corpus
+    from tinyt.export.compare import ort_greedy, ort_greedy_rows
+    from tinyt.runtime.session import graph_session
+    from tinyt.tokenizer import Tokenizer
+
+    cfg, _ = read_model_config(int8)
+    tok = Tokenizer.from_file(int8 / "tokenizer.json")
+    prompts = held_out_prompts(tok, load_corpus(None).val, 5, 8)
+    for graph in (lm_onnx, int8):
+        sess = graph_session(graph / "model.onnx", level="all")
+        alone = [ort_greedy(sess, cfg, "decoder_with_past", p, 12) for p in prompts]
+        assert ort_greedy_rows(sess, cfg, "decoder_with_past", prompts, 12) == alone
+        mixed = [prompts[0][:5], *prompts[1:]]  # lengths differ: each alone
+        assert ort_greedy_rows(sess, cfg, "decoder_with_past", mixed, 12)[1:] == alone[1:]
+    assert check_manifest(int8)["accuracy"]["greedy_batched"] is True
+
+
 def test_kl_divergence_is_the_closed_form():
-    from tinyt.export.accuracy import _kl_sum
+    from tinyt.export.accuracy import _kl_sum, _window_sums
     p, q = np.log([[0.5, 0.25, 0.25]]), np.log([[0.25, 0.5, 0.25]])
     assert _kl_sum(p, p) == pytest.approx(0.0, abs=1e-12)
     assert _kl_sum(p + 3.0, q) == pytest.approx(0.5 * np.log(2) + 0.25 * np.log(0.5))
+    # and the targets' negative log-likelihood under each, from the same log-softmax
+    nll_p, nll_q, kl = _window_sums(p + 3.0, q, np.array([1]))
+    assert (nll_p, nll_q) == (pytest.approx(np.log(4)), pytest.approx(np.log(2)))
+    assert kl == pytest.approx(_kl_sum(p, q))
 
 
 def test_quantize_optimized_graph_and_4bit(lm_onnx, corpus_dir, tmp_path):
@@ -267,6 +292,7 @@ def test_qgemm_kernel_quantizes_layers_per_channel(lm_onnx, corpus_dir, tmp_path
         assert qw.dtype == np.int8 and np.abs(qw).max() == qmax
         assert np.abs(qw * scales - w).max() <= scales.max() / 2 + 1e-7
     assert manifest["quantization"]["rows_independent"] is False  # one scale per tensor
+    assert manifest["accuracy"]["greedy_batched"] is False  # so its prompts run alone
     for kernel in ("qgemm", "qgemm-rows"):
         with pytest.raises(QuantizeError, match="qgemm ones are for 8-bit dynamic only"):
             quantize(opt, tmp_path / "bad", kernel=kernel, bits=4)
