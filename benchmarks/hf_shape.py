@@ -26,14 +26,6 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
         max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
         max_window_layers=28)),
-    # Qwen3-0.6B's settings (context, rope, head_dim 128, q/k norms, tie) at a test's size:
-    # what the README test runs the chain on
-    "qwen3-test": ("Qwen3Config", "Qwen3ForCausalLM", dict(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=128,
-        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
-        max_window_layers=2)),
     # meta-llama/Llama-3.2-1B's config.json
     "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -43,6 +35,12 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
         tie_word_embeddings=True)),
 }
+# Qwen3-0.6B's settings (context, rope, head_dim 128, q/k norms, tie) at a test's size: what
+# the README test runs the chain on
+SHAPES["qwen3-test"] = ("Qwen3Config", "Qwen3ForCausalLM", {
+    **SHAPES["qwen3-0.6b"][2], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_window_layers": 2})
 
 
 def save(name: str, out: Path, seed: int = 0) -> Path:
