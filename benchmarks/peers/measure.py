@@ -58,6 +58,7 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
             raise BenchError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
                              f"{artifacts}` first (peers need checkpoint/, onnx-opt/, onnx-int8/)")
     cfg, _ = read_model_config(artifacts / "onnx-int8")
+    _check_long_context(long_context, cfg.block_size)  # before any conversion runs
     threads = threads or sorted({1, physical_cores()})
     skipped = prepare(artifacts, engines)
     plan = _inputs(artifacts, cfg, agreement_prompts, agreement_tokens, long_context)
@@ -65,9 +66,7 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     workers = _start(engines, artifacts, threads, skipped)
     try:
         # 1. the same computation: greedy tokens on held-out prompts
-        tokens = {w.name: w.ask(op="greedy", prompts=plan["agree_prompts"],
-                                n=plan["agree_new"])["tokens"]
-                  for w in workers if w.threads == threads[0]}
+        tokens = _greedy(workers, threads[0], plan, skipped)
         agreement = analysis.agreement(tokens)
         logprobs, failed = _logprobs(workers, threads[0], plan["agree_prompts"], cfg.vocab_size)
         for name, kl in {**failed, **analysis.kl_vs_reference(logprobs)}.items():
@@ -78,8 +77,8 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
         raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes)
         # resident memory: after the load, and the peak over every call so far (the longest
         # context's cache included), before the loop probe loads a second runtime
-        memory = {w.label: {"loaded": w.loaded, **(w.ask(op="memory")["memory"] or {})}
-                  for w in workers}
+        memory = {w.label: {"loaded": w.loaded, "peak_reset": w.peak_reset,
+                            **(w.ask(op="memory")["memory"] or {})} for w in workers}
         loop = {w.label: w.ask(op="outside_run", ids=plan["calls"][1]["ids"],
                                n=plan["decode_new"])
                 for w in (workers if rounds else []) if w.name in TINYT}  # 0: agreement only
@@ -121,6 +120,20 @@ def _bytes(path: Path) -> int | None:
     return sum(f.stat().st_size for f in files) or None
 
 
+def _decode_shape(block_size: int) -> tuple[int, int]:
+    """The timed decode: its prompt's tokens and its new tokens (both within the context)."""
+    decode_prompt = min(64, block_size // 2)
+    return decode_prompt, min(60, block_size - decode_prompt - 1)
+
+
+def _check_long_context(long_context: int | None, block_size: int) -> None:
+    decode_new = _decode_shape(block_size)[1]
+    if long_context is not None and not (isinstance(long_context, int)
+                                         and decode_new < long_context <= block_size):
+        raise BenchError(f"long_context={long_context!r}: more than the decode's {decode_new} "
+                         f"new tokens, at most the model's context, {block_size}")
+
+
 def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int,
             long_context: int | None = None) -> dict:
     """The calls every engine times and the prompts of the agreement check."""
@@ -136,25 +149,19 @@ def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int,
     block_size = cfg.block_size
     # Shapes: decode after a 64-token prompt; prefills of 128 and 1,024 tokens (each at most
     # block - 1): the cost of a call, never of the model's whole context.
-    decode_prompt = min(64, block_size // 2)
-    decode_new = min(60, block_size - decode_prompt - 1)
+    decode_prompt, decode_new = _decode_shape(block_size)
     prefills = sorted({min(128, block_size - 1), min(1024, block_size - 1)})
     # the accuracy report's prompts (tinyt.data.agreement_prompts), so that the two agree
     agree_prompts, agree_new = cut_agreement_prompts(tokenizer, val, block_size,
                                                      agreement_prompts)
-    if long_context is not None and not (isinstance(long_context, int)
-                                         and decode_new < long_context <= block_size):
-        raise BenchError(f"long_context={long_context!r}: more than the decode's {decode_new} "
-                         f"new tokens, at most the model's context, {block_size}")
-    long_prompt = long_context - decode_new if long_context else 0
-    prompts = held_out_prompts(tokenizer, val, 1 + len(prefills) + bool(long_context),
-                               max(*prefills, long_prompt))
+    prompts = held_out_prompts(tokenizer, val, 1 + len(prefills), max(prefills))
     calls = [{"ids": prompts[0][:decode_prompt], "n": 1},
              {"ids": prompts[0][:decode_prompt], "n": decode_new}]
     calls += [{"ids": prompts[1 + i][:L], "n": 1} for i, L in enumerate(prefills)]
-    if long_context:  # the decode at a filled context: (t(N new) - t(1 new)) / (N - 1)
-        calls += [{"ids": prompts[-1][:long_prompt], "n": 1},
-                  {"ids": prompts[-1][:long_prompt], "n": decode_new}]
+    if long_context:  # the decode at a filled context: (t(N new) - t(1 new)) / (N - 1), its
+        # prompt cut on its own, so the other calls' prompts are the same with or without it
+        long_ids = held_out_prompts(tokenizer, val, 1, long_context - decode_new)[0]
+        calls += [{"ids": long_ids, "n": 1}, {"ids": long_ids, "n": decode_new}]
     return {"decode_prompt": decode_prompt, "decode_new": decode_new, "prefills": prefills,
             "long_context": long_context,
             "agree_prompts": agree_prompts, "agree_new": min(agree_new, agreement_tokens),
@@ -184,6 +191,24 @@ def _start(engines: list[str], artifacts: Path, threads: list[int],
         raise BenchError("no engine could start: " + "; ".join(
             f"{k}: {v}" for k, v in skipped.items()))
     return workers
+
+
+def _greedy(workers: list[Worker], threads: int, plan: dict,
+            skipped: dict[str, str]) -> dict[str, list[list[int]]]:
+    """Each engine's greedy tokens on the agreement prompts, from its worker at `threads`. An
+    engine that fails them (it cannot compute this model) is that engine's result: recorded in
+    `skipped` with its error, its workers closed and dropped from `workers`."""
+    tokens = {}
+    for w in [w for w in workers if w.threads == threads]:
+        try:
+            tokens[w.name] = w.ask(op="greedy", prompts=plan["agree_prompts"],
+                                   n=plan["agree_new"])["tokens"]
+        except RuntimeError as e:
+            skipped[w.name] = "failed the greedy check: " + " ".join(str(e).split())[:300]
+    for w in [w for w in workers if w.name in skipped]:
+        w.close()
+        workers.remove(w)
+    return tokens
 
 
 def _logprobs(workers: list[Worker], threads: int, prompts: list[list[int]],

@@ -50,17 +50,19 @@ def markdown(result: dict) -> str:
     if result.get("memory"):
         files = result.get("files", {})
         lines += ["", "Files and resident memory of each worker process (MB: 10^6 bytes): "
-                  "after the load, and the peak over every call"
-                  + (f" (the {m['long_context']}-token context's included)"
-                     if m.get("long_context") else "") + ":", "",
-                  "| engine | threads | files MB | loaded RSS MB | peak RSS MB |",
-                  "|---|---|---|---|---|"]
+                  "after the load, the load's own peak, and the peak over the calls after it"
+                  + (f" (the {m['long_context']}-token context's included, where timed)"
+                     if m.get("long_context") else "")
+                  + "; * where the peak could not be reset after the load (then it is the "
+                  "process's whole peak):", "",
+                  "| engine | threads | files MB | loaded RSS MB | load's peak MB | "
+                  "peak RSS over the calls MB |", "|---|---|---|---|---|---|"]
         for label, mem in result["memory"].items():
             name, n = label.rsplit("@", 1)
-            size = files.get(name)
-            loaded = (mem.get("loaded") or {}).get("rss")
-            lines.append(f"| {name} | {n[:-1]} | {_mb(size)} | {_mb(loaded)} | "
-                         f"{_mb(mem.get('peak_rss'))} |")
+            loaded = mem.get("loaded") or {}
+            lines.append(f"| {name} | {n[:-1]} | {_mb(files.get(name))} | "
+                         f"{_mb(loaded.get('rss'))} | {_mb(loaded.get('peak_rss'))} | "
+                         f"{_mb(mem.get('peak_rss'))}{'' if mem.get('peak_reset') else ' *'} |")
     lines += ["", f"Greedy agreement with tinyt fp32 ({m['agreement_prompts']} held-out prompts "
               f"of {m['agreement_prompt_tokens']} tokens × {m['agreement_new_tokens']} new "
               "tokens, position by position):", "",

@@ -12,7 +12,9 @@ so no engine's libraries, threads or caches share a process with another's.
     {"op": "outside_run", "ids", "n"}       ──▶    tinyt's time outside ONNX Runtime's runs
     {"op": "memory"}                        ──▶    {"rss": bytes, "peak_rss": bytes} of the
                                                      worker (Linux /proc; the hello carries
-                                                     the same after the load, "loaded")
+                                                     the same after the load, "loaded", and
+                                                     whether the peak was then reset, so
+                                                     that later it is the calls' own)
     (stdin closed)                                 exits
 
 A failed request answers {"error": ..., "trace": ...}; the parent raises it as RuntimeError.
@@ -58,6 +60,16 @@ def memory() -> dict | None:
     return {"rss": kb["VmRSS"] * 1024, "peak_rss": kb["VmHWM"] * 1024}
 
 
+def reset_peak() -> bool:
+    """Start this process's peak resident set again from now (Linux: 5 to /proc/self/clear_refs
+    resets VmHWM); whether it could."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def _answer(req: dict, gen, artifact: Path, threads: int) -> dict:
     if req["op"] == "greedy":
         return {"tokens": [gen(p, req["n"]) for p in req["prompts"]]}
@@ -93,8 +105,9 @@ def worker(name: str, artifacts: Path, threads: int) -> None:
     try:
         row = engine(name)
         gen = row.load(artifacts / row.artifact, artifacts, threads)
+        loaded = memory()  # the load's resident set and its peak; then the calls' own peak
         out.write(json.dumps({"ready": True, "plan": getattr(gen, "plan", None),
-                              "loaded": memory()}) + "\n")
+                              "loaded": loaded, "peak_reset": reset_peak()}) + "\n")
     except Exception as e:
         out.write(json.dumps({"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}) + "\n")
         out.flush()
@@ -123,6 +136,7 @@ class Worker:
         hello = self._read()
         self.error, self.plan = hello.get("error"), hello.get("plan")
         self.loaded = hello.get("loaded")  # its memory once the model is loaded
+        self.peak_reset = hello.get("peak_reset")  # whether later peaks are the calls' only
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()

@@ -168,7 +168,9 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     assert result["method"]["long_context"] == 32
     assert "decode_at_32_ms_per_token@1t" in result["targets"]
     for mem in result["memory"].values():  # every worker's resident memory, Linux /proc
-        assert 0 < mem["loaded"]["rss"] <= mem["peak_rss"] and 0 < mem["rss"] <= mem["peak_rss"]
+        assert 0 < mem["loaded"]["rss"] <= mem["loaded"]["peak_rss"]  # the load's own peak
+        assert mem["peak_reset"] is True  # then the peak restarts: the calls' own
+        assert 0 < mem["rss"] <= mem["peak_rss"]
     assert set(result["memory"]) == set(rows)
     assert result["files"]["tinyt-int8"] == sum(f.stat().st_size for f in lm_int8.rglob("*")
                                                 if f.is_file())
@@ -193,7 +195,7 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
         assert row["decode_x_floor"] == pytest.approx(row["decode_ms_per_token"]
                                                       / floor["decode_ms"])
     md = (tmp_path / "out" / "peers.md").read_text()
-    assert "| genai-int8 | 1 |" in md and "| peak RSS MB |" in md
+    assert "| genai-int8 | 1 |" in md and "| load's peak MB | peak RSS over the calls MB |" in md
     assert "decode_at_32 = the same decode after a prompt of 17 tokens" in md
     assert (tmp_path / "out" / "peers.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown engine"):
@@ -201,11 +203,44 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     with pytest.raises(ValueError, match="long_context=15: more than the decode's 15 new "
                                          "tokens, at most the model's context, 32"):
         peers.run(art, tmp_path / "out2", engines=["tinyt-int8"], long_context=15)
+    with pytest.raises(ValueError, match="long_context=33: .* at most the model's context, 32"):
+        peers.run(art, tmp_path / "out2", engines=["ct2-int8"], long_context=33)
     with pytest.raises(ValueError, match="block=0 must be an integer >= 1"):
         peers.run(art, tmp_path / "out2", engines=["tinyt-int8"], block=0)
     with pytest.raises(RuntimeError, match="no engine could start: genai-builder-int4: the "
                                            "GenAI model builder builds Llama-family models"):
         peers.run(art, tmp_path / "out3", engines=["genai-builder-int4"])
+
+
+def test_an_engine_that_fails_the_greedy_check_is_skipped_with_its_error():
+    """Optimum's ORTModelForCausalLM sizes Qwen3's cache by width / heads (64, not head_dim
+    128) and fails its first step: that is Optimum's result, not the run's end."""
+    from tinyt.benchmarks.peers.measure import _greedy
+    from tinyt.errors import BenchError
+
+    class Fake:
+        def __init__(self, name, threads, fails=False):
+            self.name, self.threads, self.fails, self.closed = name, threads, fails, False
+
+        def ask(self, **req):
+            if self.fails:
+                raise BenchError(f"{self.name}@{self.threads}t: InvalidArgument: Got invalid\n"
+                                 "dimensions for input: past_key_values.9.value")
+            return {"tokens": [[1] * req["n"] for _ in req["prompts"]]}
+
+        def close(self):
+            self.closed = True
+    workers = [Fake("tinyt-fp32", 1), Fake("optimum-fp32", 1, fails=True),
+               Fake("tinyt-fp32", 2), Fake("optimum-fp32", 2)]
+    gone = workers[1::2]
+    skipped: dict[str, str] = {}
+    tokens = _greedy(workers, 1, {"agree_prompts": [[5, 6]], "agree_new": 3}, skipped)
+    assert tokens == {"tinyt-fp32": [[1, 1, 1]]}
+    assert skipped == {"optimum-fp32": "failed the greedy check: optimum-fp32@1t: "
+                                       "InvalidArgument: Got invalid dimensions for input: "
+                                       "past_key_values.9.value"}
+    assert [w.name for w in workers] == ["tinyt-fp32", "tinyt-fp32"]  # both thread counts
+    assert all(w.closed for w in gone)
 
 
 def test_the_decode_floor_counts_the_query_width():

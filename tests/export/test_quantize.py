@@ -66,11 +66,12 @@ def test_int8_accuracy_report(int8):
     assert 0.0 < a["kl_divergence"] < 0.01  # nats per token: INT8 barely moves the distribution
 
 
-def test_greedy_prompts_batched_are_each_prompt_alone(int8, lm_onnx):
+def test_greedy_prompts_batched_are_each_prompt_alone(int8, lm_onnx, monkeypatch):
     """The accuracy report's greedy prompts run as one batch through graphs whose rows are
     independent (fp32; MatMulNBits quantizes activations per row): each row's tokens are that
-    prompt's alone."""
+    prompt's alone, in batches of at most GREEDY_LOGITS prefill logits, never a padding id."""
     from tinyt.data import held_out_prompts, load_corpus
+    from tinyt.export import compare
     from tinyt.export.compare import ort_greedy, ort_greedy_rows
     from tinyt.runtime.session import graph_session
     from tinyt.tokenizer import Tokenizer
@@ -78,12 +79,32 @@ def test_greedy_prompts_batched_are_each_prompt_alone(int8, lm_onnx):
     cfg, _ = read_model_config(int8)
     tok = Tokenizer.from_file(int8 / "tokenizer.json")
     prompts = held_out_prompts(tok, load_corpus(None).val, 5, 8)
+    calls = []  # the rows of each batch decoded
+    rows = compare._greedy_rows
+    monkeypatch.setattr(compare, "_greedy_rows", lambda s, c, k, p, *a: calls.append(len(p))
+                        or rows(s, c, k, p, *a))
+    everything = compare.GREEDY_LOGITS
     for graph in (lm_onnx, int8):
         sess = graph_session(graph / "model.onnx", level="all")
-        alone = [ort_greedy(sess, cfg, "decoder_with_past", p, 12) for p in prompts]
-        assert ort_greedy_rows(sess, cfg, "decoder_with_past", prompts, 12) == alone
-        mixed = [prompts[0][:5], *prompts[1:]]  # lengths differ: each alone
-        assert ort_greedy_rows(sess, cfg, "decoder_with_past", mixed, 12)[1:] == alone[1:]
+        for limit in (None, 100):  # 100: as if the tokenizer reached only ids below it
+            alone = [ort_greedy(sess, cfg, "decoder_with_past", p, 12, vocab_limit=limit)
+                     for p in prompts]
+            calls.clear()
+            assert ort_greedy_rows(sess, cfg, "decoder_with_past", prompts, 12, limit) == alone
+            assert calls == [5]  # one batch
+            if limit:
+                assert max(max(t) for t in alone) < limit
+        monkeypatch.setattr(compare, "GREEDY_LOGITS", 2 * 8 * cfg.vocab_size)  # two rows
+        calls.clear()
+        assert ort_greedy_rows(sess, cfg, "decoder_with_past", prompts, 12) == \
+            [ort_greedy(sess, cfg, "decoder_with_past", p, 12) for p in prompts]
+        assert calls == [2, 2, 1] + [1] * 5  # the batches, then the five alone
+        monkeypatch.setattr(compare, "GREEDY_LOGITS", everything)
+        calls.clear()
+        mixed = [prompts[0][:5], *prompts[1:]]  # lengths differ: each prompt alone
+        assert [len(t) for t in ort_greedy_rows(sess, cfg, "decoder_with_past", mixed, 12)] \
+            == [12] * 5
+        assert calls == [1] * 5
     assert check_manifest(int8)["accuracy"]["greedy_batched"] is True
 
 
