@@ -142,7 +142,10 @@ def ort_greedy_rows(sess, cfg: ModelConfig, kind: str, prompts: list[list[int]],
     tokens are then each prompt's alone, up to the float32 rounding of another GEMM blocking."""
     if len({len(p) for p in prompts}) != 1:
         return [ort_greedy(sess, cfg, kind, p, steps, vocab_limit=vocab_limit) for p in prompts]
-    rows = max(1, GREEDY_LOGITS // (len(prompts[0]) * cfg.vocab_size))
+    # a graph without a cache runs the whole sequence again each step: its logits grow to
+    # prompt + steps positions
+    positions = len(prompts[0]) + (steps if kind != DECODER_WITH_PAST else 0)
+    rows = max(1, GREEDY_LOGITS // (positions * cfg.vocab_size))
     return [t for i in range(0, len(prompts), rows)
             for t in _greedy_rows(sess, cfg, kind, prompts[i:i + rows], steps, vocab_limit)]
 

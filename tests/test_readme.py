@@ -102,6 +102,13 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the chain at Qwen3-0.6B's shape -> its settings and whole context at a test's size
     "chain_at_size.sh hf:qwen3-0.6b artifacts-qwen3 benchmarks/results/chain-qwen3-0.6b-epyc-avx2":
         "chain_at_size.sh hf:qwen3-test chain-qwen3-work chain-qwen3-results",
+    # the peers at Qwen3-0.6B's shape -> Qwen3's settings at a test's size, one round, a long
+    # context the test corpus' documents reach
+    "hf_shape qwen3-0.6b artifacts-qwen3-peers/hf": "hf_shape qwen3-test artifacts-qwen3-peers/hf",
+    "--out benchmarks/results/peers-qwen3-0.6b-1t-epyc-avx2 --threads 1 --rounds 2":
+        "--out peers-qwen3-1t-results --threads 1 --rounds 1",
+    "--out benchmarks/results/peers-qwen3-0.6b-2t-epyc-avx2": "--out peers-qwen3-2t-results",
+    "--long-context 4096": "--long-context 256",
 }
 
 

@@ -168,8 +168,9 @@ def held_out_prompts(tokenizer, texts: list[str], count: int, length: int, *,
 
 # Greedy agreement, one definition for the accuracy report (export/accuracy.py) and the peer
 # benchmark (benchmarks/peers/): AGREEMENT_PROMPTS prompts of AGREEMENT_PROMPT_TOKENS tokens
-# cut from the held-out split, each run alone, AGREEMENT_TOKENS new tokens each, compared
-# position by position with the reference's tokens.
+# cut from the held-out split, AGREEMENT_TOKENS new tokens each (each prompt's tokens as if
+# alone: batched only through graphs whose rows are independent), compared position by
+# position with the reference's tokens.
 AGREEMENT_PROMPTS = 32
 AGREEMENT_PROMPT_TOKENS = 32
 AGREEMENT_TOKENS = 64

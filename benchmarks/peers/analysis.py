@@ -95,6 +95,12 @@ def targets(result: dict) -> dict[str, Any]:
             continue
         keys = time_keys(result["method"])
         for key in keys:
+            # a decode is a difference of two times; where one came out <= 0, the calls' noise
+            # exceeded the decode itself: that engine has no figure, it is not the fastest
+            bad = sorted(f"{k}@{n}t" for k, v in at.items() if not v[key] > 0)
+            if bad:
+                out[f"{key}@{n}t"] = {"unmeasured": bad, "met": None}
+                continue
             peer = min(peers, key=lambda k: peers[k][key])
             mine = min(ours, key=lambda k: ours[k][key])
             goal = TARGETS["decode_vs_fastest_peer_max" if key.startswith("decode")

@@ -78,7 +78,11 @@ def markdown(result: dict) -> str:
         lines += ["", "| target | tinyt | fastest peer | ratio | goal | met |",
                   "|---|---|---|---|---|---|"]
     for key, t in result["targets"].items():
-        if "ratio" in t:
+        if "unmeasured" in t:
+            lines.append(f"| {key} | — | — | — | — | not measured: a time difference <= 0 "
+                         "(the calls' noise exceeds the decode) for "
+                         f"{', '.join(t['unmeasured'])} |")
+        elif "ratio" in t:
             lines.append(f"| {key} | {t['tinyt']} | {t['fastest_peer']} | {t['ratio']:.2f} | "
                          f"≤ {t['target_max']} | {t['met']} |")
         else:

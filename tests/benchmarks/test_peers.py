@@ -278,3 +278,35 @@ def test_every_engine_is_a_row_naming_its_model():
     assert peers.ENGINES[peers.REFERENCE].exact and peers.REFERENCE in peers.TINYT
     with pytest.raises(ValueError, match="unknown engine 'vllm'; known: tinyt-int8, "):
         peers.engine("vllm")
+
+
+def test_hf_shape_zeroes_the_padding_rows(tmp_path, monkeypatch):
+    """The random-weight directories' padding rows (ids the tokenizer never makes) are zero, so
+    a peer's argmax over the whole table chooses among the tokenizer's ids, as tinyt does."""
+    from safetensors.numpy import load_file
+
+    from tinyt.benchmarks import hf_shape
+    from tinyt.tokenizer import Tokenizer
+
+    monkeypatch.setitem(hf_shape.SHAPES, "padded", ("Qwen3Config", "Qwen3ForCausalLM", {
+        **hf_shape.SHAPES["qwen3-test"][2], "vocab_size": 640}))
+    monkeypatch.setattr(hf_shape, "TOKENIZER_VOCAB", 512)
+    out = hf_shape.save("padded", tmp_path / "hf")
+    assert Tokenizer.from_file(out / "tokenizer.json").vocab_size == 512
+    table = load_file(out / "model.safetensors")["model.embed_tokens.weight"]  # tied: one
+    assert table.shape == (640, 64)
+    assert (table[512:] == 0).all() and (table[:512] != 0).any(axis=1).all()
+
+
+def test_a_decode_lost_in_the_noise_is_no_target():
+    """decode = a difference of two times; one <= 0 (the long prompt's noise was larger) is
+    reported as unmeasured, never as the fastest peer or a met target."""
+    rows = {"tinyt-int8-gqa@2t": {"decode_ms_per_token": 80.0},
+            "genai-builder-int4@2t": {"decode_ms_per_token": -3.7},
+            "ct2-int8@2t": {"decode_ms_per_token": 200.0}}
+    result = {"rows": rows, "outside_run": {},
+              "method": {"threads": [2], "prefill_tokens": []}}
+    assert peers.targets(result) == {"decode_ms_per_token@2t": {
+        "unmeasured": ["genai-builder-int4@2t"], "met": None}}
+    rows["genai-builder-int4@2t"]["decode_ms_per_token"] = 100.0
+    assert peers.targets(result)["decode_ms_per_token@2t"]["ratio"] == pytest.approx(0.8)
