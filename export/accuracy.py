@@ -64,8 +64,8 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
     and greedy agreement; `window` in the result says which. The greedy prompts run as one
     batch through the reference (an fp32 graph) and, where `rows_independent` says its rows
     cannot affect each other, through the candidate: each step then reads the weights once for
-    every prompt (at Qwen3-0.6B's shape, 32 prompts x 64 tokens one at a time were most of the
-    stage's 22 minutes); else each prompt alone."""
+    every prompt (at Qwen3-0.6B's shape, 32 prompts x 64 tokens one at a time were the stage's
+    largest cost after the windows themselves: docs/benchmarks.md); else each prompt alone."""
     corpus = D.load_corpus(data)
     tokens = D.encode_documents(tokenizer, corpus.val)
     W = check_tokens(cfg)
