@@ -108,7 +108,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "--out benchmarks/results/peers-qwen3-0.6b-1t-epyc-avx2 --threads 1 --rounds 2":
         "--out peers-qwen3-1t-results --threads 1 --rounds 1",
     "--out benchmarks/results/peers-qwen3-0.6b-2t-epyc-avx2": "--out peers-qwen3-2t-results",
-    "--long-context 4096": "--long-context 256",
+    # (its INT8 stage judges on long documents, which the peers' 1,024- and 4,036-token
+    # prompts are cut from)
+    "artifacts-qwen3-peers/onnx-int8 --bits 8": "artifacts-qwen3-peers/onnx-int8 --bits 8 "
+                                                "--data long-docs",
 }
 
 
@@ -206,6 +209,10 @@ def _scratch(work: Path) -> None:
     (work / "corpus").mkdir(parents=True)
     for i in range(40):
         (work / "corpus" / f"mod_{i:02d}.py").write_text(_python_like(rng, i))
+    (work / "long-docs").mkdir()  # documents of ~10k tokens each
+    for i in range(10):
+        (work / "long-docs" / f"big_{i}.py").write_text(
+            "\n".join(_python_like(rng, 100 + 20 * i + j) for j in range(20)))
     for label, word in (("maths", "sum"), ("strings", "join")):
         (work / "labelled" / label).mkdir(parents=True)
         for i in range(12):
