@@ -209,10 +209,11 @@ def _scratch(work: Path) -> None:
     (work / "corpus").mkdir(parents=True)
     for i in range(40):
         (work / "corpus" / f"mod_{i:02d}.py").write_text(_python_like(rng, i))
-    (work / "long-docs").mkdir()  # documents of ~10k tokens each
+    (work / "long-docs").mkdir()  # documents of ~10k tokens each (their own random stream)
+    long_rng = random.Random(1)
     for i in range(10):
         (work / "long-docs" / f"big_{i}.py").write_text(
-            "\n".join(_python_like(rng, 100 + 20 * i + j) for j in range(20)))
+            "\n".join(_python_like(long_rng, 100 + 20 * i + j) for j in range(20)))
     for label, word in (("maths", "sum"), ("strings", "join")):
         (work / "labelled" / label).mkdir(parents=True)
         for i in range(12):
