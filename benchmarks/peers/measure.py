@@ -75,8 +75,9 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                if a.get("must_equal") and a["identical_to"] is False]
         # 2. time, rounds interleaved (and one core's read bandwidth between them)
         raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes)
-        # resident memory: after the load, and the peak over every call so far (the longest
-        # context's cache included), before the loop probe loads a second runtime
+        # resident memory: after the load (with the load's own peak), and the peak over the
+        # calls since it (the longest context's included), before the loop probe loads a
+        # second runtime
         memory = {w.label: {"loaded": w.loaded, "peak_reset": w.peak_reset,
                             **(w.ask(op="memory")["memory"] or {})} for w in workers}
         loop = {w.label: w.ask(op="outside_run", ids=plan["calls"][1]["ids"],
