@@ -3,6 +3,10 @@ generator on the same contract,
 
     gen(prompt ids, n)  -> exactly n new token ids (end-of-text held back)
     gen.logits(ids)     -> the next token's logits after `ids`, [vocab] (an engine may pad it)
+    gen.stepped(ids, n) -> the same greedy generation of n tokens, returning when each was known:
+                           n perf_counter() seconds from the call's start, taken inside the
+                           engine's own token loop (so a long prompt's time stays out of the
+                           steps'; the tokens themselves are not returned)
     gen.plan            -> what the engine chose at load, or absent
 
 Every loader is `load(path, artifacts, threads)`, path being ARTIFACTS/<the engine's artifact>
@@ -11,6 +15,7 @@ Every loader is `load(path, artifacts, threads)`, path being ARTIFACTS/<the engi
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,9 +29,11 @@ from .formats import EXTRA_BUFTS, GGUF
 Generator = Callable[[list[int], int], list[int]]  # with .logits (and perhaps .plan) set
 
 
-def _with_logits(gen, logits: Callable[[list[int]], np.ndarray], plan: str | None = None):
-    """A generator that also answers the next-token logits after a prompt ([vocab])."""
-    gen.logits = logits
+def _with_logits(gen, logits: Callable[[list[int]], np.ndarray],
+                 stepped: Callable[[list[int], int], list[float]], plan: str | None = None):
+    """A generator that also answers the next-token logits after a prompt ([vocab]) and the
+    times of a generation's tokens."""
+    gen.logits, gen.stepped = logits, stepped
     if plan is not None:
         gen.plan = plan
     return gen
@@ -49,15 +56,33 @@ def tinyt(path: Path, artifacts: Path, threads: int) -> Generator:
             return next(steps)[0, -1].copy()
         finally:
             steps.close()
+
+    def stepped(ids, n):  # the step API generate drives, on the same sessions and buffers
+        t0, times, active = time.perf_counter(), [], np.ones(1, dtype=bool)
+        steps = lm.steps(prefill_feeds(lm.config, DECODER_WITH_PAST, np.array([ids])),
+                         new_tokens=n)
+        try:
+            z = next(steps)
+            for i in range(n):
+                tok = np.array([z[0, -1].argmax()], dtype=np.int64)
+                times.append(time.perf_counter() - t0)
+                if i + 1 < n:
+                    z = steps.send((tok, active))
+        finally:
+            steps.close()
+        return times
     generate.plan = None if lm.plan is None else lm.plan.describe()
-    return _with_logits(generate, logits)
+    return _with_logits(generate, logits, stepped)
 
 
-def genai_greedy(model, ids: list[int], n: int, *, min_length: bool = False) -> list[int]:
+def genai_greedy(model, ids: list[int], n: int, *, min_length: bool = False,
+                 times: list[float] | None = None) -> list[int]:
     """Up to n greedy tokens from an onnxruntime_genai Model (exactly n with min_length:
-    the end-of-text token held back)."""
+    the end-of-text token held back); `times` gets each token's perf_counter() seconds from
+    the call's start."""
     import onnxruntime_genai as og
 
+    t0 = time.perf_counter()
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + n, do_sample=False,
                               **({"min_length": len(ids) + n} if min_length else {}))
@@ -67,6 +92,8 @@ def genai_greedy(model, ids: list[int], n: int, *, min_length: bool = False) -> 
     while not gen.is_done():
         gen.generate_next_token()
         out.append(int(gen.get_next_tokens()[0]))
+        if times is not None:
+            times.append(time.perf_counter() - t0)
     return out
 
 
@@ -92,8 +119,13 @@ def genai(path: Path, artifacts: Path, threads: int) -> Generator:
     config.overlay(json.dumps({"model": {"decoder": {"session_options": {
         "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
     model = og.Model(config)
+
+    def stepped(ids, n):
+        times: list[float] = []
+        genai_greedy(model, ids, n, min_length=True, times=times)
+        return times
     return _with_logits(lambda ids, n: genai_greedy(model, ids, n, min_length=True),
-                        lambda ids: genai_logits(model, ids))
+                        lambda ids: genai_logits(model, ids), stepped)
 
 
 def optimum(path: Path, artifacts: Path, threads: int) -> Generator:
@@ -107,15 +139,32 @@ def optimum(path: Path, artifacts: Path, threads: int) -> Generator:
     torch.set_num_threads(threads)
     model = ORTModelForCausalLM.from_pretrained(path, session_options=opts)
 
-    def generate(ids, n):
+    def generate(ids, n, streamer=None):
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False)
+                             do_sample=False, streamer=streamer)
         return out[0, len(ids):].tolist()
 
     def logits(ids):
         mask = torch.ones(1, len(ids), dtype=torch.long)
         return model(torch.tensor([ids]), attention_mask=mask).logits[0, -1].detach().numpy()
-    return _with_logits(generate, logits)
+
+    class Clock:  # transformers' streamer protocol: put(prompt), then put(token) per step
+        def __init__(self):
+            self.t0, self.times, self.prompt_seen = time.perf_counter(), [], False
+
+        def put(self, value):
+            if self.prompt_seen:
+                self.times.append(time.perf_counter() - self.t0)
+            self.prompt_seen = True
+
+        def end(self):
+            pass
+
+    def stepped(ids, n):
+        clock = Clock()
+        generate(ids, n, clock)
+        return clock.times
+    return _with_logits(generate, logits, stepped)
 
 
 def ctranslate2(path: Path, artifacts: Path, threads: int) -> Generator:
@@ -124,10 +173,18 @@ def ctranslate2(path: Path, artifacts: Path, threads: int) -> Generator:
 
     gen = ct2.Generator(str(path), device="cpu", intra_threads=threads, inter_threads=1)
     vocab = json.loads((path / "vocabulary.json").read_text())
-    return _with_logits(lambda ids, n: gen.generate_batch(
-        [[vocab[i] for i in ids]], max_length=n, min_length=n, sampling_topk=1,
-        include_prompt_in_result=False)[0].sequences_ids[0],
-        lambda ids: np.array(gen.forward_batch([ids]))[0, -1])
+
+    def generate(ids, n, callback=None):
+        return gen.generate_batch([[vocab[i] for i in ids]], max_length=n, min_length=n,
+                                  sampling_topk=1, include_prompt_in_result=False,
+                                  callback=callback)[0].sequences_ids[0]
+
+    def stepped(ids, n):  # its per-token callback (greedy, one hypothesis)
+        t0, times = time.perf_counter(), []
+        generate(ids, n, lambda step: times.append(time.perf_counter() - t0))  # None: go on
+        return times
+    return _with_logits(generate, lambda ids: np.array(gen.forward_batch([ids]))[0, -1],
+                        stepped)
 
 
 def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = True):
@@ -167,22 +224,30 @@ def llama_cpp(path: Path, artifacts: Path, threads: int) -> Generator:
             scores[eos] = -np.inf
         return scores
 
-    def generate(ids, n):
+    def generate(ids, n, times=None):
+        t0 = time.perf_counter()
         llm.reset()  # no reuse of the previous call's cache for a common prefix
         out: list[Any] = []
         for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
                                 repeat_penalty=1.0, reset=True,
                                 logits_processor=LogitsProcessorList([no_eos])):
             out.append(int(tok))
+            if times is not None:
+                times.append(time.perf_counter() - t0)
             if len(out) == n:
                 return out
         return out
+
+    def stepped(ids, n):
+        times: list[float] = []
+        generate(ids, n, times)
+        return times
 
     def logits(ids):
         llm.reset()
         llm.eval(ids)  # the last token's logits (llama-cpp-python keeps no scores now)
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
-    return _with_logits(generate, logits,
+    return _with_logits(generate, logits, stepped,
                         "llama.cpp extra buffer types (AMX, repacked weights): " + bufts)
 
 
@@ -203,4 +268,15 @@ def torch_eager(path: Path, artifacts: Path, threads: int) -> Generator:
     def logits(ids):
         with torch.no_grad():
             return model(torch.tensor([ids]))[0][0, -1].numpy()
-    return _with_logits(generate, logits)
+
+    def stepped(ids, n):  # generate's loop: the prompt, then one token a step on the cache
+        t0, times = time.perf_counter(), []
+        with torch.no_grad():
+            z, cache = model(torch.tensor([ids]))
+            for i in range(n):
+                tok = z[:, -1].argmax(-1, keepdim=True)
+                times.append(time.perf_counter() - t0)
+                if i + 1 < n:
+                    z, cache = model(tok, past_key_values=cache)
+        return times
+    return _with_logits(generate, logits, stepped)

@@ -74,9 +74,10 @@ def rows(raw: dict, plan: dict, bandwidth: float | None, nbytes: int) -> dict:
                       **{f"prefill_{L}_ms": med[2 + i] for i, L in enumerate(plan["prefills"])},
                       "first_token_ms": med[0], "generate_ms": med[1]}
         N = plan.get("long_context")
-        if N:  # the two calls after the prefills: a prompt of N - n tokens, then n new
+        if N:  # the two calls after the prefills: a prompt of N - n tokens, then 1 new, then
+            # n new timed per step inside the engine's loop
             at = 2 + len(plan["prefills"])
-            out[label][f"decode_at_{N}_ms_per_token"] = (med[at + 1] - med[at]) / (n - 1)
+            out[label][f"decode_at_{N}_ms_per_token"] = med[at + 1]
             out[label][f"first_token_at_{N}_ms"] = med[at]
         if bandwidth:
             out[label]["decode_x_floor"] = decode / (nbytes / bandwidth * 1e3)

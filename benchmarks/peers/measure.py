@@ -159,10 +159,14 @@ def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int,
     calls = [{"ids": prompts[0][:decode_prompt], "n": 1},
              {"ids": prompts[0][:decode_prompt], "n": decode_new}]
     calls += [{"ids": prompts[1 + i][:L], "n": 1} for i, L in enumerate(prefills)]
-    if long_context:  # the decode at a filled context: (t(N new) - t(1 new)) / (N - 1), its
-        # prompt cut on its own, so the other calls' prompts are the same with or without it
+    if long_context:  # the decode at a filled context, its prompt cut on its own (so the other
+        # calls' prompts are the same with or without it): the first token's time, and the
+        # steps after it timed inside each engine's loop. (A difference of two calls, as for
+        # the short decode, would carry two prefills of thousands of tokens, whose noise
+        # is the size of the steps' whole time.)
         long_ids = held_out_prompts(tokenizer, val, 1, long_context - decode_new)[0]
-        calls += [{"ids": long_ids, "n": 1}, {"ids": long_ids, "n": decode_new}]
+        calls += [{"ids": long_ids, "n": 1},
+                  {"ids": long_ids, "n": decode_new, "per_step": True}]
     return {"decode_prompt": decode_prompt, "decode_new": decode_new, "prefills": prefills,
             "long_context": long_context,
             "agree_prompts": agree_prompts, "agree_new": min(agree_new, agreement_tokens),

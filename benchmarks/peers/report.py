@@ -24,7 +24,9 @@ def markdown(result: dict) -> str:
              f"{m['block']} calls, each engine in its own process."
              + (f" decode_at_{m['long_context']} = the same decode after a prompt of "
                 f"{m['long_context'] - m['decode_new']} tokens (the context filled to "
-                f"{m['long_context']})." if m.get("long_context") else ""), ""]
+                f"{m['long_context']}), its steps timed inside each engine's token loop "
+                "(from the first token to the last, over the steps between)."
+                if m.get("long_context") else ""), ""]
     keys = time_keys(m)
     floor = result.get("memory_floor")
     if floor:

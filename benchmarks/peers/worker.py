@@ -7,6 +7,9 @@ so no engine's libraries, threads or caches share a process with another's.
     {"op": "greedy", "prompts", "n"}        ──▶    {"tokens": [[id, ...], ...]}
     {"op": "time", "calls", "settle",       ──▶    {"times": [[s, ...] per call]}: per call,
      "block"}                                        `settle` untimed runs, then `block` timed
+                                                     (a call with "per_step": the seconds per
+                                                     step inside the engine's loop, after the
+                                                     first token, instead of the call's)
     {"op": "logprobs", "prompts", "vocab",  ──▶    {"saved": path}: next-token log-softmax,
      "path"}                                         [prompts, vocab] float32 .npy
     {"op": "outside_run", "ids", "n"}       ──▶    tinyt's time outside ONNX Runtime's runs
@@ -70,6 +73,15 @@ def reset_peak() -> bool:
     return True
 
 
+def per_step(times: list[float], n: int) -> float:
+    """Seconds per step from a generation's token times: from the first token (the prompt's
+    pass) to the last, over the n - 1 steps between."""
+    if n < 2 or len(times) != n:
+        raise BenchError(f"a per-step timing needs n >= 2 tokens and their n times; got n={n}, "
+                         f"{len(times)} times")
+    return (times[-1] - times[0]) / (n - 1)
+
+
 def _answer(req: dict, gen, artifact: Path, threads: int) -> dict:
     if req["op"] == "greedy":
         return {"tokens": [gen(p, req["n"]) for p in req["prompts"]]}
@@ -80,6 +92,9 @@ def _answer(req: dict, gen, artifact: Path, threads: int) -> dict:
                 gen(call["ids"], call["n"])
             ts = []
             for _ in range(req["block"]):
+                if call.get("per_step"):
+                    ts.append(per_step(gen.stepped(call["ids"], call["n"]), call["n"]))
+                    continue
                 t = time.perf_counter()
                 gen(call["ids"], call["n"])
                 ts.append(time.perf_counter() - t)
