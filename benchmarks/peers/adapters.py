@@ -138,6 +138,12 @@ def optimum(path: Path, artifacts: Path, threads: int) -> Generator:
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     torch.set_num_threads(threads)
     model = ORTModelForCausalLM.from_pretrained(path, session_options=opts)
+    head_dim = getattr(model.config, "head_dim", None)
+    if head_dim and getattr(model, "embed_size_per_head", head_dim) != head_dim:
+        # optimum-onnx 0.1.0 reads head_dim for Gemma and a few others only, and sizes every
+        # other model's empty past as width / heads: Qwen3 (64 where its export takes 128)
+        # fails its first step. Its export is right; its runtime is told the export's size.
+        model.embed_size_per_head = head_dim
 
     def generate(ids, n, streamer=None):
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
