@@ -29,6 +29,7 @@ from .session import (
     installation_problems,
     open_artifact,
     resolve_threads,
+    return_freed_memory,
 )
 from .tuning import Plan, plan_sessions
 
@@ -70,6 +71,7 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
         prefill = None if artifact.prefill_file is None else create_session(
             artifact, provider=provider, threads=threads, spinning=spinning, level=level,
             graph=artifact.prefill_file, phase="prompt")
+    return_freed_memory()  # what the loads (and the tuner's unkept sessions) freed
     tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
     if tokenizer.vocab_size > artifact.config.vocab_size:
         raise ManifestError(f"{artifact.path}/tokenizer.json has {tokenizer.vocab_size} tokens but "

@@ -2,6 +2,7 @@
 and integrity checks of the artifact directory before anything runs (torch-free)."""
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata as md
 import os
 from dataclasses import dataclass
@@ -334,3 +335,19 @@ def _on(provider: str, model: str, opts: ort.SessionOptions) -> ort.InferenceSes
             "are likely missing: check CUDA / cuDNN versions against onnxruntime-gpu's, or "
             "install the nvidia-*-cu12 wheels" + "".join(f"; {h}" for h in hints))
     return sess
+
+
+def return_freed_memory() -> bool:
+    """Hand back to the system the pages that freed allocations leave inside the C heap
+    (glibc's malloc_trim); whether this process's C library could. A session's load parses
+    its model and pre-packs its weights in many allocations below malloc's mmap threshold:
+    once freed (a model's protobuf after the load, the sessions the tuner opened and did not
+    keep) they stay resident, since glibc returns only the heap's free top by itself. Measured
+    on Qwen3-0.6B's INT8 pair (docs/peers.md): see `loaded` there."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own C library (not glibc: absent)
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

@@ -4,15 +4,17 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
 import tinyt.runtime as rt
 from tinyt.errors import SaturationError, SharedCacheError
+from tinyt.export.gqa_graph import to_gqa
 from tinyt.export.optimize import OPT_ATOL, op_counts, optimize
 from tinyt.export.package import package
 from tinyt.export.quantize import quantize
-from tinyt.export.shared_cache_checks import QUANT_ATOL
+from tinyt.export.shared_cache_checks import QUANT_ATOL, fp32_lineage
 from tinyt.hardware import saturates_here
 from tinyt.manifest import check_manifest
 from tinyt.runtime import tuning
@@ -70,11 +72,40 @@ def test_generates_the_sources_tokens(opt, opt_gqa):
         ref.generate("import os\n", max_new_tokens=12)
 
 
-def test_quantized_source(opt, corpus_dir, tmp_path):
+def test_quantized_source(opt, corpus_dir, tmp_path, monkeypatch):
     int8 = quantize(opt, tmp_path / "int8", data=str(corpus_dir))
     fast = optimize(int8, tmp_path / "int8-gqa", target="gqa")
     eq = check_manifest(fast)["equivalence"]
-    assert eq["tolerance"] == QUANT_ATOL and eq["logits_max_abs"] <= QUANT_ATOL
+    # bounded by the quantization's own distance from the fp32 graph it came from (same steps)
+    assert eq["fp32_source"] == str(opt.resolve()) and eq["quantization_vs_fp32_max_abs"] > 0
+    assert eq["tolerance"] == max(QUANT_ATOL, eq["quantization_vs_fp32_max_abs"])
+    assert eq["logits_max_abs"] <= eq["tolerance"]
+    # a rewrite that moves the logits by more than the quantization does (by 1, here) fails
+    # the stage, saying why
+    from tinyt.export import shared_cache as S
+
+    def wrong(proto, cfg):
+        done = to_gqa(proto, cfg)
+        head = next(n for n in proto.graph.node if "logits" in n.output)
+        head.output[list(head.output).index("logits")] = "logits_right"
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(1, np.float32),
+                                                                    "off_by_one"))
+        proto.graph.node.append(onnx.helper.make_node("Add", ["logits_right", "off_by_one"],
+                                                      ["logits"]))
+        return done
+    monkeypatch.setattr(S, "to_gqa", wrong)
+    with pytest.raises(SharedCacheError, match=r"differ from its source's by .* \(allowed .*: the "
+                       r"larger of 0.1 and the quantization's own distance from .* on the same "
+                       r"steps, "):
+        optimize(int8, tmp_path / "wrong", target="gqa")
+    assert not (tmp_path / "wrong").exists()
+    monkeypatch.undo()
+    assert fp32_lineage(int8) == Path(opt).resolve()
+    moved = json.loads((int8 / "manifest.json").read_text())
+    moved["source"]["path"] = str(tmp_path / "gone")  # the fp32 graph no longer there
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "moved" / "manifest.json").write_text(json.dumps(moved))
+    assert fp32_lineage(tmp_path / "moved") is None  # then QUANT_ATOL alone bounds it
     assert "accuracy" in check_manifest(fast)  # the INT8 report travels with the variant
     ops = op_counts(onnx.load(str(fast / "model.onnx")))
     assert ops["com.microsoft.MatMulNBits"] > 0 and ops["com.microsoft.GroupQueryAttention"]
