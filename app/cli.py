@@ -245,7 +245,10 @@ def optimize(
         eq = manifest["equivalence"]
         typer.echo(f"GroupQueryAttention with a shared KV cache in {manifest['layers']} layers; "
                    f"logits max abs diff vs input graph {eq['logits_max_abs']:.2e} (tolerance "
-                   f"{eq['tolerance']}; prompts + steps of up to "
+                   f"{eq['tolerance']:.3g}"
+                   + (f": the quantization's own distance from {eq['fp32_source']}"
+                      if eq['tolerance'] == eq.get("quantization_vs_fp32_max_abs") else "")
+                   + f"; prompts + steps of up to "
                    f"{eq['sizes']['longest_sequence']} tokens of the context "
                    f"{eq['sizes']['context']}), greedy agreement {eq['greedy_agreement']:.0%}")
         if "pair" in manifest:
