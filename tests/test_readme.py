@@ -105,9 +105,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the peers at Qwen3-0.6B's shape -> Qwen3's settings at a test's size, one round, a long
     # context the test corpus' documents reach
     "hf_shape qwen3-0.6b artifacts-qwen3-peers/hf": "hf_shape qwen3-test artifacts-qwen3-peers/hf",
-    "--out benchmarks/results/peers-qwen3-0.6b-1t-epyc-avx2 --threads 1 --rounds 2":
+    "--out benchmarks/results/peers-qwen3-0.6b-1t-epyc-avx2 --threads 1 --rounds 3":
         "--out peers-qwen3-1t-results --threads 1 --rounds 1",
-    "--out benchmarks/results/peers-qwen3-0.6b-2t-epyc-avx2": "--out peers-qwen3-2t-results",
+    "--out benchmarks/results/peers-qwen3-0.6b-2t-epyc-avx2 --threads 2 --rounds 2":
+        "--out peers-qwen3-2t-results --threads 2 --rounds 1",
     # (its INT8 stage judges on long documents, which the peers' 1,024- and 4,036-token
     # prompts are cut from)
     "artifacts-qwen3-peers/onnx-int8 --bits 8": "artifacts-qwen3-peers/onnx-int8 --bits 8 "
