@@ -76,12 +76,12 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
         f = None if fp32 is None else fp32.steps(dict(feeds), new_tokens=6)
         la, lb = next(a)[:, -1].copy(), next(b)[:, -1].copy()
         lf = None if f is None else next(f)[:, -1].copy()
-        active = np.ones(B, bool)
-        for step in range(min(6, cfg.block_size - T - 1) + 1):
+        active, last = np.ones(B, bool), min(6, cfg.block_size - T - 1)  # steps of this case
+        for step in range(last + 1):
             worst = max(worst, float(np.abs(la[active] - lb[active]).max()))
             if lf is not None:
                 quant = max(quant, float(np.abs(la[active] - lf[active]).max()))
-            if step == min(6, cfg.block_size - T - 1):
+            if step == last:
                 break
             if step == 2 and B > 1:
                 active[0] = False  # a finished row idles while the others go on
