@@ -445,7 +445,11 @@ def generate_cmd(
         = None,
     tune: Annotated[bool, typer.Option(
         help="Shared-cache artifacts: time each phase's threads and graph at load and keep "
-             "the fastest (--no-tune: every phase at exactly --threads).")] = True,
+             "the fastest of those at least as accurate as the defaults (--no-tune: every "
+             "phase at exactly --threads).")] = True,
+    tune_speed: Annotated[bool, typer.Option(
+        "--tune-speed", help="With tuning: decode through a pair's prompt graph when faster "
+                             "even if its accuracy report is worse.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
                                           help="Say what each phase runs with.")] = False,
     max_context: Annotated[Optional[int], typer.Option(
@@ -455,8 +459,10 @@ def generate_cmd(
     """Stream a continuation of PROMPT with ONNX Runtime (no torch needed)."""
     import tinyt.runtime as rt
 
-    lm = rt.load(artifact, provider=provider, threads=threads, tune=tune,
-                 max_context=max_context)
+    if tune_speed and not tune:
+        raise TinytError("--tune-speed times the graphs; it cannot go with --no-tune")
+    lm = rt.load(artifact, provider=provider, threads=threads,
+                 tune="speed" if tune_speed else tune, max_context=max_context)
     if not isinstance(lm, rt.LanguageModel):
         raise TinytError(f"{artifact} is a classifier; use 'tinyt classify'")
     if provider == "auto" or verbose:

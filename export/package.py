@@ -260,7 +260,8 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
             "# Generated from model/s:\n", "# Generated from model/s: "
             + ", ".join(ort_names.values()) + "\n"))
         extra = {k: manifest[k] for k in ("quantization", "accuracy", "prefill_quantization",
-                                          "prefill_equivalence", "pair", "layers")
+                                          "prefill_accuracy", "prefill_equivalence", "pair",
+                                          "layers")
                  if k in manifest}
         extra.update(graph=SHARED_CACHE_KIND, package_format="ort", fixed_shape=None,
                      opset=manifest.get("opset"), model_file=ort_names[ONNX_FILE],

@@ -79,6 +79,8 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 "path": str(prefill_from.resolve()), "manifest": prefill.manifest},
                 prefill_equivalence=p_worst,
                 prefill_quantization=prefill.manifest.get("quantization"),
+                **({"prefill_accuracy": prefill.manifest["accuracy"]}
+                   if "accuracy" in prefill.manifest else {}),
                 pair=check_pair(src_dir, path, p_path, cfg))
         return write_artifact(out_dir, src, graphs, stage="shared-cache", options={
             "level": manifest.get("options", {}).get("level"),

@@ -31,7 +31,7 @@ from .session import (
     resolve_threads,
     return_freed_memory,
 )
-from .tuning import Plan, plan_sessions
+from .tuning import Plan, check_tune, plan_sessions
 
 __all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Prediction",
            "SamplingParams", "Plan", "ProviderError", "PROVIDERS", "installation_problems"]
@@ -39,7 +39,7 @@ __all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Predictio
 
 def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
          spinning: bool | None = None, level: str | None = None,
-         io_binding: bool | None = None, tune: bool = True,
+         io_binding: bool | None = None, tune: bool | str = True,
          max_context: int | None = None) -> LanguageModel | Classifier:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
     classifier graphs. threads defaults to the physical cores; spinning to on when there is
@@ -49,7 +49,9 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     A shared-cache artifact on CPU takes `threads` as a budget: with tune=True (default) it
     times, at load and on this CPU, decode steps at 1 thread and at `threads`, and a pair's
     prompt graph against its step graph, and keeps the fastest for each phase (runtime/tuning.py;
-    the choice is in LanguageModel.plan). tune=False: every phase at exactly `threads`.
+    the choice is in LanguageModel.plan). The prompt graph decodes only if its accuracy report
+    is at least as good as the step graph's; tune="speed" lifts that rule. tune=False: every
+    phase at exactly `threads`.
 
     max_context: the most tokens (prompt + generated) a sequence may hold, at most the model's
     own (LanguageModel.context = min(max_context, block_size)); an int >= 2, None for the
@@ -60,6 +62,7 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
                                         and max_context >= 2):
         raise ConfigError(f"max_context={max_context!r} is invalid: an integer >= 2 (a prompt "
                           "token and one to follow), or None for the model's context")
+    check_tune(tune)
     artifact = open_artifact(path)
     threads = resolve_threads(threads)  # checked and defaulted here, once
     if artifact.kind == SHARED_CACHE_KIND and provider == "cpu":

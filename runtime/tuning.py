@@ -18,10 +18,14 @@ of the GPT-2-small shape run 11-13% faster through the GEMM graph; other CPUs ma
 either way, which is why it is timed (benchmarks/step_kernels.py measures every kernel
 against the memory floor).
 
-Before any timing, one rule: a prompt graph whose int8 GEMMs would saturate on this CPU (8-bit
-u8 x s8 weights on x86 without VNNI / AMX, which adds pairs of products in 16 bits: the
+Before any timing, two rules. A prompt graph whose int8 GEMMs would saturate on this CPU
+(8-bit u8 x s8 weights on x86 without VNNI / AMX, which adds pairs of products in 16 bits: the
 manifest's int8 record against tinyt.hardware.u8s8_exact) is not run; every phase then runs
-the step graph.
+the step graph. And speed is not bought with accuracy: the prompt graph is a decode candidate
+only when its quantization stage's accuracy report (KL divergence from fp32 on the same text)
+is at most the step graph's (an INT4 pair's int8 prompt graph; not an INT8 pair's, whose
+per-tensor activation scales cost more than the step graph's blocks of 64). tune="speed"
+times it anyway, and the plan's reasons say which was left out and why.
 
 Candidates run in interleaved rounds (median of each); one replaces the default only when it
 is at least MARGIN faster, so noise does not flip a choice. The defaults: prompts through the
@@ -39,6 +43,8 @@ from typing import TypeVar
 
 import numpy as np
 import onnxruntime as ort
+
+from tinyt.errors import ConfigError
 
 from .cache import SharedCache
 from .session import Artifact, create_session, int8_refusal
@@ -75,11 +81,48 @@ def prompt_graph_allowed(artifact: Artifact, features: dict | None = None) -> st
     return why and f"{why}; prompts and steps run through the step graph instead"
 
 
+def check_tune(tune) -> None:
+    """ConfigError unless tune is True, False or "speed"."""
+    if not (isinstance(tune, bool) or tune == "speed"):
+        raise ConfigError(f"tune={tune!r} is not one of True (time each phase, keeping "
+                          "accuracy), 'speed' (time every graph) or False (no timing)")
+
+
+def decode_accuracy_refusal(artifact: Artifact) -> str | None:
+    """None if the pair's prompt graph computes a token at least as accurately as its step
+    graph (so the tuner may decode through it), else why not: their quantization stages'
+    accuracy reports (KL divergence from fp32 over the same text), an unquantized step graph
+    counting as exact."""
+    manifest, step, prompt = artifact.manifest, artifact.model_file, artifact.prefill_file
+    step_report = manifest.get("accuracy")
+    prompt_report = manifest.get("prefill_accuracy") or manifest.get(
+        "prefill_source", {}).get("manifest", {}).get("accuracy")
+    if step_report is None and "quantization" not in manifest:
+        step_report = {"kl_divergence": 0.0}  # fp32 steps: the reference itself
+    if not (step_report and prompt_report and "kl_divergence" in step_report
+            and "kl_divergence" in prompt_report):
+        return (f"decode: {prompt} not timed: the manifest has no accuracy report to compare "
+                f"with {step}'s (tune='speed' times it anyway)")
+    same = ("data", "tokens", "window")
+    if "data" in step_report and any(step_report.get(k) != prompt_report.get(k) for k in same):
+        return (f"decode: {prompt} not timed: its accuracy report and {step}'s were measured "
+                f"on different text (tune='speed' times it anyway)")
+    kl_step, kl_prompt = step_report["kl_divergence"], prompt_report["kl_divergence"]
+    if kl_prompt > kl_step:
+        return (f"decode: {prompt} not timed: its tokens are less accurate than {step}'s (KL "
+                f"from fp32 {kl_prompt:.2g} against {kl_step:.2g}; tune='speed' times it "
+                "anyway)")
+    return None
+
+
 def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
-                  level: str | None, tune: bool, features: dict | None = None
+                  level: str | None, tune: bool | str, features: dict | None = None
                   ) -> tuple[Plan, ort.InferenceSession, ort.InferenceSession]:
     """The plan, the decode session and the prompt session (possibly the same one); threads
-    is the budget, checked and defaulted already (session.resolve_threads, in rt.load)."""
+    is the budget, checked and defaulted already (session.resolve_threads, in rt.load);
+    tune: True (the fastest of the candidates at least as accurate as the defaults), "speed"
+    (the fastest of all) or False (the defaults, nothing timed)."""
+    check_tune(tune)
     opened: dict[tuple[str, int, str], ort.InferenceSession] = {}
 
     def open_(graph: str, n: int, phase: str) -> ort.InferenceSession:
@@ -99,7 +142,13 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
                                  "any" if prompt_file == step_file else "prompt")}
     if not tune:
         return plan, decode[step_file, threads], prompt[prompt_file]
-    for graph in dict.fromkeys([step_file, prompt_file]):  # every graph this CPU may run
+    decoders = [step_file, prompt_file]  # every graph this CPU may run...
+    if prompt_file != step_file and tune != "speed":  # ...and, unless told, no less accurate
+        worse = decode_accuracy_refusal(artifact)
+        if worse:
+            decoders.remove(prompt_file)
+            plan.reasons.append(worse)
+    for graph in dict.fromkeys(decoders):
         for n in sorted({1, threads}):
             if (graph, n) not in decode:
                 decode[graph, n] = open_(graph, n, "step")

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import tinyt.runtime as rt
-from tinyt.errors import SaturationError, SharedCacheError
+from tinyt.errors import ConfigError, SaturationError, SharedCacheError
 from tinyt.export.gqa_graph import to_gqa
 from tinyt.export.optimize import OPT_ATOL, op_counts, optimize
 from tinyt.export.package import package
@@ -18,7 +18,7 @@ from tinyt.export.shared_cache_checks import QUANT_ATOL, fp32_lineage
 from tinyt.hardware import saturates_here
 from tinyt.manifest import check_manifest
 from tinyt.runtime import tuning
-from tinyt.runtime.session import open_artifact
+from tinyt.runtime.session import Artifact, open_artifact
 
 PROMPTS = ["def alpha", "import os\n", "    return ", "x"]
 
@@ -260,7 +260,7 @@ def test_the_runtime_times_each_phase_and_keeps_the_fastest(pair):
     assert (fixed.plan.decode_graph, fixed.plan.decode_threads, fixed.plan.prompt_graph) == \
         ("model.onnx", 2, "prefill.onnx")
     assert fixed.session.get_session_options().intra_op_num_threads == 2
-    lm = rt.load(pair, threads=2)
+    lm = rt.load(pair, threads=2, tune="speed")  # every graph a candidate, whatever its accuracy
     plan = lm.plan
     decode = {(g, n): f"decode:{g}@{n}" for g in ("model.onnx", "prefill.onnx") for n in (1, 2)}
     assert plan.tuned and set(plan.measured_ms) == {
@@ -275,7 +275,7 @@ def test_the_runtime_times_each_phase_and_keeps_the_fastest(pair):
     assert plan.prompt_graph == tuning._choose("prefill.onnx", {
         g: plan.measured_ms[f"prompt:{g}"] for g in ("prefill.onnx", "model.onnx")})
     assert lm.generate("def alpha", max_new_tokens=4, temperature=0)
-    assert rt.load(pair, threads=1).plan.measured_ms.keys() == {  # one thread: nothing to split
+    assert rt.load(pair, threads=1, tune="speed").plan.measured_ms.keys() == {  # nothing to split
         "decode:model.onnx@1", "decode:prefill.onnx@1", "prompt:prefill.onnx",
         "prompt:model.onnx"}
 
@@ -296,7 +296,7 @@ def test_steps_go_through_the_int8_gemm_graph_when_it_wins_by_the_margin(pair, m
         return times | {f"prompt:{g}": 1.0 for g in prompt}
 
     monkeypatch.setattr(tuning, "_measure", measured)
-    lm = rt.load(pair[2], threads=2)
+    lm = rt.load(pair[2], threads=2, tune="speed")
     assert (lm.plan.decode_graph, lm.plan.decode_threads) == (chosen, 1)
     assert _graph(lm.session) == chosen and any("prefill.onnx measured" in r
                                                 for r in lm.plan.reasons) == (faster < 0.95)
@@ -384,6 +384,65 @@ def test_full_range_int8_gemms_are_not_run_where_they_saturate(pair):
         plan, step, prompt = tuning.plan_sessions(full, threads=1, spinning=None, level=None,
                                                   tune=False, features=VNNI)
         assert plan.prompt_graph == _graph(prompt) == "prefill.onnx" and plan.reasons == []
+
+
+def _with_kl(artifact, step: float | None, prompt: float | None, **prompt_report) -> Artifact:
+    """The pair as if its graphs' accuracy reports had these KL divergences (None: no report)."""
+    manifest = {k: v for k, v in artifact.manifest.items()
+                if k not in ("accuracy", "prefill_accuracy", "prefill_source")}
+    for key, kl, extra in (("accuracy", step, {}), ("prefill_accuracy", prompt, prompt_report)):
+        if kl is not None:
+            manifest[key] = {**artifact.manifest["accuracy"], "kl_divergence": kl, **extra}
+    return dataclasses.replace(artifact, manifest=manifest)
+
+
+def test_the_tuner_decodes_only_through_a_graph_at_least_as_accurate(pair):
+    """Which graph decodes decides the quantization a token is computed with: the prompt graph
+    is a decode candidate only when its accuracy report's KL from fp32 is at most the step
+    graph's (an INT4 pair's int8 prompt graph), unless tune="speed"."""
+    int8, qgemm, pair = pair
+    manifest = check_manifest(pair)  # the pair keeps both graphs' reports
+    assert manifest["accuracy"] == check_manifest(int8)["accuracy"]
+    assert manifest["prefill_accuracy"] == check_manifest(qgemm)["accuracy"]
+    artifact = open_artifact(pair)
+    refusal = tuning.decode_accuracy_refusal
+    assert refusal(_with_kl(artifact, 1e-3, 1e-3)) is None  # as accurate: may decode
+    assert refusal(_with_kl(artifact, 1e-3, 1e-4)) is None  # more accurate (INT4 steps)
+    assert "less accurate than model.onnx's (KL from fp32 0.0011 against 0.001" in refusal(
+        _with_kl(artifact, 1e-3, 1.1e-3))
+    assert "no accuracy report" in refusal(_with_kl(artifact, 1e-3, None))
+    assert "different text" in refusal(_with_kl(artifact, 1e-3, 1e-4, tokens=7))
+    fp32_steps = _with_kl(artifact, None, 1e-9)
+    fp32_steps.manifest.pop("quantization")
+    assert "less accurate" in refusal(fp32_steps)  # unquantized steps are the reference
+    # the same rule on what the demo pair's own reports say, and where the plan records it
+    worse = refusal(artifact)
+    assert (worse is None) == (manifest["prefill_accuracy"]["kl_divergence"]
+                               <= manifest["accuracy"]["kl_divergence"])
+    for tune, case in (("speed", _with_kl(artifact, 1e-3, 1.1e-3)),
+                       (True, _with_kl(artifact, 1e-3, 1.1e-3)),
+                       (True, _with_kl(artifact, 1e-3, 1e-4))):
+        plan, step, prompt = tuning.plan_sessions(case, threads=1, spinning=None, level=None,
+                                                  tune=tune, features=VNNI)
+        timed = "decode:prefill.onnx@1" in plan.measured_ms
+        assert timed == (tune == "speed" or refusal(case) is None)
+        assert any("not timed: its tokens are less accurate" in r for r in plan.reasons) == \
+            (not timed)
+        assert timed or _graph(step) == plan.decode_graph == "model.onnx"
+        assert {"prompt:prefill.onnx", "prompt:model.onnx"} <= plan.measured_ms.keys()
+        assert _graph(prompt) == plan.prompt_graph  # prompts: timed whatever decodes
+    for bad in ("fast", 1, None):
+        with pytest.raises(ConfigError, match=r"tune=.* is not one of True .*'speed'"):
+            rt.load(pair, tune=bad)
+    from conftest import run_tinyt
+
+    args = ("generate", pair, "def ", "--max-new-tokens", "3", "--threads", "1", "-v")
+    r = run_tinyt(*args, "--tune-speed")
+    assert r.returncode == 0 and "'decode:prefill.onnx@1'" in r.stderr, r.stderr
+    r = run_tinyt(*args)
+    assert r.returncode == 0 and ("'decode:prefill.onnx@1'" in r.stderr) == (worse is None)
+    r = run_tinyt(*args, "--tune-speed", "--no-tune")
+    assert r.returncode == 2 and "cannot go with --no-tune" in r.stderr, r.stderr
 
 
 def _with_options(artifact, **options) -> dict:
