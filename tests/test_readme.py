@@ -107,6 +107,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "hf_shape qwen3-0.6b artifacts-qwen3-peers/hf": "hf_shape qwen3-test artifacts-qwen3-peers/hf",
     "--out benchmarks/results/peers-qwen3-0.6b-1t-epyc-avx2 --threads 1 --rounds 3":
         "--out peers-qwen3-1t-results --threads 1 --rounds 1",
+    "--out benchmarks/results/peers-qwen3-0.6b-1t-epyc-avx2-agreement --threads 1":
+        "--out peers-qwen3-agree-results --threads 1",
+    "--out benchmarks/results/peers-qwen3-0.6b-1t-epyc-avx2-agreement/pair-graphs.json":
+        "--out pair-graphs.json",
     "--out benchmarks/results/peers-qwen3-0.6b-2t-epyc-avx2 --threads 2 --rounds 2":
         "--out peers-qwen3-2t-results --threads 2 --rounds 1",
     # (its INT8 stage judges on long documents, which the peers' 1,024- and 4,036-token
