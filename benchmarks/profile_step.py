@@ -8,7 +8,7 @@ attention_mask and a past of fixed length), with the cache at the same past.
 
 Batch 1, one new token after `past` tokens, THREADS threads, 200 runs after 20 warm-ups,
 one graph then the other; prints each op type's microseconds per step in each graph and the
-wall time per step.
+wall time per step (--by-shape: per op type and output shape, e.g. each matmul's width).
 """
 from __future__ import annotations
 
@@ -49,7 +49,15 @@ def feeds_for(session: ort.InferenceSession, past: int, cfg) -> dict[str, np.nda
     return out
 
 
-def profile(path: Path, past: int, threads: int, runs: int, cfg) -> tuple[Counter, float]:
+def _shape_key(event: dict) -> str:
+    """An event's op and its output shapes: `MatMulNBits -> [1,1,6144]`."""
+    shapes = [",".join(map(str, next(iter(o.values()))))
+              for o in event["args"].get("output_type_shape", [])]
+    return f"{event['args']['op_name']} -> " + " ".join(f"[{x}]" for x in shapes)
+
+
+def profile(path: Path, past: int, threads: int, runs: int, cfg,
+            by_shape: bool = False) -> tuple[Counter, float]:
     with tempfile.TemporaryDirectory() as tmp:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
@@ -68,7 +76,7 @@ def profile(path: Path, past: int, threads: int, runs: int, cfg) -> tuple[Counte
     per_op: Counter = Counter()
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            per_op[e["args"]["op_name"]] += e["dur"]
+            per_op[_shape_key(e) if by_shape else e["args"]["op_name"]] += e["dur"]
     n = runs + 20
     return Counter({k: v / n for k, v in per_op.items()}), wall * 1e6
 
@@ -79,6 +87,8 @@ def main() -> None:
     ap.add_argument("--past", type=int, default=94)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--by-shape", action="store_true",
+                    help="one line per op type and output shape (which matmul costs what)")
     args = ap.parse_args()
     from tinyt.manifest import read_model_config
 
@@ -86,7 +96,8 @@ def main() -> None:
     if not 0 <= args.past < cfg.block_size:
         raise SystemExit(f"error: --past {args.past} must be in 0..{cfg.block_size - 1} (the "
                          "model's block_size less one)")
-    a, b = (profile(g, args.past, args.threads, args.runs, cfg) for g in args.graphs)
+    a, b = (profile(g, args.past, args.threads, args.runs, cfg, args.by_shape)
+            for g in args.graphs)
     names = [f"{g.parent.name}/{g.name}" for g in args.graphs]
     print(f"one decode step after {args.past} tokens, {args.threads} thread(s), µs per step")
     print(f"| op | {names[0]} | {names[1]} |\n|---|---|---|")
