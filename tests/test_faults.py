@@ -67,6 +67,7 @@ def stages(tiny_ckpt, lm_onnx, corpus_dir):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["export", "optimize", "quantize", "package"])
 def test_a_stage_killed_at_random_points_leaves_the_previous_output(stage, stages, tmp_path):
     args, check = stages[stage]
@@ -105,6 +106,7 @@ def kill_after_evaluations(cmd: list, count: int, rng: random.Random) -> None:
     assert seen == count, f"training ended after {seen} evaluations, before the kill"
 
 
+@pytest.mark.slow
 def test_training_killed_at_random_points_always_leaves_a_loadable_checkpoint(corpus_dir,
                                                                                tmp_path):
     out = tmp_path / "ck"
@@ -121,6 +123,7 @@ def test_training_killed_at_random_points_always_leaves_a_loadable_checkpoint(co
     assert leftovers(out) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["import", "trace", "write"])
 def test_ctrl_c_exits_130_with_one_line_and_the_previous_output_intact(point, tiny_ckpt,
                                                                         tmp_path):

@@ -126,6 +126,7 @@ QEMU = shutil.which("qemu-x86_64")
 
 @pytest.mark.skipif(QEMU is None or platform.machine() != "x86_64",
                     reason="needs Debian's qemu-user on x86_64 (scripts/setup.sh installs it)")
+@pytest.mark.slow
 def test_under_an_emulated_avx2_cpu(eight_bit, built):
     """The real thing on any x86 machine: under `qemu-x86_64 -cpu Haswell` CPUID answers as an
     AVX2-only CPU (while /proc/cpuinfo stays the host's), ONNX Runtime's int8 GEMM saturates,

@@ -84,6 +84,7 @@ print(toolkit_digest())
 """
 
 
+@pytest.mark.slow
 def test_edge_install_from_the_wheel_generates_without_torch(wheel, lm_onnx, tmp_path):
     """The built wheel with the 'cpu' extra, in a fresh virtual environment: no torch, the
     same tokens and the same toolkit digest as here. Its size on disk is what tinyt.footprint reports."""
@@ -115,6 +116,7 @@ def test_edge_install_from_the_wheel_generates_without_torch(wheel, lm_onnx, tmp
     assert 0.7 < (on_disk - pip_itself) / reported < 1.3, (on_disk, pip_itself, reported)
 
 
+@pytest.mark.slow
 def test_tinyt_bench_runs_from_the_installed_wheel(wheel, tiny_ckpt, lm_onnx, tmp_path):
     """The wheel's own tinyt (installed into a directory of its own, first on the path, run
     outside the checkout) benchmarks a user's artifacts: the harness ships as tinyt.benchmarks."""

@@ -259,6 +259,7 @@ def _run_block(commands: list[str], work: Path, env: dict) -> int:
     return ran
 
 
+@pytest.mark.slow
 def test_every_readme_command_runs_at_small_size(tmp_path):
     import shutil
 

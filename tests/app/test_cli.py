@@ -44,6 +44,7 @@ def test_sample_rejects_bad_arguments(tiny_ckpt):
     assert proc.returncode == 2 and "temperature=nan must be a finite number" in proc.stderr
 
 
+@pytest.mark.slow
 def test_train_stop_and_resume_from_the_cli(corpus_dir, tmp_path):
     out = tmp_path / "ck"
     common = ["--preset", "test", "--data", corpus_dir, "--max-steps", "6", "--eval-interval", "3"]
@@ -56,6 +57,7 @@ def test_train_stop_and_resume_from_the_cli(corpus_dir, tmp_path):
     assert json.loads((out / "config.json").read_text())["metrics"]["step"] == 6
 
 
+@pytest.mark.slow
 def test_train_classifier_from_the_cli(labelled_dir, tmp_path):
     out = tmp_path / "clf"
     tinyt("train", "--task", "classifier", "--preset", "test", "--data", labelled_dir,
@@ -77,6 +79,7 @@ def test_import_nanogpt_from_the_cli(tmp_path):
     assert out.startswith("def ")
 
 
+@pytest.mark.slow
 def test_generate_classify_and_info(lm_onnx, tiny_clf, tmp_path):
     proc = tinyt("generate", lm_onnx, "def alpha", "--max-new-tokens", "6", "--temperature", "0")
     assert proc.stdout.startswith("def alpha") and len(proc.stdout.strip()) > len("def alpha")

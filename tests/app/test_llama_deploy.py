@@ -53,6 +53,7 @@ def chain(llama_ckpt, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_cache_is_sized_by_the_key_value_heads(llama_ckpt, chain):
     cfg = load_checkpoint(llama_ckpt).config
     s = ort.InferenceSession(str(chain["onnx"] / ONNX_FILE), providers=["CPUExecutionProvider"])

@@ -8,6 +8,7 @@ from tinyt.artifacts import made_by
 from tinyt.manifest import fresh
 
 
+@pytest.mark.slow
 def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     out = tmp_path / "run"
     logs: list[str] = []
@@ -37,6 +38,7 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     assert not any("running" in line for line in logs)
 
 
+@pytest.mark.slow
 def test_changed_input_reruns_the_stages_after_it(corpus_dir, tmp_path, tiny_ckpt):
     import shutil
     out = tmp_path / "run"
@@ -53,6 +55,7 @@ def test_changed_input_reruns_the_stages_after_it(corpus_dir, tmp_path, tiny_ckp
     assert not fresh(out / "onnx", tmp_path / "nothing")
 
 
+@pytest.mark.slow
 def test_other_tinyt_code_reruns_every_stage(corpus_dir, tmp_path, tiny_ckpt, monkeypatch):
     out = tmp_path / "run"
     pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=lambda s: None)

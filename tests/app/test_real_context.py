@@ -294,6 +294,7 @@ def test_check_sizes_are_bounded_whatever_the_context():
     assert sizes(gpt2, _cases(gpt2, "decoder_with_past"))["highest_position"] == 63
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, context", [("qwen2.5", 32_768), ("smollm2", 8_192)])
 def test_real_contexts_export_and_verify_at_their_end(name, context, tmp_path):
     """Qwen2.5's and SmolLM2's contexts: export, then verify against PyTorch with sequences of

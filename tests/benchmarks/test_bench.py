@@ -29,6 +29,7 @@ def test_measure_settles_then_times_blocks_interleaved():
     assert "".join(calls) == "a" + "b" + ("a" * 5 + "b" * 5) * 2
 
 
+@pytest.mark.slow
 def test_quick_run(artifacts, tmp_path, monkeypatch):
     monkeypatch.setitem(harness.MODES, "quick", {**harness.MODES["quick"], "rounds": 2,
                                                  "block": 2, "warmup": 1})
@@ -136,6 +137,7 @@ def test_full_mode_sizes_fit_a_small_model():
     assert harness.resolve_sizes(full["prompts"], cfg) == [1, 32]
 
 
+@pytest.mark.slow
 def test_plain_baseline_is_reused_while_current(artifacts, tmp_path):
     from tinyt.benchmarks.variants import plain_int8_baseline
     out = plain_int8_baseline(artifacts / "checkpoint", tmp_path / "baseline")

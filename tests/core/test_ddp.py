@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 WORKER = str(Path(__file__).resolve().parents[1] / "ddp_worker.py")
@@ -34,6 +35,7 @@ def run(args):
     return proc
 
 
+@pytest.mark.slow
 def test_two_process_ddp_steps_with_the_single_process_gradients(corpus_dir, tmp_path):
     common = ["train", "--preset", "test", "--data", str(corpus_dir), "--max-steps", "6",
               "--eval-interval", "3", "--batch-size", "8"]

@@ -127,6 +127,7 @@ def test_options_tinyt_does_not_implement_are_refused_by_name(bpe, tmp_path, opt
     assert one_line.returncode == 2 and option in one_line.stderr
 
 
+@pytest.mark.slow
 def test_the_chain_runs_on_an_import(bpe, tmp_path, monkeypatch, corpus_dir):
     """export, verify, optimize (FastGelu fused), quantize, generate, Optimum's loader."""
     import onnx

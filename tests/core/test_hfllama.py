@@ -167,6 +167,7 @@ def test_mixed_forms_and_unsupported_biases_are_not_written_as_llama(tmp_path):
         assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_cli_imports_and_exports_a_llama_model(tmp_path):
     _save_hf("llama", tmp_path / "hf")
     r = run_tinyt("import-hf", str(tmp_path / "hf"), str(tmp_path / "ck"))

@@ -88,6 +88,7 @@ def test_options_are_validated_by_name():
     assert ModelConfig.from_json(cfg.to_json()) == cfg  # checkpoints keep every option
 
 
+@pytest.mark.slow
 def test_a_llama_model_trains_saves_and_reloads(corpus_dir, tmp_path):
     from tinyt.checkpoint import load_checkpoint
     from tinyt.train import train

@@ -174,6 +174,7 @@ def test_tampered_artifact_is_refused(lm_onnx, tiny_ckpt, tmp_path):
         verify(tiny_ckpt, copy)
 
 
+@pytest.mark.slow
 def test_export_and_verify_cli(tiny_ckpt, tmp_path):
     tinyt = run_tinyt
     proc = tinyt("export", tiny_ckpt, tmp_path / "onnx")

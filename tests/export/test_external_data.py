@@ -32,6 +32,7 @@ def tokens(artifact, prompt="def alpha", n=12):
     return lm.generate_details([prompt], max_new_tokens=n, min_new_tokens=n)[0].token_ids
 
 
+@pytest.mark.slow
 def test_export_writes_the_weights_beside_the_graph(ext, lm_onnx, tiny_ckpt):
     manifest = json.loads((ext / "manifest.json").read_text())
     assert {"model.onnx", DATA} <= set(manifest["files"])
@@ -76,6 +77,7 @@ def test_every_stage_follows_external_data(ext, lm_onnx, tmp_path, monkeypatch, 
         package(ext, tmp_path / "edge", format="ort")
 
 
+@pytest.mark.slow
 def test_the_threshold_decides_without_the_option(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setenv("TINYT_EXTERNAL_DATA_BYTES", "1000")
     assert (export_onnx(tiny_ckpt, tmp_path / "a") / DATA).is_file()

@@ -58,6 +58,7 @@ def every(tmp_path_factory):
     return ck, _chain(ck, root)
 
 
+@pytest.mark.slow
 def test_every_graph_verifies_against_pytorch(every):
     from tinyt.export import verify
 
@@ -138,6 +139,7 @@ def test_each_family_directory_through_every_stage(name, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_edge_and_browser_packages_take_every_option(every, tmp_path):
     """`--format ort` of the contract and shared-cache graphs (each checked against its source
     by the stage), and `--format web` checked under node with onnxruntime-web: the page's
@@ -188,6 +190,7 @@ def _peers_run_the_artifacts(name, ck, chain):
             assert got == want[0, 40:].tolist(), (name, stage)
 
 
+@pytest.mark.slow
 def test_a_window_longer_than_the_checks_is_crossed_by_them(tmp_path, monkeypatch):
     """Mistral's window (300 here, 4096 in the real model) is longer than check_tokens (128):
     verify and the shared-cache check each add one batch-1 case past it, so a graph that
@@ -255,6 +258,7 @@ def test_the_main_job_makes_every_variant_of_the_every_option_model(every, tmp_p
     assert "? parameters" in report and "FAILED" not in report
 
 
+@pytest.mark.slow
 def test_qk_norms_with_equal_weights_still_reach_the_shared_cache_graph(tmp_path):
     """A fresh model's q and k norms are all ones: optimization keeps one initializer for
     them, so the rewrite finds each norm from its projection's Split, not by name (found at

@@ -106,6 +106,7 @@ def test_pinned_chunks_of_several_tokens(lm_onnx, tmp_path):
     assert len(rt.load(out).tokenizer.encode("def alpha")) + len(result.token_ids) == 21
 
 
+@pytest.mark.slow
 def test_pinned_no_cache_decoder_and_classifier(tiny_ckpt, tiny_clf, clf_onnx, tmp_path):
     no_cache = export_onnx(tiny_ckpt, tmp_path / "nocache", with_past=False)
     out = package(no_cache, tmp_path / "nocache-fixed", format="onnx",

@@ -174,6 +174,7 @@ def test_classifier_quantizes(tiny_clf, labelled_dir, tmp_path):
     assert abs(a["accuracy_change"]) <= 0.1 and a["examples"] > 0
 
 
+@pytest.mark.slow
 def test_demo_shape_int8_is_at_most_30_percent(corpus_dir, tmp_path):
     """The size target is for the default demo model: its shape, untrained (size does not
     depend on the weights' values)."""

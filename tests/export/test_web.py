@@ -58,6 +58,7 @@ def packages(lm_onnx, tmp_path_factory, corpus_dir):
             "pair": (pair, package(pair, root / "web-pair", format="web"))}
 
 
+@pytest.mark.slow
 @needs_web
 def test_tokenizer_gives_tinyts_ids_on_the_corpus_and_hostile_text(packages, corpus_dir):
     from tinyt.data import load_corpus
@@ -196,6 +197,7 @@ def test_page_greedy_tokens_equal_the_runtimes(packages, browser, name, corpus_d
     assert sum(g == w for g, w in zip(got, want)) >= 1  # not every row at a tie
 
 
+@pytest.mark.slow
 @needs_browser
 def test_page_sampling_with_a_seed_repeats(packages, browser):
     _, pkg = packages["pair"]
@@ -207,6 +209,7 @@ def test_page_sampling_with_a_seed_repeats(packages, browser):
     assert c["token_ids"] != a["token_ids"]  # another seed, other draws
 
 
+@pytest.mark.slow
 @needs_browser
 def test_page_shows_a_clear_message_for_bad_files_and_prompts(packages, browser, tmp_path):
     src, pkg = packages["int8"]

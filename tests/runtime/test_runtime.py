@@ -369,6 +369,7 @@ def _reference_next_token(logits, params, rng, history):
     return probs.size - 1
 
 
+@pytest.mark.slow
 def test_top_k_sampling_picks_what_the_full_row_sampler_picks():
     from tinyt.runtime.sampling import next_token
     rng = np.random.default_rng(0)

@@ -51,6 +51,7 @@ def lm(artifacts):
     return rt.load(artifacts["gqa"], threads=1, tune=False)
 
 
+@pytest.mark.slow
 def test_completions_plain_streamed_stopped_and_batched(server, lm):
     c = server.client()
     r = c.completions.create(model="tiny-gqa", prompt="def ", max_tokens=8, temperature=0)
