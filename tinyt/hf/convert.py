@@ -36,7 +36,12 @@ from tinyt.hf.catalogue import GPT2, family_of, writer_for
 from tinyt.hf.family import Family, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
-HF_LOGITS_ATOL = 1e-5  # tinyt vs transformers on the same weights, logits max abs diff
+# tinyt vs transformers on the same weights, logits max abs diff. The same fp32 arithmetic in
+# other orders (tinyt runs q, k, v and gate, up as one matmul each): ~sqrt(K)·u of the terms'
+# size per reordered sum, compounding over the layers (measured 1.16e-5 at the Llama-3.2-1B
+# shape, 16 layers, K up to 8,192; below 1e-6 on the test models); a wrong conversion (a
+# rotary half, a head order, a norm) moves logits by ~0.1. The bound of export's verify.
+HF_LOGITS_ATOL = 1e-4
 CHECK_TOKENS = 64  # prompt length of the logits check, unless positions are a learned table
 
 
