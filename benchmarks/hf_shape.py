@@ -47,6 +47,12 @@ SHAPES["qwen3-test"] = ("Qwen3Config", "Qwen3ForCausalLM", {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_window_layers": 2})
 
+# Llama-3.2-1B's settings (131,072-token context, llama3 rope scaling, head_dim 64, tie) at a
+# test's size: what the README test runs its peer commands on
+SHAPES["llama-3.2-test"] = ("LlamaConfig", "LlamaForCausalLM", {
+    **SHAPES["llama-3.2-1b"][2], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16})
+
 
 def save(name: str, out: Path, seed: int = 0) -> Path:
     import torch

@@ -113,6 +113,13 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
         "--out pair-graphs.json",
     "--out benchmarks/results/peers-qwen3-0.6b-2t-epyc-avx2 --threads 2 --rounds 2":
         "--out peers-qwen3-2t-results --threads 2 --rounds 1",
+    # the peers at Llama-3.2-1B's shape -> its settings at a test's size, as for Qwen3
+    "hf_shape llama-3.2-1b artifacts-llama1b-peers/hf":
+        "hf_shape llama-3.2-test artifacts-llama1b-peers/hf",
+    "--out benchmarks/results/peers-llama-3.2-1b-2t-xeon-amx --threads 2 --rounds 1":
+        "--out peers-llama1b-2t-results --threads 2 --rounds 1",
+    "artifacts-llama1b-peers/onnx-int8 --bits 8": "artifacts-llama1b-peers/onnx-int8 --bits 8 "
+                                                  "--data long-docs",
     # (its INT8 stage judges on long documents, which the peers' 1,024- and 4,036-token
     # prompts are cut from)
     "artifacts-qwen3-peers/onnx-int8 --bits 8": "artifacts-qwen3-peers/onnx-int8 --bits 8 "
