@@ -90,24 +90,23 @@ def max_abs_diff(x: np.ndarray, y: np.ndarray) -> float:
     return worst
 
 
-def compare_graphs(a: ort.InferenceSession | Callable[[], ort.InferenceSession],
-                   b: ort.InferenceSession | Callable[[], ort.InferenceSession],
+def compare_graphs(a: Callable[[], ort.InferenceSession], b: Callable[[], ort.InferenceSession],
                    cfg: ModelConfig, kind: str, *, seed: int = 0, cases=None) -> dict[str, Any]:
-    """Worst max-abs difference per output (and where) between sessions a and b, over
-    `cases` of (batch, sequence, past, padding[, first position]) — by default
-    grid(cfg, kind). a and b may be functions that open the sessions: then a runs every
-    case and is closed before b opens, so only one graph's weights are held at a time (at the
+    """Worst max-abs difference per output (and where) between the sessions that a and b
+    open, over `cases` of (batch, sequence, past, padding[, first position]) — by default
+    grid(cfg, kind). a's session runs every case and is closed before b opens, so only one
+    graph's weights are held at a time (at the
     Llama-3.2-1B shape the two fp32 sessions together held 9.4 GB of optimize's 19.2 GB
     peak)."""
     rng = np.random.default_rng(seed)
     cases = list(grid(cfg, kind) if cases is None else cases)
     feeds = [random_feeds(cfg, kind, *case[:4], rng, first=case[4] if len(case) > 4 else 0)
              for case in cases]
-    first = a() if callable(a) else a
+    first = a()
     names = [o.name for o in first.get_outputs()]
     expected = [first.run(names, f) for f in feeds]
     del first
-    second = b() if callable(b) else b
+    second = b()
     worst: dict[str, Any] = {n: {"max_abs": 0.0, "case": None} for n in names}
     for case, f, xs in zip(cases, feeds, expected):
         for name, x, y in zip(names, xs, second.run(names, f)):
