@@ -27,11 +27,13 @@ is at most the step graph's (an INT4 pair's int8 prompt graph; not an INT8 pair'
 per-tensor activation scales cost more than the step graph's blocks of 64). tune="speed"
 times it anyway, and the plan's reasons say which was left out and why.
 
-Candidates run in interleaved rounds (median of each); one replaces the default only when it
-is at least MARGIN faster, so noise does not flip a choice. The defaults: prompts through the
+Candidates are timed two at a time, the choice so far against the next candidate, in
+interleaved rounds (median of each); the challenger replaces the choice only when it is at
+least MARGIN faster, so noise does not flip a choice. Only the two sessions of a match are
+open: each holds its graph's weights, so the load's peak stays near what the pair keeps. The defaults: prompts through the
 prompt graph (made for them), decode through the step graph (made for it) at 1 thread (a
 thread that does not buy MARGIN is not spent: the core stays free for the application).
-LanguageModel.plan keeps the choice, the reasons and the times. Which graph decodes decides
+LanguageModel.plan keeps the choice, the reasons, the times and each match. Which graph decodes decides
 the quantization a token is computed with, so generations may differ between CPU kinds as
 INT8 graphs differ from each other; `tune=False` fixes every choice.
 """
@@ -66,6 +68,8 @@ class Plan:
     tuned: bool  # False: the defaults, nothing was timed
     reasons: list[str] = field(default_factory=list)
     measured_ms: dict[str, float] = field(default_factory=dict)  # candidate -> median
+    # each timed match: {"ms": candidate -> median, "default": the choice so far, "kept": ...}
+    matches: list[dict] = field(default_factory=list)
 
     def describe(self) -> str:
         return (f"decode: {self.decode_graph} at {self.decode_threads} thread(s); prompts: "
@@ -121,62 +125,100 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
     """The plan, the decode session and the prompt session (possibly the same one); threads
     is the budget, checked and defaulted already (session.resolve_threads, in rt.load);
     tune: True (the fastest of the candidates at least as accurate as the defaults), "speed"
-    (the fastest of all) or False (the defaults, nothing timed)."""
+    (the fastest of all) or False (the defaults, nothing timed).
+
+    Candidates are timed two at a time (the choice so far against the next one), and a
+    session no match needs is closed before the next opens: each session holds its graph's
+    weights, so the load's peak is two sessions, about what the pair then holds (at the
+    Llama-3.2-1B shape, an INT4 pair at 2 threads peaked at 7.9 GB with every candidate open,
+    2.8x the 2.8 GB it kept)."""
     check_tune(tune)
-    opened: dict[tuple[str, int, str], ort.InferenceSession] = {}
-
-    def open_(graph: str, n: int, phase: str) -> ort.InferenceSession:
-        if (graph, n, phase) not in opened:
-            opened[graph, n, phase] = create_session(artifact, threads=n, spinning=spinning,
-                                                     level=level, graph=graph, phase=phase)
-        return opened[graph, n, phase]
-
+    pool = _Sessions(artifact, spinning=spinning, level=level)
     step_file = artifact.model_file
     refused = None if artifact.prefill_file is None else prompt_graph_allowed(artifact, features)
     prompt_file = artifact.prefill_file if artifact.prefill_file and not refused else step_file
     plan = Plan(step_file, threads, prompt_file, threads, tuned=False,
                 reasons=[refused] if refused else [])
-    # steps at `threads`, and prompts when they go through the step graph
-    decode = {(step_file, threads): open_(step_file, threads, "any")}
-    prompt = {prompt_file: open_(prompt_file, threads,
-                                 "any" if prompt_file == step_file else "prompt")}
+
+    def decode_key(c: tuple[str, int]) -> tuple[str, int, str]:  # steps at `threads` on the
+        # step graph share a session with prompts through it
+        return (*c, "any" if c == (step_file, threads) else "step")
+
+    def prompt_key(graph: str, timing: bool = True) -> tuple[str, int, str]:
+        shared = graph == step_file and (timing or champion == (step_file, threads))
+        return (graph, threads, "any" if shared else "prompt")
+
     if not tune:
-        return plan, decode[step_file, threads], prompt[prompt_file]
+        champion = (step_file, threads)
+        return plan, pool.get(decode_key(champion)), pool.get(prompt_key(prompt_file, False))
     decoders = [step_file, prompt_file]  # every graph this CPU may run...
     if prompt_file != step_file and tune != "speed":  # ...and, unless told, no less accurate
         worse = decode_accuracy_refusal(artifact)
         if worse:
             decoders.remove(prompt_file)
             plan.reasons.append(worse)
-    for graph in dict.fromkeys(decoders):
-        for n in sorted({1, threads}):
-            if (graph, n) not in decode:
-                decode[graph, n] = open_(graph, n, "step")
-    if prompt_file != step_file:
-        prompt[step_file] = decode[step_file, threads]
-    if len(decode) == 1 and len(prompt) == 1:
-        return plan, decode[step_file, threads], prompt[prompt_file]
-    times = _measure(artifact, decode, prompt)
-    plan.tuned, plan.measured_ms = True, {k: round(v * 1e3, 4) for k, v in times.items()}
-    # a thread that does not buy MARGIN is not spent: more threads must win by it
-    best_decode = _choose((step_file, 1), {c: times[_decode_key(*c)] for c in decode})
-    best_prompt = _choose(prompt_file, {g: times[f"prompt:{g}"] for g in prompt})
-    (plan.decode_graph, plan.decode_threads), plan.prompt_graph = best_decode, best_prompt
-    if best_decode[0] != step_file:
-        plan.reasons.append(f"decode: {best_decode[0]} measured at least {MARGIN:.0%} faster "
+    candidates = [(g, n) for g in dict.fromkeys(decoders) for n in sorted({1, threads})]
+    prompts = list(dict.fromkeys([prompt_file, step_file]))
+    champion = candidates[0]  # the default: the step graph at 1 thread
+    if len(candidates) == 1 and len(prompts) == 1:  # nothing to choose between
+        session = pool.get(decode_key(champion))
+        return plan, session, session
+    for challenger in candidates[1:]:
+        pool.keep(decode_key(champion))
+        times = _measure(artifact, {c: pool.get(decode_key(c)) for c in (champion, challenger)},
+                         {})
+        won = _choose(champion, {c: times[_decode_key(*c)] for c in (champion, challenger)})
+        plan.matches.append(_match(times, _decode_key(*champion), _decode_key(*won)))
+        champion = won
+    best_prompt = prompt_file
+    if len(prompts) > 1:  # the choice of steps is closed unless it is a prompt candidate too
+        pool.keep(*(prompt_key(g) for g in prompts))
+        times = _measure(artifact, {}, {g: pool.get(prompt_key(g)) for g in prompts})
+        best_prompt = _choose(prompt_file, {g: times[f"prompt:{g}"] for g in prompts})
+        plan.matches.append(_match(times, f"prompt:{prompt_file}", f"prompt:{best_prompt}"))
+    for m in plan.matches:
+        plan.measured_ms |= m["ms"]
+    plan.tuned = True
+    (plan.decode_graph, plan.decode_threads), plan.prompt_graph = champion, best_prompt
+    if champion[0] != step_file:
+        plan.reasons.append(f"decode: {champion[0]} measured at least {MARGIN:.0%} faster "
                             f"than {step_file} on this CPU")
-    if best_decode[1] != threads:
+    if champion[1] != threads:
         plan.reasons.append(f"decode: {threads} threads measured less than {MARGIN:.0%} faster "
-                            f"than {best_decode[1]} on this CPU")
+                            f"than {champion[1]} on this CPU")
     if best_prompt != prompt_file:
         plan.reasons.append(f"prompts: {best_prompt} measured faster than {prompt_file} on this "
                             "CPU")
-    step_session, prompt_session = decode[best_decode], prompt[best_prompt]
-    if prompt_session is decode[step_file, threads] and step_session is not prompt_session:
-        # prompts through the step graph at `threads`, steps elsewhere: its workers must not
-        # spin after a prompt while the other session decodes
-        prompt_session = open_(step_file, threads, "prompt")
-    return plan, step_session, prompt_session
+    # prompts through the step graph at `threads`, steps elsewhere: its workers must not spin
+    # after a prompt while the other session decodes (a "prompt" session, opened now)
+    final = decode_key(champion), prompt_key(best_prompt, timing=False)
+    pool.keep(*final)
+    return plan, pool.get(final[0]), pool.get(final[1])
+
+
+class _Sessions:
+    """The tuner's sessions by (graph, threads, phase): opened when asked for, closed by
+    keep() as soon as nothing ahead needs them."""
+
+    def __init__(self, artifact: Artifact, *, spinning: bool | None, level: str | None):
+        self.artifact, self.spinning, self.level = artifact, spinning, level
+        self.open: dict[tuple[str, int, str], ort.InferenceSession] = {}
+
+    def get(self, key: tuple[str, int, str]) -> ort.InferenceSession:
+        if key not in self.open:
+            graph, n, phase = key
+            self.open[key] = create_session(self.artifact, threads=n, spinning=self.spinning,
+                                            level=self.level, graph=graph, phase=phase)
+        return self.open[key]
+
+    def keep(self, *keys: tuple[str, int, str]) -> None:
+        for key in [k for k in self.open if k not in keys]:
+            del self.open[key]  # the last reference: ONNX Runtime frees its weights now
+
+
+def _match(times: dict[str, float], default: str, kept: str) -> dict:
+    return {"ms": {k: round(v * 1e3, 4) for k, v in times.items()}, "default": default,
+            "kept": kept}
 
 
 def _decode_key(graph: str, threads: int) -> str:

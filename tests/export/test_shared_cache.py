@@ -270,14 +270,62 @@ def test_the_runtime_times_each_phase_and_keeps_the_fastest(pair):
     assert lm.session.get_session_options().intra_op_num_threads == plan.decode_threads
     assert _graph(lm.session) == plan.decode_graph
     assert _graph(lm.prefill_session or lm.session) == plan.prompt_graph
-    assert (plan.decode_graph, plan.decode_threads) == tuning._choose(
-        ("model.onnx", 1), {c: plan.measured_ms[k] for c, k in decode.items()})
-    assert plan.prompt_graph == tuning._choose("prefill.onnx", {
-        g: plan.measured_ms[f"prompt:{g}"] for g in ("prefill.onnx", "model.onnx")})
+    # two at a time: the choice so far against the next candidate, kept unless beaten by MARGIN
+    order = [decode[c] for c in sorted(decode, key=lambda c: (c[0] != "model.onnx", c[1]))]
+    matches = plan.matches
+    assert [sorted(m["ms"]) for m in matches] == [
+        *(sorted([m["default"], nxt]) for m, nxt in zip(matches, order[1:])),
+        ["prompt:model.onnx", "prompt:prefill.onnx"]]
+    assert matches[0]["default"] == "decode:model.onnx@1"
+    for m, after in zip(matches, matches[1:-1]):
+        assert after["default"] == m["kept"]
+    for m in matches:
+        (other,) = set(m["ms"]) - {m["default"]}
+        won = m["ms"][other] < (1 - tuning.MARGIN) * m["ms"][m["default"]]
+        assert m["kept"] == (other if won else m["default"])
+    assert matches[-1]["default"] == "prompt:prefill.onnx"
+    assert f"decode:{plan.decode_graph}@{plan.decode_threads}" == matches[-2]["kept"]
+    assert f"prompt:{plan.prompt_graph}" == matches[-1]["kept"]
     assert lm.generate("def alpha", max_new_tokens=4, temperature=0)
     assert rt.load(pair, threads=1, tune="speed").plan.measured_ms.keys() == {  # nothing to split
         "decode:model.onnx@1", "decode:prefill.onnx@1", "prompt:prefill.onnx",
         "prompt:model.onnx"}
+
+
+@pytest.mark.parametrize("threads, tune", [(2, "speed"), (2, True), (1, "speed")])
+def test_the_tuner_holds_at_most_two_sessions(pair, monkeypatch, threads, tune):
+    """Each session holds its graph's weights: the tuner opens a candidate's only for its
+    match and closes what no match ahead needs, so at most two are alive at once (the pair
+    keeps two), and those alive after the load are the plan's."""
+    import gc
+    import weakref
+
+    real, alive, peak = tuning.create_session, weakref.WeakSet(), [0]
+
+    class Session:  # a real session that can be counted (InferenceSession takes no weakref)
+        def __init__(self, **kw):
+            self.s = real(**kw)
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    def counted(artifact, **kw):
+        gc.collect()  # only what is still referenced counts
+        session = Session(artifact=artifact, **kw)
+        alive.add(session)
+        peak[0] = max(peak[0], len(alive))
+        return session
+
+    monkeypatch.setattr(tuning, "create_session", counted)
+    artifact = open_artifact(pair[2])
+    plan, step, prompt = tuning.plan_sessions(artifact, threads=threads, spinning=None,
+                                              level=None, tune=tune, features=VNNI)
+    gc.collect()
+    assert plan.tuned and peak[0] == 2
+    assert set(alive) == {step, prompt}  # nothing else left open
+    assert step.s.get_session_options().intra_op_num_threads == plan.decode_threads
+    assert Path(step.s._model_path).name == plan.decode_graph
+    assert Path(prompt.s._model_path).name == plan.prompt_graph
 
 
 @pytest.mark.parametrize("faster, chosen", [(0.90, "prefill.onnx"), (0.97, "model.onnx")])
