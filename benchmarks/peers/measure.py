@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tinyt.errors import BenchError
+from tinyt.hardware import gib
 
 from ..environment import environment
 from . import analysis, report
@@ -28,6 +29,7 @@ from .prepare import prepare
 from .worker import Worker
 
 REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
+MEMORY_RESERVE = 1 << 30  # left free when the next worker starts (the parent, the page cache)
 VERSIONS = ("tinyt", "onnxruntime", "onnxruntime-genai", "ctranslate2", "torch", "transformers",
             "llama-cpp-python", "numpy")
 NEEDED = ("checkpoint", "onnx-opt", "onnx-int8")  # under ARTIFACTS, for every run
@@ -63,7 +65,8 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     skipped = prepare(artifacts, engines)
     plan = _inputs(artifacts, cfg, agreement_prompts, agreement_tokens, long_context)
     nbytes = analysis.floor_bytes(cfg, plan)
-    workers = _start(engines, artifacts, threads, skipped)
+    longest = max(plan["calls"], key=lambda c: len(c["ids"]) + c["n"])
+    workers = _start(engines, artifacts, threads, skipped, warm=longest)
     try:
         # 1. the same computation: greedy tokens on held-out prompts
         tokens = _greedy(workers, threads[0], plan, skipped)
@@ -174,20 +177,45 @@ def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int,
 
 
 def _start(engines: list[str], artifacts: Path, threads: list[int],
-           skipped: dict[str, str]) -> list[Worker]:
-    """A worker process per engine and thread count; one that fails is skipped with why."""
+           skipped: dict[str, str], warm: dict | None = None) -> list[Worker]:
+    """A worker process per engine and thread count; one that fails is skipped with why.
+
+    Every worker stays loaded through the interleaved rounds, so what they hold together must
+    fit: each runs `warm` (the longest call) once as it starts, so that its memory is what the
+    calls will make it, and the next starts only where the machine has room for it (about
+    twice its files while it loads, the most a started worker grew over the longest call, and
+    a reserve); one that would not fit is skipped with the sizes, not left to the kernel's
+    out-of-memory killer halfway through the run."""
+    from tinyt.hardware import available_memory
+
     workers: list[Worker] = []
+    grown = 0  # the most a started worker's resident memory grew over the warm-up call
     try:
         for name in engines:
             if name in skipped:
                 continue
+            files = _bytes(artifacts / ENGINES[name].artifact) or 0
             for n in threads:
+                need, free = 2 * files + grown + MEMORY_RESERVE, available_memory()
+                if free is not None and free < need:
+                    skipped[f"{name}@{n}t"] = (
+                        f"not started: {gib(free)} available with {len(workers)} worker(s) "
+                        f"loaded, and it needs about {gib(need)} (twice its files' "
+                        f"{gib(files)}, {gib(grown)} for the longest call, {gib(MEMORY_RESERVE)}"
+                        " spare): run fewer engines or thread counts together")
+                    continue
                 w = Worker(name, artifacts, n)
                 if w.error:
                     skipped[w.label] = w.error
                     w.close()
-                else:
-                    workers.append(w)
+                    continue
+                workers.append(w)
+                if warm is not None:
+                    before = (w.ask(op="memory")["memory"] or {}).get("rss")
+                    w.ask(op="time", calls=[warm], settle=0, block=1)
+                    after = (w.ask(op="memory")["memory"] or {}).get("rss")
+                    if before and after:
+                        grown = max(grown, after - before)
     except BaseException:
         for w in workers:
             w.close()

@@ -21,7 +21,21 @@ from .engines import ENGINES
 
 def prepare(artifacts: Path, engines: list[str]) -> dict[str, str]:
     """Convert the checkpoint for the peers that need it (kept under ARTIFACTS/peers while the
-    checkpoint is unchanged). Returns the engines skipped, with the reason."""
+    checkpoint is unchanged). Returns the engines skipped, with the reason.
+
+    In a child process: what the stages and converters allocate (a quantize of a 1.2B model
+    holds 16 GB; to_hf and CTranslate2's converter hold the model in torch) is the child's,
+    and goes with it. In this process it stayed with the parent (4.6 GB kept after the
+    conversions at the Llama-3.2-1B shape) while every worker needed the memory."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as child:
+        return child.submit(prepare_here, artifacts, engines).result()
+
+
+def prepare_here(artifacts: Path, engines: list[str]) -> dict[str, str]:
+    """prepare() in this process."""
     skipped = {}
     for name in engines:
         row = ENGINES[name]

@@ -220,6 +220,37 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
         peers.run(art, tmp_path / "out3", engines=["genai-builder-int4"])
 
 
+def test_a_worker_that_would_not_fit_in_memory_is_not_started(lm_int8, tmp_path, monkeypatch):
+    """Every worker stays loaded through the rounds: each runs the longest call as it starts,
+    and the next starts only where the machine has room for twice its files, the most a
+    started worker grew over that call, and a reserve; otherwise it is skipped with the sizes
+    (at the Llama-3.2-1B shape the kernel killed a worker halfway through a run instead)."""
+    import tinyt.hardware as hw
+    from tinyt.benchmarks.peers import measure
+
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / "onnx-int8").symlink_to(lm_int8)
+    files = sum(f.stat().st_size for f in lm_int8.rglob("*") if f.is_file())
+    room = [2 * files + measure.MEMORY_RESERVE, files]  # enough for the first worker only
+    monkeypatch.setattr(hw, "available_memory", lambda: room.pop(0) if len(room) > 1 else room[0])
+    warm = {"ids": list(range(1, 20)), "n": 4}
+    skipped: dict[str, str] = {}
+    workers = measure._start(["tinyt-int8"], tmp_path / "art", [1, 2], skipped, warm=warm)
+    try:
+        assert [w.label for w in workers] == ["tinyt-int8@1t"]
+        why = skipped["tinyt-int8@2t"]
+        assert why.startswith("not started: ") and "with 1 worker(s) loaded" in why
+        assert f"twice its files' {hw.gib(files)}" in why and "run fewer engines" in why
+        mem = workers[0].ask(op="memory")["memory"]
+        assert mem["peak_rss"] >= mem["rss"] > 0  # the warm-up call ran in the worker
+    finally:
+        for w in workers:
+            w.close()
+    room[0] = 0
+    with pytest.raises(RuntimeError, match=r"no engine could start: tinyt-int8@1t: not started"):
+        measure._start(["tinyt-int8"], tmp_path / "art", [1], {}, warm=warm)
+
+
 def test_an_engine_that_fails_the_greedy_check_is_skipped_with_its_error():
     """Optimum's ORTModelForCausalLM sizes Qwen3's cache by width / heads (64, not head_dim
     128) and fails its first step: that is Optimum's result, not the run's end."""
