@@ -3,8 +3,12 @@ process (so variants never share memory and each pays its own imports):
 
     python -m benchmarks.load_cost ort artifacts/onnx-int8 --threads 2
     python -m benchmarks.load_cost torch artifacts/checkpoint --threads 2
+    python -m benchmarks.load_cost runtime artifacts/onnx-int8-gqa --threads 2
 
-prints one JSON object. `measure_in_subprocess` runs it for the harness.
+prints one JSON object. `runtime` is `tinyt.runtime.load` as a user calls it (a shared-cache
+pair's tuner included: its plan is printed too); every kind reports the resident memory after
+the load and the load's own peak, beside the peak after the calls. `measure_in_subprocess`
+runs it for the harness.
 """
 from __future__ import annotations
 
@@ -31,9 +35,29 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def _rss_bytes() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
 def measure(kind: str, path: Path, threads: int) -> dict:
     t0 = time.perf_counter()
-    if kind == "ort":
+    about: dict = {}
+    if kind == "runtime":
+        sys.modules["torch"] = None  # as a deployment runs it
+        import tinyt.runtime as rt
+        lm = rt.load(path, threads=threads)
+        n = min(FIRST_CALL_TOKENS, lm.config.block_size - 1)  # a token must follow
+        ids = [i % lm.tokenizer.vocab_size for i in range(1, n + 1)]
+        call = lambda: lm.generate_ids([ids], max_new_tokens=1)  # noqa: E731
+        if getattr(lm, "plan", None) is not None:
+            about["plan"] = lm.plan.describe()
+    elif kind == "ort":
         sys.modules["torch"] = None  # an ONNX Runtime deployment has no torch: prove it
         import numpy as np
         import onnxruntime as ort
@@ -61,8 +85,9 @@ def measure(kind: str, path: Path, threads: int) -> dict:
             with torch.inference_mode():
                 ck.model(ids)
     else:
-        raise ValueError(f"kind={kind!r} is not one of ort, torch")
+        raise ValueError(f"kind={kind!r} is not one of runtime, ort, torch")
     load_s = time.perf_counter() - t0
+    about |= {"rss_after_load_bytes": _rss_bytes(), "load_peak_rss_bytes": _peak_rss_bytes()}
     t1 = time.perf_counter()
     call()
     first_s = time.perf_counter() - t1
@@ -71,7 +96,7 @@ def measure(kind: str, path: Path, threads: int) -> dict:
         call()
     steady_s = (time.perf_counter() - t2) / 5
     return {"load_s": load_s, "first_call_ms": 1e3 * first_s, "steady_call_ms": 1e3 * steady_s,
-            "peak_rss_bytes": _peak_rss_bytes()}
+            "peak_rss_bytes": _peak_rss_bytes(), **about}
 
 
 def measure_in_subprocess(kind: str, path: Path, threads: int) -> dict:
@@ -85,7 +110,7 @@ def measure_in_subprocess(kind: str, path: Path, threads: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=["ort", "torch"])
+    ap.add_argument("kind", choices=["runtime", "ort", "torch"])
     ap.add_argument("path", type=Path)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()

@@ -67,6 +67,19 @@ def test_quick_run(artifacts, tmp_path, monkeypatch):
     assert "| ort-clf-fp32@" in md and "sequences/s" in md
 
 
+def test_load_cost_measures_the_runtime_as_a_user_loads_it(lm_onnx):
+    """rt.load in a fresh process: its load time, the memory after it and the load's own
+    peak (a tuner's sessions show there), then the calls' peak."""
+    from tinyt.benchmarks.load_cost import measure_in_subprocess
+
+    m = measure_in_subprocess("runtime", lm_onnx, 1)
+    assert "error" not in m, m
+    assert m["load_s"] > 0 and m["first_call_ms"] > 0
+    assert 10 * 2**20 < m["rss_after_load_bytes"] <= m["load_peak_rss_bytes"] \
+        <= m["peak_rss_bytes"]
+    assert measure_in_subprocess("nothing", lm_onnx, 1)["error"]
+
+
 def test_bad_mode(artifacts, tmp_path):
     with pytest.raises(ValueError, match="mode='fast' is not one of quick, full"):
         harness.run(artifacts, tmp_path / "x", mode="fast")
