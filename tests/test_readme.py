@@ -116,7 +116,7 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the peers at Llama-3.2-1B's shape -> its settings at a test's size, as for Qwen3
     "hf_shape llama-3.2-1b artifacts-llama1b-peers/hf":
         "hf_shape llama-3.2-test artifacts-llama1b-peers/hf",
-    "--out benchmarks/results/peers-llama-3.2-1b-2t-xeon-amx --threads 2 --rounds 1":
+    "--out benchmarks/results/peers-llama-3.2-1b-2t-epyc-avx2 --threads 2 --rounds 1":
         "--out peers-llama1b-2t-results --threads 2 --rounds 1",
     "artifacts-llama1b-peers/onnx-int8 --bits 8": "artifacts-llama1b-peers/onnx-int8 --bits 8 "
                                                   "--data long-docs",
