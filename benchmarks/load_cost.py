@@ -23,26 +23,22 @@ from pathlib import Path
 FIRST_CALL_TOKENS = 32  # the first call is a prefill of this many tokens, batch 1
 
 
-def _peak_rss_bytes() -> int:
-    """This process's peak resident memory. VmHWM belongs to the process's own address space;
-    getrusage's ru_maxrss can carry the spawning parent's high-water mark across exec."""
+def _status_bytes(key: str) -> int | None:
+    """A size from /proc/self/status (VmRSS, VmHWM) in bytes; None where there is none."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def _rss_bytes() -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024  # kB
     except OSError:
         pass
     return None
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory. VmHWM belongs to the process's own address space;
+    getrusage's ru_maxrss can carry the spawning parent's high-water mark across exec."""
+    peak = _status_bytes("VmHWM")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 if peak is None else peak
 
 
 def measure(kind: str, path: Path, threads: int) -> dict:
@@ -87,7 +83,8 @@ def measure(kind: str, path: Path, threads: int) -> dict:
     else:
         raise ValueError(f"kind={kind!r} is not one of runtime, ort, torch")
     load_s = time.perf_counter() - t0
-    about |= {"rss_after_load_bytes": _rss_bytes(), "load_peak_rss_bytes": _peak_rss_bytes()}
+    about |= {"rss_after_load_bytes": _status_bytes("VmRSS"),
+              "load_peak_rss_bytes": _peak_rss_bytes()}
     t1 = time.perf_counter()
     call()
     first_s = time.perf_counter() - t1
