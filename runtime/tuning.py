@@ -30,12 +30,13 @@ times it anyway, and the plan's reasons say which was left out and why.
 Candidates are timed two at a time, the choice so far against the next candidate, in
 interleaved rounds (median of each); the challenger replaces the choice only when it is at
 least MARGIN faster, so noise does not flip a choice. Only the two sessions of a match are
-open: each holds its graph's weights, so the load's peak stays near what the pair keeps. The defaults: prompts through the
-prompt graph (made for them), decode through the step graph (made for it) at 1 thread (a
-thread that does not buy MARGIN is not spent: the core stays free for the application).
-LanguageModel.plan keeps the choice, the reasons, the times and each match. Which graph decodes decides
-the quantization a token is computed with, so generations may differ between CPU kinds as
-INT8 graphs differ from each other; `tune=False` fixes every choice.
+open: each holds its graph's weights, so the load's peak stays near what the pair keeps.
+The defaults: prompts through the prompt graph (made for them), decode through the step
+graph (made for it) at 1 thread (a thread that does not buy MARGIN is not spent: the core
+stays free for the application). LanguageModel.plan keeps the choice, the reasons, the
+times and each match. Which graph decodes decides the quantization a token is computed
+with, so generations may differ between CPU kinds as INT8 graphs differ from each other;
+`tune=False` fixes every choice.
 """
 from __future__ import annotations
 
