@@ -145,13 +145,15 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
         # step graph share a session with prompts through it
         return (*c, "any" if c == (step_file, threads) else "step")
 
-    def prompt_key(graph: str, timing: bool = True) -> tuple[str, int, str]:
-        shared = graph == step_file and (timing or champion == (step_file, threads))
+    def prompt_key(graph: str, steps: tuple[str, int] | None = None) -> tuple[str, int, str]:
+        # timing (steps None): prompts through the step graph share its "any" session; for
+        # good, only where the steps run on that session too
+        shared = graph == step_file and steps in (None, (step_file, threads))
         return (graph, threads, "any" if shared else "prompt")
 
     if not tune:
-        champion = (step_file, threads)
-        return plan, pool.get(decode_key(champion)), pool.get(prompt_key(prompt_file, False))
+        steps = (step_file, threads)
+        return plan, pool.get(decode_key(steps)), pool.get(prompt_key(prompt_file, steps))
     decoders = [step_file, prompt_file]  # every graph this CPU may run...
     if prompt_file != step_file and tune != "speed":  # ...and, unless told, no less accurate
         worse = decode_accuracy_refusal(artifact)
@@ -192,7 +194,7 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
                             "CPU")
     # prompts through the step graph at `threads`, steps elsewhere: its workers must not spin
     # after a prompt while the other session decodes (a "prompt" session, opened now)
-    final = decode_key(champion), prompt_key(best_prompt, timing=False)
+    final = decode_key(champion), prompt_key(best_prompt, champion)
     pool.keep(*final)
     return plan, pool.get(final[0]), pool.get(final[1])
 
