@@ -4,13 +4,15 @@ peer (the targets).
 
     decode ms/token = (t(prompt, N new) - t(prompt, 1 new)) / (N - 1)
     prefill ms      = t(L-token prompt, 1 new token)
-    floor ms        = (int8 weight bytes + fp32 KV bytes at the mean past) / one core's read rate
+    floor ms        = (int8 weight bytes + fp32 KV bytes at the mean past) / the read rate of
+                      as many cores as the engine's threads
 """
 from __future__ import annotations
 
 import math
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -63,8 +65,9 @@ def kl_vs_reference(logprobs: dict[str, np.ndarray]) -> dict[str, dict]:
     return out
 
 
-def rows(raw: dict, plan: dict, bandwidth: float | None, nbytes: int) -> dict:
-    """Per engine: decode ms per token (and × the memory floor), prefill ms per length."""
+def rows(raw: dict, plan: dict, bandwidth: dict[int, float], nbytes: int) -> dict:
+    """Per engine: decode ms per token (and × the memory floor at its thread count's read
+    `bandwidth`, bytes/s by threads), prefill ms per length."""
     out = {}
     n = plan["decode_new"]
     for label, per_call in raw.items():
@@ -79,8 +82,9 @@ def rows(raw: dict, plan: dict, bandwidth: float | None, nbytes: int) -> dict:
             at = 2 + len(plan["prefills"])
             out[label][f"decode_at_{N}_ms_per_token"] = med[at + 1]
             out[label][f"first_token_at_{N}_ms"] = med[at]
-        if bandwidth:
-            out[label]["decode_x_floor"] = decode / (nbytes / bandwidth * 1e3)
+        threads = int(label.rsplit("@", 1)[1][:-1])  # "engine@2t"
+        if bandwidth.get(threads):
+            out[label]["decode_x_floor"] = decode / (nbytes / bandwidth[threads] * 1e3)
     return out
 
 
@@ -147,23 +151,26 @@ def floor_bytes(cfg, plan: dict) -> int:
     return step_bytes(cfg) + cache_bytes(cfg, plan["decode_prompt"] + plan["decode_new"] / 2)
 
 
-def memory_floor(cfg, plan: dict, bandwidth: float | None) -> dict | None:
-    """The decode step's memory floor at one core's read `bandwidth` (bytes/s)."""
-    if bandwidth is None:
+def memory_floor(cfg, plan: dict, bandwidth: dict[int, float]) -> dict | None:
+    """The decode step's memory floor at each thread count's read `bandwidth` (bytes/s)."""
+    if not bandwidth:
         return None
-    return {"int8_weight_bytes": step_bytes(cfg),
-            "kv_cache_bytes": floor_bytes(cfg, plan) - step_bytes(cfg),
-            "read_gb_per_s_one_core": bandwidth / 1e9,
-            "decode_ms": floor_bytes(cfg, plan) / bandwidth * 1e3}
+    nbytes = floor_bytes(cfg, plan)
+    return {"int8_weight_bytes": step_bytes(cfg), "kv_cache_bytes": nbytes - step_bytes(cfg),
+            "read_gb_per_s": {str(n): b / 1e9 for n, b in sorted(bandwidth.items())},
+            "decode_ms": {str(n): nbytes / b * 1e3 for n, b in sorted(bandwidth.items())}}
 
 
-def read_bandwidth(nbytes: int, repeats: int = 5) -> float:
-    """One core's read bandwidth in bytes/s: numpy summing a buffer of `nbytes` (as large as a
-    model's weights, past the caches) viewed as int64; the best of `repeats`."""
-    buf = np.ones(max(nbytes // 8, 1), dtype=np.int64)
+def read_bandwidth(nbytes: int, threads: int = 1, repeats: int = 5) -> float:
+    """The read bandwidth of `threads` cores in bytes/s: numpy summing a buffer of `nbytes`
+    (as large as a model's weights, past the caches) viewed as int64, one contiguous part per
+    thread, all at once (numpy's reduction lets go of the GIL); the best of `repeats`."""
+    buf = np.ones(max(nbytes // 8, threads), dtype=np.int64)
+    parts = np.array_split(buf, threads)
     best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        buf.sum()
-        best = min(best, time.perf_counter() - t)
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            t = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - t)
     return buf.nbytes / best

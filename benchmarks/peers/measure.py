@@ -4,8 +4,9 @@
     corpus) ─▶ one worker per (engine, threads)
       1. same computation first: greedy tokens and next-token log-probabilities on held-out
          prompts, against tinyt fp32's
-      2. then time: rounds interleaved across the workers, one core's read bandwidth measured
-         between them; tinyt's loop cost outside ONNX Runtime's runs
+      2. then time: rounds interleaved across the workers, the read bandwidth of as many cores
+         as each thread count measured between them; tinyt's loop cost outside ONNX
+         Runtime's runs
     ─▶ peers.json (environment, every raw time), peers.md, peers.png
 """
 from __future__ import annotations
@@ -76,8 +77,9 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
             agreement.setdefault(name, {}).update(kl)
         bad = [e for e, a in agreement.items()
                if a.get("must_equal") and a["identical_to"] is False]
-        # 2. time, rounds interleaved (and one core's read bandwidth between them)
-        raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes)
+        # 2. time, rounds interleaved (and the read bandwidth of 1..threads cores between them)
+        raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes,
+                               threads)
         # resident memory: after the load (with the load's own peak), and the peak over the
         # calls since it (the longest context's included), before the loop probe loads a
         # second runtime
@@ -263,12 +265,14 @@ def _logprobs(workers: list[Worker], threads: int, prompts: list[list[int]],
 
 
 def _time(workers: list[Worker], bad: list[str], calls: list[dict], rounds: int,
-          settle: int, block: int, nbytes: int) -> tuple[dict, float | None]:
+          settle: int, block: int, nbytes: int,
+          threads: list[int]) -> tuple[dict, dict[int, float]]:
     """Seconds per call per worker, rounds interleaved (each round starting at the next
-    worker), and the median of one core's read bandwidth measured once a round."""
+    worker), and per thread count the median of the read bandwidth of that many cores,
+    measured once a round."""
     raw: dict[str, list[list[float]]] = {w.label: [[] for _ in calls] for w in workers
                                          if w.name not in bad and rounds}  # 0: nothing timed
-    bandwidth: list[float] = []
+    bandwidth: dict[int, list[float]] = {n: [] for n in threads}
     for r in range(rounds):
         order = workers[r % len(workers):] + workers[:r % len(workers)]
         for w in order:
@@ -278,5 +282,6 @@ def _time(workers: list[Worker], bad: list[str], calls: list[dict], rounds: int,
             for i, ts in enumerate(times):
                 raw[w.label][i] += ts
             time.sleep(REST_S)
-        bandwidth.append(analysis.read_bandwidth(nbytes))
-    return raw, (statistics.median(bandwidth) if bandwidth else None)
+        for n in threads:
+            bandwidth[n].append(analysis.read_bandwidth(nbytes, n))
+    return raw, {n: statistics.median(b) for n, b in bandwidth.items() if b}

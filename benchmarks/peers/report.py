@@ -32,14 +32,16 @@ def markdown(result: dict) -> str:
     if floor:
         keys.insert(1, "decode_x_floor")
         weights_mb = floor["int8_weight_bytes"] / 1e6
+        rates = ", ".join(f"{n} thread(s) {gb:.1f} GB/s = {floor['decode_ms'][n]:.3f} ms"
+                          for n, gb in floor["read_gb_per_s"].items())
         lines[-1:-1] = [f"Memory floor of a decode step: ({weights_mb:.1f} MB "
                         f"of int8 weights + {floor['kv_cache_bytes'] / 1e6:.1f} MB of fp32 KV "
-                        "cache at the mean past of the timed steps) ÷ one core's read "
-                        f"bandwidth ({floor['read_gb_per_s_one_core']:.1f} GB/s, numpy between "
-                        f"the rounds) = {floor['decode_ms']:.3f} ms; decode_x_floor is each "
-                        "engine's decode against it (fp32 engines read 4× the weights; where "
-                        "the weights fit in a cache, as the demo's do, this is a cache floor, "
-                        "not memory's).", ""]
+                        "cache at the mean past of the timed steps) ÷ the read bandwidth of "
+                        "as many cores as the engine's threads (numpy, one part a thread, "
+                        f"between the rounds): {rates}; decode_x_floor is each engine's "
+                        "decode against its thread count's (fp32 engines read 4× the weights; "
+                        "int4 ones half; where the weights fit in a cache, as the demo's do, "
+                        "this is a cache floor, not memory's).", ""]
     if not result["rows"]:
         lines[-2] = "Greedy agreement only (--rounds 0: nothing timed)."
     lines += ["| engine | threads | " + " | ".join(keys) + " |",

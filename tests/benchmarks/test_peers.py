@@ -1,8 +1,10 @@
 """Peers on the same weights: the Hugging Face GPT-2 conversion, CTranslate2 and ONNX Runtime
 GenAI computing tinyt's tokens, held-out prompts, and the side-by-side peer benchmark."""
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import onnxruntime_genai as og
 import pytest
 import torch
@@ -196,12 +198,13 @@ def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, 
     assert floor["int8_weight_bytes"] == L * (4 * C * C + 2 * C * 4 * C) + C * V  # each once
     past = m["decode_prompt"] + m["decode_new"] / 2  # the mean past of the timed steps
     assert floor["kv_cache_bytes"] == int(L * 2 * C * past * 4)  # fp32 keys and values
-    assert floor["decode_ms"] == pytest.approx(
+    assert list(floor["read_gb_per_s"]) == ["1"]  # the run's thread counts
+    assert floor["decode_ms"]["1"] == pytest.approx(
         (floor["int8_weight_bytes"] + floor["kv_cache_bytes"])
-        / (floor["read_gb_per_s_one_core"] * 1e9) * 1e3)
+        / (floor["read_gb_per_s"]["1"] * 1e9) * 1e3)
     for row in rows.values():
         assert row["decode_x_floor"] == pytest.approx(row["decode_ms_per_token"]
-                                                      / floor["decode_ms"])
+                                                      / floor["decode_ms"]["1"])
     md = (tmp_path / "out" / "peers.md").read_text()
     assert "| genai-int8 | 1 |" in md and "| load's peak MB | peak RSS over the calls MB |" in md
     assert "decode_at_32 = the same decode after a prompt of 17 tokens" in md
@@ -292,6 +295,25 @@ def test_the_decode_floor_counts_the_query_width():
     C, qw, kv, inner = 64, 4 * 32, 2 * 32, 96
     assert peers.step_bytes(cfg) == 3 * (2 * C * qw + 2 * C * kv + 3 * C * inner) + C * 512
 
+
+def test_the_read_bandwidth_reads_every_byte_in_each_threads_part(monkeypatch):
+    """The floor of a 2-thread engine is the rate at which two cores read: the buffer is cut
+    into one contiguous part a thread, the parts summed at once, and together they are the
+    whole buffer (so the rate is bytes over the slowest thread's time)."""
+    seen: list[tuple[int, int]] = []
+    real_sum = np.sum
+
+    def recording_sum(part):
+        seen.append((part.ctypes.data, part.nbytes))
+        return real_sum(part)
+
+    monkeypatch.setattr(np, "sum", recording_sum)
+    rate = peers.read_bandwidth(1 << 20, threads=3, repeats=2)
+    assert math.isfinite(rate) and rate > 0
+    first = sorted(seen[:3])  # one repeat's parts: adjacent, covering 1 MiB once
+    assert sum(n for _, n in first) == 1 << 20
+    assert all(a + n == b for (a, n), (b, _) in zip(first, first[1:]))
+    assert len(seen) == 6
 
 def _llama_cpp_here() -> bool:
     import importlib.util
