@@ -25,7 +25,7 @@ def outside_run(lm, ids: list[int], n: int, *, flush_mb: float = 0.0,
     """A loaded LanguageModel's time outside ONNX Runtime's run calls: generate's wall time
     minus the time inside session.run / run_with_iobinding (and the flush, if any), per
     generated token, best of `generations` - 1 after a warm-up. Its sessions are wrapped
-    for the measurement."""
+    for the measurement and handed back after it."""
     junk = np.ones(int(flush_mb * 2**20) // 8) if flush_mb else None
     inside = [0.0]
 
@@ -49,18 +49,24 @@ def outside_run(lm, ids: list[int], n: int, *, flush_mb: float = 0.0,
         def __getattr__(self, attr):
             return getattr(self.session, attr)
 
-    lm.session = Timed(lm.session)
-    if lm.prefill_session is not None:  # a shared-cache pair: its prompt graph's runs too
-        lm.prefill_session = Timed(lm.prefill_session)
+    session, prefill = lm.session, lm.prefill_session
+    lm.session = Timed(session)
+    if prefill is not None:  # a shared-cache pair: its prompt graph's runs too
+        lm.prefill_session = Timed(prefill)
     if hasattr(lm, "_caches"):
         lm._caches.free.clear()  # caches bound to the unwrapped sessions
     runs = []
-    for _ in range(generations):
-        inside[0] = 0.0
-        t = time.perf_counter()
-        lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n, temperature=0)
-        total = time.perf_counter() - t
-        runs.append((total - inside[0], total, inside[0]))
+    try:
+        for _ in range(generations):
+            inside[0] = 0.0
+            t = time.perf_counter()
+            lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n, temperature=0)
+            total = time.perf_counter() - t
+            runs.append((total - inside[0], total, inside[0]))
+    finally:  # the model as it was: its own sessions, no cache bound to the wrappers
+        lm.session, lm.prefill_session = session, prefill
+        if hasattr(lm, "_caches"):
+            lm._caches.free.clear()
     outside, total, inside_s = min(runs[1:])
     return {"outside_run_us_per_token": 1e6 * outside / n, "total_ms": 1e3 * total,
             "inside_run_ms": 1e3 * inside_s, "tokens": n}

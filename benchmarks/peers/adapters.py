@@ -72,6 +72,7 @@ def tinyt(path: Path, artifacts: Path, threads: int) -> Generator:
             steps.close()
         return times
     generate.plan = None if lm.plan is None else lm.plan.describe()
+    generate.lm = lm  # the worker's loop-cost probe measures this same model
     return _with_logits(generate, logits, stepped)
 
 

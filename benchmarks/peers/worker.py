@@ -39,14 +39,15 @@ from tinyt.errors import BenchError
 from .engines import engine
 
 
-def _outside_run(artifact: Path, threads: int, ids: list[int], n: int) -> dict:
+def _outside_run(gen, ids: list[int], n: int) -> dict:
     """tinyt's per-token time outside ONNX Runtime's run calls (benchmarks/loop_cost.py),
-    best of 5 generations."""
-    import tinyt.runtime as rt
-
+    best of 5 generations, on the model the worker loaded (a second load would hold the
+    weights twice: 11.6 GB for an fp32 1.2B model)."""
     from ..loop_cost import outside_run
 
-    return outside_run(rt.load(artifact, threads=threads), ids, n, generations=6)
+    if getattr(gen, "lm", None) is None:
+        raise BenchError("outside_run measures tinyt's runtime; this worker's engine is not it")
+    return outside_run(gen.lm, ids, n, generations=6)
 
 
 def memory() -> dict | None:
@@ -82,7 +83,7 @@ def per_step(times: list[float], n: int) -> float:
     return (times[-1] - times[0]) / (n - 1)
 
 
-def _answer(req: dict, gen, artifact: Path, threads: int) -> dict:
+def _answer(req: dict, gen) -> dict:
     if req["op"] == "greedy":
         return {"tokens": [gen(p, req["n"]) for p in req["prompts"]]}
     if req["op"] == "time":
@@ -107,7 +108,7 @@ def _answer(req: dict, gen, artifact: Path, threads: int) -> dict:
         np.save(req["path"], (z - np.log(np.exp(z).sum(-1, keepdims=True))).astype(np.float32))
         return {"saved": req["path"]}
     if req["op"] == "outside_run":
-        return _outside_run(artifact, threads, req["ids"], req["n"])
+        return _outside_run(gen, req["ids"], req["n"])
     if req["op"] == "memory":
         return {"memory": memory()}
     return {"error": f"unknown op {req['op']!r}"}
@@ -130,7 +131,7 @@ def worker(name: str, artifacts: Path, threads: int) -> None:
     out.flush()
     for line in sys.stdin:
         try:
-            reply = _answer(json.loads(line), gen, artifacts / row.artifact, threads)
+            reply = _answer(json.loads(line), gen)
         except Exception as e:
             reply = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
         out.write(json.dumps(reply) + "\n")
