@@ -118,6 +118,12 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
         "hf_shape llama-3.2-test artifacts-llama1b-peers/hf",
     "--out benchmarks/results/peers-llama-3.2-1b-2t-epyc-avx2 --threads 2 --rounds 1":
         "--out peers-llama1b-2t-results --threads 2 --rounds 1",
+    "--out benchmarks/results/peers-llama-3.2-1b-1t-epyc-avx2 --threads 1 --rounds 1":
+        "--out peers-llama1b-1t-results --threads 1 --rounds 1",
+    # its step profiles: after 64 tokens, and after 4,096 in the runtime's 8,192-token buffer
+    "--past 64 --threads 2 --runs 40": "--past 16 --threads 2 --runs 5",
+    "--past 4096 --capacity 8192 --threads 2 --runs 20":
+        "--past 16 --capacity 32 --threads 2 --runs 5",
     "artifacts-llama1b-peers/onnx-int8 --bits 8": "artifacts-llama1b-peers/onnx-int8 --bits 8 "
                                                   "--data long-docs",
     # (its INT8 stage judges on long documents, which the peers' 1,024- and 4,036-token
