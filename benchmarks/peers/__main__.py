@@ -28,9 +28,10 @@ def main() -> None:
     ap.add_argument("--settle", type=int, default=1,
                     help="untimed calls before them (warm caches, spun-up threads)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--context", type=int, help=argparse.SUPPRESS)  # a worker's longest call
     args = ap.parse_args()
     if args.worker:
-        return worker(args.worker, args.artifacts, args.threads[0])
+        return worker(args.worker, args.artifacts, args.threads[0], args.context)
     try:
         run(args.artifacts, args.out, threads=args.threads, rounds=args.rounds,
             engines=args.engine, agreement_prompts=args.agreement_prompts,

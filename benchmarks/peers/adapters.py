@@ -9,7 +9,9 @@ generator on the same contract,
                            steps'; the tokens themselves are not returned)
     gen.plan            -> what the engine chose at load, or absent
 
-Every loader is `load(path, artifacts, threads)`, path being ARTIFACTS/<the engine's artifact>
+Every loader is `load(path, artifacts, threads, context)`, path being ARTIFACTS/<the engine's
+artifact> and context the most tokens a call of the run holds (None: the model's block_size;
+only llama.cpp sizes buffers at load, the others per call)
 (engines.py names it). Each imports its engine's package when called, so a worker loads one.
 """
 from __future__ import annotations
@@ -39,7 +41,8 @@ def _with_logits(gen, logits: Callable[[list[int]], np.ndarray],
     return gen
 
 
-def tinyt(path: Path, artifacts: Path, threads: int) -> Generator:
+def tinyt(path: Path, artifacts: Path, threads: int,
+          context: int | None = None) -> Generator:
     """tinyt.runtime on one of tinyt's variants; its plan is what load chose."""
     import tinyt.runtime as rt
     from tinyt.runtime.feeds import prefill_feeds
@@ -110,7 +113,8 @@ def genai_logits(model, ids: list[int]) -> np.ndarray:
     return out.reshape(-1, out.shape[-1])[-1].copy()
 
 
-def genai(path: Path, artifacts: Path, threads: int) -> Generator:
+def genai(path: Path, artifacts: Path, threads: int,
+          context: int | None = None) -> Generator:
     """ONNX Runtime GenAI on a directory with its genai_config.json (tinyt's INT8 graph as it
     is, or its model builder's artifact)."""
     import onnxruntime_genai as og
@@ -129,7 +133,8 @@ def genai(path: Path, artifacts: Path, threads: int) -> Generator:
                         lambda ids: genai_logits(model, ids), stepped)
 
 
-def optimum(path: Path, artifacts: Path, threads: int) -> Generator:
+def optimum(path: Path, artifacts: Path, threads: int,
+            context: int | None = None) -> Generator:
     """Optimum's ORTModelForCausalLM.generate on its own export."""
     import torch
     from onnxruntime import SessionOptions
@@ -174,7 +179,8 @@ def optimum(path: Path, artifacts: Path, threads: int) -> Generator:
     return _with_logits(generate, logits, stepped)
 
 
-def ctranslate2(path: Path, artifacts: Path, threads: int) -> Generator:
+def ctranslate2(path: Path, artifacts: Path, threads: int,
+                context: int | None = None) -> Generator:
     """A CTranslate2 Generator on its converted directory (tokens by its vocabulary)."""
     import ctranslate2 as ct2
 
@@ -214,7 +220,8 @@ def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = Tr
         module.llama_cpp.llama_model_default_params = defaults
 
 
-def llama_cpp(path: Path, artifacts: Path, threads: int) -> Generator:
+def llama_cpp(path: Path, artifacts: Path, threads: int,
+              context: int | None = None) -> Generator:
     """llama-cpp-python on its GGUF, with the extra buffer types where the probe at conversion
     found them safe (formats.gguf)."""
     from llama_cpp import LogitsProcessorList
@@ -223,7 +230,10 @@ def llama_cpp(path: Path, artifacts: Path, threads: int) -> Generator:
 
     cfg, _ = read_model_config(artifacts / "onnx-opt")
     bufts = (path / EXTRA_BUFTS).read_text()
-    llm = llama_cpp_model(path / GGUF, cfg.block_size, threads, bufts.startswith("on"))
+    # its KV cache and logits buffers are n_ctx long from the load on (at 131,072 tokens
+    # and 128,256 ids, 62.6 GiB of logits alone): the run's longest call, not the model's
+    n_ctx = cfg.block_size if context is None else min(context, cfg.block_size)
+    llm = llama_cpp_model(path / GGUF, n_ctx, threads, bufts.startswith("on"))
     eos = llm.token_eos()
 
     def no_eos(_, scores):
@@ -258,7 +268,8 @@ def llama_cpp(path: Path, artifacts: Path, threads: int) -> Generator:
                         "llama.cpp extra buffer types (AMX, repacked weights): " + bufts)
 
 
-def torch_eager(path: Path, artifacts: Path, threads: int) -> Generator:
+def torch_eager(path: Path, artifacts: Path, threads: int,
+                context: int | None = None) -> Generator:
     """PyTorch eager: tinyt's own model on the checkpoint, with its KV cache."""
     import torch
 

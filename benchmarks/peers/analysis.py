@@ -135,7 +135,7 @@ def step_bytes(cfg) -> int:
     (one position's keys) each; the MLP's two matrices, three for SwiGLU) and the lm_head (the
     embedding lookup reads one row)."""
     C, kv = cfg.n_embd, math.prod(kv_shape(cfg, 1, 1))  # kv: kv_heads * head_dim
-    mlp = (3 if cfg.activation == "swiglu" else 2) * C * cfg.mlp_width
+    mlp = (3 if cfg.gated_mlp else 2) * C * cfg.mlp_width
     return cfg.n_layer * (2 * C * cfg.q_width + 2 * C * kv + mlp) + C * cfg.vocab_size
 
 

@@ -67,7 +67,9 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     plan = _inputs(artifacts, cfg, agreement_prompts, agreement_tokens, long_context)
     nbytes = analysis.floor_bytes(cfg, plan)
     longest = max(plan["calls"], key=lambda c: len(c["ids"]) + c["n"])
-    workers = _start(engines, artifacts, threads, skipped, warm=longest)
+    context = max(len(longest["ids"]) + longest["n"],  # what any call holds, at most
+                  max(len(p) for p in plan["agree_prompts"]) + plan["agree_new"])
+    workers = _start(engines, artifacts, threads, skipped, warm=longest, context=context)
     try:
         # 1. the same computation: greedy tokens on held-out prompts
         tokens = _greedy(workers, threads[0], plan, skipped)
@@ -179,8 +181,11 @@ def _inputs(artifacts: Path, cfg, agreement_prompts: int, agreement_tokens: int,
 
 
 def _start(engines: list[str], artifacts: Path, threads: list[int],
-           skipped: dict[str, str], warm: dict | None = None) -> list[Worker]:
+           skipped: dict[str, str], warm: dict | None = None,
+           context: int | None = None) -> list[Worker]:
     """A worker process per engine and thread count; one that fails is skipped with why.
+    `context`: the most tokens any call of the run holds (an engine that sizes its buffers
+    at load, llama.cpp, sizes them for it, not for the model's whole context).
 
     Every worker stays loaded through the interleaved rounds, so what they hold together must
     fit: each runs `warm` (the longest call) once as it starts, so that its memory is what the
@@ -206,7 +211,7 @@ def _start(engines: list[str], artifacts: Path, threads: list[int],
                         f"{gib(files)}, {gib(grown)} for the longest call, {gib(MEMORY_RESERVE)}"
                         " spare): run fewer engines or thread counts together")
                     continue
-                w = Worker(name, artifacts, n)
+                w = Worker(name, artifacts, n, context)
                 if w.error:
                     skipped[w.label] = w.error
                     w.close()

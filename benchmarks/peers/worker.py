@@ -114,13 +114,14 @@ def _answer(req: dict, gen) -> dict:
     return {"error": f"unknown op {req['op']!r}"}
 
 
-def worker(name: str, artifacts: Path, threads: int) -> None:
-    """Answer JSON requests on stdin, one per line, until stdin closes."""
+def worker(name: str, artifacts: Path, threads: int, context: int | None = None) -> None:
+    """Answer JSON requests on stdin, one per line, until stdin closes. `context`: the most
+    tokens a call will hold (None: the model's block_size)."""
     out = sys.stdout
     sys.stdout = sys.stderr  # libraries' chatter must not reach the protocol
     try:
         row = engine(name)
-        gen = row.load(artifacts / row.artifact, artifacts, threads)
+        gen = row.load(artifacts / row.artifact, artifacts, threads, context)
         loaded = memory()  # the load's resident set and its peak; then the calls' own peak
         out.write(json.dumps({"ready": True, "plan": getattr(gen, "plan", None),
                               "loaded": loaded, "peak_reset": reset_peak()}) + "\n")
@@ -141,12 +142,13 @@ def worker(name: str, artifacts: Path, threads: int) -> None:
 class Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, name: str, artifacts: Path, threads: int):
+    def __init__(self, name: str, artifacts: Path, threads: int, context: int | None = None):
         self.name, self.threads, self.label = name, threads, f"{name}@{threads}t"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tinyt.benchmarks.peers", str(artifacts.resolve()),
-             "--worker", name, "--threads", str(threads)],
+             "--worker", name, "--threads", str(threads)]
+            + ([] if context is None else ["--context", str(context)]),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=env)
         hello = self._read()
