@@ -122,6 +122,13 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
     g = proto.graph
     prod = producers(g)
     rotary = cfg.pos_encoding == "rotary"
+    for name, what in (("rope_local_theta", "the windowed layers' own rotary base (Gemma 3): "
+                        "the rewrite carries one cos/sin table"),
+                       ("attn_softcap", "soft-capped attention logits (Gemma 2)")):
+        if getattr(cfg, name) is not None:
+            raise SharedCacheError(f"{name}={getattr(cfg, name)!r}: {what} is not in the "
+                                   "shared-cache rewrite yet; the contract graph runs this "
+                                   "model")
     if rotary and cfg.head_dim % ROTARY_HEAD_MULTIPLE:
         raise SharedCacheError(f"head_dim={cfg.head_dim}: GroupQueryAttention's rotary kernel "
                                f"(ONNX Runtime {ort.__version__}, CPU) needs a head size that "

@@ -72,13 +72,33 @@ REAL: dict[str, tuple[str, dict]] = {
                                 embedding_multiplier=12.0, residual_multiplier=0.22,
                                 attention_multiplier=0.015625, logits_scaling=8.0,
                                 rms_norm_eps=1e-5, tie_word_embeddings=True)),
+    # google/gemma-3-270m: 18 layers, 640 wide, 4 / 1 heads, head_dim 256, window 512, every
+    # 6th layer global; 262,144 ids. Six layers here, so that one is global.
+    "gemma3": ("gemma3_text", dict(num_hidden_layers=6, num_attention_heads=4,
+                                   num_key_value_heads=1, head_dim=32,
+                                   max_position_embeddings=32768, rope_theta=1000000.0,
+                                   rope_local_base_freq=10000.0, sliding_window=512,
+                                   query_pre_attn_scalar=256, rms_norm_eps=1e-6,
+                                   hidden_activation="gelu_pytorch_tanh",
+                                   final_logit_softcapping=None, attn_logit_softcapping=None,
+                                   tie_word_embeddings=True, pad_token_id=0)),
+    # google/gemma-2-2b: 26 layers, 2304 wide, 8 / 4 heads, head_dim 256, window 4096 on the
+    # even layers, attention and final soft caps 50 / 30
+    "gemma2": ("gemma2", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                              max_position_embeddings=8192, rope_theta=10000.0,
+                              sliding_window=4096, query_pre_attn_scalar=256,
+                              rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                              final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                              tie_word_embeddings=True, pad_token_id=0)),
 }
 CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
            "mistral": ("MistralConfig", "MistralForCausalLM"),
            "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
-           "granite": ("GraniteConfig", "GraniteForCausalLM")}
+           "granite": ("GraniteConfig", "GraniteForCausalLM"),
+           "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+           "gemma2": ("Gemma2Config", "Gemma2ForCausalLM")}
 
 
 @functools.lru_cache(maxsize=1)

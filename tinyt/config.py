@@ -14,7 +14,8 @@ from tinyt.errors import ConfigError
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rotary")  # rotary: Llama's, from position_ids
 # The MLP: exact (erf) GELU; its tanh approximation (GPT-2's); SwiGLU (Llama's gated SiLU)
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh")
+GATED = ("swiglu", "geglu_tanh")  # gated MLPs: act(gate) * up (SiLU: Llama's; GELU-tanh: Gemma's)
 NORMS = ("layernorm", "rmsnorm")
 TASKS = ("causal_lm", "classifier")
 TOKENIZER_KINDS = ("bpe", "byte")
@@ -101,6 +102,11 @@ class ModelConfig(_JsonMixin):
     residual_multiplier: float = 1.0  # each block's attention and MLP outputs times this
     attention_multiplier: float | None = None  # q.k scale; None = 1 / sqrt(head_dim)
     logits_scaling: float = 1.0  # logits divided by this (Granite)
+    norm_offset: float = 0.0  # an RMSNorm's gain is norm_offset + weight (Gemma's 1: zero-init)
+    post_norms: bool = False  # norms of the attention's and the MLP's outputs (Gemma's 4 a block)
+    attn_softcap: float | None = None  # q.k logits -> cap * tanh(logits / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2 / 3)
+    rope_local_theta: float | None = None  # the windowed layers' rotary base, unscaled (Gemma 3)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -202,6 +208,26 @@ class ModelConfig(_JsonMixin):
                                                        and self.attention_multiplier > 0),
                  "attention_multiplier", self.attention_multiplier,
                  "must be null (1 / sqrt(head_dim)) or a finite number > 0")
+        _require(_is_number(self.norm_offset), "norm_offset", self.norm_offset,
+                 "must be a finite number")
+        _require(self.norm_offset == 0 or self.norm == "rmsnorm", "norm_offset",
+                 self.norm_offset, "offsets an RMSNorm's gain: it needs norm='rmsnorm'")
+        _require(isinstance(self.post_norms, bool), "post_norms", self.post_norms,
+                 "must be true or false")
+        for name in ("attn_softcap", "final_softcap"):
+            v = getattr(self, name)
+            _require(v is None or (_is_number(v) and v > 0), name, v,
+                     "must be null (no cap) or a finite number > 0")
+        local = self.rope_local_theta
+        _require(local is None or (_is_number(local) and local > 0), "rope_local_theta", local,
+                 "must be null (the rope_theta of every layer) or a finite number > 0")
+        _require(local is None or (rotary and window is not None), "rope_local_theta", local,
+                 "is the windowed layers' rotary base: it needs pos_encoding='rotary' and a "
+                 "sliding_window")
+        _require(local is None or self.rope_scaling is None
+                 or rope_parameters(self)[0] != "yarn", "rope_local_theta", local,
+                 "with yarn's rope_scaling is not implemented: yarn's attention factor would "
+                 "scale the windowed layers' unscaled rotary too")
 
     @property
     def head_dim(self) -> int:
@@ -220,6 +246,17 @@ class ModelConfig(_JsonMixin):
         return self.pos_encoding == "rotary" and layer not in self.nope_layers
 
     @property
+    def gated_mlp(self) -> bool:
+        """Whether the MLP is gated (c_fc makes the gate and the up projection)."""
+        return self.activation in GATED
+
+    def rope_base(self, layer: int) -> float:
+        """The rotary base of `layer`: rope_local_theta for a windowed one where it is set."""
+        if self.rope_local_theta is not None and self.windowed(layer):
+            return self.rope_local_theta
+        return self.rope_theta
+
+    @property
     def mlp_width(self) -> int:
         return self.n_inner or 4 * self.n_embd
 
@@ -233,7 +270,7 @@ class ModelConfig(_JsonMixin):
         return [name for name, on in (
             ("norm='rmsnorm'", self.norm == "rmsnorm"),
             ("pos_encoding='rotary'", self.pos_encoding == "rotary"),
-            ("activation='swiglu'", self.activation == "swiglu"),
+            (f"activation={self.activation!r}", self.gated_mlp),
             (f"n_kv_head={self.n_kv_head}", self.kv_heads != self.n_head),
             (f"qkv_bias={self.qkv_bias}", self.qkv_bias not in (None, self.bias))) if on] + \
             self.family_options
@@ -253,7 +290,9 @@ class ModelConfig(_JsonMixin):
 FAMILY_OPTIONS = {"head_size": None, "qk_norm": False, "rope_scaling": None,
                   "sliding_window": None, "full_attention_layers": (), "nope_layers": (),
                   "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
-                  "attention_multiplier": None, "logits_scaling": 1.0}  # name -> its "off"
+                  "attention_multiplier": None, "logits_scaling": 1.0, "norm_offset": 0.0,
+                  "post_norms": False, "attn_softcap": None, "final_softcap": None,
+                  "rope_local_theta": None}  # name -> its "off"
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's
 # required and optional keys. `dynamic` changes nothing within max_position_embeddings, the

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
-from tinyt.rope import rope_frequencies
+from tinyt.rope import local_rope_frequencies, rope_frequencies
 
 
 def rotate(x, rope):
@@ -44,10 +44,11 @@ class SelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * self.n_kv) * self.hs,
                                 bias=qkv_bias)  # fused q, k, v
         self.c_proj = nn.Linear(cfg.q_width, cfg.n_embd, bias=cfg.bias)
-        # Qwen3: each head's q and k RMS-normalised over head_dim before rotary
-        self.q_norm = nn.RMSNorm(self.hs, eps=cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = nn.RMSNorm(self.hs, eps=cfg.norm_eps) if cfg.qk_norm else None
+        # Qwen3, Gemma 3: each head's q and k RMS-normalised over head_dim before rotary
+        self.q_norm = rms_norm(cfg, self.hs) if cfg.qk_norm else None
+        self.k_norm = rms_norm(cfg, self.hs) if cfg.qk_norm else None
         self.scale = attention_scale(cfg)  # None: SDPA's 1 / sqrt(head_dim)
+        self.softcap = cfg.attn_softcap
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
@@ -71,25 +72,43 @@ class SelfAttention(nn.Module):
         if self.n_kv != self.n_head:  # query head i reads key/value head i // group
             k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)  # (B, nh, P+T, hs)
             v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
-        )  # (B, nh, T, hs)
+        if self.softcap is None:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal,
+                dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
+            )  # (B, nh, T, hs)
+        else:
+            y = self._capped(q, k, v, mask, is_causal)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.hs)
         return self.resid_dropout(self.c_proj(y)), present
 
+    def _capped(self, q, k, v, mask, is_causal: bool):
+        """Attention with its logits soft-capped (Gemma 2): scores = q.k * scale, then
+        cap * tanh(scores / cap), then the mask, softmax and the values. SDPA has no cap, so
+        the product is written out."""
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(self.hs)
+        s = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, P+T)
+        s = torch.tanh(s / self.softcap) * self.softcap
+        if is_causal:
+            T, S = s.shape[-2:]
+            mask = torch.ones(T, S, dtype=torch.bool, device=s.device).tril(S - T)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        p = F.dropout(F.softmax(s, dim=-1), self.dropout, self.training)
+        return p @ v
 
 class MLP(nn.Module):
-    """GELU: c_proj(gelu(c_fc(x))). SwiGLU: c_fc makes the gate and the up projection in one
-    matmul, c_proj(silu(gate) * up)."""
+    """GELU: c_proj(gelu(c_fc(x))). SwiGLU (GeGLU-tanh): c_fc makes the gate and the up
+    projection in one matmul, c_proj(silu(gate) * up) (gelu_tanh(gate) * up, Gemma's)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gated = cfg.activation == "swiglu"
+        self.gated = cfg.gated_mlp
         width = cfg.mlp_width
         self.c_fc = nn.Linear(cfg.n_embd, 2 * width if self.gated else width, bias=cfg.bias)
-        self.act = nn.SiLU() if self.gated else \
-            nn.GELU(approximate="tanh" if cfg.activation == "gelu_tanh" else "none")
+        self.act = nn.SiLU() if cfg.activation == "swiglu" else \
+            nn.GELU(approximate="tanh" if cfg.activation in ("gelu_tanh", "geglu_tanh")
+                    else "none")
         self.c_proj = nn.Linear(width, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -111,15 +130,35 @@ def attention_scale(cfg: ModelConfig) -> float | None:
     return base * factor * factor
 
 
+class OffsetRMSNorm(nn.RMSNorm):
+    """RMSNorm whose gain is offset + weight (Gemma's 1 + w, its weights stored around zero):
+    the weights stay as the checkpoint holds them, so they go back to it bit for bit."""
+
+    def __init__(self, dim: int, eps: float, offset: float):
+        super().__init__(dim, eps=eps)
+        self.offset = offset
+        nn.init.constant_(self.weight, 1.0 - offset)  # a gain of 1 to start from, as Gemma's
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight + self.offset, self.eps)
+
+
+def rms_norm(cfg: ModelConfig, dim: int) -> nn.Module:
+    if cfg.norm_offset:
+        return OffsetRMSNorm(dim, cfg.norm_eps, cfg.norm_offset)
+    return nn.RMSNorm(dim, eps=cfg.norm_eps)
+
+
 def norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
+        return rms_norm(cfg, cfg.n_embd)
     return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x)) (each branch times
-    residual_multiplier, Granite's)."""
+    residual_multiplier, Granite's; with post_norms each branch's output normalised before
+    it is added, Gemma's four norms a block: ln_1, ln_1_out, ln_2, ln_2_out)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -127,13 +166,19 @@ class Block(nn.Module):
         self.attn = SelfAttention(cfg)
         self.ln_2 = norm(cfg)
         self.mlp = MLP(cfg)
+        self.ln_1_out = norm(cfg) if cfg.post_norms else None
+        self.ln_2_out = norm(cfg) if cfg.post_norms else None
         self.residual = cfg.residual_multiplier
 
     def forward(self, x, mask, past, is_causal: bool, rope=None):
         a, present = self.attn(self.ln_1(x), mask, past, is_causal, rope)
+        if self.ln_1_out is not None:
+            a = self.ln_1_out(a)
         m = self.residual
         x = x + (a if m == 1.0 else a * m)
         h = self.mlp(self.ln_2(x))
+        if self.ln_2_out is not None:
+            h = self.ln_2_out(h)
         x = x + (h if m == 1.0 else h * m)
         return x, present
 
@@ -159,9 +204,9 @@ class RotaryPositions(nn.Module):
     (q and k each carry one f): the same product, and the rotary stays the form ONNX Runtime
     fuses into RotaryEmbedding."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, local: bool = False):
         super().__init__()
-        inv_freq, _ = rope_frequencies(cfg)
+        inv_freq = local_rope_frequencies(cfg) if local else rope_frequencies(cfg)[0]
         self.register_buffer("inv_freq", torch.from_numpy(inv_freq), persistent=False)
 
     def forward(self, position_ids):
@@ -179,13 +224,15 @@ class Trunk(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = self.rope = None
+        self.wpe = self.rope = self.rope_local = None
         if cfg.pos_encoding == "learned":
             self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         elif cfg.pos_encoding == "sinusoidal":
             self.wpe = SinusoidalPositions(cfg.n_embd)
         else:
             self.rope = RotaryPositions(cfg)
+            if cfg.rope_local_theta is not None:  # Gemma 3: the windowed layers' own base
+                self.rope_local = RotaryPositions(cfg, local=True)
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = norm(cfg)
@@ -199,9 +246,11 @@ class Trunk(nn.Module):
         x = self.wte(input_ids)  # (B, T, C)
         if self.embedding_multiplier != 1.0:
             x = x * self.embedding_multiplier
-        rope = None
+        rope = local_rope = None
         if self.rope is not None:
             rope = self.rope(position_ids)
+            if self.rope_local is not None:
+                local_rope = self.rope_local(position_ids)
         else:
             x = x + self.wpe(position_ids)
         x = self.drop(x)
@@ -209,8 +258,10 @@ class Trunk(nn.Module):
         for i, block in enumerate(self.h):
             past = None if past_key_values is None else past_key_values[i]
             local = self.windowed[i]
+            turn = (local_rope if local and local_rope is not None else rope) \
+                if self.rotary[i] else None
             x, present = block(x, window_mask if local else mask, past,
-                               is_causal and not local, rope if self.rotary[i] else None)
+                               is_causal and not local, turn)
             presents.append(present)
         return self.ln_f(x), tuple(presents)
 
@@ -271,6 +322,9 @@ class TinyTransformer(nn.Module):
         logits = self.lm_head(x)  # (B, T, vocab)
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
+        cap = self.config.final_softcap
+        if cap is not None:  # Gemma's: cap * tanh(logits / cap)
+            logits = torch.tanh(logits / cap) * cap
         return logits, presents
 
     @staticmethod

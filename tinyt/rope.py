@@ -57,6 +57,16 @@ def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     return _yarn(cfg, p, factor)
 
 
+def local_rope_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """inv_freq of the windowed layers where rope_local_theta gives them a base of their own
+    (Gemma 3): the default frequencies at that base, rope_scaling not applied (transformers'
+    local rotary is a copy of the config with rope_type 'default')."""
+    if cfg.rope_local_theta is None:
+        raise ValueError("the config has no rope_local_theta: every layer's rotary is "
+                         "rope_frequencies'")
+    return _default(cfg.rope_local_theta, cfg.head_dim)
+
+
 def _mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 

@@ -28,6 +28,9 @@ from tinyt.model import build_model
 from tinyt.rope import rope_frequencies
 
 SEQ = 40  # tokens compared: longer than every window below
+GEMMA = {"norm_offset", "post_norms", "head_size", "embedding_multiplier",
+         "attention_multiplier", "sliding_window", "full_attention_layers"}  # both Gemmas'
+
 WINDOWS = {"mistral": dict(sliding_window=12)}  # Mistral's 4096 would need 4096 tokens to matter
 CASES = {  # name: (fixture, overrides, the options tinyt reads)
     "smollm2": ("smollm2", {}, set()),
@@ -50,6 +53,13 @@ CASES = {  # name: (fixture, overrides, the options tinyt reads)
                      {"rope_scaling"}),
     "llama-dynamic": ("llama-131k", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
                       {"rope_scaling"}),
+    # Gemma's windows (512, 4096) shortened so that the 40 tokens cross them; Gemma 3's layer
+    # 5 (every 6th) global, the others windowed at their own rotary base
+    "gemma3": ("gemma3", dict(sliding_window=12), GEMMA | {"qk_norm", "rope_local_theta"}),
+    "gemma3-linear": ("gemma3", dict(sliding_window=12, rope_scaling={
+        "rope_type": "linear", "factor": 8.0}), GEMMA | {"qk_norm", "rope_local_theta",
+                                                         "rope_scaling"}),
+    "gemma2": ("gemma2", dict(sliding_window=10), GEMMA | {"attn_softcap", "final_softcap"}),
 }
 
 
@@ -84,7 +94,7 @@ def test_import_equals_transformers_full_cached_and_greedy(case, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["llama3.2", "qwen3", "mistral", "smollm3-window", "granite",
-                                  "qwen2.5-window", "llama-yarn"])
+                                  "qwen2.5-window", "llama-yarn", "gemma3", "gemma2"])
 def test_each_goes_back_to_its_class_bit_identically(case, tmp_path):
     _, src = _imported(case, tmp_path)
     out = to_hf(src, tmp_path / "out")
@@ -147,6 +157,11 @@ def test_rotary_frequencies_are_transformers_own(scaling, head_dim, theta):
     (dict(qk_norm=True, norm="layernorm"), "they need norm='rmsnorm'"),
     (dict(logits_scaling=0.0), "logits_scaling=0.0 is invalid"),
     (dict(n_embd=60, n_head=8), "head_size set"),
+    (dict(norm_offset=1.0, norm="layernorm"), "offsets an RMSNorm's gain"),
+    (dict(attn_softcap=0.0), "attn_softcap=0.0 is invalid"),
+    (dict(final_softcap=float("inf")), "final_softcap=inf is invalid"),
+    (dict(rope_local_theta=10000.0), "it needs pos_encoding='rotary' and a sliding_window"),
+    (dict(activation="geglu"), "allowed: gelu, gelu_tanh, swiglu, geglu_tanh"),
 ])
 def test_family_options_are_validated_by_name(settings, says):
     base = dict(n_layer=2, n_embd=64, n_head=4, pos_encoding="rotary", norm="rmsnorm")
@@ -159,6 +174,11 @@ def test_family_options_are_validated_by_name(settings, says):
     assert ModelConfig.from_json(cfg.to_json()) == cfg and cfg.q_width == 128
 
 
+GEMMA_LIKE = dict(norm_offset=1.0, post_norms=True, activation="geglu_tanh", head_size=32,
+                  embedding_multiplier=8.0, attention_multiplier=256 ** -0.5,
+                  sliding_window=16, full_attention_layers=(1,))  # sqrt(64): the width's
+
+
 @pytest.mark.parametrize("entry, settings", [
     ("LLAMA", dict(head_size=32, rope_scaling={"rope_type": "linear", "factor": 4.0})),
     ("MISTRAL", dict(sliding_window=16)),
@@ -167,6 +187,8 @@ def test_family_options_are_validated_by_name(settings, says):
     ("SMOLLM3", dict(nope_layers=(1,))),
     ("GRANITE", dict(embedding_multiplier=12.0, residual_multiplier=0.22,
                      attention_multiplier=0.015625, logits_scaling=8.0)),
+    ("GEMMA3", dict(GEMMA_LIKE, qk_norm=True, rope_local_theta=10000.0, final_softcap=30.0)),
+    ("GEMMA2", dict(GEMMA_LIKE, attn_softcap=50.0, final_softcap=30.0, tie_weights=False)),
 ])
 def test_new_entries_map_their_config_and_weights_both_ways(entry, settings):
     """Without transformers: the entry writes the model, its config.json reads back as it,

@@ -19,6 +19,8 @@ Options tinyt's model does not implement are refused by name, never approximated
 from tinyt.errors import ConversionError  # what the refusals raise (defined in tinyt.errors)
 from tinyt.hf.catalogue import (
     CATALOGUE,
+    GEMMA2,
+    GEMMA3,
     GPT2,
     GRANITE,
     LLAMA,
@@ -36,8 +38,8 @@ from tinyt.hf.convert import HF_LOGITS_ATOL, import_hf, to_hf, to_hf_gpt2
 from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
-__all__ = ["CATALOGUE", "GPT2", "GRANITE", "HF_LOGITS_ATOL", "LLAMA", "MISTRAL", "QWEN2", "QWEN3",
-           "SMOLLM3", "ConversionError", "Family",
+__all__ = ["CATALOGUE", "GEMMA2", "GEMMA3", "GPT2", "GRANITE", "HF_LOGITS_ATOL", "LLAMA",
+           "MISTRAL", "QWEN2", "QWEN3", "SMOLLM3", "ConversionError", "Family",
            "Spelling", "Weight", "config_from_hf", "family_of", "gpt2_config", "hf_config",
            "hf_state", "import_hf", "llama_config", "read_hf_weights", "state_from_hf",
            "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]

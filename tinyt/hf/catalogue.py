@@ -4,6 +4,8 @@
     GPT2      gpt2        GPT2LMHeadModel    learned positions, LayerNorm, GELU, fused Conv1D
     LLAMA     llama       LlamaForCausalLM   RMSNorm, rotary, SwiGLU, n_kv_head, biases: all|none
     QWEN2     qwen2       Qwen2ForCausalLM   as Llama, biases on q, k, v only
+    (and Mistral, Qwen3, SmolLM3, Granite: Llama with a window, q/k norms, layers without
+    rotary, multipliers; Gemma 3 and Gemma 2 below)
 
 GPT-2 is tinyt's own architecture in another layout: the same names (a GPT2Model save lacks
 `transformer.`), its projections `Conv1D` [in, out], biases always (a bias-free model writes
@@ -102,6 +104,47 @@ def window_reader(switch: str | None, windowed: Callable[[dict[str, Any], int], 
     return read
 
 
+def gemma_layer_types(every: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Gemma's windowed layers: config.json's layer_types where it has them, else every layer
+    but each `every`-th (Gemma 3's sliding_window_pattern, 6 by default; Gemma 2's 2), as
+    their config classes derive them."""
+    def read(hf: dict[str, Any]) -> dict[str, Any]:
+        n, types = hf["num_hidden_layers"], hf.get("layer_types")
+        if types is None:
+            pattern = hf.get("sliding_window_pattern", every)
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                     for i in range(n)]
+        return window_reader("layer_types", lambda hf, i: False, default=4096)(
+            {**hf, "layer_types": types})
+    return read
+
+
+def read_gemma(hf: dict[str, Any]) -> dict[str, Any]:
+    """Gemma's scales: embeddings times sqrt(hidden_size), q.k times query_pre_attn_scalar^-1/2
+    (256 by default, which is not head_dim^-1/2 in every model), the final logits' soft cap."""
+    scalar = hf.get("query_pre_attn_scalar", 256)
+    out: dict[str, Any] = {"embedding_multiplier": hf["hidden_size"] ** 0.5,
+                           "attention_multiplier": scalar ** -0.5}
+    if hf.get("final_logit_softcapping") is not None:
+        out["final_softcap"] = hf["final_logit_softcapping"]
+    return out
+
+
+def read_gemma3(hf: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's windowed layers turn at a base of their own, without rope_scaling (where it
+    has windowed layers)."""
+    if "sliding_window" not in gemma_layer_types(6)(hf):
+        return {}
+    return {"rope_local_theta": hf.get("rope_local_base_freq", 10000.0)}
+
+
+def read_gemma2(hf: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2 caps its attention logits (transformers' eager path; its SDPA path drops the
+    cap, and tinyt computes the model the checkpoint was trained as)."""
+    cap = hf.get("attn_logit_softcapping", 50.0)
+    return {} if cap is None else {"attn_softcap": cap}
+
+
 def qwen_windowed(hf: dict[str, Any], i: int) -> bool:
     return i >= hf.get("max_window_layers", 28)  # Qwen2Config's default
 
@@ -134,6 +177,20 @@ def uneven_heads(hf: dict[str, Any]) -> str | None:
         return None
     return (f"head_dim={head_dim} with {heads} heads is not hidden_size={width}: Qwen2's "
             "config class has no head_dim key, and tinyt writes what it can read back")
+
+
+def bidirectional(hf: dict[str, Any]) -> str | None:
+    if hf.get("use_bidirectional_attention"):
+        return ("use_bidirectional_attention=True (EmbeddingGemma) attends both ways: an "
+                "encoder, not a causal LM tinyt imports as Gemma3ForCausalLM")
+    return None
+
+
+def gemma_rope_scaling(hf: dict[str, Any]) -> str | None:
+    """Gemma 2's class has no rope_scaling: one in its config.json is not what it runs."""
+    if hf.get("rope_scaling") not in (None, {}):
+        return f"rope_scaling={hf['rope_scaling']!r} is not part of Gemma2ForCausalLM"
+    return None
 
 
 def split_biases(hf: dict[str, Any]) -> str | None:
@@ -216,6 +273,41 @@ def granite_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
             "attention_multiplier": cfg.head_dim ** -0.5 if scale is None else scale}
 
 
+def gemma_misfit(cfg: ModelConfig) -> str | None:
+    import math
+
+    if cfg.embedding_multiplier != math.sqrt(cfg.n_embd):
+        return (f"Gemma scales its embeddings by sqrt(hidden_size) = {math.sqrt(cfg.n_embd):g}; "
+                f"this one by {cfg.embedding_multiplier!r}")
+    if cfg.attention_multiplier is None:
+        return "Gemma's attention scale is query_pre_attn_scalar^-1/2, given explicitly"
+    scalar = cfg.attention_multiplier ** -2
+    if abs(scalar - round(scalar)) > 1e-6 or round(scalar) ** -0.5 != cfg.attention_multiplier:
+        return (f"attention_multiplier={cfg.attention_multiplier!r} is not "
+                "query_pre_attn_scalar^-1/2 for an integer scalar")
+    return None
+
+
+def _gemma_written(cfg: ModelConfig) -> dict[str, Any]:
+    assert cfg.attention_multiplier is not None  # gemma_misfit said so
+    return {"intermediate_size": cfg.mlp_width, "num_key_value_heads": cfg.kv_heads,
+            "head_dim": cfg.head_dim, "attention_bias": False, "attention_dropout": 0.0,
+            "query_pre_attn_scalar": round(cfg.attention_multiplier ** -2),
+            "sliding_window": cfg.sliding_window, "layer_types": _layer_types(cfg),
+            "final_logit_softcapping": cfg.final_softcap, "initializer_range": 0.02,
+            "use_cache": True, "pad_token_id": None}
+
+
+def gemma3_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    return {**_gemma_written(cfg), "rope_scaling": cfg.rope_scaling,
+            "rope_local_base_freq": cfg.rope_local_theta, "attn_logit_softcapping": None,
+            "use_bidirectional_attention": False}
+
+
+def gemma2_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    return {**_gemma_written(cfg), "attn_logit_softcapping": cfg.attn_softcap}
+
+
 def mistral_misfit(cfg: ModelConfig) -> str | None:
     if cfg.full_attention_layers:
         return (f"MistralForCausalLM's window covers every layer; this one leaves out "
@@ -248,6 +340,17 @@ LLAMA_WEIGHTS = (
     Weight(BLOCK + "mlp.c_proj.{w}", (LAYER + "mlp.down_proj.{w}",)),
     Weight(BLOCK + "attn.q_norm.weight", (LAYER + "self_attn.q_norm.weight",)),  # Qwen3's
     Weight(BLOCK + "attn.k_norm.weight", (LAYER + "self_attn.k_norm.weight",)),
+)
+
+GEMMA_WEIGHTS = (
+    Weight("transformer.wte.weight", ("model.embed_tokens.weight",)),
+    Weight("transformer.ln_f.weight", ("model.norm.weight",)),
+    Weight("lm_head.weight", ("lm_head.weight",)),
+    Weight(BLOCK + "ln_1.weight", (LAYER + "input_layernorm.weight",)),
+    Weight(BLOCK + "ln_1_out.weight", (LAYER + "post_attention_layernorm.weight",)),
+    Weight(BLOCK + "ln_2.weight", (LAYER + "pre_feedforward_layernorm.weight",)),
+    Weight(BLOCK + "ln_2_out.weight", (LAYER + "post_feedforward_layernorm.weight",)),
+    *(w for w in LLAMA_WEIGHTS if "c_" in w.ours or "_norm" in w.ours),  # q, k, v, o; MLP
 )
 
 # -- the entries ---------------------------------------------------------------------------------
@@ -346,8 +449,41 @@ GRANITE = Family(  # Llama with four multipliers
                      "attention_multiplier", "logits_scaling"}),
     written=granite_written, **_LLAMA_LIKE,
 )
+_GEMMA_FEATURES = {**_ROTARY, "bias": False, "norm_offset": 1.0, "post_norms": True}
+_GEMMA_HOLDS = {"head_size", "embedding_multiplier", "attention_multiplier", "final_softcap",
+                "sliding_window", "full_attention_layers"}
+_GEGLU = {"hidden_activation": Spelling("activation", {"gelu_pytorch_tanh": "geglu_tanh"},
+                                        default="gelu_pytorch_tanh",
+                                        why=" (its gated MLP is GeGLU with tanh GELU)")}
+GEMMA3 = Family(  # Gemma 3 text (270M, 1B): four norms a block of gain 1 + w, q/k norms,
+    # windowed layers at a rotary base of their own
+    model_type="gemma3_text", architecture="Gemma3ForCausalLM",
+    keys=_ROTARY_KEYS,
+    defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": 131072, "rope_theta": 1000000.0,
+              "tie_word_embeddings": True},
+    spelled=_GEGLU, features={**_GEMMA_FEATURES, "qk_norm": True},
+    fixed={"attention_bias": False}, refuses=(bidirectional,),
+    reads=(read_rope_scaling, head_dim_reader(256), read_gemma, gemma_layer_types(6),
+           read_gemma3),
+    holds=frozenset(_GEMMA_HOLDS | {"rope_scaling", "rope_local_theta"}), misfit=gemma_misfit,
+    weights=GEMMA_WEIGHTS, base="model.", buffers=("rotary_emb.inv_freq",
+                                                  "rotary_emb_local.inv_freq"),
+    read_tokenizer=read_tokenizer, special_tokens=special_tokens, written=gemma3_written,
+)
+GEMMA2 = Family(  # Gemma 2: the same blocks without q/k norms, one rotary base, soft caps
+    model_type="gemma2", architecture="Gemma2ForCausalLM",
+    keys=_ROTARY_KEYS,
+    defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": 8192,
+              "tie_word_embeddings": True},
+    spelled=_GEGLU, features=_GEMMA_FEATURES,
+    fixed={"attention_bias": False}, refuses=(gemma_rope_scaling,),
+    reads=(head_dim_reader(256), read_gemma, gemma_layer_types(2), read_gemma2),
+    holds=frozenset(_GEMMA_HOLDS | {"attn_softcap"}), misfit=gemma_misfit,
+    weights=GEMMA_WEIGHTS, base="model.", buffers=("rotary_emb.inv_freq",),
+    read_tokenizer=read_tokenizer, special_tokens=special_tokens, written=gemma2_written,
+)
 # export-hf takes the first that holds a model: the plainer classes first
-CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE)
+CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2)
 TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers"}  # a task's name in messages
 
 

@@ -132,6 +132,8 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
     settings = {k: v for k, v in hf_config(family, cfg, tok.eos_id, tok.bos_id).items()
                 if k not in ("model_type", "architectures")}
     hf_class = getattr(transformers, family.architecture)
+    if cfg.attn_softcap is not None:  # transformers' SDPA path leaves Gemma 2's cap out
+        settings["attn_implementation"] = "eager"
     hf = hf_class(transformers.AutoConfig.for_model(family.model_type, **settings)).eval()
     missing, unexpected = hf.load_state_dict(hf_state(family, ckpt.model), strict=False)
     missing = [k for k in missing if not k.endswith(family.buffers)
