@@ -124,8 +124,9 @@ def import_hf(
     directory: Annotated[Path, typer.Argument(help="Local Hugging Face directory of a "
                                                    "GPT2LMHeadModel, LlamaForCausalLM, "
                                                    "Qwen2ForCausalLM, MistralForCausalLM, "
-                                                   "Qwen3ForCausalLM, SmolLM3ForCausalLM or "
-                                                   "GraniteForCausalLM (config.json, "
+                                                   "Qwen3ForCausalLM, SmolLM3ForCausalLM, "
+                                                   "GraniteForCausalLM, Gemma3ForCausalLM or "
+                                                   "Gemma2ForCausalLM (config.json, "
                                                    "model.safetensors or shards, tokenizer.json "
                                                    "[+ tokenizer_config.json]; GPT-2 may have "
                                                    "vocab.json + merges.txt).")],
@@ -142,8 +143,10 @@ def import_hf(
     """Import a GPT-2 (GPT-2, DistilGPT-2, fine-tunes) or Llama-family model from a Hugging
     Face directory: Llama (SmolLM2, TinyLlama, Llama 3.x with rope_scaling llama3 / linear /
     dynamic / yarn), Qwen2 / Qwen2.5 (windowed layers too), Mistral (sliding window), Qwen3
-    (head_dim, q/k norms), SmolLM3 (layers without rotary), Granite (its multipliers).
-    Anything else tinyt's model does not implement is refused by name."""
+    (head_dim, q/k norms), SmolLM3 (layers without rotary), Granite (its multipliers), Gemma 3
+    and Gemma 2 text (norms of gain 1 + w, soft caps, local and global layers; PyTorch and
+    export-hf so far: the shared-cache graph refuses them by name). Anything else tinyt's
+    model does not implement is refused by name."""
     from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))
@@ -157,7 +160,8 @@ def export_hf(
 ) -> None:
     """Write a checkpoint as a Hugging Face directory (safetensors): GPT2LMHeadModel, or the
     first of LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM,
-    SmolLM3ForCausalLM, GraniteForCausalLM that holds it exactly; for transformers,
+    SmolLM3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM, Gemma2ForCausalLM that holds
+    it exactly; for transformers,
     CTranslate2, llama.cpp's converter, vLLM. Its logits are checked first."""
     import json
 
