@@ -124,7 +124,7 @@ def test_tinyt_to_hf_to_tinyt_is_bit_identical(shape, tmp_path):
     (dict(sliding_window=16), "is not part of LlamaForCausalLM; a windowed model is a "
                               "MistralForCausalLM"),
     (dict(architectures=["LlamaForSequenceClassification"]), "tinyt imports LlamaForCausalLM"),
-    (dict(model_type="gemma3_text"), "model_type 'gemma3_text' is not one tinyt imports"),
+    (dict(model_type="phi3"), "model_type 'phi3' is not one tinyt imports"),
     (dict(num_key_value_heads=3), "n_kv_head=3 is invalid"),
 ])
 def test_what_tinyt_does_not_implement_is_refused_by_name(change, says, tmp_path):
