@@ -25,6 +25,7 @@ checkpoint as the first entry whose class holds it exactly (`writer_for`).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -274,8 +275,6 @@ def granite_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
 
 
 def gemma_misfit(cfg: ModelConfig) -> str | None:
-    import math
-
     if cfg.embedding_multiplier != math.sqrt(cfg.n_embd):
         return (f"Gemma scales its embeddings by sqrt(hidden_size) = {math.sqrt(cfg.n_embd):g}; "
                 f"this one by {cfg.embedding_multiplier!r}")
