@@ -144,9 +144,8 @@ def import_hf(
     Face directory: Llama (SmolLM2, TinyLlama, Llama 3.x with rope_scaling llama3 / linear /
     dynamic / yarn), Qwen2 / Qwen2.5 (windowed layers too), Mistral (sliding window), Qwen3
     (head_dim, q/k norms), SmolLM3 (layers without rotary), Granite (its multipliers), Gemma 3
-    and Gemma 2 text (norms of gain 1 + w, soft caps, local and global layers; PyTorch and
-    export-hf so far: the shared-cache graph refuses them by name). Anything else tinyt's
-    model does not implement is refused by name."""
+    and Gemma 2 text (norms of gain 1 + w, soft caps, local and global layers). Anything else
+    tinyt's model does not implement is refused by name."""
     from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))

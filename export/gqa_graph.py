@@ -20,6 +20,8 @@ it as an artifact, export/shared_cache_checks.py what it is checked against.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -27,7 +29,7 @@ from onnx import TensorProto, helper
 
 from tinyt.contract import CAPACITY
 from tinyt.errors import SharedCacheError
-from tinyt.rope import rope_table
+from tinyt.rope import attention_scale, rope_table
 
 from .kvfuse import drop_dead, producers
 
@@ -78,7 +80,9 @@ def _mha_with_past_to_gqa(proto: onnx.ModelProto, cfg) -> int:
         nodes.append(helper.make_node(
             "GroupQueryAttention", inputs, list(node.output[:3]), domain=MS,
             name=node.name.replace("MultiHeadAttention", "GroupQueryAttention") or None,
-            num_heads=n_head, kv_num_heads=n_head, **_attention_attrs(cfg, node, layer)))
+            num_heads=n_head, kv_num_heads=n_head,
+            **_attention_attrs(cfg, next((a.f for a in node.attribute if a.name == "scale"),
+                                         None), layer)))
         done += 1
     del g.node[:]
     g.node.extend(nodes)
@@ -95,13 +99,29 @@ def _upstream(name: str, prod: dict, stop) -> onnx.NodeProto | None:
     return None
 
 
-def rope_cache(cfg) -> tuple[np.ndarray, np.ndarray]:
+def rope_cache(cfg, local: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [block_size, head_dim / 2] of the rotary angles, as tinyt.model computes
     them in float32 (tinyt.rope's scaled frequencies; yarn's attention factor is in the
     attention's scale, which the rewrite copies from MultiHeadAttention). The one constant of
     the graph sized by the context: 2 x block_size x head_dim / 2 floats (64 MiB at 131,072
-    positions and head_dim 128)."""
-    return rope_table(cfg, cfg.block_size, scaled=False)
+    positions and head_dim 128), twice where the windowed layers have a base of their own
+    (Gemma 3: `local`)."""
+    return rope_table(cfg, cfg.block_size, scaled=False, local=local)
+
+
+ROPE_CACHES = {False: ("/rotary/cos_cache", "/rotary/sin_cache"),
+               True: ("/rotary/local/cos_cache", "/rotary/local/sin_cache")}
+
+
+def _rope_caches(g: onnx.GraphProto, cfg) -> dict[int, tuple[str, str]]:
+    """Each rotary layer's (cos, sin) table names, the tables added to the graph: one table,
+    or two where rope_local_theta gives the windowed layers their own base."""
+    which = {i: cfg.rope_local_theta is not None and cfg.windowed(i)
+             for i in range(cfg.n_layer) if cfg.rotary_layer(i)}
+    for local in sorted(set(which.values())):
+        for name, table in zip(ROPE_CACHES[local], rope_cache(cfg, local)):
+            g.initializer.append(onnx.numpy_helper.from_array(table, name))
+    return {i: ROPE_CACHES[local] for i, local in which.items()}
 
 
 def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
@@ -122,28 +142,17 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
     g = proto.graph
     prod = producers(g)
     rotary = cfg.pos_encoding == "rotary"
-    for name, what in (("rope_local_theta", "the windowed layers' own rotary base (Gemma 3): "
-                        "the rewrite carries one cos/sin table"),
-                       ("attn_softcap", "soft-capped attention logits (Gemma 2)")):
-        if getattr(cfg, name) is not None:
-            raise SharedCacheError(f"{name}={getattr(cfg, name)!r}: {what} is not in the "
-                                   "shared-cache rewrite yet; the contract graph runs this "
-                                   "model")
     if rotary and cfg.head_dim % ROTARY_HEAD_MULTIPLE:
         raise SharedCacheError(f"head_dim={cfg.head_dim}: GroupQueryAttention's rotary kernel "
                                f"(ONNX Runtime {ort.__version__}, CPU) needs a head size that "
                                f"is a multiple of {ROTARY_HEAD_MULTIPLE}; the contract graph "
                                "runs this model")
-    if rotary:
-        cos, sin = rope_cache(cfg)
-        g.initializer.extend([onnx.numpy_helper.from_array(cos, "/rotary/cos_cache"),
-                              onnx.numpy_helper.from_array(sin, "/rotary/sin_cache")])
+    caches = _rope_caches(g, cfg) if rotary else {}
     replaced, nodes, done = set(), {}, 0
-    for node in g.node:
-        if not (node.op_type == "MultiHeadAttention" and node.domain == MS):
-            continue
-        split = _upstream(node.input[0], prod, lambda n: n.op_type == "Split")
-        concat = _upstream(node.input[1], prod, lambda n: n.output[0].startswith("present."))
+    for site in _attention_sites(g, prod, cfg):
+        node = site.anchor
+        split = _upstream(site.query, prod, lambda n: n.op_type == "Split")
+        concat = _upstream(site.key, prod, lambda n: n.output[0].startswith("present."))
         if split is None or len(split.output) != 3 or concat is None \
                 or concat.op_type != "Concat" or not concat.output[0].endswith(".key"):
             raise SharedCacheError(f"{node.name}: attention is not fed by one Split of a packed "
@@ -154,17 +163,17 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
         present = [f"present.{layer}.{kv}" for kv in ("key", "value")]
         replaced.update(present)
         i = int(layer)
-        turn = rotary and cfg.rotary_layer(i)
+        turn = i in caches
         qkv, before = [split.input[0], "", ""], []
         if cfg.qk_norm:  # q and k after their norms, v as it is: three inputs, not one packed
             qkv, before = _normed_qkv(g, split, i)
         inputs = [*qkv, *past, "seqlens_k", "total_sequence_length"]
-        inputs += ["/rotary/cos_cache", "/rotary/sin_cache"] if turn else ["", ""]
+        inputs += caches[i] if turn else ["", ""]
         inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
         attrs = dict(num_heads=cfg.n_head, kv_num_heads=cfg.kv_heads, do_rotary=int(turn),
-                     rotary_interleaved=0, **_attention_attrs(cfg, node, i))
+                     rotary_interleaved=0, **_attention_attrs(cfg, site.scale, i))
         nodes[id(node)] = [*before, helper.make_node(
-            "GroupQueryAttention", inputs, [node.output[0], *present], domain=MS,
+            "GroupQueryAttention", inputs, [site.out, *present], domain=MS,
             name=f"/transformer/h.{layer}/attn/GroupQueryAttention", **attrs)]
         done += 1
     kept = [m for n in g.node if not set(n.output) & replaced
@@ -174,13 +183,64 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
     return done
 
 
-def _attention_attrs(cfg, mha: onnx.NodeProto, layer: int) -> dict:
-    """What GroupQueryAttention takes over from the model: the fused op's own scale
-    (attention_multiplier, yarn's factor squared) and the layer's window."""
+class _Site(NamedTuple):
+    """One layer's attention as `optimize --target cpu` left it."""
+    anchor: onnx.NodeProto  # the node GroupQueryAttention takes the place of
+    query: str  # q as attention reads it (rotated)
+    key: str  # k as attention reads it (the cache, its heads repeated out)
+    out: str  # attention's output [B, S, heads * head_dim]
+    scale: float | None  # q.k's scale; None: 1 / sqrt(head_dim)
+
+
+def _attention_sites(g: onnx.GraphProto, prod: dict, cfg) -> list[_Site]:
+    """MultiHeadAttention nodes, or, where the logits are soft-capped (Gemma 2, which no
+    fused op of the contract graph takes: export/optimize.py), the attention left as ops:
+
+        q, k_all ─MatMul(k transposed; scale / cap)─Tanh─Mul(cap)─Where(mask)─Softmax─┐
+                                                v_all ─MatMul─Transpose─Reshape─▶ out ┘
+
+    found from each Softmax: the scores' MatMul up its chain, the output down its readers."""
+    if cfg.attn_softcap is None:
+        return [_Site(n, n.input[0], n.input[1], n.output[0],
+                      next((a.f for a in n.attribute if a.name == "scale"), None))
+                for n in g.node if n.op_type == "MultiHeadAttention" and n.domain == MS]
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    sites = []
+    for softmax in (n for n in g.node if n.op_type == "Softmax"):
+        scores, name = None, softmax.input[0]
+        for _ in range(8):  # Where's scores are its second input, the others' their first
+            scores = prod.get(name)
+            if scores is None or scores.op_type in ("MatMul", "FusedMatMul"):
+                break
+            name = scores.input[1 if scores.op_type == "Where" else 0]
+        chain, name = [], softmax.output[0]
+        for op in ("MatMul", "Transpose", "Reshape"):
+            nxt = readers.get(name, [])
+            if len(nxt) != 1 or nxt[0].op_type != op:
+                break
+            chain.append(nxt[0])
+            name = nxt[0].output[0]
+        if scores is None or scores.op_type not in ("MatMul", "FusedMatMul") or len(chain) != 3:
+            raise SharedCacheError(f"{softmax.name}: soft-capped attention is not the "
+                                   "MatMul, Tanh, Softmax, MatMul form export writes; only "
+                                   "graphs from `tinyt optimize --target cpu`")
+        sites.append(_Site(chain[-1], scores.input[0], scores.input[1], name,
+                           attention_scale(cfg)))
+    return sites
+
+
+def _attention_attrs(cfg, scale: float | None, layer: int) -> dict:
+    """What GroupQueryAttention takes over from the model: the attention's scale
+    (attention_multiplier, yarn's factor squared), its soft cap (applied to the scaled
+    logits, as Gemma 2) and the layer's window."""
     attrs = {}
-    scale = next((a.f for a in mha.attribute if a.name == "scale"), None)
     if scale is not None:
         attrs["scale"] = scale
+    if cfg.attn_softcap is not None:
+        attrs["softcap"] = float(cfg.attn_softcap)
     if cfg.windowed(layer):  # ORT counts the query itself in it: W keys, as transformers
         attrs["local_window_size"] = cfg.sliding_window
     return attrs

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
-from tinyt.rope import local_rope_frequencies, rope_frequencies
+from tinyt.rope import attention_scale, local_rope_frequencies, rope_frequencies
 
 
 def rotate(x, rope):
@@ -92,8 +92,8 @@ class SelfAttention(nn.Module):
         if is_causal:
             T, S = s.shape[-2:]
             mask = torch.ones(T, S, dtype=torch.bool, device=s.device).tril(S - T)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
+        if mask is not None:  # the dtype's lowest, not -inf: a graph's constants are finite
+            s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
         p = F.dropout(F.softmax(s, dim=-1), self.dropout, self.training)
         return p @ v
 
@@ -118,16 +118,6 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             return self.dropout(self.c_proj(self.act(gate) * up))
         return self.dropout(self.c_proj(self.act(h)))
-
-
-def attention_scale(cfg: ModelConfig) -> float | None:
-    """q.k's scale: attention_multiplier (Granite's) or 1 / sqrt(head_dim), times yarn's
-    attention factor squared; None where it is SDPA's own default."""
-    factor = rope_frequencies(cfg)[1] if cfg.pos_encoding == "rotary" else 1.0
-    if cfg.attention_multiplier is None and factor == 1.0:
-        return None
-    base = cfg.attention_multiplier or 1.0 / math.sqrt(cfg.head_dim)
-    return base * factor * factor
 
 
 class OffsetRMSNorm(nn.RMSNorm):

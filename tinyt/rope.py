@@ -99,12 +99,24 @@ def _yarn(cfg: ModelConfig, p: dict, factor: float) -> tuple[np.ndarray, float]:
     return inv, float(attention)
 
 
-def rope_table(cfg: ModelConfig, positions: int, *, scaled: bool = True
+def attention_scale(cfg: ModelConfig) -> float | None:
+    """q.k's scale: attention_multiplier (Granite's, Gemma's query_pre_attn_scalar^-1/2) or
+    1 / sqrt(head_dim), times yarn's attention factor squared; None where it is SDPA's own
+    default."""
+    factor = rope_frequencies(cfg)[1] if cfg.pos_encoding == "rotary" else 1.0
+    if cfg.attention_multiplier is None and factor == 1.0:
+        return None
+    base = cfg.attention_multiplier or 1.0 / math.sqrt(cfg.head_dim)
+    return base * factor * factor
+
+
+def rope_table(cfg: ModelConfig, positions: int, *, scaled: bool = True, local: bool = False
                ) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [positions, head_dim / 2], float32: position times inv_freq, as one float32
     product each, then cos and sin; times the attention factor unless scaled=False (tinyt's
-    graphs put the factor into the attention's scale instead)."""
-    inv, factor = rope_frequencies(cfg)
+    graphs put the factor into the attention's scale instead). local: the windowed layers'
+    own table (local_rope_frequencies; no attention factor)."""
+    inv, factor = (local_rope_frequencies(cfg), 1.0) if local else rope_frequencies(cfg)
     angles = np.arange(positions, dtype=F32)[:, None] * inv[None, :]
     cos, sin = np.cos(angles).astype(F32), np.sin(angles).astype(F32)
     if scaled and factor != 1.0:

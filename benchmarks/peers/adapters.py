@@ -150,6 +150,11 @@ def optimum(path: Path, artifacts: Path, threads: int,
         # other model's empty past as width / heads: Qwen3 (64 where its export takes 128)
         # fails its first step. Its export is right; its runtime is told the export's size.
         model.embed_size_per_head = head_dim
+    kv_heads = getattr(model.config, "num_key_value_heads", None)
+    if kv_heads and getattr(model, "num_key_value_heads", kv_heads) != kv_heads:
+        # and the key/value heads of a list of model types, without gemma2's: it sizes
+        # Gemma 2's empty past with every query head ("Got: 4 Expected: 2")
+        model.num_key_value_heads = kv_heads
 
     def generate(ids, n, streamer=None):
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,

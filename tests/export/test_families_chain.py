@@ -109,6 +109,65 @@ def test_the_runtime_generates_pytorch_greedy_tokens_past_the_window(every):
         assert [len(r.token_ids) for r in rows] == [8, 8], name
 
 
+# Gemma 3's and Gemma 2's options on one model (the checks of tests/core/test_families.py hold
+# each family's own class to transformers): offset norms, four a block and q/k, GeGLU, a
+# window (12) with its own rotary base and one global layer, one KV head, soft caps on the
+# attention's logits and the final ones, at Gemma 3's 32,768-token context.
+GEMMA = dict(block_size=32768, vocab_size=320, n_layer=3, n_head=4, n_kv_head=1, n_embd=64,
+             n_inner=96, norm="rmsnorm", norm_offset=1.0, post_norms=True, norm_eps=1e-6,
+             pos_encoding="rotary", activation="geglu_tanh", bias=False, rope_theta=1e6,
+             rope_local_theta=1e4, head_size=32, qk_norm=True, sliding_window=12,
+             full_attention_layers=(2,), attention_multiplier=256 ** -0.5,
+             embedding_multiplier=8.0, attn_softcap=50.0, final_softcap=30.0, tie_weights=True)
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**GEMMA))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    root = tmp_path_factory.mktemp("gemma")
+    ck = save_checkpoint(root / "ck", model, tokenizer())
+    return ck, _chain(ck, root)
+
+
+def test_gemma_forms_through_every_graph(gemma):
+    """optimize fuses four norms a block (offset gains folded) plus q/k norms and the GeGLU
+    gate, and leaves the capped attention unfused (no contract op takes a cap); the
+    shared-cache graph takes it into GroupQueryAttention with its softcap, the windowed
+    layers' own cos/sin tables and their window; every graph verifies against PyTorch and
+    generates its greedy tokens past the window."""
+    from tinyt.export import verify
+    from tinyt.runtime import load
+
+    ck_dir, chain = gemma
+    cfg = load_checkpoint(ck_dir).config
+    ops = check_manifest(chain["opt"])["op_counts"]
+    norms = ops.get("SimplifiedLayerNormalization", 0) + \
+        ops.get("com.microsoft.SkipSimplifiedLayerNormalization", 0)
+    assert norms == 4 * cfg.n_layer + 1 + 2 * cfg.n_layer
+    assert ops.get("com.microsoft.FastGelu") == cfg.n_layer
+    assert ops.get("Tanh") == cfg.n_layer + 1 and "com.microsoft.MultiHeadAttention" not in ops
+    graph = onnx.load(str(chain["gqa"] / ONNX_FILE)).graph
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in gqa]
+    assert [a["softcap"] for a in attrs] == [50.0] * 3
+    assert [a.get("local_window_size", -1) for a in attrs] == [12, 12, -1]
+    assert all(abs(a["scale"] - 0.0625) < 1e-7 for a in attrs)
+    assert [n.input[7] for n in gqa] == ["/rotary/local/cos_cache"] * 2 + ["/rotary/cos_cache"]
+    assert not [n for n in graph.node if n.op_type in ("Softmax", "MultiHeadAttention")]
+    for name in ("onnx", "opt", "gqa"):  # int8-gqa: checked against int8 by its stage
+        report = verify(ck_dir, chain[name])
+        assert report["passed"], (name, report)
+    with torch.no_grad():
+        want = generate(load_checkpoint(ck_dir).model, torch.tensor([PROMPT]), 16,
+                        temperature=0)[0, 40:].tolist()
+    for name in ("onnx", "opt", "gqa"):
+        got = load(chain[name]).generate_ids([PROMPT], max_new_tokens=16)[0].token_ids
+        assert got == want, name
+
+
 FAMILIES = {  # test id: (fixture, overrides)
     "llama3.2": ("llama3.2", {}), "qwen3": ("qwen3", {}),
     "mistral": ("mistral", dict(sliding_window=12)), "smollm3": ("smollm3", {}),
@@ -116,6 +175,7 @@ FAMILIES = {  # test id: (fixture, overrides)
     "qwen2.5": ("qwen2.5", dict(use_sliding_window=True, sliding_window=10, max_window_layers=1)),
     "llama-yarn": ("llama-131k", dict(rope_scaling={  # its factor is in the attention's scale
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})),
+    "gemma3": ("gemma3", dict(sliding_window=12)), "gemma2": ("gemma2", dict(sliding_window=12)),
 }
 
 
@@ -140,16 +200,19 @@ def test_each_family_directory_through_every_stage(name, tmp_path):
 
 
 @pytest.mark.slow
-def test_edge_and_browser_packages_take_every_option(every, tmp_path):
+@pytest.mark.parametrize("model", ["every", "gemma"])
+def test_edge_and_browser_packages_take_every_option(model, request, tmp_path):
     """`--format ort` of the contract and shared-cache graphs (each checked against its source
     by the stage), and `--format web` checked under node with onnxruntime-web: the page's
     tokenizer ids and greedy tokens equal tinyt's (a window, q/k norms, a layer without
-    rotary and the llama3 table are all inside the graph)."""
+    rotary and the llama3 table are all inside the graph; Gemma's: two rotary tables, the
+    capped attention, unfused in the contract graph and in GroupQueryAttention in the shared-
+    cache one)."""
     import shutil
 
     from tinyt.export.package import package
 
-    _, chain = every
+    _, chain = request.getfixturevalue(model)
     for name in ("opt", "int8-gqa"):
         out = package(chain[name], tmp_path / f"ort-{name}", format="ort")
         assert (out / "model.ort").is_file()
