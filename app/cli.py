@@ -345,6 +345,10 @@ def quantize(
     exclude: Annotated[Optional[list[str]], typer.Option(
         help="PyTorch module to leave in fp32, e.g. lm_head or transformer.h.0 (repeatable).")]
         = None,
+    keep_8bit: Annotated[Optional[list[str]], typer.Option(
+        "--keep-8bit",
+        help="With --bits 4: a PyTorch module to keep at 8 bits, e.g. lm_head (a tied table "
+             "then 8-bit for the embedding too) or transformer.h.0 (repeatable).")] = None,
     data: Annotated[Optional[Path], typer.Option(
         help="Held-out data for the accuracy report (default: the built-in corpus).")] = None,
     kernel: Annotated[str, typer.Option(
@@ -363,7 +367,7 @@ def quantize(
     data_arg = None if data is None else str(data)
     choices = dict(bits=bits, block_size=block_size, mode=mode, exclude=exclude or [],
                    calibration=calibration, per_channel=per_channel, reduce_range=reduce_range,
-                   kernel=kernel)
+                   kernel=kernel, keep_8bit=keep_8bit or [])
     if max_loss_increase is not None:
         path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg,
                                **choices)
@@ -380,6 +384,8 @@ def quantize(
         typer.echo(f"chosen: {manifest['search']['chosen']}")
     typer.echo(f"quantized {len(q['quantized'])} weight ops; excluded: "
                f"{', '.join(q['excluded']) or 'none'}; shared tables: {q['shared_tables']}")
+    if q.get("kept_8bit"):
+        typer.echo(f"kept at 8 bits: {', '.join(q['kept_8bit'])}")
     typer.echo(f"size: {q['bytes']:,} bytes = {q['size_ratio']:.1%} of the source")
     for key, value in a.items():
         if isinstance(value, float):

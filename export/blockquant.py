@@ -31,6 +31,8 @@ class QuantReport:
     exclusions_used: set[str] = field(default_factory=set)  # the --exclude names that matched
     skipped: dict[str, str] = field(default_factory=dict)  # node -> why it stayed float
     shared_tables: list[str] = field(default_factory=list)  # initializers read by 2 ops
+    kept_8bit: list[str] = field(default_factory=list)  # "module (op)" at 8 bits in a 4-bit run
+    keep_8bit_used: set[str] = field(default_factory=set)  # the keep_8bit names that matched
     modules: set[str] = field(default_factory=set)  # every module holding a weight node
 
 
@@ -94,8 +96,14 @@ def channel_quantize(w: np.ndarray, qmax: int = 127) -> tuple[np.ndarray, np.nda
 
 def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_level: int,
                      exclude: list[str] = (), kernel: str = "nbits",
-                     reduce_range: bool = False) -> QuantReport:
+                     reduce_range: bool = False, keep_8bit: list[str] = ()) -> QuantReport:
     """Rewrite `proto` in place; see the module docstring. Returns what was done.
+
+    keep_8bit (with bits=4): modules whose weights stay at 8 bits ('lm_head', 'h.0', as
+    exclude names them), as GenAI's builder keeps its last matmul or shared embeddings at int8.
+    A table read by two modules (the tied embedding / lm_head) is quantized once, at the
+    widest width any of its readers asks for: 'lm_head' keeps the tied table at 8 bits for
+    the embedding lookup too.
 
     kernel='qgemm': the layers' own weight matmuls (not the tied table, whose two users keep
     sharing one MatMulNBits table) become DynamicQuantizeMatMul instead — int8 weights with
@@ -118,16 +126,25 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
     def table(name: str, rows: np.ndarray, blk: int) -> tuple[str, str]:
         """The block-quantized table of weight `name`, made once however many nodes read it."""
         if name not in tables:
-            q, s = block_quantize(rows, bits, blk)
-            new_inits.extend([numpy_helper.from_array(q, f"{name}_q{bits}"),
+            b = width[name]
+            q, s = block_quantize(rows, b, blk)
+            new_inits.extend([numpy_helper.from_array(q, f"{name}_q{b}"),
                               numpy_helper.from_array(s, f"{name}_scales")])
-            tables[name] = (f"{name}_q{bits}", f"{name}_scales", *rows.shape)
+            tables[name] = (f"{name}_q{b}", f"{name}_scales", *rows.shape)
         return tables[name][:2]
 
     # MatMul(x, Transpose(W)) is x @ W^T, the tied lm_head as exported: read W directly.
     transposed = {n.output[0]: n.input[0] for n in graph.node
                   if n.op_type == "Transpose" and n.input[0] in inits
                   and [helper.get_attribute_value(a) for a in n.attribute] in ([], [[1, 0]])}
+    width: dict[str, int] = {}  # weight -> its table's bits: the widest any reader asks for
+    for node in graph.node:
+        weight, _ = _weight_of(node, inits, transposed)
+        if weight is not None:
+            keep = excluded_by(module_of(node, weight), list(keep_8bit))
+            if keep:
+                report.keep_8bit_used.add(keep)
+            width[weight] = max(width.get(weight, bits), 8 if keep else bits)
     for node in graph.node:
         # 1) the node's fp32 weight matrix, if it has one
         weight, through_transpose = _weight_of(node, inits, transposed)
@@ -162,9 +179,11 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
                                     f"{'row' if per_row else 'tensor'})")
             continue
         qname, sname = table(weight, np.ascontiguousarray(rows), blk)
-        new_nodes.extend(_nbits_nodes(node, qname, sname, rows.shape[0], K, bits, blk,
+        new_nodes.extend(_nbits_nodes(node, qname, sname, rows.shape[0], K, width[weight], blk,
                                       accuracy_level, new_inits))
         report.quantized.append(f"{module} ({node.op_type})")
+        if width[weight] != bits:
+            report.kept_8bit.append(f"{module} ({node.op_type})")
     del graph.node[:]
     graph.node.extend(new_nodes)
     graph.initializer.extend(new_inits)

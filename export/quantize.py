@@ -43,7 +43,8 @@ KERNELS = ("nbits", "qgemm", "qgemm-rows")
 
 
 def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str, *, mode: str,
-                   bits: int, block_size: int, kernel: str, calibration: str) -> None:
+                   bits: int, block_size: int, kernel: str, calibration: str,
+                   keep_8bit: list[str]) -> None:
     """Every refusal of a request that can be made before any work, each naming what is
     allowed."""
     if mode not in MODES:
@@ -72,6 +73,10 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
         raise QuantizeError(f"kernel={kernel!r} with mode={mode!r}, bits={bits}: kernels are "
                             f"{', '.join(KERNELS)}, and the qgemm ones are for 8-bit dynamic "
                             "only")
+    if keep_8bit and (bits != 4 or mode == "static" or kernel != "nbits"):
+        raise QuantizeError(f"keep_8bit={list(keep_8bit)} keeps modules at 8 bits in a 4-bit "
+                            f"quantization (bits=4, mode dynamic or weight-only, kernel nbits); "
+                            f"this is bits={bits}, mode={mode!r}, kernel={kernel!r}")
     if calibration not in CALIBRATIONS:
         raise QuantizeError(f"calibration={calibration!r} is not one of "
                             f"{', '.join(CALIBRATIONS)}")
@@ -85,18 +90,19 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
              exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
              calibration: str = "minmax", per_channel: bool = True,
              reduce_range: bool | None = None, search: dict | None = None,
-             kernel: str = "nbits") -> Built:
+             kernel: str = "nbits", keep_8bit: list[str] | tuple[str, ...] = ()) -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). Static
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
-    CPU's preset."""
+    CPU's preset. keep_8bit (bits=4): modules kept at 8 bits, e.g. 'lm_head' (the tied table
+    then 8-bit for both its readers: export/blockquant.py)."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
     proto = src.graph()
     cfg, block, kind = src.config, src.block, src.kind
     _check_request(src_dir, manifest, proto, kind, mode=mode, bits=bits, block_size=block_size,
-                   kernel=kernel, calibration=calibration)
+                   kernel=kernel, calibration=calibration, keep_8bit=list(keep_8bit))
     preset = int8_preset()
     if reduce_range is not None:
         preset = {**preset, "reduce_range": reduce_range}
@@ -125,12 +131,15 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             report = quantize_weights(proto, bits=bits, block=block_size,
                                       accuracy_level=MODES[mode], exclude=list(exclude),
                                       kernel=kernel,
-                                      reduce_range=bool(preset["reduce_range"]))
+                                      reduce_range=bool(preset["reduce_range"]),
+                                      keep_8bit=list(keep_8bit))
             save_graph(proto, path)
-        unused = [e for e in exclude if e not in report.exclusions_used]
-        if unused:
-            raise QuantizeError(f"--exclude {', '.join(unused)} names no module with weights; "
-                                f"modules: {sorted(report.modules)}")
+        for flag, names, used in (("--exclude", exclude, report.exclusions_used),
+                                  ("--keep-8bit", keep_8bit, report.keep_8bit_used)):
+            unused = [e for e in names if e not in used]
+            if unused:
+                raise QuantizeError(f"{flag} {', '.join(unused)} names no module with weights; "
+                                    f"modules: {sorted(report.modules)}")
         if not report.quantized:
             raise QuantizeError(f"nothing in {src_dir / ONNX_FILE} was quantized: "
                                 f"{report.skipped}")
@@ -145,7 +154,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
         src_bytes, out_bytes = _bytes(src.model_path), _bytes(path)
         return write_artifact(out_dir, src, [path], stage="quantize", options={
             "mode": mode, "bits": bits, "exclude": list(exclude), "data": data,
-            "kernel": kernel,
+            "kernel": kernel, **({"keep_8bit": list(keep_8bit)} if keep_8bit else {}),
             **({"reduce_range": bool(preset["reduce_range"])} if kernel != "nbits" else {}),
             **({"calibration": calibration, "per_channel": per_channel,
                 "hardware_preset": preset} if mode == "static" else {"block_size": block_size})},
@@ -154,6 +163,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             "quantization": {
                 "quantized": report.quantized, "excluded": report.excluded,
                 "skipped": report.skipped, "shared_tables": report.shared_tables,
+                **({"kept_8bit": report.kept_8bit} if keep_8bit else {}),
                 "contrib_domain": MS, "bytes": out_bytes,
                 "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
                 "rows_independent": independent,

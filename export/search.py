@@ -32,6 +32,8 @@ DYNAMIC_VARIANTS = [
     ("dynamic-int8", dict(mode="dynamic", bits=8)),
     ("dynamic-int8-block32", dict(mode="dynamic", bits=8, block_size=32)),
     ("dynamic-int4", dict(mode="dynamic", bits=4, block_size=32)),
+    ("dynamic-int4-lm_head-int8", dict(mode="dynamic", bits=4, block_size=32,
+                                       keep_8bit=["lm_head"])),
     ("dynamic-int8-lm_head-fp32", dict(mode="dynamic", bits=8, exclude=["lm_head"])),
     ("dynamic-int8-qgemm", dict(mode="dynamic", bits=8, kernel="qgemm")),
 ]
@@ -52,7 +54,7 @@ def cost(accuracy: dict[str, Any]) -> float:
 
 # The choices the search makes itself: a caller that also fixes one of them is refused.
 CHOICES = ("bits", "block_size", "mode", "calibration", "per_channel", "reduce_range",
-           "exclude", "kernel")
+           "exclude", "kernel", "keep_8bit")
 
 
 def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -65,7 +67,7 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         raise TypeError(f"quantize_search() got unexpected arguments {unknown}")
     defaults = inspect.signature(quantize).parameters
     given = [k for k, v in choices.items()
-             if v != defaults[k].default and not (k == "exclude" and not v)]
+             if v != defaults[k].default and not (k in ("exclude", "keep_8bit") and not v)]
     if given:
         flags = ", ".join("--no-per-channel" if k == "per_channel" else
                           "--" + k.replace("_", "-") for k in given)

@@ -9,7 +9,8 @@ its own on-demand rows when asked).
                           │                  ├─quantize qgemm──────▶ onnx-int8-qgemm ┘
                           │                  ├─quantize qgemm-rows─▶ onnx-int8-rows ─gqa─▶
                           │                  │                        onnx-int8-rows-gqa
-                          │                  └─quantize 4-bit─▶ onnx-int4 ─gqa─▶ onnx-int4-gqa
+                          │                  ├─quantize 4-bit─▶ onnx-int4 ─gqa─▶ onnx-int4-gqa
+                          │                  └─4-bit, lm_head 8─▶ onnx-int4-head8 ─gqa─▶ ...-gqa
                           │                         (the peer benchmark's, when asked)
                           └─quantize static─▶ onnx-int8-static
     clf ─export─▶ clf-onnx ─optimize─▶ clf-opt ─quantize─▶ clf-int8   (docs/benchmarks.md)
@@ -99,6 +100,17 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("onnx-int4-gqa", "onnx-int4", "optimize", "shared-cache-int4", SHARED_CACHE_KIND,
             {"target": "gqa"}, prefill_from="onnx-int8-qgemm", made_by="peers",
             engine="tinyt-int4-gqa", note=_PAIR.format("4-bit")),
+    # the builder's int4 with its tied table at 8 bits (its shared int8 embeddings): the table
+    # decides the argmax, and at Gemma 3's 262,144 ids it is most of the model
+    Variant("onnx-int4-head8", "onnx-opt", "quantize", "quantize-int4-head8", DECODER_WITH_PAST,
+            {"bits": 4, "block_size": INT4_BLOCK, "keep_8bit": ("lm_head",)}, made_by="peers",
+            engine="tinyt-int4-head8",
+            note=f"MatMulNBits 4-bit, block {INT4_BLOCK}, the lm_head (a tied table for both "
+                 "its readers) at 8 bits"),
+    Variant("onnx-int4-head8-gqa", "onnx-int4-head8", "optimize", "shared-cache-int4-head8",
+            SHARED_CACHE_KIND, {"target": "gqa"}, prefill_from="onnx-int8-qgemm",
+            made_by="peers", engine="tinyt-int4-head8-gqa",
+            note=_PAIR.format("4-bit, lm_head 8-bit")),
     Variant("clf-onnx", CLASSIFIER_CHECKPOINT, "export", "export-clf", CLASSIFIER,
             made_by="hand", bench="ort-clf-fp32", timed=True),
     Variant("clf-opt", "clf-onnx", "optimize", "optimize-clf", CLASSIFIER, made_by="hand",

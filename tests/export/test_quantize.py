@@ -134,6 +134,44 @@ def test_quantize_optimized_graph_and_4bit(lm_onnx, corpus_dir, tmp_path):
     assert 0 < kl8 < kl4  # 4-bit weights move the distribution further than 8-bit ones
 
 
+def test_int4_keeps_the_tied_table_or_a_layer_at_8_bits(lm_onnx, corpus_dir, tmp_path):
+    """keep_8bit=['lm_head'] in a 4-bit run: the tied table is quantized once at 8 bits and
+    read by both the embedding's GatherBlockQuantized and the lm_head's MatMulNBits, the
+    layers stay 4-bit; the table's error is 8-bit's, so the distribution moves less than with
+    everything at 4 bits. A named layer is kept the same way."""
+    opt = optimize(lm_onnx, tmp_path / "opt")
+    q4 = quantize(opt, tmp_path / "q4", bits=4, block_size=16, data=str(corpus_dir))
+    head8 = quantize(opt, tmp_path / "head8", bits=4, block_size=16, keep_8bit=["lm_head"],
+                     data=str(corpus_dir))
+    manifest = check_manifest(head8)
+    q = manifest["quantization"]
+    assert q["shared_tables"] == ["model.lm_head.weight_q8"]
+    assert sorted(q["kept_8bit"]) == ["lm_head (FusedMatMul)", "transformer.wte (Gather)"]
+    graph = onnx.load(str(head8 / "model.onnx")).graph
+    bits = {n.name: [a.i for a in n.attribute if a.name == "bits"][0] for n in graph.node
+            if n.op_type in ("MatMulNBits", "GatherBlockQuantized")}
+    table_readers = [n for n in graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")
+                     and any(i.startswith("model.lm_head.weight_q8") for i in n.input)]
+    assert len(table_readers) == 2 and all(bits[n.name] == 8 for n in table_readers)
+    assert sorted(set(bits.values())) == [4, 8] and \
+        sum(b == 4 for b in bits.values()) == len(bits) - 2  # every layer's matmul at 4 bits
+    assert manifest["options"]["keep_8bit"] == ["lm_head"]
+    kl4, kl48 = (check_manifest(d)["accuracy"]["kl_divergence"] for d in (q4, head8))
+    assert kl48 < kl4
+    assert check_manifest(head8)["quantization"]["bytes"] > \
+        check_manifest(q4)["quantization"]["bytes"]
+    layer = quantize(opt, tmp_path / "h0", bits=4, block_size=16, keep_8bit=["h.0"],
+                     data=str(corpus_dir))
+    kept = check_manifest(layer)["quantization"]["kept_8bit"]
+    assert kept and all(".h.0." in k for k in kept)
+    assert check_manifest(layer)["quantization"]["shared_tables"] == ["model.lm_head.weight_q4"]
+    for kw, needle in ((dict(bits=8, keep_8bit=["lm_head"]), "keeps modules at 8 bits in a 4-bit"),
+                       (dict(bits=4, keep_8bit=["h.9"]), "--keep-8bit h.9 names no module")):
+        with pytest.raises(QuantizeError, match=needle):
+            quantize(opt, tmp_path / "bad", data=str(corpus_dir), **kw)
+        assert not (tmp_path / "bad").exists()
+
+
 def test_exclusions_are_mapped_and_reported(lm_onnx, corpus_dir, tmp_path):
     out = quantize(lm_onnx, tmp_path / "x", exclude=["lm_head", "transformer.h.0"],
                    data=str(corpus_dir))
