@@ -27,6 +27,10 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              bos_token_id=VOCAB - 2, eos_token_id=VOCAB - 1)
 
+# LongRoPE factors of the shape Phi-3.5 / Phi-4-mini have: short ones near 1, long ones
+# growing with the wavelength (the real sets have 48; the fixtures take the first ones)
+SHORT = [round(1.0 + 0.05 * i * i / 8, 4) for i in range(48)]
+LONG = [round(1.0 + 1.5 * i, 4) for i in range(48)]
 REAL: dict[str, tuple[str, dict]] = {
     # HuggingFaceTB/SmolLM2-135M: 30 layers, 576 wide, 9 / 3 heads
     "smollm2": ("llama", dict(num_attention_heads=4, num_key_value_heads=2,
@@ -90,6 +94,25 @@ REAL: dict[str, tuple[str, dict]] = {
                               rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
                               final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
                               tie_word_embeddings=True, pad_token_id=0)),
+    # microsoft/Phi-3.5-mini-instruct: 32 layers, 3072 wide, 32 / 32 heads, LongRoPE from 4,096
+    # to 131,072 (48 factors a set), a window of 262,144 over every layer, untied
+    "phi3.5": ("phi3", dict(num_attention_heads=4, num_key_value_heads=4,
+                            max_position_embeddings=131072,
+                            original_max_position_embeddings=4096, rope_theta=10000.0,
+                            rope_scaling={"type": "longrope", "short_factor": SHORT[:8],
+                                          "long_factor": LONG[:8]},
+                            sliding_window=262144, rms_norm_eps=1e-5,
+                            tie_word_embeddings=False, pad_token_id=None)),
+    # microsoft/Phi-4-mini-instruct: 32 layers, 3072 wide, 24 / 8 heads, head_dim 128 of which
+    # 96 rotate (partial_rotary_factor 0.75), LongRoPE from 4,096 to 131,072, tied
+    "phi4-mini": ("phi3", dict(num_attention_heads=2, num_key_value_heads=1,
+                               max_position_embeddings=131072,
+                               original_max_position_embeddings=4096, rope_theta=10000.0,
+                               partial_rotary_factor=0.75,
+                               rope_scaling={"type": "longrope", "short_factor": SHORT[:12],
+                                             "long_factor": LONG[:12]},
+                               sliding_window=262144, rms_norm_eps=1e-5,
+                               tie_word_embeddings=True, pad_token_id=None)),
 }
 CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
@@ -98,7 +121,8 @@ CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
            "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
            "granite": ("GraniteConfig", "GraniteForCausalLM"),
            "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
-           "gemma2": ("Gemma2Config", "Gemma2ForCausalLM")}
+           "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+           "phi3": ("Phi3Config", "Phi3ForCausalLM")}
 
 
 @functools.lru_cache(maxsize=1)

@@ -107,6 +107,8 @@ class ModelConfig(_JsonMixin):
     attn_softcap: float | None = None  # q.k logits -> cap * tanh(logits / cap) (Gemma 2)
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2 / 3)
     rope_local_theta: float | None = None  # the windowed layers' rotary base, unscaled (Gemma 3)
+    rotary_dim: int | None = None  # each head's rotated dims, the first ones; None = head_dim
+    #                                (Phi-4-mini's partial_rotary_factor 0.75: 96 of 128)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -229,6 +231,21 @@ class ModelConfig(_JsonMixin):
                  "with yarn's rope_scaling is not implemented: yarn's attention factor would "
                  "scale the windowed layers' unscaled rotary too")
 
+        rd = self.rotary_dim
+        _require(rd is None or (rotary and _is_int(rd) and rd >= 2 and rd % 2 == 0
+                                and rd <= self.head_dim), "rotary_dim", rd,
+                 f"must be null (head_dim) or an even integer from 2 to head_dim={self.head_dim}"
+                 ", with pos_encoding='rotary'")
+        _require(rd is None or self.rope_scaling is None or rope_parameters(self)[0] != "yarn",
+                 "rotary_dim", rd, "with yarn's rope_scaling is not implemented: tinyt folds "
+                 "yarn's attention factor into q.k's scale, which would scale the dims rotary "
+                 "leaves too")
+
+    @property
+    def rotary_dims(self) -> int:
+        """The dims of each head that rotary turns (the first ones)."""
+        return self.rotary_dim or self.head_dim
+
     @property
     def head_dim(self) -> int:
         return self.head_size or self.n_embd // self.n_head
@@ -292,7 +309,7 @@ FAMILY_OPTIONS = {"head_size": None, "qk_norm": False, "rope_scaling": None,
                   "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
                   "attention_multiplier": None, "logits_scaling": 1.0, "norm_offset": 0.0,
                   "post_norms": False, "attn_softcap": None, "final_softcap": None,
-                  "rope_local_theta": None}  # name -> its "off"
+                  "rope_local_theta": None, "rotary_dim": None}  # name -> its "off"
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's
 # required and optional keys. `dynamic` changes nothing within max_position_embeddings, the
@@ -304,6 +321,11 @@ ROPE_KEYS = {
                 "original_max_position_embeddings"}, set()),
     "yarn": ({"factor"}, {"attention_factor", "beta_fast", "beta_slow", "mscale",
                           "mscale_all_dim", "original_max_position_embeddings", "truncate"}),
+    # Phi-3 / Phi-4-mini: per-frequency factors, the long ones past the original context;
+    # factor = max_position_embeddings / original as read at import (the attention factor's
+    # source, kept whatever context tinyt keeps)
+    "longrope": ({"long_factor", "short_factor", "original_max_position_embeddings", "factor"},
+                 {"attention_factor"}),
 }
 
 
@@ -325,7 +347,12 @@ def rope_parameters(cfg: ModelConfig) -> tuple[str, dict[str, Any]]:
         raise ConfigError(f"rope_scaling {kind!r} has {sorted(set(params) - required - optional)}"
                           f"; allowed keys: {sorted(required | optional)}")
     for key, v in params.items():
-        if key == "truncate":
+        if key in ("long_factor", "short_factor"):
+            half = cfg.rotary_dims // 2
+            _require(isinstance(v, (list, tuple)) and len(v) == half
+                     and all(_is_number(f) and f > 0 for f in v), f"rope_scaling.{key}",
+                     v, f"must be {half} finite numbers > 0 (one per rotated frequency)")
+        elif key == "truncate":
             _require(isinstance(v, bool), "rope_scaling.truncate", v, "must be true or false")
         elif key == "original_max_position_embeddings":
             _require(_is_int(v) and v >= 1, f"rope_scaling.{key}", v, "must be an integer >= 1")

@@ -18,7 +18,12 @@ import torch.nn.functional as F
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
-from tinyt.rope import attention_scale, local_rope_frequencies, rope_frequencies
+from tinyt.rope import (
+    attention_scale,
+    local_rope_frequencies,
+    longrope_original,
+    rope_frequencies,
+)
 
 
 def rotate(x, rope):
@@ -26,7 +31,10 @@ def rotate(x, rope):
     are a vector's two coordinates, turned by the angle of the token's position. Written as
     transformers writes it (slices, not chunk), so ONNX Runtime's RotaryEmbedding fusion
     recognises the exported graph."""
-    cos, sin = rope  # (B, 1, T, hs)
+    cos, sin = rope  # (B, 1, T, rd)
+    rd = cos.shape[-1]
+    if rd != x.shape[-1]:  # partial rotary (Phi-4-mini): the first rd dims turn, the rest pass
+        return torch.cat([rotate(x[..., :rd], rope), x[..., rd:]], dim=-1)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
@@ -198,13 +206,29 @@ class RotaryPositions(nn.Module):
         super().__init__()
         inv_freq = local_rope_frequencies(cfg) if local else rope_frequencies(cfg)[0]
         self.register_buffer("inv_freq", torch.from_numpy(inv_freq), persistent=False)
+        # longrope (Phi-3): other frequencies for a sequence past the original context, and
+        # an attention factor on cos and sin (the rotated dims alone, as transformers)
+        self.original = None if local else longrope_original(cfg)
+        self.factor = 1.0
+        long_inv = None
+        if self.original is not None:
+            long_inv, self.factor = rope_frequencies(cfg, long=True)
+            long_inv = torch.from_numpy(long_inv)
+        self.register_buffer("long_inv_freq", long_inv, persistent=False)
 
     def forward(self, position_ids):
-        # inv_freq (1, hs/2, 1) @ positions (B, 1, T): the form the cos/sin-cache fusion knows
-        inv = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
-        angles = (inv @ position_ids[:, None, :].float()).transpose(1, 2)  # (B, T, hs/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (B, T, hs)
-        return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (B, 1, T, hs)
+        inv_freq = self.inv_freq
+        if self.long_inv_freq is not None:  # the whole batch's longest position decides
+            past = position_ids.max() + 1 > self.original
+            inv_freq = torch.where(past, self.long_inv_freq, self.inv_freq)
+        # inv_freq (1, rd/2, 1) @ positions (B, 1, T): the form the cos/sin-cache fusion knows
+        inv = inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
+        angles = (inv @ position_ids[:, None, :].float()).transpose(1, 2)  # (B, T, rd/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (B, T, rd)
+        cos, sin = angles.cos(), angles.sin()
+        if self.factor != 1.0:
+            cos, sin = cos * self.factor, sin * self.factor
+        return cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, rd)
 
 
 class Trunk(nn.Module):
@@ -401,6 +425,10 @@ def generate(model: TinyTransformer, input_ids: torch.Tensor, max_new_tokens: in
     steps = min(max_new_tokens, block - T)
     out = input_ids
     logits, cache = model(input_ids)
+    # longrope: the step whose sequence first passes the original context recomputes the
+    # whole sequence at the long frequencies, its cache made at the short ones dropped (as
+    # transformers' Phi-3 generation does)
+    original = longrope_original(model.config)
     for _ in range(steps):
         last = logits[:, -1, :vocab_limit]  # (B, vocab)
         if temperature == 0:
@@ -414,5 +442,8 @@ def generate(model: TinyTransformer, input_ids: torch.Tensor, max_new_tokens: in
         out = torch.cat([out, nxt], dim=1)
         if eos_id is not None and B == 1 and int(nxt) == eos_id:
             break
-        logits, cache = model(nxt, past_key_values=cache)
+        if original is not None and out.shape[1] - 1 == original:
+            logits, cache = model(out)
+        else:
+            logits, cache = model(nxt, past_key_values=cache)
     return out

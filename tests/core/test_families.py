@@ -60,6 +60,13 @@ CASES = {  # name: (fixture, overrides, the options tinyt reads)
         "rope_type": "linear", "factor": 8.0}), GEMMA | {"qk_norm", "rope_local_theta",
                                                          "rope_scaling"}),
     "gemma2": ("gemma2", dict(sliding_window=10), GEMMA | {"attn_softcap", "final_softcap"}),
+    # Phi-3.5 / Phi-4-mini at their 131,072 tokens with LongRoPE (the long factors past 4,096:
+    # test_longrope_switches_and_recomputes_as_transformers); Phi-3-mini-4k's window (2,047)
+    # shortened so that the 40 tokens cross it, without the scaling it does not have
+    "phi3.5": ("phi3.5", {}, {"rope_scaling", "sliding_window"}),
+    "phi4-mini": ("phi4-mini", {}, {"rope_scaling", "sliding_window", "rotary_dim"}),
+    "phi3-window": ("phi3.5", dict(rope_scaling=None, max_position_embeddings=4096,
+                                   sliding_window=12), {"sliding_window"}),
 }
 
 
@@ -94,7 +101,8 @@ def test_import_equals_transformers_full_cached_and_greedy(case, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["llama3.2", "qwen3", "mistral", "smollm3-window", "granite",
-                                  "qwen2.5-window", "llama-yarn", "gemma3", "gemma2"])
+                                  "qwen2.5-window", "llama-yarn", "gemma3", "gemma2",
+                                  "phi3.5", "phi4-mini"])
 def test_each_goes_back_to_its_class_bit_identically(case, tmp_path):
     _, src = _imported(case, tmp_path)
     out = to_hf(src, tmp_path / "out")
@@ -106,6 +114,35 @@ def test_each_goes_back_to_its_class_bit_identically(case, tmp_path):
     a, b = unique_state_dict(load_checkpoint(src).model), unique_state_dict(back.model)
     assert back.config == load_checkpoint(src).config and a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("case", ["phi3.5", "phi4-mini"])
+def test_longrope_switches_and_recomputes_as_transformers(case, tmp_path):
+    """LongRoPE at Phi's real 4,096-token original context: a sequence within it turns at the
+    short factors, one past it at the long ones (logits equal transformers' on both sides);
+    and a generation whose sequence crosses it recomputes the whole sequence at the long
+    factors there: the greedy tokens of transformers' forward over each whole sequence.
+    (transformers 4.57's Phi-3 generate drops its cache at the crossing but passes the one
+    cache_position of the new token with the 4,097 tokens it recomputes, so the cache it
+    keeps is not its own forward's and its tokens part from it a step later.)"""
+    from tinyt.model import generate
+
+    theirs, ck_dir = _imported(case, tmp_path)
+    ours = load_checkpoint(ck_dir).model.eval()
+    original = theirs.config.original_max_position_embeddings
+    assert original == 4096
+    # ids from 1: generate takes id 0 for padding (pad_token_id) and would mask it out
+    ids = torch.randint(1, 318, (1, original + 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for n in (original, original + 6):
+            want = theirs(ids[:, :n]).logits
+            assert float((ours(ids[:, :n])[0] - want).abs().max()) <= HF_ATOL, n
+        prompt = ids[:, :original - 4]  # 4 tokens within, then past the original context
+        greedy = prompt
+        for _ in range(10):
+            nxt = theirs(greedy).logits[:, -1].argmax(-1, keepdim=True)
+            greedy = torch.cat([greedy, nxt], dim=1)
+        assert generate(ours, prompt, 10, temperature=0).tolist() == greedy.tolist()
 
 
 @pytest.mark.parametrize("scaling", [
@@ -143,7 +180,13 @@ def test_rotary_frequencies_are_transformers_own(scaling, head_dim, theta):
 
 @pytest.mark.parametrize("settings, says", [
     (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0]}),
-     "rope_scaling type 'longrope' is not one tinyt computes"),
+     "rope_scaling 'longrope' lacks ['factor', 'long_factor', 'original_max_position_embed"),
+    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0],
+                        "factor": 32.0, "original_max_position_embeddings": 4096}),
+     "rope_scaling.long_factor=[2.0] is invalid: must be 8 finite numbers > 0"),
+    (dict(rotary_dim=12, rope_scaling={"rope_type": "yarn", "factor": 2.0}),
+     "with yarn's rope_scaling is not implemented"),
+    (dict(rotary_dim=33), "rotary_dim=33 is invalid: must be null (head_dim) or an even"),
     (dict(rope_scaling={"rope_type": "linear"}), "rope_scaling 'linear' lacks ['factor']"),
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
                         "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}),

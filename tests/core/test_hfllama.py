@@ -114,8 +114,10 @@ def test_tinyt_to_hf_to_tinyt_is_bit_identical(shape, tmp_path):
      "rope_scaling 'llama3' lacks ['high_freq_factor', 'low_freq_factor', "
      "'original_max_position_embeddings']"),
     (dict(rope_scaling={"rope_type": "longrope", "factor": 2.0}),
-     "rope_scaling type 'longrope' is not one tinyt computes; allowed: linear, dynamic, llama3, "
-     "yarn"),
+     "rope_scaling type 'longrope' is read for Phi3ForCausalLM only"),
+    (dict(rope_scaling={"rope_type": "su2", "factor": 2.0}),
+     "rope_scaling type 'su2' is not one tinyt computes; allowed: linear, dynamic, llama3, "
+     "yarn, longrope"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "alpha": 1}),
      "rope_scaling 'yarn' has ['alpha']"),
     (dict(rope_scaling={"type": "linear", "factor": float("nan")}), "rope_scaling.factor=nan"),
@@ -124,7 +126,7 @@ def test_tinyt_to_hf_to_tinyt_is_bit_identical(shape, tmp_path):
     (dict(sliding_window=16), "is not part of LlamaForCausalLM; a windowed model is a "
                               "MistralForCausalLM"),
     (dict(architectures=["LlamaForSequenceClassification"]), "tinyt imports LlamaForCausalLM"),
-    (dict(model_type="phi3"), "model_type 'phi3' is not one tinyt imports"),
+    (dict(model_type="olmo"), "model_type 'olmo' is not one tinyt imports"),
     (dict(num_key_value_heads=3), "n_kv_head=3 is invalid"),
 ])
 def test_what_tinyt_does_not_implement_is_refused_by_name(change, says, tmp_path):

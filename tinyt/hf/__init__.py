@@ -25,6 +25,7 @@ from tinyt.hf.catalogue import (
     GRANITE,
     LLAMA,
     MISTRAL,
+    PHI3,
     QWEN2,
     QWEN3,
     SMOLLM3,
@@ -39,7 +40,7 @@ from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
 __all__ = ["CATALOGUE", "GEMMA2", "GEMMA3", "GPT2", "GRANITE", "HF_LOGITS_ATOL", "LLAMA",
-           "MISTRAL", "QWEN2", "QWEN3", "SMOLLM3", "ConversionError", "Family",
+           "MISTRAL", "PHI3", "QWEN2", "QWEN3", "SMOLLM3", "ConversionError", "Family",
            "Spelling", "Weight", "config_from_hf", "family_of", "gpt2_config", "hf_config",
            "hf_state", "import_hf", "llama_config", "read_hf_weights", "state_from_hf",
            "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from tinyt.config import ModelConfig
+from tinyt.config import ModelConfig, rope_parameters
 from tinyt.errors import ConversionError
 from tinyt.hf.family import Family, Spelling, Weight, hf_config, misfit
 from tinyt.hf.tokens import (
@@ -56,6 +56,11 @@ def read_rope_scaling(hf: dict[str, Any]) -> dict[str, Any]:
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
         return {}
+    if kind == "longrope":
+        raise ConversionError("rope_scaling type 'longrope' is read for Phi3ForCausalLM only: "
+                              "the class whose switch to the long factors (at "
+                              "original_max_position_embeddings, the cache recomputed) tinyt "
+                              "matches")
     params = {k: v for k, v in scaling.items() if k not in ("type", "rope_type", "rope_theta")}
     if kind == "dynamic" and "original_max_position_embeddings" in params:
         params.pop("original_max_position_embeddings")  # unread by transformers' dynamic
@@ -146,6 +151,37 @@ def read_gemma2(hf: dict[str, Any]) -> dict[str, Any]:
     return {} if cap is None else {"attn_softcap": cap}
 
 
+PHI3_ORIGINAL = 4096  # Phi3Config's original_max_position_embeddings when config.json omits it
+
+
+def read_longrope(hf: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's rope_scaling: LongRoPE ('su' and 'yarn' are its older names in Phi3Config),
+    with the original context and factor = max_position_embeddings / original, the source of
+    the attention factor, kept whatever context tinyt keeps."""
+    scaling = hf.get("rope_scaling")
+    if not scaling:
+        return {}
+    if not isinstance(scaling, dict):
+        raise ConversionError(f"rope_scaling={scaling!r} is not an object")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in ("longrope", "su", "yarn"):
+        raise ConversionError(f"rope_scaling type {kind!r} is not Phi-3's: Phi3ForCausalLM "
+                              "runs 'longrope'")
+    original = hf.get("original_max_position_embeddings", PHI3_ORIGINAL)
+    return {"rope_scaling": {
+        "rope_type": "longrope", "long_factor": list(scaling["long_factor"]),
+        "short_factor": list(scaling["short_factor"]),
+        "original_max_position_embeddings": original,
+        "factor": hf.get("max_position_embeddings", PHI3_ORIGINAL) / original}}
+
+
+def read_partial_rotary(hf: dict[str, Any]) -> dict[str, Any]:
+    """partial_rotary_factor: rotary turns the first int(head_dim * factor) dims of a head."""
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    dims = int(head_dim * hf.get("partial_rotary_factor", 1.0))
+    return {} if dims == head_dim else {"rotary_dim": dims}
+
+
 def qwen_windowed(hf: dict[str, Any], i: int) -> bool:
     return i >= hf.get("max_window_layers", 28)  # Qwen2Config's default
 
@@ -215,7 +251,17 @@ def gpt2_misfit(cfg: ModelConfig) -> str | None:
     return None
 
 
+def longrope_misfit(cfg: ModelConfig) -> str | None:
+    """LongRoPE's switch at the original context is Phi-3's: the other classes switch at
+    max_position_embeddings and keep the cache made at the short frequencies."""
+    if cfg.rope_scaling is not None and rope_parameters(cfg)[0] == "longrope":
+        return "its longrope rotary is Phi3ForCausalLM's"
+    return None
+
+
 def llama_misfit(cfg: ModelConfig) -> str | None:
+    if why := longrope_misfit(cfg):
+        return why
     if cfg.bias and cfg.qkv_bias is False:
         return ("bias=True with qkv_bias=False (biases everywhere but q, k, v) has no Hugging "
                 "Face Llama-family layout")
@@ -275,6 +321,8 @@ def granite_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
 
 
 def gemma_misfit(cfg: ModelConfig) -> str | None:
+    if why := longrope_misfit(cfg):
+        return why
     if cfg.embedding_multiplier != math.sqrt(cfg.n_embd):
         return (f"Gemma scales its embeddings by sqrt(hidden_size) = {math.sqrt(cfg.n_embd):g}; "
                 f"this one by {cfg.embedding_multiplier!r}")
@@ -305,6 +353,36 @@ def gemma3_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
 
 def gemma2_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     return {**_gemma_written(cfg), "attn_logit_softcapping": cfg.attn_softcap}
+
+
+def phi3_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    """Phi3Config's rope_scaling holds exactly type, short_factor and long_factor; the
+    original context and max_position_embeddings (original x factor, whatever context tinyt
+    kept: transformers' attention factor is read from their ratio) sit beside it."""
+    out = {**_rotary_written(cfg), "partial_rotary_factor": cfg.rotary_dims / cfg.head_dim,
+           "sliding_window": cfg.sliding_window, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+           "pad_token_id": None,  # Phi3Config's 32000 would index past a smaller vocabulary
+           "original_max_position_embeddings": cfg.block_size}
+    if cfg.rope_scaling is not None:
+        _, p = rope_parameters(cfg)
+        original = p["original_max_position_embeddings"]
+        out.update(rope_scaling={"type": "longrope", "short_factor": list(p["short_factor"]),
+                                 "long_factor": list(p["long_factor"])},
+                   original_max_position_embeddings=original,
+                   max_position_embeddings=round(p["factor"] * original))
+    return out
+
+
+def phi3_misfit(cfg: ModelConfig) -> str | None:
+    if cfg.rope_scaling is not None and rope_parameters(cfg)[0] != "longrope":
+        return (f"Phi3ForCausalLM's rope_scaling is longrope; this one is "
+                f"{rope_parameters(cfg)[0]!r}")
+    if cfg.rope_scaling is not None and "attention_factor" in cfg.rope_scaling:
+        return "Phi3Config derives longrope's attention factor; this one sets it"
+    if cfg.full_attention_layers:
+        return (f"Phi3ForCausalLM's window covers every layer; this one leaves out "
+                f"{list(cfg.full_attention_layers)}")
+    return None
 
 
 def mistral_misfit(cfg: ModelConfig) -> str | None:
@@ -350,6 +428,13 @@ GEMMA_WEIGHTS = (
     Weight(BLOCK + "ln_2.weight", (LAYER + "pre_feedforward_layernorm.weight",)),
     Weight(BLOCK + "ln_2_out.weight", (LAYER + "post_feedforward_layernorm.weight",)),
     *(w for w in LLAMA_WEIGHTS if "c_" in w.ours or "_norm" in w.ours),  # q, k, v, o; MLP
+)
+
+PHI3_WEIGHTS = (  # q, k, v and gate, up fused as tinyt fuses them, in the same row order
+    *(w for w in LLAMA_WEIGHTS if "c_attn" not in w.ours and "c_fc" not in w.ours
+      and "_norm" not in w.ours),
+    Weight(BLOCK + "attn.c_attn.weight", (LAYER + "self_attn.qkv_proj.weight",)),
+    Weight(BLOCK + "mlp.c_fc.weight", (LAYER + "mlp.gate_up_proj.weight",)),
 )
 
 # -- the entries ---------------------------------------------------------------------------------
@@ -400,7 +485,7 @@ QWEN2 = Family(
     model_type="qwen2", architecture="Qwen2ForCausalLM",
     keys=_ROTARY_KEYS, defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": 32768},
     features={**_ROTARY, "bias": False, "qkv_bias": True},
-    refuses=(uneven_heads,), reads=(read_rope_scaling, _QWEN_WINDOW),
+    refuses=(uneven_heads,), reads=(read_rope_scaling, _QWEN_WINDOW), misfit=longrope_misfit,
     holds=frozenset({"rope_scaling", "sliding_window", "full_attention_layers"}),
     written=qwen2_written, **_LLAMA_LIKE,
 )
@@ -408,7 +493,7 @@ QWEN3 = Family(  # Qwen2 with q/k norms, head_dim of its own and no q, k, v bias
     model_type="qwen3", architecture="Qwen3ForCausalLM",
     keys=_ROTARY_KEYS, defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": 32768},
     features={**_ROTARY, "bias": False, "qk_norm": True},
-    fixed={"attention_bias": False},
+    fixed={"attention_bias": False}, misfit=longrope_misfit,
     reads=(read_rope_scaling, head_dim_reader(128), _QWEN_WINDOW),
     holds=frozenset({"rope_scaling", "head_size", "sliding_window", "full_attention_layers"}),
     written=qwen2_written, **_LLAMA_LIKE,
@@ -481,8 +566,20 @@ GEMMA2 = Family(  # Gemma 2: the same blocks without q/k norms, one rotary base,
     weights=GEMMA_WEIGHTS, base="model.", buffers=("rotary_emb.inv_freq",),
     read_tokenizer=read_tokenizer, special_tokens=special_tokens, written=gemma2_written,
 )
+PHI3 = Family(  # Phi-3 / 3.5 / Phi-4-mini: fused projections, LongRoPE, partial rotary
+    model_type="phi3", architecture="Phi3ForCausalLM",
+    keys=_ROTARY_KEYS,
+    defaults={**_ROTARY_DEFAULTS, "max_position_embeddings": PHI3_ORIGINAL,
+              "rms_norm_eps": 1e-5},
+    features={**_ROTARY, "bias": False},
+    reads=(read_longrope, head_dim_reader(None), read_partial_rotary,
+           window_reader(None, lambda hf, i: True)),  # its window covers every layer
+    holds=frozenset({"rope_scaling", "head_size", "sliding_window", "rotary_dim"}),
+    misfit=phi3_misfit, written=phi3_written,
+    **{**_LLAMA_LIKE, "weights": PHI3_WEIGHTS},
+)
 # export-hf takes the first that holds a model: the plainer classes first
-CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2)
+CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3)
 TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers"}  # a task's name in messages
 
 
