@@ -125,8 +125,9 @@ def import_hf(
                                                    "GPT2LMHeadModel, LlamaForCausalLM, "
                                                    "Qwen2ForCausalLM, MistralForCausalLM, "
                                                    "Qwen3ForCausalLM, SmolLM3ForCausalLM, "
-                                                   "GraniteForCausalLM, Gemma3ForCausalLM or "
-                                                   "Gemma2ForCausalLM (config.json, "
+                                                   "GraniteForCausalLM, Gemma3ForCausalLM, "
+                                                   "Gemma2ForCausalLM or Phi3ForCausalLM "
+                                                   "(config.json, "
                                                    "model.safetensors or shards, tokenizer.json "
                                                    "[+ tokenizer_config.json]; GPT-2 may have "
                                                    "vocab.json + merges.txt).")],
@@ -144,8 +145,9 @@ def import_hf(
     Face directory: Llama (SmolLM2, TinyLlama, Llama 3.x with rope_scaling llama3 / linear /
     dynamic / yarn), Qwen2 / Qwen2.5 (windowed layers too), Mistral (sliding window), Qwen3
     (head_dim, q/k norms), SmolLM3 (layers without rotary), Granite (its multipliers), Gemma 3
-    and Gemma 2 text (norms of gain 1 + w, soft caps, local and global layers). Anything else
-    tinyt's model does not implement is refused by name."""
+    and Gemma 2 text (norms of gain 1 + w, soft caps, local and global layers), Phi-3 / 3.5 /
+    Phi-4-mini (LongRoPE, partial rotary). Anything else tinyt's model does not implement is
+    refused by name."""
     from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))
@@ -159,7 +161,8 @@ def export_hf(
 ) -> None:
     """Write a checkpoint as a Hugging Face directory (safetensors): GPT2LMHeadModel, or the
     first of LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM,
-    SmolLM3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM, Gemma2ForCausalLM that holds
+    SmolLM3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM, Gemma2ForCausalLM,
+    Phi3ForCausalLM that holds
     it exactly; for transformers,
     CTranslate2, llama.cpp's converter, vLLM. Its logits are checked first."""
     import json

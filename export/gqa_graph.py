@@ -29,7 +29,7 @@ from onnx import TensorProto, helper
 
 from tinyt.contract import CAPACITY
 from tinyt.errors import SharedCacheError
-from tinyt.rope import attention_scale, rope_table
+from tinyt.rope import attention_scale, is_longrope, longrope_original, rope_table
 
 from .kvfuse import drop_dead, producers
 
@@ -99,14 +99,15 @@ def _upstream(name: str, prod: dict, stop) -> onnx.NodeProto | None:
     return None
 
 
-def rope_cache(cfg, local: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def rope_cache(cfg, local: bool = False, long: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [block_size, head_dim / 2] of the rotary angles, as tinyt.model computes
     them in float32 (tinyt.rope's scaled frequencies; yarn's attention factor is in the
     attention's scale, which the rewrite copies from MultiHeadAttention). The one constant of
     the graph sized by the context: 2 x block_size x head_dim / 2 floats (64 MiB at 131,072
     positions and head_dim 128), twice where the windowed layers have a base of their own
-    (Gemma 3: `local`)."""
-    return rope_table(cfg, cfg.block_size, scaled=False, local=local)
+    (Gemma 3: `local`); LongRoPE's short and long tables (`long`) hold its attention factor,
+    which scales the rotated dims alone."""
+    return rope_table(cfg, cfg.block_size, scaled=is_longrope(cfg), local=local, long=long)
 
 
 ROPE_CACHES = {False: ("/rotary/cos_cache", "/rotary/sin_cache"),
@@ -118,10 +119,37 @@ def _rope_caches(g: onnx.GraphProto, cfg) -> dict[int, tuple[str, str]]:
     or two where rope_local_theta gives the windowed layers their own base."""
     which = {i: cfg.rope_local_theta is not None and cfg.windowed(i)
              for i in range(cfg.n_layer) if cfg.rotary_layer(i)}
+    if is_longrope(cfg):  # one table or the other by the batch's longest sequence
+        _longrope_caches(g, cfg)
+        return {i: ROPE_CACHES[False] for i in which}
     for local in sorted(set(which.values())):
         for name, table in zip(ROPE_CACHES[local], rope_cache(cfg, local)):
             g.initializer.append(onnx.numpy_helper.from_array(table, name))
     return {i: ROPE_CACHES[local] for i, local in which.items()}
+
+
+def _longrope_caches(g: onnx.GraphProto, cfg) -> None:
+    """LongRoPE's tables chosen per call, as tinyt.model chooses its frequencies (the longest
+    position + 1, here GroupQueryAttention's total_sequence_length, past the original
+    context: the long ones):
+
+        total_sequence_length ─Greater(original)─┬─Where(long cos, short cos)─▶ cos_cache
+                                                 └─Where(long sin, short sin)─▶ sin_cache"""
+    original = longrope_original(cfg)
+    cond = "/rotary/longrope/past_original"
+    nodes = [helper.make_node("Greater", ["total_sequence_length", "/rotary/longrope/original"],
+                              [cond], name="/rotary/longrope/Greater")]
+    g.initializer.append(onnx.numpy_helper.from_array(np.array(original, np.int32),
+                                                      "/rotary/longrope/original"))
+    tables = {long: rope_cache(cfg, long=long) for long in (False, True)}
+    for k, name in enumerate(ROPE_CACHES[False]):
+        short, long = f"{name}/short", f"{name}/long"
+        g.initializer.extend([onnx.numpy_helper.from_array(tables[False][k], short),
+                              onnx.numpy_helper.from_array(tables[True][k], long)])
+        nodes.append(helper.make_node("Where", [cond, long, short], [name],
+                                      name=f"{name}/Where"))
+    for k, node in enumerate(nodes):
+        g.node.insert(k, node)
 
 
 def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
@@ -142,16 +170,17 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
     g = proto.graph
     prod = producers(g)
     rotary = cfg.pos_encoding == "rotary"
-    if rotary and cfg.head_dim % ROTARY_HEAD_MULTIPLE:
-        raise SharedCacheError(f"head_dim={cfg.head_dim}: GroupQueryAttention's rotary kernel "
-                               f"(ONNX Runtime {ort.__version__}, CPU) needs a head size that "
-                               f"is a multiple of {ROTARY_HEAD_MULTIPLE}; the contract graph "
-                               "runs this model")
+    for what, size in (("head_dim", cfg.head_dim), ("rotary_dim", cfg.rotary_dims)):
+        if rotary and size % ROTARY_HEAD_MULTIPLE:  # rotary_dim: its table's half, of 8
+            raise SharedCacheError(f"{what}={size}: GroupQueryAttention's rotary kernel (ONNX "
+                                   f"Runtime {ort.__version__}, CPU) needs a multiple of "
+                                   f"{ROTARY_HEAD_MULTIPLE}; the contract graph runs this model")
     caches = _rope_caches(g, cfg) if rotary else {}
     replaced, nodes, done = set(), {}, 0
     for site in _attention_sites(g, prod, cfg):
         node = site.anchor
-        split = _upstream(site.query, prod, lambda n: n.op_type == "Split")
+        # the packed projection's Split of q, k, v (partial rotary splits q in two on the way)
+        split = _upstream(site.query, prod, lambda n: n.op_type == "Split" and len(n.output) == 3)
         concat = _upstream(site.key, prod, lambda n: n.output[0].startswith("present."))
         if split is None or len(split.output) != 3 or concat is None \
                 or concat.op_type != "Concat" or not concat.output[0].endswith(".key"):

@@ -28,6 +28,7 @@ from onnxscript.rewriter.ort_fusions import optimize_for_ort
 from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE
 from tinyt.errors import OptimizeError
 from tinyt.graphio import save_graph
+from tinyt.rope import is_longrope
 from tinyt.runtime.session import graph_session
 
 from .compare import OPT_ATOL, compare_graphs, grid, grid_sizes
@@ -75,7 +76,10 @@ def expected_fusions(cfg, kind: str) -> list[tuple[str, tuple[str, ...], int]]:
         out.append(("RMSNorm" + (" (with q/k norms)" if cfg.qk_norm else ""), norms,
                     per_block * cfg.n_layer + 1 + (2 * cfg.n_layer if cfg.qk_norm else 0)))
     rotary = sum(cfg.rotary_layer(i) for i in range(cfg.n_layer))
-    if rotary:  # queries and keys of every layer with rotary positions (SmolLM3: not all)
+    # LongRoPE's frequencies are chosen per call (short or long by the sequence's length) and
+    # its cos and sin scaled: not the constant table RotaryEmbedding's fusion matches, so the
+    # contract graph turns q and k with Mul and Add (GroupQueryAttention takes both tables)
+    if rotary and not is_longrope(cfg):  # q and k of every layer with rotary (SmolLM3: not all)
         out.append(("rotary positions", (f"{CONTRIB}.RotaryEmbedding",), 2 * rotary))
     # The MLP's activation in one kernel with its bias: BiasGelu (exact erf GELU) or FastGelu
     # (the tanh approximation, GPT-2's gelu_new; Gemma's gate). SwiGLU's SiLU-times-up has no

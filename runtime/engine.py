@@ -215,6 +215,13 @@ class Engine:
                               "dynamic-shape artifact (the shared-cache pair batches best)")
         if not (isinstance(prefill_tokens, int) and prefill_tokens >= 1):
             raise ConfigError(f"prefill_tokens={prefill_tokens!r} must be an integer >= 1")
+        original = lm.longrope_original
+        if original is not None and lm.context > original:
+            raise ConfigError(
+                f"{lm.artifact.path} turns at LongRoPE's long frequencies past "
+                f"{original} tokens (a sequence's whole cache made again there), and the rows "
+                f"of one batch share one table: serve it with a context of at most {original} "
+                f"(rt.load's max_context, --max-context); this one is {lm.context}")
         self.lm, self.max_batch, self.max_queue = lm, max_batch, max_queue
         # Prompt tokens admitted between two steps (at least one request's): the running rows
         # wait for those prompts, so this bounds the time between their tokens.

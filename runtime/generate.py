@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND, past_name
 from tinyt.errors import ConfigError, NonFiniteError
+from tinyt.rope import longrope_original
 from tinyt.tokenizer import Tokenizer
 
 from .cache import CachePool, SharedCache, capacity_for, check_kv_fits, rows_from_left_padded
@@ -98,6 +99,8 @@ class LanguageModel:
             self.context = min(self.context, max_context)
         if artifact.kind == SHARED_CACHE_KIND:
             self._caches = CachePool(self.new_cache)
+        # LongRoPE (Phi-3): past this many tokens the whole sequence turns at other frequencies
+        self.longrope_original = longrope_original(self.config)
 
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> str | list[str]:
@@ -135,7 +138,8 @@ class LanguageModel:
         params = SamplingParams(**_params(kwargs))
         rows = self.check_ids(token_ids)
         if (self.artifact.kind == SHARED_CACHE_KIND and len(rows) == 1 and params.temperature == 0
-                and params.repetition_penalty == 1.0 and not params.stop):
+                and params.repetition_penalty == 1.0 and not params.stop
+                and self._recompute_at(rows, params) is None):
             out, reasons = self._greedy_one(rows[0], params)
         else:
             for out, reasons in self._loop(rows, params):  # noqa: B007 (the last one counts)
@@ -228,6 +232,15 @@ class LanguageModel:
 
     # -- the loop ------------------------------------------------------------------------------
 
+    def _recompute_at(self, rows: list[list[int]], params: SamplingParams) -> int | None:
+        """The length past which this call's cache is made again (LongRoPE: the batch starts
+        within the original context and may run past it), or None."""
+        original = self.longrope_original
+        if original is None or max(map(len, rows)) > original or \
+                max(map(len, rows)) + params.max_new_tokens <= original:
+            return None
+        return original
+
     def _loop(self, rows: list[list[int]], params: SamplingParams
               ) -> Iterator[tuple[list[list[int]], list[str | None]]]:
         """After every step: the tokens generated so far per row, and each row's finish
@@ -247,6 +260,7 @@ class LanguageModel:
                            new_tokens=params.max_new_tokens)
         logits = next(steps) if not all(reasons) else np.zeros(0)  # read only while rows run
         nxt = np.full(B, self._pad, dtype=np.int64)
+        recompute_at = self._recompute_at(rows, params)
         while not all(reasons):
             for r in range(B):
                 if reasons[r] is None:
@@ -259,6 +273,18 @@ class LanguageModel:
             yield out, reasons
             if all(reasons):
                 break
+            if recompute_at is not None and \
+                    max(len(rows[r]) + len(out[r]) for r in range(B)) > recompute_at:
+                # LongRoPE: the batch now passes the original context, so every token turns at
+                # the long frequencies: the cache made at the short ones is made again over
+                # the whole sequences (as tinyt.model.generate; transformers drops its cache)
+                steps.close()
+                ids, mask = left_pad([rows[r] + out[r] for r in range(B)], self._pad)
+                steps = self.steps(prefill_feeds(self.config, self.artifact.kind, ids, mask,
+                                                 kv_dtype=self._kv_dtype),
+                                   new_tokens=params.max_new_tokens)
+                logits, recompute_at = next(steps), None
+                continue
             logits = steps.send((nxt, np.array([r is None for r in reasons])))
         if params.max_new_tokens == 0:
             yield out, reasons

@@ -104,13 +104,14 @@ REAL: dict[str, tuple[str, dict]] = {
                             sliding_window=262144, rms_norm_eps=1e-5,
                             tie_word_embeddings=False, pad_token_id=None)),
     # microsoft/Phi-4-mini-instruct: 32 layers, 3072 wide, 24 / 8 heads, head_dim 128 of which
-    # 96 rotate (partial_rotary_factor 0.75), LongRoPE from 4,096 to 131,072, tied
-    "phi4-mini": ("phi3", dict(num_attention_heads=2, num_key_value_heads=1,
+    # 96 rotate (partial_rotary_factor 0.75), LongRoPE from 4,096 to 131,072, tied. Here
+    # 2 / 1 heads of 64, 48 of them rotating (GroupQueryAttention's rotary: a multiple of 16)
+    "phi4-mini": ("phi3", dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
                                max_position_embeddings=131072,
                                original_max_position_embeddings=4096, rope_theta=10000.0,
                                partial_rotary_factor=0.75,
-                               rope_scaling={"type": "longrope", "short_factor": SHORT[:12],
-                                             "long_factor": LONG[:12]},
+                               rope_scaling={"type": "longrope", "short_factor": SHORT[:24],
+                                             "long_factor": LONG[:24]},
                                sliding_window=262144, rms_norm_eps=1e-5,
                                tie_word_embeddings=True, pad_token_id=None)),
 }

@@ -191,8 +191,12 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                               "shared-cache decoder_gqa)")
     _check_tokenizer(src_dir / "tokenizer.json")
     lm = load(src_dir, threads=1, tune=False)
+    # A LongRoPE model's page stops at its original context: past it every token turns at the
+    # long frequencies, the cache made again, which the page's loop does not do
+    context = lm.context if lm.longrope_original is None else \
+        min(lm.context, lm.longrope_original)
     web = {"name": src_dir.name, "graph": kind, "graphs": files, "tokenizer": "tokenizer.json",
-           "context": lm.context, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
+           "context": context, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
            "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
            "kv_axes": list(kv_axes(cfg, "length")),  # the contract's order, read by tinyt.mjs
            "eos_token_id": lm.tokenizer.eos_id,

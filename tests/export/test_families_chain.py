@@ -10,6 +10,8 @@ came from; tests/core/test_families.py maps each class to them), at Llama-3.2's 
 context with its llama3 rope scaling, a window (12) shorter than the prompts, one layer without
 rotary and one full-attention layer. The slow test takes each family's own directory through
 the same stages."""
+import json
+
 import onnx
 import pytest
 import torch
@@ -122,6 +124,17 @@ GEMMA = dict(block_size=32768, vocab_size=320, n_layer=3, n_head=4, n_kv_head=1,
 
 
 @pytest.fixture(scope="module")
+def phi4(tmp_path_factory):
+    """Phi-4-mini's form as imported: LongRoPE past 4,096 of 131,072, partial rotary."""
+    from tinyt.hf import import_hf
+
+    root = tmp_path_factory.mktemp("phi4")
+    save_hf("phi4-mini", root / "hf")
+    ck = import_hf(root / "hf", root / "ck", log=lambda s: None)
+    return ck, _chain(ck, root)
+
+
+@pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
     torch.manual_seed(0)
     model = build_model(ModelConfig(**GEMMA))
@@ -176,6 +189,7 @@ FAMILIES = {  # test id: (fixture, overrides)
     "llama-yarn": ("llama-131k", dict(rope_scaling={  # its factor is in the attention's scale
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})),
     "gemma3": ("gemma3", dict(sliding_window=12)), "gemma2": ("gemma2", dict(sliding_window=12)),
+    "phi3.5": ("phi3.5", {}), "phi4-mini": ("phi4-mini", {}),
 }
 
 
@@ -200,7 +214,41 @@ def test_each_family_directory_through_every_stage(name, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["every", "gemma"])
+def test_longrope_graphs_switch_tables_and_the_runtime_recomputes_past_4096(tmp_path):
+    """Phi-4-mini's form (LongRoPE from 4,096, 48 of 64 dims rotating) through every graph:
+    the contract graphs choose the short or long frequencies per call, the shared-cache
+    graph GroupQueryAttention's cos/sin tables by total_sequence_length; a generation from a
+    prompt of 4,092 tokens crosses the original context, where the runtime makes the cache
+    again at the long frequencies: PyTorch's greedy tokens from every fp32 graph, and the
+    quantized pair runs through it. The engine, whose batch shares one table, is refused a
+    context past 4,096 by name."""
+    from tinyt.errors import ConfigError
+    from tinyt.hf import import_hf
+    from tinyt.runtime import load
+    from tinyt.runtime.engine import Engine
+
+    save_hf("phi4-mini", tmp_path / "hf")
+    ck = import_hf(tmp_path / "hf", tmp_path / "ck", log=lambda s: None)
+    chain = _chain(ck, tmp_path)
+    gqa = [n for n in onnx.load(str(chain["gqa"] / ONNX_FILE)).graph.node
+           if n.op_type == "GroupQueryAttention"]
+    assert all(n.input[7] == "/rotary/cos_cache" for n in gqa)
+    prompt = torch.randint(1, 318, (1, 4092), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = generate(load_checkpoint(ck).model, prompt, 10, temperature=0)[0, 4092:].tolist()
+    for name in ("onnx", "opt", "gqa"):
+        got = load(chain[name], tune=False).generate_ids(prompt.tolist(), max_new_tokens=10)
+        assert got[0].token_ids == want, name
+    pair = load(chain["int8-gqa"], tune=False).generate_ids(prompt.tolist(), max_new_tokens=10,
+                                                            min_new_tokens=10)
+    assert len(pair[0].token_ids) == 10
+    with pytest.raises(ConfigError, match="context of at most 4096"):
+        Engine(load(chain["gqa"], tune=False))
+    Engine(load(chain["gqa"], tune=False, max_context=4096))  # not started: nothing to stop
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["every", "gemma", "phi4"])
 def test_edge_and_browser_packages_take_every_option(model, request, tmp_path):
     """`--format ort` of the contract and shared-cache graphs (each checked against its source
     by the stage), and `--format web` checked under node with onnxruntime-web: the page's
@@ -221,19 +269,28 @@ def test_edge_and_browser_packages_take_every_option(model, request, tmp_path):
     for name in ("opt", "int8-gqa"):  # the shared cache sized by the call, not 131,072
         web = package(chain[name], tmp_path / f"web-{name}", format="web")
         assert (web / "tinyt.mjs").is_file() and (web / "model.onnx").is_file()
+        context = json.loads((web / "web.json").read_text())["context"]
+        assert context == (4096 if model == "phi4" else 131072 if model == "every" else 32768)
 
 
 def _peers_run_the_artifacts(name, ck, chain):
     """ONNX Runtime GenAI's loop (genai_config.json) and Optimum's ORTModelForCausalLM
-    (config.json of the family's class) on the fp32 and INT8 graphs: PyTorch's greedy tokens.
+    (config.json of the family's class) on the fp32 and INT8 graphs: PyTorch's greedy tokens
+    from the fp32 graph, tinyt.runtime's on the same INT8 graph (random weights leave some
+    families' top logits within INT8's rounding of each other: Phi-3.5's part at token 8).
     Optimum 0.1.0 sizes its first, empty past by hidden_size / heads, so on its own it refuses
     a Qwen3 head_dim ("Got: 16 Expected: 32"); the peer benchmark's loader, used here, tells it
     the export's head_dim (docs/model.md)."""
     import importlib.util
     import os
 
+    from tinyt.runtime import load
+
     ids = list(range(40, 80))
-    want = generate(load_checkpoint(ck).model, torch.tensor([ids]), 12, temperature=0)
+    fp32 = generate(load_checkpoint(ck).model, torch.tensor([ids]), 12, temperature=0)
+    int8 = load(chain["int8"], tune=False).generate_ids([ids], max_new_tokens=12,
+                                                       min_new_tokens=12)[0].token_ids
+    want = {"opt": fp32[0, 40:].tolist(), "int8": int8}
     if importlib.util.find_spec("onnxruntime_genai"):
         import onnxruntime_genai as og
 
@@ -242,15 +299,15 @@ def _peers_run_the_artifacts(name, ck, chain):
         for stage in ("opt", "int8"):
             config = og.Config(str(chain[stage]))
             config.clear_providers()
-            assert list(peers.genai_greedy(og.Model(config), ids, 12))[:12] == \
-                want[0, 40:].tolist(), (name, stage)
+            assert list(peers.genai_greedy(og.Model(config), ids, 12))[:12] == want[stage], \
+                (name, stage)
     if importlib.util.find_spec("optimum"):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from tinyt.benchmarks.peers.adapters import optimum
 
         for stage in ("opt", "int8"):
             got = optimum(chain[stage], chain[stage].parent, 1)(ids, 12)
-            assert got == want[0, 40:].tolist(), (name, stage)
+            assert got == want[stage], (name, stage)
 
 
 @pytest.mark.slow
@@ -279,17 +336,19 @@ def test_a_window_longer_than_the_checks_is_crossed_by_them(tmp_path, monkeypatc
     assert verify(ck, optimize(opt, tmp_path / "gqa", target="gqa"))["passed"]
 
 
-def test_serve_chats_through_the_models_template(every):
-    """`tinyt serve` on the every-option shared-cache graph (131,072-token model, the server's
-    default context of 4096 held): a chat request is rendered by the tokenizer's chat
-    template and answered with the runtime's own greedy text for that prompt."""
+@pytest.mark.parametrize("model", ["every", "gemma", pytest.param("phi4", marks=pytest.mark.slow)])
+def test_serve_chats_through_the_models_template(model, request):
+    """`tinyt serve` on the every-option, Gemma and Phi-4-mini shared-cache graphs (131,072 /
+    32,768-token models, the server's default context of 4096 held: a LongRoPE model's
+    longest): a chat request is rendered by the tokenizer's chat template and answered with
+    the runtime's own greedy text for that prompt."""
     pytest.importorskip("starlette", reason="the serve extra is not installed")
     pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
     from live_server import Server
 
     from tinyt.runtime import load
 
-    _, chain = every
+    _, chain = request.getfixturevalue(model)
     lm = load(chain["gqa"], threads=1, tune=False)
     prompt = "<|im_start|>user\ndef f<|im_end|>\n<|im_start|>assistant\n"
     s = Server(chain["gqa"], "--max-batch", "2", "--api-key", "k")
