@@ -45,7 +45,7 @@ class Variant:
     stage: str  # one of STAGES
     step: str  # the pipeline's name for the step (its log lines and stage times)
     kind: str  # the graph kind it holds (tinyt.contract)
-    options: Mapping[str, str | int] = field(default_factory=dict)  # the stage's keywords
+    options: Mapping[str, str | int | tuple[str, ...]] = field(default_factory=dict)  # keywords
     prefill_from: str | None = None  # a shared-cache pair's prompt graph: the row it comes from
     data: bool = False  # takes the pipeline's --data (calibration and the accuracy report)
     made_by: str = "pipeline"  # one of MAKERS

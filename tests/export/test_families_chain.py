@@ -48,16 +48,21 @@ def _chain(ck, root):
     return out
 
 
-@pytest.fixture(scope="module")
-def every(tmp_path_factory):
-    """A random-weight model with every option (std 0.2: logits with margins for greedy)."""
+def _random_chain(settings: dict, root):
+    """A random-weight model of `settings` (std 0.2: logits with margins for greedy), saved
+    and taken through the chain."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(**EVERY))
+    model = build_model(ModelConfig(**settings))
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.2)
-    root = tmp_path_factory.mktemp("every")
     ck = save_checkpoint(root / "ck", model, tokenizer())
     return ck, _chain(ck, root)
+
+
+@pytest.fixture(scope="module")
+def every(tmp_path_factory):
+    """A random-weight model with every option."""
+    return _random_chain(EVERY, tmp_path_factory.mktemp("every"))
 
 
 @pytest.mark.slow
@@ -136,13 +141,7 @@ def phi4(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(**GEMMA))
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    root = tmp_path_factory.mktemp("gemma")
-    ck = save_checkpoint(root / "ck", model, tokenizer())
-    return ck, _chain(ck, root)
+    return _random_chain(GEMMA, tmp_path_factory.mktemp("gemma"))
 
 
 def test_gemma_forms_through_every_graph(gemma):
