@@ -122,6 +122,9 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
         "--out peers-llama1b-1t-results --threads 1 --rounds 1",
     "--out benchmarks/results/peers-llama-3.2-1b-2t-epyc-vnni --threads 2 --rounds 1":
         "--out peers-llama1b-vnni-results --threads 2 --rounds 1",
+    "--out benchmarks/results/peers-llama-demo-int4-agreement-epyc-vnni --threads 1 --rounds 0 "
+    "--agreement-prompts 32": "--out peers-ld-agree-results --threads 1 --rounds 0 "
+                              "--agreement-prompts 2",
     # its step profiles: after 64 tokens, and after 4,096 in the runtime's 8,192-token buffer
     "--past 64 --threads 2 --runs 40": "--past 16 --threads 2 --runs 5",
     "--past 4096 --capacity 8192 --threads 2 --runs 20":
