@@ -81,8 +81,7 @@ def _mha_with_past_to_gqa(proto: onnx.ModelProto, cfg) -> int:
             "GroupQueryAttention", inputs, list(node.output[:3]), domain=MS,
             name=node.name.replace("MultiHeadAttention", "GroupQueryAttention") or None,
             num_heads=n_head, kv_num_heads=n_head,
-            **_attention_attrs(cfg, next((a.f for a in node.attribute if a.name == "scale"),
-                                         None), layer)))
+            **_attention_attrs(cfg, _mha_scale(node), layer)))
         done += 1
     del g.node[:]
     g.node.extend(nodes)
@@ -100,7 +99,7 @@ def _upstream(name: str, prod: dict, stop) -> onnx.NodeProto | None:
 
 
 def rope_cache(cfg, local: bool = False, long: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [block_size, head_dim / 2] of the rotary angles, as tinyt.model computes
+    """cos and sin [block_size, rotary_dims / 2] of the rotary angles, as tinyt.model computes
     them in float32 (tinyt.rope's scaled frequencies; yarn's attention factor is in the
     attention's scale, which the rewrite copies from MultiHeadAttention). The one constant of
     the graph sized by the context: 2 x block_size x head_dim / 2 floats (64 MiB at 131,072
@@ -230,8 +229,7 @@ def _attention_sites(g: onnx.GraphProto, prod: dict, cfg) -> list[_Site]:
 
     found from each Softmax: the scores' MatMul up its chain, the output down its readers."""
     if cfg.attn_softcap is None:
-        return [_Site(n, n.input[0], n.input[1], n.output[0],
-                      next((a.f for a in n.attribute if a.name == "scale"), None))
+        return [_Site(n, n.input[0], n.input[1], n.output[0], _mha_scale(n))
                 for n in g.node if n.op_type == "MultiHeadAttention" and n.domain == MS]
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in g.node:
@@ -259,6 +257,11 @@ def _attention_sites(g: onnx.GraphProto, prod: dict, cfg) -> list[_Site]:
         sites.append(_Site(chain[-1], scores.input[0], scores.input[1], name,
                            attention_scale(cfg)))
     return sites
+
+
+def _mha_scale(node: onnx.NodeProto) -> float | None:
+    """MultiHeadAttention's own scale attribute (None: 1 / sqrt(head_dim))."""
+    return next((a.f for a in node.attribute if a.name == "scale"), None)
 
 
 def _attention_attrs(cfg, scale: float | None, layer: int) -> dict:
