@@ -352,6 +352,14 @@ def quantize(
         "--keep-8bit",
         help="With --bits 4: a PyTorch module to keep at 8 bits, e.g. lm_head (a tied table "
              "then 8-bit for the embedding too) or transformer.h.0 (repeatable).")] = None,
+    scheme: Annotated[str, typer.Option(
+        help="How a block's weights map to levels: symmetric (+-max, 2^bits - 1 levels), "
+             "symmetric-full (the largest-magnitude value at the lowest of 2^bits levels, as "
+             "llama.cpp's q4_0) or asymmetric (min..max with a zero point per block, as "
+             "q4_1).")] = "symmetric",
+    scale_search: Annotated[bool, typer.Option(
+        help="Each block's scale chosen for the least squared error (clips outliers where "
+             "that rounds the rest finer).")] = False,
     data: Annotated[Optional[Path], typer.Option(
         help="Held-out data for the accuracy report (default: the built-in corpus).")] = None,
     kernel: Annotated[str, typer.Option(
@@ -370,7 +378,8 @@ def quantize(
     data_arg = None if data is None else str(data)
     choices = dict(bits=bits, block_size=block_size, mode=mode, exclude=exclude or [],
                    calibration=calibration, per_channel=per_channel, reduce_range=reduce_range,
-                   kernel=kernel, keep_8bit=keep_8bit or [])
+                   kernel=kernel, keep_8bit=keep_8bit or [], scheme=scheme,
+                   scale_search=scale_search)
     if max_loss_increase is not None:
         path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg,
                                **choices)

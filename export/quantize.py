@@ -27,7 +27,7 @@ from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
 
 from .accuracy import classifier_accuracy, lm_accuracy
-from .blockquant import MS, quantize_weights
+from .blockquant import MS, SCHEMES, quantize_weights
 from .optimize import QUANTIZED_OPS
 from .qdq import CALIBRATIONS, quantize_qdq
 from .stage import Built, open_source, write_artifact
@@ -44,7 +44,7 @@ KERNELS = ("nbits", "qgemm", "qgemm-rows")
 
 def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str, *, mode: str,
                    bits: int, block_size: int, kernel: str, calibration: str,
-                   keep_8bit: list[str]) -> None:
+                   keep_8bit: list[str], scheme: str, scale_search: bool) -> None:
     """Every refusal of a request that can be made before any work, each naming what is
     allowed."""
     if mode not in MODES:
@@ -77,6 +77,13 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
         raise QuantizeError(f"keep_8bit={list(keep_8bit)} keeps modules at 8 bits in a 4-bit "
                             f"quantization (bits=4, mode dynamic or weight-only, kernel nbits); "
                             f"this is bits={bits}, mode={mode!r}, kernel={kernel!r}")
+    if scheme not in SCHEMES:
+        raise QuantizeError(f"scheme={scheme!r} is not one of {', '.join(SCHEMES)}")
+    if (scheme != "symmetric" or scale_search) and (mode == "static" or kernel != "nbits"):
+        raise QuantizeError(f"scheme={scheme!r}, scale_search={scale_search} shape "
+                            "MatMulNBits' blocks (mode dynamic or weight-only, kernel nbits); "
+                            f"this is mode={mode!r}, kernel={kernel!r}, whose int8 weights are "
+                            "symmetric per channel")
     if calibration not in CALIBRATIONS:
         raise QuantizeError(f"calibration={calibration!r} is not one of "
                             f"{', '.join(CALIBRATIONS)}")
@@ -90,19 +97,23 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
              exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
              calibration: str = "minmax", per_channel: bool = True,
              reduce_range: bool | None = None, search: dict | None = None,
-             kernel: str = "nbits", keep_8bit: list[str] | tuple[str, ...] = ()) -> Built:
+             kernel: str = "nbits", keep_8bit: list[str] | tuple[str, ...] = (),
+             scheme: str = "symmetric", scale_search: bool = False) -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). Static
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
     CPU's preset. keep_8bit (bits=4): modules kept at 8 bits, e.g. 'lm_head' (the tied table
-    then 8-bit for both its readers: export/blockquant.py)."""
+    then 8-bit for both its readers: export/blockquant.py). scheme / scale_search: how a
+    block's values map to levels (export/blockquant.py SCHEMES: symmetric, symmetric-full,
+    asymmetric with zero points; the least-squared-error scale per block)."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
     proto = src.graph()
     cfg, block, kind = src.config, src.block, src.kind
     _check_request(src_dir, manifest, proto, kind, mode=mode, bits=bits, block_size=block_size,
-                   kernel=kernel, calibration=calibration, keep_8bit=list(keep_8bit))
+                   kernel=kernel, calibration=calibration, keep_8bit=list(keep_8bit),
+                   scheme=scheme, scale_search=scale_search)
     preset = int8_preset()
     if reduce_range is not None:
         preset = {**preset, "reduce_range": reduce_range}
@@ -132,7 +143,8 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                                       accuracy_level=MODES[mode], exclude=list(exclude),
                                       kernel=kernel,
                                       reduce_range=bool(preset["reduce_range"]),
-                                      keep_8bit=list(keep_8bit))
+                                      keep_8bit=list(keep_8bit), scheme=scheme,
+                                      scale_search=scale_search)
             save_graph(proto, path)
         for flag, names, used in (("--exclude", exclude, report.exclusions_used),
                                   ("--keep-8bit", keep_8bit, report.keep_8bit_used)):
@@ -157,7 +169,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             "kernel": kernel, **({"keep_8bit": list(keep_8bit)} if keep_8bit else {}),
             **({"reduce_range": bool(preset["reduce_range"])} if kernel != "nbits" else {}),
             **({"calibration": calibration, "per_channel": per_channel,
-                "hardware_preset": preset} if mode == "static" else {"block_size": block_size})},
+                "hardware_preset": preset} if mode == "static" else {"block_size": block_size}),
+            **({"scheme": scheme, "scale_search": scale_search} if kernel == "nbits"
+               and mode != "static" else {})},
             extra={
             "graph": kind, "opset": manifest.get("opset"), "io": manifest.get("io"),
             "quantization": {

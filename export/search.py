@@ -54,7 +54,7 @@ def cost(accuracy: dict[str, Any]) -> float:
 
 # The choices the search makes itself: a caller that also fixes one of them is refused.
 CHOICES = ("bits", "block_size", "mode", "calibration", "per_channel", "reduce_range",
-           "exclude", "kernel", "keep_8bit")
+           "exclude", "kernel", "keep_8bit", "scheme", "scale_search")
 
 
 def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,

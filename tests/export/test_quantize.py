@@ -5,7 +5,8 @@ import numpy as np
 import onnx
 import pytest
 
-from tinyt.export.blockquant import block_quantize, dequantize, excluded_by, pick_block
+from tinyt.export.blockquant import (SCHEMES, block_quantize, dequantize, excluded_by,
+                                     pick_block)
 from tinyt.export.optimize import OptimizeError, op_counts, optimize
 from tinyt.export.quantize import QuantizeError, quantize
 from tinyt.manifest import check_manifest, read_model_config
@@ -19,14 +20,80 @@ def int8(lm_onnx, corpus_dir, tmp_path_factory):
 
 
 def test_block_quantize_round_trip():
-    w = np.random.default_rng(0).standard_normal((6, 64)).astype(np.float32)
-    for bits, block in ((8, 32), (4, 16)):
-        q, s = block_quantize(w, bits, block)
-        assert q.dtype == np.uint8 and q.shape == (6, 64 // block, block * bits // 8)
-        assert s.shape == (6, 64 // block)
-        err = np.abs(dequantize(q, s, bits) - w)
-        step = np.repeat(s, block, axis=1)  # one quantization step per block
-        assert (err <= step / 2 + 1e-6).all()
+    """Each scheme rounds to the nearest of its levels (half a step at most, 0.0 exact), uses
+    the levels it claims, and the scale search never does worse per block than its start."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 96)).astype(np.float32)
+    w[0, :32] += 3  # an all-positive block: asymmetric's zero point at the lowest level
+    w[1, 32:64] = 0  # an all-zero block
+    for bits, block in ((8, 32), (4, 16), (4, 32)):
+        nb = 96 // block
+        for scheme in SCHEMES:
+            q, s, z = block_quantize(w, bits, block, scheme)
+            assert q.dtype == np.uint8 and q.shape == (6, nb, block * bits // 8)
+            assert s.shape == (6, nb) and s.dtype == np.float32
+            assert (z is None) == (scheme != "asymmetric")
+            if z is not None:  # MatMulNBits' layout: 4-bit zero points two to a byte
+                assert z.shape == (6, (nb * bits + 7) // 8) and z.dtype == np.uint8
+            deq = dequantize(q, s, bits, z)
+            step = np.abs(np.repeat(s, block, axis=1))
+            levels = np.stack([q & 0x0F, q >> 4], -1) if bits == 4 else q
+            # half a step, but symmetric-full's top level is one short of the other sign's
+            # extreme: a value of that sign past 2^(bits-1) - 1 steps clips, within one step
+            top = (levels.reshape(6, 96) == 2 ** bits - 1) & (scheme == "symmetric-full")
+            bound = np.where(top, step, step / 2) + 1e-6
+            assert (np.abs(deq - w) <= bound).all(), (bits, scheme)
+            assert (deq[1, 32:64] == 0).all()
+            if scheme == "symmetric":  # the lowest level unused: 2^bits - 1 levels
+                assert levels.min() >= 1
+            else:
+                assert levels.min() == 0
+            searched = block_quantize(w, bits, block, scheme, scale_search=True)
+            err = lambda d: np.square(d - w).reshape(6, nb, block).sum(-1)  # noqa: E731
+            assert (err(dequantize(*searched[:2], bits, searched[2])) <= err(deq) + 1e-9).all()
+    with pytest.raises(ValueError, match="scheme='q4_k' is not one of symmetric"):
+        block_quantize(w, 4, 32, "q4_k")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_onnx_runtime_reads_every_scheme_as_dequantize_does(bits):
+    """MatMulNBits (fp32 products) and GatherBlockQuantized give dequantize's matrix for each
+    scheme: negative scales (symmetric-full), zero points packed for an odd count of blocks."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    N, K, blk = 10, 96, 32
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    w[0, :32] += 3
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    for scheme in SCHEMES:
+        q, s, z = block_quantize(w, bits, blk, scheme, scale_search=True)
+        deq = dequantize(q, s, bits, z)
+        zero = [] if z is None else ["z"]
+        inits = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(s, "s"),
+                 numpy_helper.from_array(np.array([N, K * bits // 8], np.int64), "shape")]
+        inits += [] if z is None else [numpy_helper.from_array(z, "z")]
+        nodes = [helper.make_node("MatMulNBits", ["x", "q", "s", *zero], ["y"],
+                                  domain="com.microsoft", K=K, N=N, bits=bits, block_size=blk,
+                                  accuracy_level=0),
+                 helper.make_node("Reshape", ["q", "shape"], ["q2"]),
+                 helper.make_node("GatherBlockQuantized", ["q2", "ids", "s", *zero], ["e"],
+                                  domain="com.microsoft", bits=bits, block_size=blk,
+                                  gather_axis=0, quantize_axis=1)]
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, K]),
+                         helper.make_tensor_value_info("ids", TensorProto.INT64, [N])],
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "e")],
+            inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        sess = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        y, e = sess.run(None, {"x": x, "ids": np.arange(N)})
+        assert np.array_equal(e, deq), scheme
+        # fp32 products of K=96 terms of magnitude <= ~4 x 3: float32 rounding, ~1e-5
+        np.testing.assert_allclose(y, x @ deq.T, atol=1e-4, err_msg=scheme)
 
 
 def test_pick_block_and_exclusion_matching():
@@ -172,6 +239,33 @@ def test_int4_keeps_the_tied_table_or_a_layer_at_8_bits(lm_onnx, corpus_dir, tmp
         assert not (tmp_path / "bad").exists()
 
 
+def test_int4_schemes_zero_points_and_scale_search(lm_onnx, corpus_dir, tmp_path):
+    """scheme='asymmetric' gives every MatMulNBits and the embedding's GatherBlockQuantized a
+    zero-point input (the tied table's read by both), costs bytes for them, and moves the
+    distribution less than 'symmetric' at the same block size; the manifest says which."""
+    opt = optimize(lm_onnx, tmp_path / "opt")
+    kl, size = {}, {}
+    for scheme, search in (("symmetric", False), ("symmetric-full", True), ("asymmetric", True)):
+        out = quantize(opt, tmp_path / scheme, bits=4, block_size=16, scheme=scheme,
+                       scale_search=search, data=str(corpus_dir))
+        manifest = check_manifest(out)
+        assert (manifest["options"]["scheme"], manifest["options"]["scale_search"]) == \
+            (scheme, search)
+        kl[scheme] = manifest["accuracy"]["kl_divergence"]
+        size[scheme] = manifest["quantization"]["bytes"]
+        graph = onnx.load(str(out / "model.onnx")).graph
+        readers = [n for n in graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+        zeros = {n.input[3] for n in readers if len(n.input) > 3}
+        if scheme == "asymmetric":
+            assert all(len(n.input) == 4 for n in readers)
+            assert "model.lm_head.weight_zero_points" in zeros
+            assert sum("model.lm_head.weight_zero_points" in n.input for n in readers) == 2
+        else:
+            assert not zeros
+    assert size["symmetric"] == size["symmetric-full"] < size["asymmetric"]
+    assert kl["asymmetric"] < kl["symmetric"] and kl["symmetric-full"] < kl["symmetric"]
+
+
 def test_exclusions_are_mapped_and_reported(lm_onnx, corpus_dir, tmp_path):
     out = quantize(lm_onnx, tmp_path / "x", exclude=["lm_head", "transformer.h.0"],
                    data=str(corpus_dir))
@@ -187,6 +281,9 @@ def test_exclusions_are_mapped_and_reported(lm_onnx, corpus_dir, tmp_path):
     (dict(bits=3), "bits=3 is not one of 8, 4"),
     (dict(block_size=48), "block_size=48 must be a power of two"),
     (dict(mode="int2"), "mode='int2' is not one of dynamic, weight-only, static"),
+    (dict(bits=4, scheme="q4_k"), "scheme='q4_k' is not one of symmetric, symmetric-full"),
+    (dict(scheme="asymmetric", kernel="qgemm"), "shape MatMulNBits' blocks"),
+    (dict(scale_search=True, mode="static"), "shape MatMulNBits' blocks"),
 ])
 def test_bad_requests(lm_onnx, tmp_path, kw, needle):
     with pytest.raises(QuantizeError, match=needle):
