@@ -5,19 +5,23 @@ GPT-2-small shape that is ~92 MB of int8 weights, more than any cache holds, so 
 run faster than one core reads those bytes from memory. This probe builds, per candidate
 kernel, one graph holding every weight matmul of a model shape (each layer's qkv, attention
 output, MLP in and out, and the lm_head), all fed one row, with random weights; times
-`session.run` at 1 thread with the candidates interleaved round by round; and reports each as
-ms per step, GB/s of weight bytes and its ratio to the floor:
+`session.run` at 1 thread (or --threads) with the candidates interleaved round by round; and
+reports each as ms per step, GB/s of weight bytes and its ratio to the floor:
 
-    floor = bytes read per step / one core's read bandwidth (numpy summing a buffer larger than
-            the last-level cache, interleaved with the rest)
+    floor = bytes read per step / the cores' read bandwidth (numpy summing a buffer larger than
+            the last-level cache, one part per thread, interleaved with the rest)
 
     .venv/bin/python -m benchmarks.step_kernels --n-layer 12 --n-embd 768 --vocab 8192 \
         --out benchmarks/results/step-kernels-xeon-amx
+    # Llama-3.2-1B's matmuls, the 4-bit kernel's block sizes and zero points, 2 threads:
+    .venv/bin/python -m benchmarks.step_kernels --n-layer 16 --n-embd 2048 --kv-width 512 \
+        --n-inner 8192 --gated --vocab 128256 --threads 2 --kinds nbits-b4-k32-a4,...
 
 Candidates: MatMulNBits 8-bit at several block sizes (accuracy_level 4: int8 activations,
 products on the CPU's int8 dot-product units; and 0: fp32 products), DynamicQuantizeMatMul
 (int8 per channel, MLAS's int8 GEMM: AMX / VNNI / AVX2 by CPU), 4-bit MatMulNBits and fp32
-MatMul for reference.
+MatMul for reference. A kind names MatMulNBits' bits, block and accuracy_level
+(nbits-b4-k32-a4), with -z for a zero point per block (asymmetric).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import argparse
 import json
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +44,14 @@ from .environment import environment
 MS = "com.microsoft"
 
 
-def shapes(n_layer: int, n_embd: int, vocab: int) -> list[tuple[str, int, int]]:
-    """(name, K, N) of every weight matmul of a GPT-2-style decoder step, lm_head last."""
-    C = n_embd
-    per_layer = [("qkv", C, 3 * C), ("attn_out", C, C), ("mlp_in", C, 4 * C), ("mlp_out", 4 * C, C)]
+def shapes(n_layer: int, n_embd: int, vocab: int, n_inner: int | None = None,
+           kv_width: int | None = None, gated: bool = False) -> list[tuple[str, int, int]]:
+    """(name, K, N) of every weight matmul of a decoder step, lm_head last: GPT-2's by default;
+    a Llama's with kv_width (grouped-query keys and values: q + 2 kv_width outputs) and gated
+    (the gate and up projections as one matmul of 2 n_inner outputs)."""
+    C, inner, kv = n_embd, n_inner or 4 * n_embd, kv_width or n_embd
+    per_layer = [("qkv", C, C + 2 * kv), ("attn_out", C, C),
+                 ("mlp_in", C, (2 if gated else 1) * inner), ("mlp_out", inner, C)]
     return [(f"h{i}.{n}", k, m) for i in range(n_layer) for n, k, m in per_layer] + \
         [("lm_head", C, vocab)]
 
@@ -59,13 +68,19 @@ def _node(kind: str, name: str, x: str, w: np.ndarray, inits: list) -> onnx.Node
                   numpy_helper.from_array(np.zeros(N, np.int8), f"{name}.z")]
         return helper.make_node("DynamicQuantizeMatMul", [x, f"{name}.q", f"{name}.s",
                                                           f"{name}.z"], [name], domain=MS)
-    bits, asked, level = (int(v[1:]) for v in kind.split("-")[1:])  # nbits-b8-k64-a4
+    parts = kind.split("-")  # nbits-b8-k64-a4, and -z: a zero point per block (asymmetric)
+    bits, asked, level = (int(v[1:]) for v in parts[1:4])
     block = pick_block(K, asked)  # the quantizer's rule: the block, or a smaller one dividing K
     if block is None:
         raise ValueError(f"K={K} has no power-of-two block >= 16 for {kind}")
-    q, s = block_quantize(np.ascontiguousarray(w.T), bits, block)
+    q, s, z = block_quantize(np.ascontiguousarray(w.T), bits, block,
+                             "asymmetric" if parts[4:] == ["z"] else "symmetric")
     inits += [numpy_helper.from_array(q, f"{name}.q"), numpy_helper.from_array(s, f"{name}.s")]
-    return helper.make_node("MatMulNBits", [x, f"{name}.q", f"{name}.s"], [name], domain=MS,
+    zero = []
+    if z is not None:
+        inits.append(numpy_helper.from_array(z, f"{name}.z"))
+        zero = [f"{name}.z"]
+    return helper.make_node("MatMulNBits", [x, f"{name}.q", f"{name}.s", *zero], [name], domain=MS,
                             K=K, N=N, bits=bits, block_size=block, accuracy_level=level)
 
 
@@ -86,10 +101,15 @@ def build(kind: str, layout: list[tuple[str, int, int]], seed: int = 0) -> tuple
     return model.SerializeToString(), weight_bytes
 
 
-def read_bandwidth_probe(nbytes: int):
-    """A closure that reads `nbytes` once (numpy sum of a buffer viewed as int64)."""
-    buf = np.ones(max(nbytes // 8, 1), dtype=np.int64)
-    return lambda: int(buf.sum())
+def read_bandwidth_probe(nbytes: int, threads: int = 1):
+    """A closure that reads `nbytes` once (numpy sums of a buffer viewed as int64, one part per
+    thread, all at once: numpy's reduction lets go of the GIL)."""
+    buf = np.ones(max(nbytes // 8, threads), dtype=np.int64)
+    if threads == 1:
+        return lambda: int(buf.sum())
+    parts = np.array_split(buf, threads)
+    pool = ThreadPoolExecutor(threads)
+    return lambda: sum(pool.map(np.sum, parts))
 
 
 KINDS = ("nbits-b8-k32-a4", "nbits-b8-k64-a4", "nbits-b8-k128-a4", "nbits-b8-k256-a4",
@@ -101,15 +121,22 @@ def main() -> None:
     ap.add_argument("--n-layer", type=int, default=12)
     ap.add_argument("--n-embd", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--n-inner", type=int, help="MLP width (default 4 x n-embd)")
+    ap.add_argument("--kv-width", type=int, help="keys' (and values') width: grouped-query "
+                    "attention (default n-embd)")
+    ap.add_argument("--gated", action="store_true", help="a gated MLP (SwiGLU: gate and up "
+                    "as one matmul of 2 x n-inner)")
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--out", type=Path, help="write results.json and results.md here")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    layout = shapes(args.n_layer, args.n_embd, args.vocab)
+    layout = shapes(args.n_layer, args.n_embd, args.vocab, args.n_inner, args.kv_width,
+                    args.gated)
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
+    opts.intra_op_num_threads, opts.inter_op_num_threads = args.threads, 1
     opts.log_severity_level = 3
     closures, weight_bytes = {}, {}
     feeds = {f"x{k}": np.random.default_rng(1).standard_normal((1, k)).astype(np.float32)
@@ -119,7 +146,7 @@ def main() -> None:
         sess = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
         closures[kind] = lambda s=sess: s.run(None, feeds)
     int8_bytes = sum(k * n for _, k, n in layout)
-    closures["read"] = read_bandwidth_probe(int8_bytes)
+    closures["read"] = read_bandwidth_probe(int8_bytes, args.threads)
     weight_bytes["read"] = int8_bytes
     for fn in closures.values():  # warm-up (first runs pack weights, fault pages in)
         fn(), fn()
@@ -131,14 +158,15 @@ def main() -> None:
             fn()
             times[name].append(time.perf_counter() - t)
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-    bandwidth = int8_bytes / (ms["read"] / 1e3)  # bytes/s, one core
+    bandwidth = int8_bytes / (ms["read"] / 1e3)  # bytes/s, `threads` cores
     env = environment(("tinyt", "onnxruntime", "onnx", "numpy"))
     cpu = env["cpu"]
     lines = [f"CPU: {cpu['model']} (avx512_vnni={cpu['avx512_vnni']}, "
              f"avx_vnni={cpu['avx_vnni']}, amx_int8={cpu['amx_int8']}); onnxruntime "
-             f"{ort.__version__}; 1 thread; {args.rounds} interleaved rounds, medians; shape "
-             f"{args.n_layer} layers x {args.n_embd}, vocab {args.vocab}", "",
-             f"One core reads {bandwidth / 1e9:.1f} GB/s ({int8_bytes / 1e6:.1f} MB in "
+             f"{ort.__version__}; {args.threads} thread(s); {args.rounds} interleaved rounds, "
+             f"medians; shape {args.n_layer} layers x {args.n_embd}, vocab {args.vocab}, "
+             f"matmuls (name, K, N) {sorted(set(layout[:4]) | {layout[-1]})}", "",
+             f"{args.threads} core(s) read {bandwidth / 1e9:.1f} GB/s ({int8_bytes / 1e6:.1f} MB in "
              f"{ms['read']:.2f} ms); floor = a kernel's weight bytes / that.", "",
              "| kernel | MB of weights | ms / step | GB/s | × floor |", "|---|---|---|---|---|"]
     rows = []
