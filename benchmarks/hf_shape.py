@@ -39,6 +39,18 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
         tie_word_embeddings=True)),
+    # google/gemma-3-270m's config.json: 18 layers, every 6th global (the rest a window of
+    # 512 with their own rope base), 4 / 1 heads of 256, the tied 262,144 x 640 table
+    "gemma-3-270m": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        max_position_embeddings=32768, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling=None, sliding_window=512, query_pre_attn_scalar=256, rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
+        attn_logit_softcapping=None, attention_bias=False,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                     for i in range(18)],
+        tie_word_embeddings=True, pad_token_id=0)),
 }
 # Qwen3-0.6B's settings (context, rope, head_dim 128, q/k norms, tie) at a test's size: what
 # the README test runs the chain on

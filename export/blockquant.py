@@ -195,8 +195,9 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
     (32 x 768 x 3072, in cache) 151 us vs 349 us per tensor and 444 us for MatMulNBits; on 8
     rows 62 vs 280 vs 121 us (Xeon AMX, 2 threads).
     reduce_range: 7-bit weights, for x86 without VNNI, whose u8 x s8 products can saturate.
-    scheme / scale_search: how each block's values map to levels (SCHEMES; every block-quantized
-    table, 4- and 8-bit; the qgemm kernels' per-channel int8 stays symmetric)."""
+    scheme / scale_search: how each block's values map to levels (SCHEMES). The scheme shapes
+    the 4-bit tables; an 8-bit table (kept by keep_8bit) stays symmetric, the form whose
+    products tinyt/int8.py records exact on every CPU; the scale search applies to both."""
     graph = proto.graph
     report = QuantReport()
     inits = {i.name: i for i in graph.initializer}
@@ -207,7 +208,8 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
         """The block-quantized table of weight `name`, made once however many nodes read it."""
         if name not in tables:
             b = width[name]
-            q, s, z = block_quantize(rows, b, blk, scheme, scale_search)
+            q, s, z = block_quantize(rows, b, blk, scheme if b == 4 else "symmetric",
+                                     scale_search)
             new_inits.extend([numpy_helper.from_array(q, f"{name}_q{b}"),
                               numpy_helper.from_array(s, f"{name}_scales")])
             if z is not None:

@@ -79,6 +79,10 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
                             f"this is bits={bits}, mode={mode!r}, kernel={kernel!r}")
     if scheme not in SCHEMES:
         raise QuantizeError(f"scheme={scheme!r} is not one of {', '.join(SCHEMES)}")
+    if scheme != "symmetric" and bits != 4:
+        raise QuantizeError(f"scheme={scheme!r} is for 4-bit blocks; 8-bit blocks stay "
+                            "symmetric (the form whose int8 products are exact on every CPU, "
+                            "tinyt/int8.py); use --bits 4, or --scale-search alone")
     if (scheme != "symmetric" or scale_search) and (mode == "static" or kernel != "nbits"):
         raise QuantizeError(f"scheme={scheme!r}, scale_search={scale_search} shape "
                             "MatMulNBits' blocks (mode dynamic or weight-only, kernel nbits); "

@@ -264,6 +264,15 @@ def test_int4_schemes_zero_points_and_scale_search(lm_onnx, corpus_dir, tmp_path
             assert not zeros
     assert size["symmetric"] == size["symmetric-full"] < size["asymmetric"]
     assert kl["asymmetric"] < kl["symmetric"] and kl["symmetric-full"] < kl["symmetric"]
+    # the tied table kept at 8 bits stays symmetric (no zero points); the layers do not
+    mixed = quantize(opt, tmp_path / "mixed", bits=4, block_size=16, scheme="asymmetric",
+                     keep_8bit=["lm_head"], data=str(corpus_dir))
+    readers = [n for n in onnx.load(str(mixed / "model.onnx")).graph.node
+               if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+    table = [n for n in readers if any(i.endswith("weight_q8") or i.endswith("weight_q8_2d")
+                                       for i in n.input)]
+    assert len(table) == 2 and all(len(n.input) == 3 for n in table)
+    assert all(len(n.input) == 4 for n in readers if n not in table)
 
 
 def test_exclusions_are_mapped_and_reported(lm_onnx, corpus_dir, tmp_path):
@@ -282,7 +291,8 @@ def test_exclusions_are_mapped_and_reported(lm_onnx, corpus_dir, tmp_path):
     (dict(block_size=48), "block_size=48 must be a power of two"),
     (dict(mode="int2"), "mode='int2' is not one of dynamic, weight-only, static"),
     (dict(bits=4, scheme="q4_k"), "scheme='q4_k' is not one of symmetric, symmetric-full"),
-    (dict(scheme="asymmetric", kernel="qgemm"), "shape MatMulNBits' blocks"),
+    (dict(bits=8, scheme="asymmetric"), "scheme='asymmetric' is for 4-bit blocks"),
+    (dict(scale_search=True, kernel="qgemm"), "shape MatMulNBits' blocks"),
     (dict(scale_search=True, mode="static"), "shape MatMulNBits' blocks"),
 ])
 def test_bad_requests(lm_onnx, tmp_path, kw, needle):
