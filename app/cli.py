@@ -352,14 +352,14 @@ def quantize(
         "--keep-8bit",
         help="With --bits 4: a PyTorch module to keep at 8 bits, e.g. lm_head (a tied table "
              "then 8-bit for the embedding too) or transformer.h.0 (repeatable).")] = None,
-    scheme: Annotated[str, typer.Option(
+    scheme: Annotated[Optional[str], typer.Option(
         help="How a block's weights map to levels: symmetric (+-max, 2^bits - 1 levels), "
              "symmetric-full (the largest-magnitude value at the lowest of 2^bits levels, as "
              "llama.cpp's q4_0) or asymmetric (min..max with a zero point per block, as "
-             "q4_1).")] = "symmetric",
-    scale_search: Annotated[bool, typer.Option(
+             "q4_1; 4-bit only). Default: asymmetric at 4 bits, symmetric at 8.")] = None,
+    scale_search: Annotated[Optional[bool], typer.Option(
         help="Each block's scale chosen for the least squared error (clips outliers where "
-             "that rounds the rest finer).")] = False,
+             "that rounds the rest finer). Default: on at 4 bits, off at 8.")] = None,
     data: Annotated[Optional[Path], typer.Option(
         help="Held-out data for the accuracy report (default: the built-in corpus).")] = None,
     kernel: Annotated[str, typer.Option(

@@ -166,7 +166,8 @@ def main() -> None:
              f"{ort.__version__}; {args.threads} thread(s); {args.rounds} interleaved rounds, "
              f"medians; shape {args.n_layer} layers x {args.n_embd}, vocab {args.vocab}, "
              f"matmuls (name, K, N) {sorted(set(layout[:4]) | {layout[-1]})}", "",
-             f"{args.threads} core(s) read {bandwidth / 1e9:.1f} GB/s ({int8_bytes / 1e6:.1f} MB in "
+             f"{args.threads} core(s) read {bandwidth / 1e9:.1f} GB/s "
+             f"({int8_bytes / 1e6:.1f} MB in "
              f"{ms['read']:.2f} ms); floor = a kernel's weight bytes / that.", "",
              "| kernel | MB of weights | ms / step | GB/s | × floor |", "|---|---|---|---|---|"]
     rows = []

@@ -1,9 +1,9 @@
 """Block-wise weight quantization of a graph's weight matmuls and embedding gathers (torch-free).
 
 Every weight MatMul becomes ONNX Runtime's MatMulNBits (weights int8 or int4 in blocks along K,
-one fp32 scale per block, symmetric or with a zero point per block: SCHEMES; accuracy_level 4 quantizes activations to int8 at run
-time, so the products run on int8 dot-product units). The tied embedding / lm_head matrix is
-quantized once and read by both of its users:
+one fp32 scale per block, symmetric or with a zero point per block: SCHEMES; accuracy_level 4
+quantizes activations to int8 at run time, so the products run on int8 dot-product units).
+The tied embedding / lm_head matrix is quantized once and read by both of its users:
 
     W [V, C] fp32  ──▶  Wq [V, C/bs, bs·bits/8] uint8 + scales [V, C/bs]   (stored once)
       lm_head:  x ──MatMulNBits(Wq, scales, K=C, N=V)──▶ logits

@@ -35,6 +35,13 @@ from .stage import Built, open_source, write_artifact
 MODES = {"dynamic": 4, "weight-only": 0, "static": None}  # -> MatMulNBits accuracy_level
 BITS = (8, 4)
 DEFAULT_BLOCK = 64
+# bits -> (scheme, scale search) when the caller names neither. 4 bits: at llama-demo (block
+# 32, the tied table at 8 bits) the asymmetric blocks with the search move the next token's
+# distribution 38% less than symmetric ones (KL 4.7e-3 against 7.6e-3;
+# benchmarks/results/int4-schemes-llama-demo-epyc-vnni) for 2.6% more bytes (zero points), and
+# ONNX Runtime's 4-bit kernel reads them at the same speed (benchmarks/step_kernels.py).
+# 8 bits stay symmetric: the form tinyt/int8.py records exact on every CPU.
+DEFAULT_SCHEME = {4: ("asymmetric", True), 8: ("symmetric", False)}
 # Weight-matmul kernels of dynamic mode: MatMulNBits (block-wise), DynamicQuantizeMatMul (per
 # channel, int8 GEMM, activations per tensor), or the same GEMM with activations per row
 # ("qgemm-rows": every row of a batch computed as if alone; export/blockquant.py says when each
@@ -102,15 +109,22 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
              calibration: str = "minmax", per_channel: bool = True,
              reduce_range: bool | None = None, search: dict | None = None,
              kernel: str = "nbits", keep_8bit: list[str] | tuple[str, ...] = (),
-             scheme: str = "symmetric", scale_search: bool = False) -> Built:
+             scheme: str | None = None, scale_search: bool | None = None) -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). Static
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
     CPU's preset. keep_8bit (bits=4): modules kept at 8 bits, e.g. 'lm_head' (the tied table
     then 8-bit for both its readers: export/blockquant.py). scheme / scale_search: how a
     block's values map to levels (export/blockquant.py SCHEMES: symmetric, symmetric-full,
-    asymmetric with zero points; the least-squared-error scale per block)."""
+    asymmetric with zero points; the least-squared-error scale per block); None takes
+    DEFAULT_SCHEME for the bits (4: asymmetric with the search, 8: symmetric)."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if mode == "static" or kernel != "nbits":  # no MatMulNBits blocks: nothing to choose
+        default = ("symmetric", False)
+    else:
+        default = DEFAULT_SCHEME.get(bits, ("symmetric", False))
+    scheme = default[0] if scheme is None else scheme
+    scale_search = default[1] if scale_search is None else scale_search
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
     proto = src.graph()

@@ -73,6 +73,8 @@ _ROWS = (
     _ours("tinyt-int4-gqa"),
     _ours("tinyt-int4-head8"),
     _ours("tinyt-int4-head8-gqa"),
+    _ours("tinyt-int4-k128-head8"),
+    _ours("tinyt-int4-k128-head8-gqa"),
     *(_converted(f"genai-builder-{p}", f"ONNX Runtime GenAI on its own model builder's {p} "
                  "artifact of the same Hugging Face directory", "onnxruntime-genai",
                  "bash scripts/setup-genai-builder.sh", adapters.genai, formats.genai_builder,

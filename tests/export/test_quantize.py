@@ -5,8 +5,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tinyt.export.blockquant import (SCHEMES, block_quantize, dequantize, excluded_by,
-                                     pick_block)
+from tinyt.export.blockquant import SCHEMES, block_quantize, dequantize, excluded_by, pick_block
 from tinyt.export.optimize import OptimizeError, op_counts, optimize
 from tinyt.export.quantize import QuantizeError, quantize
 from tinyt.manifest import check_manifest, read_model_config
@@ -49,8 +48,9 @@ def test_block_quantize_round_trip():
             else:
                 assert levels.min() == 0
             searched = block_quantize(w, bits, block, scheme, scale_search=True)
-            err = lambda d: np.square(d - w).reshape(6, nb, block).sum(-1)  # noqa: E731
-            assert (err(dequantize(*searched[:2], bits, searched[2])) <= err(deq) + 1e-9).all()
+            errors = [np.square(d - w).reshape(6, nb, block).sum(-1)
+                      for d in (dequantize(*searched[:2], bits, searched[2]), deq)]
+            assert (errors[0] <= errors[1] + 1e-9).all()
     with pytest.raises(ValueError, match="scheme='q4_k' is not one of symmetric"):
         block_quantize(w, 4, 32, "q4_k")
 
