@@ -125,6 +125,11 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "--out benchmarks/results/peers-llama-demo-int4-agreement-epyc-vnni --threads 1 --rounds 0 "
     "--agreement-prompts 32": "--out peers-ld-agree-results --threads 1 --rounds 0 "
                               "--agreement-prompts 2",
+    # the 4-bit schemes side by side -> two of them, one block, a few timed steps
+    "int4_schemes artifacts-ld/onnx-opt --threads 1 --out "
+    "benchmarks/results/int4-schemes-llama-demo-epyc-vnni":
+        "int4_schemes artifacts-ld/onnx-opt --threads 1 --schemes symmetric,asymmetric "
+        "--blocks 16 --table-bits 8 --rounds 5 --out int4-schemes-results",
     # its step profiles: after 64 tokens, and after 4,096 in the runtime's 8,192-token buffer
     "--past 64 --threads 2 --runs 40": "--past 16 --threads 2 --runs 5",
     "--past 4096 --capacity 8192 --threads 2 --runs 20":
