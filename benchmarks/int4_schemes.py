@@ -8,10 +8,11 @@ For every combination asked (default: the three schemes of export/blockquant.py,
 off and on, blocks 32 / 64 / 128, the table at 4 and at 8 bits): quantize (dynamic mode:
 MatMulNBits, accuracy_level 4), then report the file's size against the source, the KL of the
 next token's distribution from the source's, top-1 agreement, the validation loss change and
-greedy agreement over the report's held-out prompts (export/accuracy.py), and one decode step's
-median time, all candidates timed interleaved in one process (export/search.py latency_ms; at a
-demo size this is mostly ONNX Runtime's dispatch, so it says little about the kernels:
-benchmarks/step_kernels.py times the 4-bit kernels at a real shape).
+greedy agreement over the report's held-out prompts (export/accuracy.py), and (unless --rounds
+0) one decode step's median time, all candidates timed interleaved in one process
+(export/search.py latency_ms; at a demo size this is mostly ONNX Runtime's dispatch, so it
+says little about the kernels: benchmarks/step_kernels.py times the 4-bit kernels at a real
+shape).
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def main() -> None:
     ap.add_argument("--blocks", default="32,64,128")
     ap.add_argument("--table-bits", default="4,8", help="the tied table / lm_head: 4, 8 or both")
     ap.add_argument("--threads", type=int, default=2, help="of the timed decode steps")
-    ap.add_argument("--rounds", type=int, default=200, help="timed steps per candidate")
+    ap.add_argument("--rounds", type=int, default=200,
+                    help="timed steps per candidate (0: accuracy only, nothing timed)")
     ap.add_argument("--out", type=Path, help="write results.json and results.md here")
     args = ap.parse_args()
     schemes = args.schemes.split(",")
@@ -76,9 +78,10 @@ def main() -> None:
             paths[name] = str(built / "model.onnx")
             print(f"{name}: KL {a['kl_divergence']:.2e}, greedy {a['greedy_agreement']:.1%}",
                   flush=True)
-        ms = latency_ms(paths, cfg, manifest["graph"], rounds=args.rounds, threads=args.threads)
+        ms = latency_ms(paths, cfg, manifest["graph"], rounds=args.rounds,
+                        threads=args.threads) if args.rounds > 0 else {}
     for r in rows:
-        r["decode_ms"] = ms[r["variant"]]
+        r["decode_ms"] = ms.get(r["variant"])
     env = environment(("tinyt", "onnxruntime", "numpy"), threads=args.threads)
     cpu = env["cpu"]
     lines = [f"Source: {args.src} ({cfg.n_layer} layers x {cfg.n_embd}, vocabulary "
@@ -86,14 +89,16 @@ def main() -> None:
              f"amx_int8={cpu['amx_int8']}); onnxruntime {env['versions'].get('onnxruntime')}.",
              "", f"Accuracy against the source on {report['tokens']:,} held-out tokens "
              f"(windows of {report['window']}); greedy agreement over "
-             f"{report['greedy_prompts']} prompts x {report['greedy_tokens']} tokens; decode "
-             f"ms: median of {args.rounds} interleaved steps at {args.threads} threads.", "",
-             "| variant | size of fp32 | KL | top-1 | loss change | greedy agreement | decode ms |",
-             "|---|---|---|---|---|---|---|"]
+             f"{report['greedy_prompts']} prompts x {report['greedy_tokens']} tokens" + (
+                 f"; decode ms: median of {args.rounds} interleaved steps at {args.threads} "
+                 "threads." if ms else "."), "",
+             "| variant | size of fp32 | KL | top-1 | loss change | greedy agreement |"
+             + (" decode ms |" if ms else ""), "|---|---|---|---|---|---|" + ("---|" if ms else "")]
     for r in sorted(rows, key=lambda r: r["kl_divergence"]):
         lines.append(f"| {r['variant']} | {r['size_ratio']:.1%} | {r['kl_divergence']:.2e} | "
                      f"{r['top1_agreement']:.1%} | {r['val_loss_change']:+.2%} | "
-                     f"{r['greedy_agreement']:.1%} | {r['decode_ms']:.3f} |")
+                     f"{r['greedy_agreement']:.1%} |"
+                     + (f" {r['decode_ms']:.3f} |" if ms else ""))
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -137,6 +137,9 @@ def main() -> None:
                     args.gated)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = args.threads, 1
+    # no pool thread spins after its run: the candidates take turns, and a spinning pool would
+    # hold the cores the next candidate runs on (as tinyt's runtime, runtime/session.py)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
     closures, weight_bytes = {}, {}
     feeds = {f"x{k}": np.random.default_rng(1).standard_normal((1, k)).astype(np.float32)

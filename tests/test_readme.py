@@ -68,6 +68,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # the kernel probe at the GPT-2-small shape -> one small layer
     "step_kernels --n-layer 12 --n-embd 768 --vocab 8192 --rounds 15":
         "step_kernels --n-layer 1 --n-embd 64 --vocab 256 --rounds 1",
+    # the 4-bit kernels at four of Llama-3.2-1B's layers -> one small Llama layer
+    "step_kernels --n-layer 4 --n-embd 2048 --kv-width 512 --n-inner 8192 --gated --vocab "
+    "128256 --rounds 15": "step_kernels --n-layer 1 --n-embd 64 --kv-width 32 --n-inner 128 "
+                          "--gated --vocab 256 --rounds 1",
     # the SmolLM2-135M-shaped model of the Llama peer benchmark -> the Llama test preset
     "--preset llama-demo --n-layer 30 --n-head 9 --n-kv-head 3 --n-embd 576 --n-inner 1536 "
     "--vocab-size 49152 --block-size 256": "--preset llama-test", "--rounds 3": "--rounds 1",
@@ -126,10 +130,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "--agreement-prompts 32": "--out peers-ld-agree-results --threads 1 --rounds 0 "
                               "--agreement-prompts 2",
     # the 4-bit schemes side by side -> two of them, one block, a few timed steps
-    "int4_schemes artifacts-ld/onnx-opt --threads 1 --out "
+    "int4_schemes artifacts-ld/onnx-opt --rounds 0 --out "
     "benchmarks/results/int4-schemes-llama-demo-epyc-vnni":
-        "int4_schemes artifacts-ld/onnx-opt --threads 1 --schemes symmetric,asymmetric "
-        "--blocks 16 --table-bits 8 --rounds 5 --out int4-schemes-results",
+        "int4_schemes artifacts-ld/onnx-opt --rounds 5 --schemes symmetric,asymmetric "
+        "--blocks 16 --table-bits 8 --out int4-schemes-results",
     # its step profiles: after 64 tokens, and after 4,096 in the runtime's 8,192-token buffer
     "--past 64 --threads 2 --runs 40": "--past 16 --threads 2 --runs 5",
     "--past 4096 --capacity 8192 --threads 2 --runs 20":
