@@ -126,6 +126,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
         "--out peers-llama1b-1t-results --threads 1 --rounds 1",
     "--out benchmarks/results/peers-llama-3.2-1b-2t-epyc-vnni --threads 2 --rounds 1":
         "--out peers-llama1b-vnni-results --threads 2 --rounds 1",
+    "--out benchmarks/results/peers-llama-3.2-1b-1t-epyc-vnni --threads 1 --rounds 1":
+        "--out peers-llama1b-vnni-1t-results --threads 1 --rounds 1",
+    "--out benchmarks/results/peers-llama-3.2-1b-2t-int4-epyc-vnni --threads 2 --rounds 1":
+        "--out peers-llama1b-int4-results --threads 2 --rounds 1",
     "--out benchmarks/results/peers-llama-demo-int4-agreement-epyc-vnni --threads 1 --rounds 0 "
     "--agreement-prompts 32": "--out peers-ld-agree-results --threads 1 --rounds 0 "
                               "--agreement-prompts 2",
