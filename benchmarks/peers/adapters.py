@@ -80,20 +80,21 @@ def tinyt(path: Path, artifacts: Path, threads: int,
 
 
 def genai_greedy(model, ids: list[int], n: int, *, min_length: bool = False,
-                 times: list[float] | None = None) -> list[int]:
+                 times: list[float] | None = None, capacity: int = 0) -> list[int]:
     """Up to n greedy tokens from an onnxruntime_genai Model (exactly n with min_length:
     the end-of-text token held back); `times` gets each token's perf_counter() seconds from
-    the call's start."""
+    the call's start. capacity: the least KV length to ask for (GenAI's sliding-window layers
+    refuse a cache shorter than their window)."""
     import onnxruntime_genai as og
 
     t0 = time.perf_counter()
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + n, do_sample=False,
+    params.set_search_options(max_length=max(len(ids) + n, capacity), do_sample=False,
                               **({"min_length": len(ids) + n} if min_length else {}))
     gen = og.Generator(model, params)
     gen.append_tokens(np.asarray([ids], dtype=np.int32))
-    out = []
-    while not gen.is_done():
+    out: list[int] = []
+    while len(out) < n and not gen.is_done():
         gen.generate_next_token()
         out.append(int(gen.get_next_tokens()[0]))
         if times is not None:
@@ -101,12 +102,12 @@ def genai_greedy(model, ids: list[int], n: int, *, min_length: bool = False,
     return out
 
 
-def genai_logits(model, ids: list[int]) -> np.ndarray:
+def genai_logits(model, ids: list[int], capacity: int = 0) -> np.ndarray:
     """onnxruntime_genai's logits of the token after `ids`."""
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + 1, do_sample=False)
+    params.set_search_options(max_length=max(len(ids) + 1, capacity), do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(np.asarray([ids], dtype=np.int32))
     out = np.asarray(gen.get_output("logits"), dtype=np.float32)  # [1, S or 1, V]
@@ -124,13 +125,17 @@ def genai(path: Path, artifacts: Path, threads: int,
     config.overlay(json.dumps({"model": {"decoder": {"session_options": {
         "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
     model = og.Model(config)
+    window = json.loads((path / "genai_config.json").read_text())["model"]["decoder"].get(
+        "sliding_window") or {}
+    capacity = window.get("window_size", 0)  # Gemma 3: its local layers' window
 
     def stepped(ids, n):
         times: list[float] = []
-        genai_greedy(model, ids, n, min_length=True, times=times)
+        genai_greedy(model, ids, n, min_length=True, times=times, capacity=capacity)
         return times
-    return _with_logits(lambda ids, n: genai_greedy(model, ids, n, min_length=True),
-                        lambda ids: genai_logits(model, ids), stepped)
+    return _with_logits(
+        lambda ids, n: genai_greedy(model, ids, n, min_length=True, capacity=capacity),
+        lambda ids: genai_logits(model, ids, capacity), stepped)
 
 
 def optimum(path: Path, artifacts: Path, threads: int,

@@ -11,6 +11,7 @@ stamps `out` with the checkpoint's hash. Where the opt-in tools live is found he
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -70,15 +71,53 @@ def ctranslate2(hf: Path, out: Path, option: str) -> None:
     from ctranslate2.converters import TransformersConverter
 
     TransformersConverter(str(hf)).convert(str(out), quantization=option, force=True)
+    # Its Gemma 3 loader copies the tokenizer's unk_token into config.json, and the library
+    # reads that field as a string: tinyt's byte-level BPE has no unknown token (every byte is
+    # one), so it is null and the model does not load ("type must be string, but is null").
+    # The benchmark feeds tokens from the converted vocabulary, never unknown ones: name the
+    # end-of-text token there.
+    config = out / "config.json"
+    data = json.loads(config.read_text())
+    if "unk_token" in data and data["unk_token"] is None:
+        data["unk_token"] = data.get("eos_token")
+        config.write_text(json.dumps(data))
+
+
+# GenAI 0.18's builder reads Gemma 3's rope settings in transformers 4's form (one
+# `rope_parameters` dict, `rope_theta`, `rope_local_base_freq`), while transformers 5 keys them by
+# layer type ({"full_attention": {...}, "sliding_attention": {...}}): it stops with
+# KeyError 'rope_type' on any Gemma 3 text config, google/gemma-3-270m's included (its Gemma 4
+# path reads the new form; Gemma 3's does not). This hands it the same values in both forms:
+# the global layers' settings at the top of the dict beside the per-type entries transformers'
+# model reads when the builder loads the weights.
+_BUILDER = """import runpy, sys
+import transformers
+load = transformers.AutoConfig.from_pretrained
+def flat(*args, **kwargs):
+    loaded = load(*args, **kwargs)
+    config = loaded[0] if isinstance(loaded, tuple) else loaded  # return_unused_kwargs
+    rope = getattr(config, "rope_parameters", None)
+    if config.model_type == "gemma3_text" and isinstance(rope, dict) and "full_attention" in rope:
+        config.rope_theta = rope["full_attention"]["rope_theta"]
+        config.rope_local_base_freq = rope["sliding_attention"]["rope_theta"]
+        config.rope_parameters = {**rope["full_attention"], **rope}  # both forms
+    return loaded
+transformers.AutoConfig.from_pretrained = flat
+sys.argv[0] = "builder"
+runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+"""
 
 
 def genai_builder(hf: Path, out: Path, option: str) -> None:
     """GenAI's model builder at precision `option` (int4, int8, fp32), for the CPU, in its own
-    virtual environment (it needs another transformers)."""
-    subprocess.run([str(builder_python()), "-m", "onnxruntime_genai.models.builder",
-                    "-i", str(hf), "-o", str(out), "-p", option, "-e", "cpu",
-                    "-c", str(hf.parent / "builder-cache")],
-                   check=True, capture_output=True, text=True)
+    virtual environment (it needs another transformers); its error's last line on failure."""
+    run = subprocess.run([str(builder_python()), "-c", _BUILDER,
+                          "-i", str(hf), "-o", str(out), "-p", option, "-e", "cpu",
+                          "-c", str(hf.parent / "builder-cache")],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]
+        raise BenchError(f"GenAI's builder exited {run.returncode}: {last}")
 
 
 def optimum(hf: Path, out: Path, option: str) -> None:
