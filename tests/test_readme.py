@@ -133,6 +133,16 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "--out benchmarks/results/peers-llama-demo-int4-agreement-epyc-vnni --threads 1 --rounds 0 "
     "--agreement-prompts 32": "--out peers-ld-agree-results --threads 1 --rounds 0 "
                               "--agreement-prompts 2",
+    # the peers at Gemma-3-270M's shape -> its settings (window 512, a global layer, two rope
+    # bases, one KV head) at a test's size, one round, a long context past the window
+    "hf_shape gemma-3-270m artifacts-gemma3-peers/hf": "hf_shape gemma-3-test artifacts-gemma3-peers/hf",
+    "--out benchmarks/results/peers-gemma-3-270m-agreement-epyc-vnni --threads 1 --rounds 0 "
+    "--agreement-prompts 8": "--out peers-gemma3-agree-results --threads 1 --rounds 0 "
+                             "--agreement-prompts 2",
+    "--out benchmarks/results/peers-gemma-3-270m-1t-epyc-vnni --threads 1 --rounds 3":
+        "--out peers-gemma3-1t-results --threads 1 --rounds 1",
+    "--out benchmarks/results/peers-gemma-3-270m-2t-epyc-vnni --threads 2 --rounds 3":
+        "--out peers-gemma3-2t-results --threads 2 --rounds 1",
     # the 4-bit schemes side by side -> two of them, one block, a few timed steps
     "int4_schemes artifacts-ld/onnx-opt --rounds 0 --out "
     "benchmarks/results/int4-schemes-llama-demo-epyc-vnni":
@@ -148,6 +158,8 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     # prompts are cut from)
     "artifacts-qwen3-peers/onnx-int8 --bits 8": "artifacts-qwen3-peers/onnx-int8 --bits 8 "
                                                 "--data long-docs",
+    "artifacts-gemma3-peers/onnx-int8 --bits 8": "artifacts-gemma3-peers/onnx-int8 --bits 8 "
+                                                 "--data long-docs",
 }
 
 
