@@ -143,6 +143,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
         "--out peers-gemma3-1t-results --threads 1 --rounds 1",
     "--out benchmarks/results/peers-gemma-3-270m-2t-epyc-vnni --threads 2 --rounds 3":
         "--out peers-gemma3-2t-results --threads 2 --rounds 1",
+    "--out benchmarks/results/peers-llama-demo-int4-timed-epyc-vnni --threads 1 --threads 2 "
+    "--rounds 10": "--out peers-ld-timed-results --threads 1 --threads 2 --rounds 1",
+    "--out benchmarks/results/peers-llama-3.2-1b-optimum-1t-epyc-vnni --threads 1 --rounds 1":
+        "--out peers-llama1b-optimum-results --threads 1 --rounds 1",
     # the 4-bit schemes side by side -> two of them, one block, a few timed steps
     "int4_schemes artifacts-ld/onnx-opt --rounds 0 --out "
     "benchmarks/results/int4-schemes-llama-demo-epyc-vnni":
