@@ -211,9 +211,11 @@ def refold_transposed_copies(proto: onnx.ModelProto) -> int:
                     name=f"/{big.name}/Transpose"))
                 removed.append(small.name)
                 break
-    keep = [i for i in graph.initializer if i.name not in removed]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    # in place: copying a TensorProto serializes it, and one over 2 GiB (Phi-4-mini's and
+    # Gemma 2 2B's fp32 tables, 2.46 / 2.36 GB) cannot be a protobuf message
+    for k in reversed(range(len(graph.initializer))):
+        if graph.initializer[k].name in removed:
+            del graph.initializer[k]
     return len(removed)
 
 

@@ -159,3 +159,25 @@ def test_no_graph_of_the_fusion_outlives_it(lm_onnx, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "0"
+
+
+@pytest.mark.slow
+def test_refold_keeps_a_tensor_over_2_gib():
+    """Phi-4-mini's tied fp32 table is 2.46 GB: a TensorProto over protobuf's 2 GiB cannot be
+    copied (serialized), so refolding removes the transposed copies in place, the big table
+    kept as it is (optimize died with a DecodeError at that shape)."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from tinyt.export.optimize import refold_transposed_copies
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    model = helper.make_model(helper.make_graph([], "g", [], [],
+                                                [numpy_helper.from_array(w, "w")]))
+    big = model.graph.initializer.add()  # made in place: a copy of it would fail already
+    big.name, big.data_type = "table", onnx.TensorProto.FLOAT
+    big.dims.extend([2 ** 20 + 1, 512])
+    big.raw_data = bytes(4 * 512 * (2 ** 20 + 1))  # 2.15 GB
+    model.graph.initializer.add().CopyFrom(numpy_helper.from_array(w.T.copy(), "wT"))
+    assert refold_transposed_copies(model) == 1
+    assert [i.name for i in model.graph.initializer] == ["w", "table"]
+    assert len(model.graph.initializer[1].raw_data) == 4 * 512 * (2 ** 20 + 1)
