@@ -125,9 +125,10 @@ def genai(path: Path, artifacts: Path, threads: int,
     config.overlay(json.dumps({"model": {"decoder": {"session_options": {
         "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
     model = og.Model(config)
-    window = json.loads((path / "genai_config.json").read_text())["model"]["decoder"].get(
-        "sliding_window") or {}
-    capacity = window.get("window_size", 0)  # Gemma 3: its local layers' window
+    model_config = json.loads((path / "genai_config.json").read_text())["model"]
+    window = (model_config["decoder"].get("sliding_window") or {}).get("window_size", 0)
+    # Gemma 3: its local layers' window (a window past the context, Phi-3's 262,144: none)
+    capacity = window if window < model_config.get("context_length", 0) else 0
 
     def stepped(ids, n):
         times: list[float] = []
