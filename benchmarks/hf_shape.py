@@ -95,6 +95,12 @@ SHAPES["gemma-3-test"] = ("Gemma3TextConfig", "Gemma3ForCausalLM", {
     "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
                     for i in range(6)]})
 
+# Phi-4-mini's settings (LongRoPE from 4,096 to 131,072 with its factors, 96 of 128 dims
+# rotating, tie) at a test's size: heads of 128 as the real model's, two layers
+SHAPES["phi-4-mini-test"] = ("Phi3Config", "Phi3ForCausalLM", {
+    **SHAPES["phi-4-mini"][2], "vocab_size": 512, "hidden_size": 256, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1})
+
 
 def save(name: str, out: Path, seed: int = 0, layers: int | None = None) -> Path:
     """The directory of shape `name` at `out`; `layers`: fewer layers than the real model (the

@@ -147,6 +147,14 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "--rounds 10": "--out peers-ld-timed-results --threads 1 --threads 2 --rounds 1",
     "--out benchmarks/results/peers-llama-3.2-1b-optimum-1t-epyc-vnni --threads 1 --rounds 1":
         "--out peers-llama1b-optimum-results --threads 1 --rounds 1",
+    # Phi-4-mini's shape at 2 layers -> its settings (LongRoPE from 4,096, partial rotary) at a
+    # test's size
+    "hf_shape phi-4-mini artifacts-phi4-peers/hf --layers 2":
+        "hf_shape phi-4-mini-test artifacts-phi4-peers/hf",
+    "--out benchmarks/results/peers-phi-4-mini-2layers-agreement-epyc-vnni --threads 1":
+        "--out peers-phi4-agree-results --threads 1",
+    "--out benchmarks/results/peers-phi-4-mini-2layers-2t-epyc-vnni --threads 2 --rounds 1":
+        "--out peers-phi4-2t-results --threads 2 --rounds 1",
     # the 4-bit schemes side by side -> two of them, one block, a few timed steps
     "int4_schemes artifacts-ld/onnx-opt --rounds 0 --out "
     "benchmarks/results/int4-schemes-llama-demo-epyc-vnni":
@@ -164,6 +172,8 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
                                                 "--data long-docs",
     "artifacts-gemma3-peers/onnx-int8 --bits 8": "artifacts-gemma3-peers/onnx-int8 --bits 8 "
                                                  "--data long-docs",
+    "artifacts-phi4-peers/onnx-int8 --bits 8": "artifacts-phi4-peers/onnx-int8 --bits 8 "
+                                               "--data long-docs",
 }
 
 
