@@ -28,7 +28,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from tinyt.contract import kv_shape
+from tinyt.contract import WINDOW_CAPACITY, WINDOW_INPUTS, kv_shape, window_slack
+from tinyt.runtime.cache import window_capacity
 
 FILL = {"input_ids": 1, "position_ids": None, "attention_mask": 1, "seqlens_k": None,
         "total_sequence_length": None, "query_seqlens": 1}
@@ -38,11 +39,21 @@ def feeds_for(session: ort.InferenceSession, past: int, cfg,
               capacity: int | None = None) -> dict[str, np.ndarray]:
     """Feeds of one step after `past` tokens, from the graph's own input list: a cache of
     kv_shape(cfg, 1, capacity) where the past and present share a buffer (capacity), else of
-    `past` tokens."""
+    `past` tokens. tinyt's windowed layers with buffers of their own (runtime/cache.py) get
+    them at window_capacity, holding min(past, window + slack / 2) tokens: the runtime's mean
+    between two moves of the window."""
     out = {}
+    wpast = past if cfg.sliding_window is None else \
+        min(past, cfg.sliding_window + window_slack(cfg.sliding_window) // 2)
     for i in session.get_inputs():
         dtype = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}.get(i.type, np.float32)
-        if i.name.startswith("past_key_values"):
+        if i.name.startswith("past_key_values") and i.shape[2] == WINDOW_CAPACITY:
+            out[i.name] = np.zeros(kv_shape(cfg, 1, window_capacity(cfg, capacity)), dtype)
+        elif i.name == WINDOW_INPUTS[0]:
+            out[i.name] = np.full([1], wpast, dtype)
+        elif i.name == WINDOW_INPUTS[1]:
+            out[i.name] = np.array(wpast + 1, dtype)
+        elif i.name.startswith("past_key_values"):
             out[i.name] = np.zeros(kv_shape(cfg, 1, capacity or past), dtype)
         elif i.name == "attention_mask":
             out[i.name] = np.ones((1, past + 1), dtype)

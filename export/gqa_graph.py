@@ -27,7 +27,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from tinyt.contract import CAPACITY
+from tinyt.contract import CAPACITY, WINDOW_CAPACITY, WINDOW_INPUTS, compact_window_layers
 from tinyt.errors import SharedCacheError
 from tinyt.rope import attention_scale, is_longrope, longrope_original, rope_table
 
@@ -38,6 +38,15 @@ GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
               ("total_sequence_length", TensorProto.INT32, []),
               ("query_seqlens", TensorProto.INT32, ["batch_size"]))
 QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's input index of query_seqlens (ORT >= 1.2x)
+POSITION_IDS_INPUT = 9  # ... of position_ids (its rotary positions, in place of seqlens_k's)
+
+
+def _lengths(cfg, layer: int) -> list[str]:
+    """A layer's seqlens_k and total_sequence_length inputs: the window's own for a layer whose
+    buffer holds the window alone (tinyt.contract.compact_window_layers)."""
+    if layer in compact_window_layers(cfg):
+        return list(WINDOW_INPUTS)
+    return ["seqlens_k", "total_sequence_length"]
 ROTARY_HEAD_MULTIPLE = 16  # GroupQueryAttention's CPU rotary: head_size % 16 == 0
 
 
@@ -51,7 +60,7 @@ def to_gqa(proto: onnx.ModelProto, cfg) -> int:
     _unfuse_skip_layernorm(g)
     _last_position_logits(g)
     _drop_unused(g)
-    _retype_io(g)
+    _retype_io(g, cfg)
     return done
 
 
@@ -74,9 +83,9 @@ def _mha_with_past_to_gqa(proto: onnx.ModelProto, cfg) -> int:
             nodes.append(helper.make_node("Add", [qkv, bias], [f"{qkv}_biased"],
                                           name=f"{node.name}/qkv_bias/Add"))
             qkv = f"{qkv}_biased"
-        inputs = [qkv, "", "", node.input[6], node.input[7], "seqlens_k", "total_sequence_length"]
-        inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
         layer = int(node.output[1].split(".")[1])  # present.{i}.key
+        inputs = [qkv, "", "", node.input[6], node.input[7], *_lengths(cfg, layer)]
+        inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
         nodes.append(helper.make_node(
             "GroupQueryAttention", inputs, list(node.output[:3]), domain=MS,
             name=node.name.replace("MultiHeadAttention", "GroupQueryAttention") or None,
@@ -195,8 +204,10 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
         qkv, before = [split.input[0], "", ""], []
         if cfg.qk_norm:  # q and k after their norms, v as it is: three inputs, not one packed
             qkv, before = _normed_qkv(g, split, i)
-        inputs = [*qkv, *past, "seqlens_k", "total_sequence_length"]
+        inputs = [*qkv, *past, *_lengths(cfg, i)]
         inputs += caches[i] if turn else ["", ""]
+        if turn and i in compact_window_layers(cfg):  # its buffer's slots are not positions
+            inputs.append("position_ids")
         inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
         attrs = dict(num_heads=cfg.n_head, kv_num_heads=cfg.kv_heads, do_rotary=int(turn),
                      rotary_interleaved=0, **_attention_attrs(cfg, site.scale, i))
@@ -379,15 +390,19 @@ def _drop_unused(g: onnx.GraphProto) -> None:
     del g.value_info[:]  # shapes of rewritten values; ONNX Runtime infers the rest
 
 
-def _retype_io(g: onnx.GraphProto) -> None:
+def _retype_io(g: onnx.GraphProto, cfg) -> None:
     ids_at = next(k for k, i in enumerate(g.input) if i.name == "position_ids") + 1
-    for k, (name, dtype, shape) in enumerate(GQA_INPUTS):
+    compact = compact_window_layers(cfg)
+    window = list(zip(WINDOW_INPUTS, GQA_INPUTS[:2])) if compact else []
+    added = [*GQA_INPUTS, *((name, dtype, shape) for name, (_, dtype, shape) in window)]
+    for k, (name, dtype, shape) in enumerate(added):
         g.input.insert(ids_at + k, helper.make_tensor_value_info(name, dtype, shape))
     for value in list(g.input) + list(g.output):
         dims = value.type.tensor_type.shape.dim
         if value.name.startswith(("past_key_values.", "present.")):
             dims[2].ClearField("dim_value")
-            dims[2].dim_param = CAPACITY
+            dims[2].dim_param = WINDOW_CAPACITY if int(value.name.split(".")[1]) in compact \
+                else CAPACITY
         elif value.name == "logits":
             dims[1].ClearField("dim_param")
             dims[1].dim_value = 1

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
+from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND, compact_window_layers
 from tinyt.errors import SharedCacheError
+from tinyt.runtime.cache import window_capacity
 from tinyt.runtime.feeds import check_tokens, prefill_feeds, window_tokens
 from tinyt.runtime.session import UNFUSED
 
@@ -68,6 +69,10 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
     cases = [[C // 2]] + ([] if "DynamicQuantizeMatMul" in ops else [[3, C // 3, 1]])
     if (W := window_tokens(cfg)) is not None:  # past a window longer than C (Mistral's 4096)
         cases.append([W - 7])  # the window + 1 tokens, then the steps past it
+    if compact_window_layers(cfg):  # the windowed layers' buffers fill during the steps and
+        # keep their window (runtime/cache.py); the prompt, past the window, keeps it first
+        end = window_capacity(cfg, cfg.block_size) - 3
+        cases.append([min(end, cfg.block_size - 7)])
     for lens in cases:
         B, T = len(lens), max(lens)
         ids, mask = left_pad([rng.integers(0, cfg.vocab_size, n).tolist() for n in lens])

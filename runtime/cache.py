@@ -5,9 +5,21 @@ graph writes into in place, bound once (torch-free).
              seqlens_k [B] int32 (tokens in the cache after this step, less one),
              total_sequence_length [] int32 (the largest of those, plus one),
              query_seqlens [B] int32 (real tokens of this chunk per row; 0 = the row idles),
+             [window_seqlens_k [B], window_total_sequence_length []: the same counts for the
+              windowed layers' buffers, where they hold the window alone]
              past_key_values.{i}.key / .value [B, nh, capacity, hs]  ─┐ the same memory
     outputs: logits [B, 1, vocab] (each row's last real token),      │
              present.{i}.key / .value [B, nh, capacity, hs]          ─┘
+
+A layer with a sliding window shorter than the context (tinyt.contract.compact_window_layers:
+Gemma 3's local layers, Mistral's) has buffers of window + slack tokens (window_slack), not
+capacity: when a row's next tokens would not fit, its last `window` tokens move to the front of
+its buffer (the others are outside every later query's window), and GroupQueryAttention rotates
+the new tokens by position_ids, not by their slot. A step after 4,096 tokens then reads 512
+tokens in those layers, not 4,096 (ONNX Runtime's kernel computes scores over the whole past
+and masks the window after), and a 32,768-token cache of Gemma-3-270M holds 3 layers at its
+capacity and 15 at 640 tokens. A prompt piece longer than the slack runs through temporary
+buffers of its length (prefill's and extend's transient cost), then keeps its window.
 
 Compared with the contract graph (export/kvfuse.py's MultiHeadAttention), a decode step copies
 no cache (MultiHeadAttention writes past + new into a fresh present every step), builds no
@@ -24,7 +36,14 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import kv_shape, past_names, present_names
+from tinyt.contract import (
+    WINDOW_INPUTS,
+    compact_window_layers,
+    kv_shape,
+    past_names,
+    present_names,
+    window_slack,
+)
 from tinyt.errors import ConfigError, MemoryLimitError
 from tinyt.hardware import memory_refusal
 
@@ -46,17 +65,31 @@ def capacity_for(tokens: int, context: int) -> int:
     return min(int(context), 1 << (want - 1).bit_length())
 
 
-def kv_bytes(cfg: ModelConfig, rows: int, capacity: int, kv_dtype=np.float32) -> int:
-    """Bytes of a KV cache of `rows` x `capacity` tokens: every layer's keys and values."""
-    return 2 * cfg.n_layer * int(np.prod(kv_shape(cfg, rows, capacity))) * \
-        np.dtype(kv_dtype).itemsize
+def window_capacity(cfg: ModelConfig, capacity: int, compact: bool = True) -> int:
+    """The tokens a windowed layer's buffer holds in a cache of `capacity` (module docstring):
+    window + slack, or capacity where that is no more (or the graph keeps every layer at
+    capacity: compact=False, or no compact windowed layers)."""
+    window = cfg.sliding_window
+    if window is None or not (compact and compact_window_layers(cfg)):
+        return capacity
+    return min(capacity, window + window_slack(window))
+
+
+def kv_bytes(cfg: ModelConfig, rows: int, capacity: int, kv_dtype=np.float32,
+             compact: bool = False) -> int:
+    """Bytes of a KV cache of `rows` x `capacity` tokens: every layer's keys and values
+    (compact: the windowed layers' buffers at window_capacity)."""
+    windowed = len(compact_window_layers(cfg)) if compact else 0
+    tokens = (cfg.n_layer - windowed) * capacity + \
+        windowed * window_capacity(cfg, capacity, compact)
+    return 2 * tokens * int(np.prod(kv_shape(cfg, rows, 1))) * np.dtype(kv_dtype).itemsize
 
 
 def check_kv_fits(cfg: ModelConfig, rows: int, capacity: int, kv_dtype=np.float32, *,
-                  lower: str = LOWER, copies: int = 1) -> None:
+                  lower: str = LOWER, copies: int = 1, compact: bool = False) -> None:
     """MemoryLimitError, before anything is allocated, if `copies` KV caches of rows x capacity
     tokens do not fit this machine's available memory."""
-    nbytes = copies * kv_bytes(cfg, rows, capacity, kv_dtype)
+    nbytes = copies * kv_bytes(cfg, rows, capacity, kv_dtype, compact)
     why = memory_refusal(nbytes, f"KV buffers of {rows} row(s) x {capacity} tokens "
                                  f"({cfg.n_layer} layers, keys and values"
                                  + (f", {copies} copies" if copies > 1 else "") + ")", lower)
@@ -74,8 +107,21 @@ class SharedCache:
     def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, batch: int,
                  capacity: int, *, kv_dtype=np.float32,
                  prefill_session: ort.InferenceSession | None = None, lower: str = LOWER):
-        check_kv_fits(cfg, batch, capacity, kv_dtype, lower=lower)
+        names = {i.name for i in session.get_inputs()}
+        if prefill_session is not None and \
+                (WINDOW_INPUTS[0] in names) != any(i.name == WINDOW_INPUTS[0]
+                                                   for i in prefill_session.get_inputs()):
+            raise ConfigError("the pair's graphs keep their windowed layers' caches "
+                              "differently (one was made by an older tinyt): make both again "
+                              "with `tinyt optimize --target gqa`")
+        compact = WINDOW_INPUTS[0] in names
+        check_kv_fits(cfg, batch, capacity, kv_dtype, lower=lower, compact=compact)
         self.session, self.cfg, self.B, self.capacity = session, cfg, batch, capacity
+        # windowed layers with buffers of their own (module docstring): which, and how long
+        self.window_layers = set(compact_window_layers(cfg)) if compact else set()
+        self.window = cfg.sliding_window or 0  # read only where there are window_layers
+        self.wcap = window_capacity(cfg, capacity, compact)
+        self.lower = lower
         self.kv_dtype = kv_dtype
         # A pair: prompts run through prefill_session's graph (made for many rows), steps
         # through session's; both read and write the same cache buffers.
@@ -85,19 +131,25 @@ class SharedCache:
                                 else prefill_session.io_binding())
         shape = kv_shape(cfg, batch, capacity)
         self.kv = []
+        self.wseqlens = np.zeros(batch, dtype=np.int32)
+        self.wtotal = np.zeros((), dtype=np.int32)
+        self.wlens = np.zeros(batch, dtype=np.int64)  # tokens in the windowed layers' buffers
         self.logits = np.zeros((batch, 1, cfg.vocab_size), dtype=np.float32)
         self.seqlens = np.zeros(batch, dtype=np.int32)
         self.qlens = np.zeros(batch, dtype=np.int32)
         self.total = np.zeros((), dtype=np.int32)
         self.lens = np.zeros(batch, dtype=np.int64)  # tokens in the cache per row
-        for past, present in zip(past_names(cfg.n_layer), present_names(cfg.n_layer)):
-            buf = np.zeros(shape, dtype=kv_dtype)
+        for k, (past, present) in enumerate(zip(past_names(cfg.n_layer),
+                                                present_names(cfg.n_layer))):
+            buf = np.zeros(kv_shape(cfg, batch, self.wcap) if k // 2 in self.window_layers
+                           else shape, dtype=kv_dtype)
             self.kv.append(buf)  # past and present are the same memory
             self._bind(past, buf)
             self._bind(present, buf, output=True)
         self._bind("logits", self.logits, output=True)
         for name, buf in (("seqlens_k", self.seqlens), ("query_seqlens", self.qlens),
-                          ("total_sequence_length", self.total)):
+                          ("total_sequence_length", self.total),
+                          *zip(WINDOW_INPUTS if compact else (), (self.wseqlens, self.wtotal))):
             self._bind(name, buf)
         self.ids = np.zeros((batch, 1), dtype=np.int64)
         self.pos = np.zeros((batch, 1), dtype=np.int64)
@@ -130,7 +182,8 @@ class SharedCache:
         self.qlens[:] = lens
         self.seqlens[:] = lens - 1
         self.total[...] = T
-        self.prefill_session.run_with_iobinding(self.prefill_binding)
+        self.wlens[:] = 0
+        self._run_prompt(lens, self.B)
         self.lens[:] = lens
         if self.prefill_binding is self.binding:  # one graph: steps need their inputs back
             self._bind("input_ids", self.ids)
@@ -149,12 +202,84 @@ class SharedCache:
         self._bind("input_ids", tokens, prefill=True)
         self._bind("position_ids", pos, prefill=True)
         self.qlens[0], self.seqlens[0], self.total[...] = n, start + n - 1, start + n
-        self.prefill_session.run_with_iobinding(self.prefill_binding)
+        self._run_prompt(np.array([n]), 1)
         self.lens[0] = start + n
         if self.prefill_binding is self.binding:  # one graph: steps need their inputs back
             self._bind("input_ids", self.ids)
             self._bind("position_ids", self.pos)
         return self.logits[0, 0]
+
+    def _keep_window(self, b: int) -> None:
+        """Row b's windowed buffers keep their last `window` tokens, moved to the front (no
+        later query of the row reaches the others)."""
+        n = int(self.wlens[b])
+        k = min(n, self.window)
+        if k < n:
+            for i, buf in enumerate(self.kv):
+                if i // 2 in self.window_layers:
+                    buf[b, :, :k] = buf[b, :, n - k:n]
+            self.wlens[b] = k
+
+    def _window_lengths(self, adds: np.ndarray, rows: int) -> int:
+        """Before a run adding adds[b] tokens to each of the first `rows` rows: a row whose
+        windowed buffers would overflow keeps its window; the windowed layers' seqlens_k and
+        total_sequence_length are set. Returns the tokens their buffers must hold for the run
+        (more than wcap: a prompt piece longer than the slack, run through temporary ones)."""
+        for b in np.flatnonzero((self.wlens[:rows] + adds > self.wcap)
+                                & (self.wlens[:rows] > self.window)):
+            self._keep_window(int(b))
+        after = self.wlens[:rows] + adds
+        self.wseqlens[:rows] = np.maximum(after - 1, 0)
+        self.wtotal[...] = self.wseqlens[:rows].max() + 1
+        return int(after.max())
+
+    def _run_prompt(self, adds: np.ndarray, rows: int) -> None:
+        """Run the prompt binding (prefill, extend) for adds[b] new tokens of each of the first
+        `rows` rows; a piece that the windowed layers' buffers cannot hold runs through
+        temporary buffers of its length, which then leave their window in the buffers."""
+        if not self.window_layers:
+            self.prefill_session.run_with_iobinding(self.prefill_binding)
+            return
+        need = self._window_lengths(adds, rows)
+        if need <= self.wcap:
+            self.prefill_session.run_with_iobinding(self.prefill_binding)
+            self.wlens[:rows] += adds
+            return
+        nbytes = 2 * len(self.window_layers) * int(np.prod(kv_shape(self.cfg, self.B, need))) \
+            * np.dtype(self.kv_dtype).itemsize
+        why = memory_refusal(nbytes, f"the windowed layers' temporary buffers for a prompt "
+                                     f"piece reaching {need} tokens", self.lower)
+        if why:
+            raise MemoryLimitError(why)
+        names = list(zip(past_names(self.cfg.n_layer), present_names(self.cfg.n_layer)))
+        temp = {}
+        held = int(self.wlens.max())
+        for i, buf in enumerate(self.kv):
+            if i // 2 in self.window_layers:
+                t = np.zeros((*buf.shape[:2], need, buf.shape[3]), dtype=buf.dtype)
+                t[:, :, :held] = buf[:, :, :held]
+                temp[i] = t
+                self._bind(names[i][0], t, prefill=True)
+                self._bind(names[i][1], t, output=True, prefill=True)
+        try:
+            self.prefill_session.run_with_iobinding(self.prefill_binding)
+        finally:
+            for i in temp:
+                self._bind(names[i][0], self.kv[i], prefill=True)
+                self._bind(names[i][1], self.kv[i], output=True, prefill=True)
+        after = self.wlens[:rows] + adds
+        keep = np.minimum(after, self.window)
+        for i, t in temp.items():
+            for b in range(rows):
+                n, k = int(after[b]), int(keep[b])
+                self.kv[i][b, :, :k] = t[b, :, n - k:n]
+        self.wlens[:rows] = keep
+
+    def clear(self, row: int | None = None) -> None:
+        """Forget the tokens of one row (None: every row); its buffers are reused."""
+        rows = slice(None) if row is None else row
+        self.lens[rows] = 0
+        self.wlens[rows] = 0
 
     def admit_from(self, new: dict[int, list[int]], pad: int,
                    staging: SharedCache) -> dict[int, np.ndarray]:
@@ -172,17 +297,24 @@ class SharedCache:
     def copy_from(self, other: SharedCache) -> None:
         """Every row of `other` (a cache of as many rows, smaller or as large) into this one:
         the tokens it holds and their keys and values (a generation moving to a larger cache)."""
-        n = int(other.lens.max())
-        for mine, theirs in zip(self.kv, other.kv):
-            mine[:, :, :n] = theirs[:, :, :n]
+        n, m = int(other.lens.max()), int(other.wlens.max())
+        for i, (mine, theirs) in enumerate(zip(self.kv, other.kv)):
+            k = m if i // 2 in self.window_layers else n  # a larger cache's wcap is no shorter
+            mine[:, :, :k] = theirs[:, :, :k]
         self.lens[:] = other.lens
+        self.wlens[:] = other.wlens
 
     def copy_in(self, row: int, staging: SharedCache, j: int = 0) -> None:
         """This cache's `row` becomes staging's row j (its lens[j] tokens of keys and values)."""
-        n = int(staging.lens[j])
-        for mine, theirs in zip(self.kv, staging.kv):
-            mine[row, :, :n] = theirs[j, :, :n]
+        n, m = int(staging.lens[j]), int(staging.wlens[j])
+        w = m if m <= self.wcap else min(m, self.window)  # the window, if all will not fit
+        for i, (mine, theirs) in enumerate(zip(self.kv, staging.kv)):
+            if i // 2 in self.window_layers:
+                mine[row, :, :w] = theirs[j, :, m - w:m]
+            else:
+                mine[row, :, :n] = theirs[j, :, :n]
         self.lens[row] = n
+        self.wlens[row] = w
 
     def step_rows(self, k: int, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
         """One token for each active row among the first k (the others idle): the step graph
@@ -195,7 +327,9 @@ class SharedCache:
                 self._bind(present, buf[:k], output=True, prefill=False)
             self._bind("logits", self.logits[:k], output=True, prefill=False)
             for name, buf in (("seqlens_k", self.seqlens), ("query_seqlens", self.qlens),
-                              ("input_ids", self.ids), ("position_ids", self.pos)):
+                              ("input_ids", self.ids), ("position_ids", self.pos),
+                              *(((WINDOW_INPUTS[0], self.wseqlens),) if self.window_layers
+                                else ())):
                 self._bind(name, buf[:k], prefill=False)
             self._rows = k
         a = active[:k].astype(np.int32)
@@ -204,8 +338,12 @@ class SharedCache:
         self.qlens[:k] = a
         self.seqlens[:k] = np.maximum(self.lens[:k] - 1 + a, 0)
         self.total[...] = self.seqlens[:k].max() + 1
+        if self.window_layers:
+            self._window_lengths(a, k)
         self.session.run_with_iobinding(self.binding)
         self.lens[:k] += a
+        if self.window_layers:
+            self.wlens[:k] += a
         return self.logits[:k, 0]
 
     def step(self, nxt: np.ndarray, active: np.ndarray | None) -> np.ndarray:
@@ -215,8 +353,15 @@ class SharedCache:
             n = int(self.lens[0])
             self.ids[0, 0], self.pos[0, 0] = nxt[0], n
             self.qlens[0], self.seqlens[0], self.total[()] = 1, n, n + 1
+            if self.window_layers:
+                if self.wlens[0] >= self.wcap:
+                    self._keep_window(0)
+                m = int(self.wlens[0])
+                self.wseqlens[0], self.wtotal[()] = m, m + 1
             self.session.run_with_iobinding(self.binding)
             self.lens[0] = n + 1
+            if self.window_layers:
+                self.wlens[0] = m + 1
             return self.logits
         a = np.ones(self.B, np.int32) if active is None else active.astype(np.int32)
         self.ids[:, 0] = nxt
@@ -224,8 +369,12 @@ class SharedCache:
         self.qlens[:] = a
         self.seqlens[:] = np.maximum(self.lens - 1 + a, 0)  # an empty idle row: 0, unchanged
         self.total[...] = self.seqlens.max() + 1
+        if self.window_layers:
+            self._window_lengths(a, self.B)
         self.session.run_with_iobinding(self.binding)
         self.lens += a
+        if self.window_layers:
+            self.wlens += a
         return self.logits
 
 

@@ -136,7 +136,7 @@ class _SharedRows:
     # chunked prefill: a prompt goes through a staging cache of its own, piece by piece
     def start_filling(self, tokens: int) -> SharedCache:
         staging = self.lm.take_cache(1, tokens)
-        staging.lens[:] = 0
+        staging.clear()
         return staging
 
     def fill(self, staging: SharedCache, piece: list[int]) -> np.ndarray:
@@ -151,7 +151,7 @@ class _SharedRows:
             self.lm.give_cache(staging)
 
     def release(self, row: int) -> None:
-        self.cache.lens[row] = 0
+        self.cache.clear(row)
 
 
 def rows_independent(manifest: dict) -> bool:

@@ -84,23 +84,56 @@ def decoder_outputs(cfg: ModelConfig, *, with_past: bool = True,
 
 
 CAPACITY = "max_sequence_length"
+# The shared-cache graph's windowed layers (a sliding window shorter than the context) keep
+# only the window's tokens and some slack in buffers of their own: their tokens and positions
+# come in as inputs of their own (runtime/cache.py moves the window's tokens to the front of
+# the buffer when the slack is used up; GroupQueryAttention takes their positions from
+# position_ids).
+WINDOW_CAPACITY = "window_sequence_length"
+WINDOW_INPUTS = ("window_seqlens_k", "window_total_sequence_length")
 
 
-def shared_cache_inputs(cfg: ModelConfig) -> list[TensorSpec]:
-    """The shared-cache variant: right-padded chunks, one buffer per cache."""
-    kv = kv_axes(cfg, CAPACITY)
+def window_slack(window: int) -> int:
+    """Tokens a windowed layer's buffer holds past its window before the window's tokens are
+    moved to its front: a quarter of the window, at least 64 (a copy of the window every
+    slack steps; attention over at most window + slack keys)."""
+    return max(64, window // 4)
+
+
+def compact_window_layers(cfg: ModelConfig) -> tuple[int, ...]:
+    """The layers whose shared-cache buffers hold the window, not the context: the windowed
+    layers of a model whose window and its slack are shorter than its context (Gemma 3's 15 of
+    18 at 512 of 32,768; none of Phi-3's, whose 262,144 window is past its context)."""
+    window = cfg.sliding_window
+    if window is None or window + window_slack(window) >= cfg.block_size:
+        return ()
+    return tuple(i for i in range(cfg.n_layer) if cfg.windowed(i))
+
+
+def _cache_specs(cfg: ModelConfig, names: list[str], compact: bool) -> list[TensorSpec]:
+    layers = set(compact_window_layers(cfg)) if compact else set()
+    return [TensorSpec(n, "float32", kv_axes(cfg, WINDOW_CAPACITY if int(n.split(".")[1])
+                                             in layers else CAPACITY)) for n in names]
+
+
+def shared_cache_inputs(cfg: ModelConfig, compact: bool = True) -> list[TensorSpec]:
+    """The shared-cache variant: right-padded chunks, one buffer per cache. compact=False: the
+    form tinyt made before windowed layers had buffers of their own (every layer at
+    CAPACITY), which the runtime still reads."""
+    window = [TensorSpec(WINDOW_INPUTS[0], "int32", (BATCH,)),
+              TensorSpec(WINDOW_INPUTS[1], "int32", ())] \
+        if compact and compact_window_layers(cfg) else []
     return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
             TensorSpec("position_ids", "int64", (BATCH, SEQ)),
             TensorSpec("seqlens_k", "int32", (BATCH,)),
             TensorSpec("total_sequence_length", "int32", ()),
             TensorSpec("query_seqlens", "int32", (BATCH,)),
-            *(TensorSpec(n, "float32", kv) for n in past_names(cfg.n_layer))]
+            *window, *_cache_specs(cfg, past_names(cfg.n_layer), compact)]
 
 
-def shared_cache_outputs(cfg: ModelConfig) -> list[TensorSpec]:
-    kv = kv_axes(cfg, CAPACITY)
+def shared_cache_outputs(cfg: ModelConfig, compact: bool = True) -> list[TensorSpec]:
     return [TensorSpec("logits", "float32", (BATCH, 1, cfg.vocab_size)),
-            *(TensorSpec(n, "float32", kv) for n in present_names(cfg.n_layer))]
+            *_cache_specs(cfg, present_names(cfg.n_layer), compact)]
 
 
 def classifier_inputs(cfg: ModelConfig) -> list[TensorSpec]:
@@ -112,13 +145,14 @@ def classifier_outputs(cfg: ModelConfig) -> list[TensorSpec]:
     return [TensorSpec("logits", "float32", (BATCH, cfg.num_labels))]
 
 
-def contract_for(cfg: ModelConfig, kind: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def contract_for(cfg: ModelConfig, kind: str, compact: bool = True
+                 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(inputs, outputs) of a graph kind: the one place the runtime, the exporter and the
     verifier take them from."""
     if kind == CLASSIFIER:
         return classifier_inputs(cfg), classifier_outputs(cfg)
     if kind == SHARED_CACHE_KIND:
-        return shared_cache_inputs(cfg), shared_cache_outputs(cfg)
+        return shared_cache_inputs(cfg, compact), shared_cache_outputs(cfg, compact)
     if kind not in KINDS:
         raise ConfigError(f"graph kind {kind!r} is not one of {', '.join(KINDS)}")
     with_past = kind == DECODER_WITH_PAST

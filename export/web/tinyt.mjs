@@ -217,6 +217,12 @@ export class LanguageModel {
     if (w.graph === "decoder_gqa") {
       f.seqlens_k = new ort.Tensor("int32", Int32Array.of(past + n - 1), [1]);
       f.total_sequence_length = new ort.Tensor("int32", Int32Array.of(past + n), []);
+      if (this.step.inputNames.includes("window_seqlens_k")) {
+        // the windowed layers' own counts (tinyt.contract.WINDOW_INPUTS): here their buffers
+        // hold the whole past as the others' do, so the counts are the same
+        f.window_seqlens_k = f.seqlens_k;
+        f.window_total_sequence_length = f.total_sequence_length;
+      }
     } else {
       f.attention_mask = new ort.Tensor("int64", new BigInt64Array(past + n).fill(1n), [1, past + n]);
     }

@@ -12,6 +12,7 @@ rotary and one full-attention layer. The slow test takes each family's own direc
 the same stages."""
 import json
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -178,6 +179,72 @@ def test_gemma_forms_through_every_graph(gemma):
     for name in ("onnx", "opt", "gqa"):
         got = load(chain[name]).generate_ids([PROMPT], max_new_tokens=16)[0].token_ids
         assert got == want, name
+
+
+def test_windowed_layers_keep_only_their_window(gemma):
+    """The shared-cache graph gives the windowed layers buffers of window + slack tokens (12 +
+    64 here), not the context: a batch's prompts (100 tokens) go through temporary buffers
+    and keep their window, steps move each row's window to the front when its slack is used
+    up, at its own length (one row idling meanwhile), chunked prefill by pieces longer and
+    shorter than the slack and the engine's copies into its rows keep it too; each gives
+    PyTorch's greedy tokens."""
+    from tinyt.contract import WINDOW_INPUTS, compact_window_layers, window_slack
+    from tinyt.runtime import load
+    from tinyt.runtime.engine import Engine
+    from tinyt.runtime.sampling import SamplingParams
+
+    ck_dir, chain = gemma
+    cfg = load_checkpoint(ck_dir).config
+    assert compact_window_layers(cfg) == (0, 1) and window_slack(12) == 64
+    model = load_checkpoint(ck_dir).model
+    long, short = list(range(3, 103)), list(range(200, 230))
+
+    def torch_greedy(prompt, n):
+        with torch.no_grad():
+            return generate(model, torch.tensor([prompt]), n,
+                            temperature=0)[0, len(prompt):].tolist()
+    want_long, want_short = torch_greedy(long, 90), torch_greedy(short, 90)
+    lm = load(chain["gqa"], tune=False)
+    assert WINDOW_INPUTS[0] in {i.name for i in lm.session.get_inputs()}
+    cache = lm.new_cache(2, 512)
+    assert [b.shape[2] for b in cache.kv] == [76, 76, 76, 76, 512, 512]
+    steps = []
+    orig_keep = cache._keep_window
+    cache._keep_window = lambda b: (steps.append((b, int(cache.lens[b]))), orig_keep(b))[1]
+    logits = cache.prefill([long, short], lm.pad_id)
+    assert cache.wlens.tolist() == [12, 12] and cache.lens.tolist() == [100, 30]
+    got, active = [[], []], np.ones(2, bool)
+    for i in range(90):
+        nxt = logits[:, 0].argmax(-1)
+        for b in range(2):
+            if active[b]:
+                got[b].append(int(nxt[b]))
+        if i == 40:
+            active[1] = False  # the short row idles for ten steps, its window unchanged
+        if i == 50:
+            active[1] = True
+        logits = cache.step(nxt, active.copy())
+    assert got[0] == want_long
+    assert got[1] == want_short[:len(got[1])] and len(got[1]) == 80
+    assert steps == [(0, 164), (1, 94)], steps  # 12 + 64 in the buffer: moved
+    # one row: the B == 1 step, chunked prefill by pieces longer and shorter than the slack
+    for pieces in ([long], [long[:70], long[70:]], [long[:5], long[5:]]):
+        one = lm.new_cache(1, 256)
+        one.clear()
+        for piece in pieces:
+            logits = one.extend(piece)
+        out = []
+        for _ in range(90):
+            out.append(int(logits.argmax()))
+            logits = one.step(np.array([out[-1]]), None)[0, 0]
+        assert out == want_long, [len(p) for p in pieces]
+    engine = Engine(lm, max_batch=2, max_queue=4, prefill_chunk=40).start()
+    try:
+        reqs = [engine.submit(p, SamplingParams(max_new_tokens=90, min_new_tokens=90,
+                                                temperature=0)) for p in (long, short)]
+        assert [r.out for r in reqs if r.wait(120)] == [want_long, want_short]
+    finally:
+        engine.stop()
 
 
 FAMILIES = {  # test id: (fixture, overrides)
