@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -30,8 +31,23 @@ def prepare(artifacts: Path, engines: list[str]) -> dict[str, str]:
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as child:
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"),
+                                initializer=exit_with_parent, initargs=(os.getpid(),)) as child:
         return child.submit(prepare_here, artifacts, engines).result()
+
+
+def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """A child's initializer: a thread that ends the child once its parent is gone. A run
+    killed during its conversions left them running (a spawned child is not told its parent
+    died), holding gigabytes and both cores through the next run's timings."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def prepare_here(artifacts: Path, engines: list[str]) -> dict[str, str]:

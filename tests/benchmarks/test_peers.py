@@ -443,3 +443,46 @@ def test_the_peers_take_a_gemma_3_directory(tmp_path, monkeypatch):
         assert agree["llama.cpp-q8_0"]["kl_vs_fp32"] < 0.01
     else:
         assert "setup-llama-cpp.sh" in skipped["llama.cpp-q8_0"]
+
+
+_ORPHAN = """
+import concurrent.futures as cf, multiprocessing as mp, os, sys, time
+from benchmarks.peers.prepare import exit_with_parent
+if __name__ == "__main__":
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=exit_with_parent,
+                                initargs=(os.getpid(),)) as child:
+        print(child.submit(os.getpid).result(), flush=True)
+        time.sleep(600)  # killed here, as a run killed during its conversions
+"""
+
+
+def test_a_killed_run_does_not_leave_its_conversion_child(tmp_path):
+    """prepare's child process (the conversions) ends when the benchmark that spawned it is
+    killed, instead of running on through the next run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(_ORPHAN)
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        child = int(parent.stdout.readline())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        for _ in range(600):  # the child polls twice a second; give it up to 60 s
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError(f"the child {child} outlived its killed parent by 60 s")
+    finally:
+        parent.kill()
