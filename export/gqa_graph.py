@@ -39,6 +39,7 @@ GQA_INPUTS = (("seqlens_k", TensorProto.INT32, ["batch_size"]),
               ("query_seqlens", TensorProto.INT32, ["batch_size"]))
 QUERY_SEQLENS_INPUT = 16  # GroupQueryAttention's input index of query_seqlens (ORT >= 1.2x)
 POSITION_IDS_INPUT = 9  # ... of position_ids (its rotary positions, in place of seqlens_k's)
+ROTARY_HEAD_MULTIPLE = 16  # GroupQueryAttention's CPU rotary: head_size % 16 == 0
 
 
 def _lengths(cfg, layer: int) -> list[str]:
@@ -47,7 +48,6 @@ def _lengths(cfg, layer: int) -> list[str]:
     if layer in compact_window_layers(cfg):
         return list(WINDOW_INPUTS)
     return ["seqlens_k", "total_sequence_length"]
-ROTARY_HEAD_MULTIPLE = 16  # GroupQueryAttention's CPU rotary: head_size % 16 == 0
 
 
 def to_gqa(proto: onnx.ModelProto, cfg) -> int:
@@ -207,7 +207,7 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
         inputs = [*qkv, *past, *_lengths(cfg, i)]
         inputs += caches[i] if turn else ["", ""]
         if turn and i in compact_window_layers(cfg):  # its buffer's slots are not positions
-            inputs.append("position_ids")
+            inputs += [""] * (POSITION_IDS_INPUT - len(inputs)) + ["position_ids"]
         inputs += [""] * (QUERY_SEQLENS_INPUT - len(inputs)) + ["query_seqlens"]
         attrs = dict(num_heads=cfg.n_head, kv_num_heads=cfg.kv_heads, do_rotary=int(turn),
                      rotary_interleaved=0, **_attention_attrs(cfg, site.scale, i))
@@ -393,9 +393,9 @@ def _drop_unused(g: onnx.GraphProto) -> None:
 def _retype_io(g: onnx.GraphProto, cfg) -> None:
     ids_at = next(k for k, i in enumerate(g.input) if i.name == "position_ids") + 1
     compact = compact_window_layers(cfg)
-    window = list(zip(WINDOW_INPUTS, GQA_INPUTS[:2])) if compact else []
-    added = [*GQA_INPUTS, *((name, dtype, shape) for name, (_, dtype, shape) in window)]
-    for k, (name, dtype, shape) in enumerate(added):
+    # the windowed layers' counts: seqlens_k's and total_sequence_length's types, own names
+    window = [(name, *spec[1:]) for name, spec in zip(WINDOW_INPUTS, GQA_INPUTS)]
+    for k, (name, dtype, shape) in enumerate([*GQA_INPUTS, *(window if compact else [])]):
         g.input.insert(ids_at + k, helper.make_tensor_value_info(name, dtype, shape))
     for value in list(g.input) + list(g.output):
         dims = value.type.tensor_type.shape.dim
