@@ -17,7 +17,9 @@ POS_ENCODINGS = ("learned", "sinusoidal", "rotary")  # rotary: Llama's, from pos
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh")
 GATED = ("swiglu", "geglu_tanh")  # gated MLPs: act(gate) * up (SiLU: Llama's; GELU-tanh: Gemma's)
 NORMS = ("layernorm", "rmsnorm")
-TASKS = ("causal_lm", "classifier")
+TASKS = ("causal_lm", "classifier", "encoder")  # encoder: hidden states and a sentence embedding
+NORM_PLACEMENTS = ("pre", "post")  # post: BERT's x = norm(x + branch(x)), no final norm
+POOLINGS = ("mean", "cls", "last")  # a sentence from its tokens: masked mean, first, last real
 TOKENIZER_KINDS = ("bpe", "byte")
 DEVICES = ("cpu", "cuda")
 
@@ -109,6 +111,13 @@ class ModelConfig(_JsonMixin):
     rope_local_theta: float | None = None  # the windowed layers' rotary base, unscaled (Gemma 3)
     rotary_dim: int | None = None  # each head's rotated dims, the first ones; None = head_dim
     #                                (Phi-4-mini's partial_rotary_factor 0.75: 96 of 128)
+    # Encoders (BERT and its kin, docs/model.md); each default is "off"
+    norm_placement: str = "pre"  # "post": x = ln_1(x + attn(x)), x = ln_2(x + mlp(x)), no ln_f
+    embedding_norm: bool = False  # a norm of the embeddings' sum before the blocks (BERT's)
+    type_vocab_size: int = 0  # rows of a token-type (segment) table added to the embeddings
+    pooling: str | None = "mean"  # the classifier's / encoder's sentence from its tokens;
+    #                               None: an encoder with hidden states only
+    normalize: bool = False  # the encoder's sentence embedding scaled to unit L2 norm
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -152,8 +161,9 @@ class ModelConfig(_JsonMixin):
         else:
             _require(
                 self.num_labels == 0, "num_labels", self.num_labels,
-                "must be 0 for task='causal_lm' (labels belong to the classifier)",
+                f"must be 0 for task={self.task!r} (labels belong to the classifier)",
             )
+        self._check_encoder_options()
 
         _require(self.activation in ACTIVATIONS, "activation", self.activation,
                  f"allowed: {', '.join(ACTIVATIONS)}")
@@ -175,6 +185,31 @@ class ModelConfig(_JsonMixin):
         _require(self.qkv_bias is None or isinstance(self.qkv_bias, bool), "qkv_bias",
                  self.qkv_bias, "must be null (= bias), true or false")
         self._check_family_options()
+
+    def _check_encoder_options(self) -> None:
+        _require(self.norm_placement in NORM_PLACEMENTS, "norm_placement", self.norm_placement,
+                 f"allowed: {', '.join(NORM_PLACEMENTS)}")
+        _require(self.norm_placement == "pre" or (not self.post_norms
+                                                   and self.residual_multiplier == 1.0),
+                 "norm_placement", self.norm_placement,
+                 "'post' normalises each sum itself: it takes neither post_norms nor a "
+                 "residual_multiplier")
+        _require(isinstance(self.embedding_norm, bool), "embedding_norm", self.embedding_norm,
+                 "must be true or false")
+        _require(_is_int(self.type_vocab_size) and self.type_vocab_size >= 0, "type_vocab_size",
+                 self.type_vocab_size, "must be an integer >= 0 (0: no token-type table)")
+        encoder = self.task == "encoder"
+        _require(self.pooling in POOLINGS or (encoder and self.pooling is None), "pooling",
+                 self.pooling, f"allowed: {', '.join(POOLINGS)}"
+                 + (", or null (hidden states only)" if encoder else
+                    " (null only for task='encoder')"))
+        _require(self.task != "causal_lm" or self.pooling == "mean", "pooling", self.pooling,
+                 "pools a classifier's or an encoder's tokens: a causal LM keeps the default")
+        _require(isinstance(self.normalize, bool), "normalize", self.normalize,
+                 "must be true or false")
+        _require(not self.normalize or (encoder and self.pooling is not None), "normalize",
+                 self.normalize, "scales an encoder's sentence embedding: it needs "
+                 "task='encoder' and a pooling")
 
     def _check_family_options(self) -> None:
         rotary = self.pos_encoding == "rotary"
@@ -198,7 +233,7 @@ class ModelConfig(_JsonMixin):
                      and list(v) == sorted(set(v)), name, v,
                      f"must be increasing layer indices in 0..{self.n_layer - 1}")
         _require(window is None or self.task == "causal_lm", "sliding_window", window,
-                 "a classifier attends both ways: windows belong to causal LMs")
+                 f"a {self.task} attends both ways: windows belong to causal LMs")
         _require(window is not None or not self.full_attention_layers, "full_attention_layers",
                  self.full_attention_layers, "only means something with a sliding_window")
         _require(rotary or not self.nope_layers, "nope_layers", self.nope_layers,
@@ -309,7 +344,9 @@ FAMILY_OPTIONS = {"head_size": None, "qk_norm": False, "rope_scaling": None,
                   "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
                   "attention_multiplier": None, "logits_scaling": 1.0, "norm_offset": 0.0,
                   "post_norms": False, "attn_softcap": None, "final_softcap": None,
-                  "rope_local_theta": None, "rotary_dim": None}  # name -> its "off"
+                  "rope_local_theta": None, "rotary_dim": None, "norm_placement": "pre",
+                  "embedding_norm": False, "type_vocab_size": 0,
+                  "normalize": False}  # name -> its "off"
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's
 # required and optional keys. `dynamic` changes nothing within max_position_embeddings, the

@@ -156,7 +156,8 @@ def norm(cfg: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x)) (each branch times
     residual_multiplier, Granite's; with post_norms each branch's output normalised before
-    it is added, Gemma's four norms a block: ln_1, ln_1_out, ln_2, ln_2_out)."""
+    it is added, Gemma's four norms a block: ln_1, ln_1_out, ln_2, ln_2_out). With
+    norm_placement='post' (BERT's): ln_1(x + attn(x)), then ln_2(x + mlp(x))."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -167,8 +168,13 @@ class Block(nn.Module):
         self.ln_1_out = norm(cfg) if cfg.post_norms else None
         self.ln_2_out = norm(cfg) if cfg.post_norms else None
         self.residual = cfg.residual_multiplier
+        self.post = cfg.norm_placement == "post"
 
     def forward(self, x, mask, past, is_causal: bool, rope=None):
+        if self.post:  # BERT's: each sum normalised, x = ln(x + branch(x))
+            a, present = self.attn(x, mask, past, is_causal, rope)
+            x = self.ln_1(x + a)
+            return self.ln_2(x + self.mlp(x)), present
         a, present = self.attn(self.ln_1(x), mask, past, is_causal, rope)
         if self.ln_1_out is not None:
             a = self.ln_1_out(a)
@@ -247,19 +253,27 @@ class Trunk(nn.Module):
             self.rope = RotaryPositions(cfg)
             if cfg.rope_local_theta is not None:  # Gemma 3: the windowed layers' own base
                 self.rope_local = RotaryPositions(cfg, local=True)
+        # BERT's token-type (segment) table and the norm of the embeddings' sum
+        self.wtt = nn.Embedding(cfg.type_vocab_size, cfg.n_embd) if cfg.type_vocab_size else None
+        self.ln_e = norm(cfg) if cfg.embedding_norm else None
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = norm(cfg)
+        self.ln_f = norm(cfg) if cfg.norm_placement == "pre" else None  # post: blocks end normed
         self.embedding_multiplier = cfg.embedding_multiplier
         self.rotary = [cfg.rotary_layer(i) for i in range(cfg.n_layer)]
         self.windowed = [cfg.windowed(i) for i in range(cfg.n_layer)]
 
     def forward(self, input_ids, position_ids, mask, past_key_values, is_causal: bool,
-                window_mask=None):
-        """window_mask: the mask of the layers that attend through the sliding window."""
+                window_mask=None, token_type_ids=None):
+        """window_mask: the mask of the layers that attend through the sliding window;
+        token_type_ids (B, T): rows of the token-type table (None: row 0, as transformers)."""
         x = self.wte(input_ids)  # (B, T, C)
         if self.embedding_multiplier != 1.0:
             x = x * self.embedding_multiplier
+        if self.wtt is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            x = x + self.wtt(token_type_ids)
         rope = local_rope = None
         if self.rope is not None:
             rope = self.rope(position_ids)
@@ -267,6 +281,8 @@ class Trunk(nn.Module):
                 local_rope = self.rope_local(position_ids)
         else:
             x = x + self.wpe(position_ids)
+        if self.ln_e is not None:
+            x = self.ln_e(x)
         x = self.drop(x)
         presents = []
         for i, block in enumerate(self.h):
@@ -277,7 +293,7 @@ class Trunk(nn.Module):
             x, present = block(x, window_mask if local else mask, past,
                                is_causal and not local, turn)
             presents.append(present)
-        return self.ln_f(x), tuple(presents)
+        return (x if self.ln_f is None else self.ln_f(x)), tuple(presents)
 
 
 def _init_weights(model: nn.Module, n_layer: int) -> None:
@@ -371,21 +387,27 @@ class TinyTransformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-class TinyClassifier(nn.Module):
-    """Encoder classifier: the same blocks with bidirectional attention over non-padding
-    tokens, masked mean pooling, and a linear head."""
+class TinyEncoder(nn.Module):
+    """Encoder: the same blocks with bidirectional attention over non-padding tokens. A
+    classifier pools its tokens (cfg.pooling: masked mean, the first, the last real one) into
+    a linear head -> logits (B, num_labels); an encoder returns its hidden states (B, T, C)
+    and, with a pooling, the sentence embedding (B, C) (unit length with cfg.normalize)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.task != "classifier":
-            raise ConfigError(f"TinyClassifier needs task='classifier', got {cfg.task!r}")
+        if cfg.task not in ("classifier", "encoder"):
+            raise ConfigError(f"TinyEncoder needs task='classifier' or 'encoder', got "
+                              f"{cfg.task!r}")
         self.config = cfg
         self.transformer = Trunk(cfg)
-        self.classifier = nn.Linear(cfg.n_embd, cfg.num_labels, bias=True)
+        self.classifier = nn.Linear(cfg.n_embd, cfg.num_labels, bias=True) \
+            if cfg.task == "classifier" else None
         _init_weights(self, cfg.n_layer)
 
-    def forward(self, input_ids, attention_mask=None):
-        """input_ids (B, T); attention_mask (B, T), 1 = token. Returns logits (B, num_labels)."""
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        """input_ids (B, T); attention_mask (B, T), 1 = token; token_type_ids (B, T) where the
+        model has a token-type table. A classifier returns logits (B, num_labels); an encoder
+        last_hidden_state (B, T, C), or (last_hidden_state, sentence_embedding (B, C))."""
         B, T = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -394,17 +416,38 @@ class TinyClassifier(nn.Module):
         idx = torch.arange(T, device=input_ids.device)
         diag = idx.unsqueeze(0) == idx.unsqueeze(1)  # (T, T): keeps padding rows non-empty
         mask = keep.unsqueeze(1).unsqueeze(2) | diag  # (B, 1, T, T)
-        x, _ = self.transformer(input_ids, position_ids, mask, None, is_causal=False)
-        m = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
-        pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, C)
-        return self.classifier(pooled)
+        x, _ = self.transformer(input_ids, position_ids, mask, None, is_causal=False,
+                                token_type_ids=token_type_ids)
+        if self.classifier is not None:
+            return self.classifier(self._pool(x, attention_mask))
+        if self.config.pooling is None:
+            return x
+        pooled = self._pool(x, attention_mask)
+        if self.config.normalize:
+            pooled = F.normalize(pooled, p=2.0, dim=-1, eps=1e-12)
+        return x, pooled
+
+    def _pool(self, x, attention_mask):
+        how = self.config.pooling
+        if how == "cls":  # the first token (tokenizers put [CLS] there; right padding)
+            return x[:, 0]
+        m = attention_mask.to(x.dtype)
+        if how == "last":  # each row's last real token, wherever its padding is
+            T = x.shape[1]
+            last = (torch.arange(T, device=x.device) * attention_mask.long()).argmax(dim=1)
+            return x[torch.arange(x.shape[0], device=x.device), last]
+        m = m.unsqueeze(-1)  # (B, T, 1)
+        return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, C)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
 
+TinyClassifier = TinyEncoder  # the encoder's first name (tinyt's own classifiers)
+
+
 def build_model(cfg: ModelConfig) -> nn.Module:
-    return TinyTransformer(cfg) if cfg.task == "causal_lm" else TinyClassifier(cfg)
+    return TinyTransformer(cfg) if cfg.task == "causal_lm" else TinyEncoder(cfg)
 
 
 @torch.no_grad()

@@ -140,7 +140,7 @@ def test_classifier_is_bidirectional():
 
 def test_build_model_and_wrong_task():
     assert isinstance(build_model(ModelConfig(**BASE)), TinyTransformer)
-    with pytest.raises(ConfigError, match="TinyClassifier needs task='classifier'"):
+    with pytest.raises(ConfigError, match="TinyEncoder needs task='classifier' or 'encoder'"):
         TinyClassifier(ModelConfig(**BASE))
 
 
