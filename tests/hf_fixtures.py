@@ -172,3 +172,113 @@ def save_hf(name: str, path: Path, **overrides):
         "model_max_length": model.config.max_position_embeddings,
         "eos_token": {"content": "<|im_end|>", "special": True}, "bos_token": "<|im_start|>"}))
     return model, json.loads((path / "config.json").read_text())
+
+
+# -- encoders ------------------------------------------------------------------------------------
+# sentence-transformers/all-MiniLM-L6-v2: BertModel, 6 layers, 384 wide, 12 heads, intermediate
+# 1536, a 512-position table, two token types, LayerNorm eps 1e-12, exact GELU, vocabulary
+# 30,522 (uncased WordPiece); mean pooling, normalized, texts cut at 256 tokens
+BERT_VOCAB = 30522
+MINILM = dict(vocab_size=BERT_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              intermediate_size=96, max_position_embeddings=512, type_vocab_size=2,
+              layer_norm_eps=1e-12, hidden_act="gelu", pad_token_id=0)
+
+
+@functools.lru_cache(maxsize=1)
+def wordpiece_tokenizer():
+    """An uncased WordPiece tokenizer.json as BERT's is built (BertNormalizer, BertPreTokenizer,
+    [CLS] $A [SEP] with token types, WordPiece decoder) over the whole 30,522-id vocabulary:
+    BERT's special ids (0 [PAD], 100 [UNK], 101 [CLS], 102 [SEP], 103 [MASK]), characters and
+    their ## continuations, the standard library's commonest words, then filler pieces."""
+    import re
+    from collections import Counter
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = [chr(c) for c in range(33, 127) if not chr(c).isupper()] + list("éèàüöçñß")
+    vocab += chars + [f"##{c}" for c in chars if c.isalnum()]
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    words = Counter(w for name in ("textwrap.py", "string.py", "shlex.py", "fnmatch.py")
+                    for w in re.findall(r"[a-z]{2,}", (lib / name).read_text().lower()))
+    vocab += [w for w, _ in words.most_common(2000) if w not in vocab]
+    vocab += [f"##{w}" for w, _ in words.most_common(500) if f"##{w}" not in vocab]
+    i = 0
+    while len(vocab) < BERT_VOCAB:
+        vocab.append(f"x{i}q")
+        i += 1
+    tok = HFTokenizer(models.WordPiece({t: n for n, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 101), ("[SEP]", 102)])
+    tok.decoder = decoders.WordPiece()
+    assert tok.get_vocab_size() == BERT_VOCAB
+    return tok
+
+
+def bert_model(**overrides):
+    """transformers' BertModel at all-MiniLM-L6-v2's settings (scaled), random weights of std
+    0.2 (LayerNorm gains near 1, so the hidden states stay of size through the post-norms)."""
+    import transformers as T
+
+    config = T.BertConfig(**{**MINILM, **overrides}, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = T.BertModel(config)
+    for name, p in model.named_parameters():
+        torch.nn.init.normal_(p, mean=1.0 if "LayerNorm.weight" in name else 0.0, std=0.2)
+    return model.eval()
+
+
+def save_bert(path: Path, *, sentence: bool = True, pooling: str = "mean",
+              normalize: bool = True, max_seq_length: int = 256, **overrides):
+    """A BertModel directory (safetensors with its pooler, config.json, the WordPiece
+    tokenizer.json and tokenizer_config.json as BertTokenizerFast saves them); with sentence,
+    laid out as sentence-transformers saves all-MiniLM-L6-v2 (modules.json, 1_Pooling with the
+    legacy booleans, 2_Normalize, sentence_bert_config.json). Returns the model."""
+    from transformers import BertTokenizerFast
+
+    path = Path(path)
+    model = bert_model(**overrides)
+    model.save_pretrained(path, safe_serialization=True)
+    BertTokenizerFast(tokenizer_object=wordpiece_tokenizer(), do_lower_case=True,
+                      model_max_length=512).save_pretrained(path)
+    if sentence:
+        modules = [{"idx": 0, "name": "0", "path": "",
+                    "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling"}]
+        if normalize:
+            modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                            "type": "sentence_transformers.models.Normalize"})
+            (path / "2_Normalize").mkdir()
+        (path / "modules.json").write_text(json.dumps(modules))
+        (path / "1_Pooling").mkdir()
+        (path / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": model.config.hidden_size,
+            **{f"pooling_mode_{m}": m == {"mean": "mean_tokens", "cls": "cls_token",
+                                          "last": "lasttoken"}[pooling]
+               for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens",
+                         "lasttoken")}}))
+        (path / "sentence_bert_config.json").write_text(json.dumps(
+            {"max_seq_length": max_seq_length, "do_lower_case": False}))
+    return model
+
+
+def sentence_embeddings(model, input_ids, attention_mask, token_type_ids=None, *,
+                        pooling: str = "mean", normalize: bool = True):
+    """sentence-transformers' arithmetic on transformers' hidden states: mean over the mask
+    (clamped at 1e-9), the first token, or the last real one; then F.normalize."""
+    with torch.no_grad():
+        h = model(input_ids=input_ids, attention_mask=attention_mask,
+                  token_type_ids=token_type_ids).last_hidden_state
+    m = attention_mask.unsqueeze(-1).to(h.dtype)
+    if pooling == "mean":
+        e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    elif pooling == "cls":
+        e = h[:, 0]
+    else:
+        e = h[torch.arange(h.shape[0]), attention_mask.sum(1) - 1]
+    return h, (torch.nn.functional.normalize(e, p=2, dim=-1) if normalize else e)

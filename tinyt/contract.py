@@ -6,6 +6,8 @@ its ORTModelForCausalLM and similar loops understand tinyt's graphs.
                 past_key_values.{i}.key/.value [B, nkv, P, hs]
              -> logits [B, S, vocab], present.{i}.key/.value [B, nkv, P+S, hs]
     classifier: input_ids [B, S], attention_mask [B, S] -> logits [B, num_labels]
+    encoder:    input_ids [B, S], attention_mask [B, S] (, token_type_ids [B, S])
+             -> last_hidden_state [B, S, C] (, sentence_embedding [B, C])
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ DECODER_WITH_PAST = "decoder_with_past"  # the contract decoder: prefill and dec
 SHARED_CACHE_KIND = "decoder_gqa"  # the shared-cache variant (`--target gqa`): one KV buffer
 DECODER = "decoder"  # no KV cache: every pass reads the whole sequence
 CLASSIFIER = "classifier"
-KINDS = (DECODER_WITH_PAST, SHARED_CACHE_KIND, DECODER, CLASSIFIER)
+ENCODER = "encoder"  # hidden states and a sentence embedding (Optimum's feature extraction)
+KINDS = (DECODER_WITH_PAST, SHARED_CACHE_KIND, DECODER, CLASSIFIER, ENCODER)
 
 BATCH = "batch_size"
 SEQ = "sequence_length"
@@ -145,12 +148,28 @@ def classifier_outputs(cfg: ModelConfig) -> list[TensorSpec]:
     return [TensorSpec("logits", "float32", (BATCH, cfg.num_labels))]
 
 
+def encoder_inputs(cfg: ModelConfig) -> list[TensorSpec]:
+    """A token-type input only where the table has rows to choose from (with one, as
+    RoBERTa's, row 0 is always added: Optimum exports no input for it)."""
+    types = [TensorSpec("token_type_ids", "int64", (BATCH, SEQ))] \
+        if cfg.type_vocab_size >= 2 else []
+    return [*classifier_inputs(cfg), *types]
+
+
+def encoder_outputs(cfg: ModelConfig) -> list[TensorSpec]:
+    pooled = [TensorSpec("sentence_embedding", "float32", (BATCH, cfg.n_embd))] \
+        if cfg.pooling is not None else []
+    return [TensorSpec("last_hidden_state", "float32", (BATCH, SEQ, cfg.n_embd)), *pooled]
+
+
 def contract_for(cfg: ModelConfig, kind: str, compact: bool = True
                  ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(inputs, outputs) of a graph kind: the one place the runtime, the exporter and the
     verifier take them from."""
     if kind == CLASSIFIER:
         return classifier_inputs(cfg), classifier_outputs(cfg)
+    if kind == ENCODER:
+        return encoder_inputs(cfg), encoder_outputs(cfg)
     if kind == SHARED_CACHE_KIND:
         return shared_cache_inputs(cfg, compact), shared_cache_outputs(cfg, compact)
     if kind not in KINDS:

@@ -18,6 +18,7 @@ Options tinyt's model does not implement are refused by name, never approximated
 """
 from tinyt.errors import ConversionError  # what the refusals raise (defined in tinyt.errors)
 from tinyt.hf.catalogue import (
+    BERT,
     CATALOGUE,
     GEMMA2,
     GEMMA3,
@@ -29,6 +30,7 @@ from tinyt.hf.catalogue import (
     QWEN2,
     QWEN3,
     SMOLLM3,
+    encoder_config,
     family_of,
     gpt2_config,
     llama_config,
@@ -39,8 +41,8 @@ from tinyt.hf.convert import HF_LOGITS_ATOL, import_hf, to_hf, to_hf_gpt2
 from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
-__all__ = ["CATALOGUE", "GEMMA2", "GEMMA3", "GPT2", "GRANITE", "HF_LOGITS_ATOL", "LLAMA",
-           "MISTRAL", "PHI3", "QWEN2", "QWEN3", "SMOLLM3", "ConversionError", "Family",
-           "Spelling", "Weight", "config_from_hf", "family_of", "gpt2_config", "hf_config",
-           "hf_state", "import_hf", "llama_config", "read_hf_weights", "state_from_hf",
-           "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]
+__all__ = ["BERT", "CATALOGUE", "GEMMA2", "GEMMA3", "GPT2", "GRANITE", "HF_LOGITS_ATOL",
+           "LLAMA", "MISTRAL", "PHI3", "QWEN2", "QWEN3", "SMOLLM3", "ConversionError", "Family",
+           "Spelling", "Weight", "config_from_hf", "encoder_config", "family_of", "gpt2_config",
+           "hf_config", "hf_state", "import_hf", "llama_config", "read_hf_weights",
+           "state_from_hf", "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]

@@ -35,7 +35,9 @@ from tinyt.config import ModelConfig, rope_parameters
 from tinyt.errors import ConversionError
 from tinyt.hf.family import Family, Spelling, Weight, hf_config, misfit
 from tinyt.hf.tokens import (
+    encoder_special_tokens,
     gpt2_special_tokens,
+    read_encoder_tokenizer,
     read_gpt2_tokenizer,
     read_tokenizer,
     special_tokens,
@@ -578,9 +580,57 @@ PHI3 = Family(  # Phi-3 / 3.5 / Phi-4-mini: fused projections, LongRoPE, partial
     misfit=phi3_misfit, written=phi3_written,
     **{**_LLAMA_LIKE, "weights": PHI3_WEIGHTS},
 )
+EMB = "bert.embeddings."
+BERT_LAYER = "bert.encoder.layer.{i}."
+BERT_WEIGHTS = (
+    Weight("transformer.wte.weight", (EMB + "word_embeddings.weight",)),
+    Weight("transformer.wpe.weight", (EMB + "position_embeddings.weight",)),
+    Weight("transformer.wtt.weight", (EMB + "token_type_embeddings.weight",)),
+    Weight("transformer.ln_e.{w}", (EMB + "LayerNorm.{w}",)),
+    Weight(BLOCK + "attn.c_attn.{w}", (BERT_LAYER + "attention.self.query.{w}",
+                                       BERT_LAYER + "attention.self.key.{w}",
+                                       BERT_LAYER + "attention.self.value.{w}"), rows=qkv_rows),
+    Weight(BLOCK + "attn.c_proj.{w}", (BERT_LAYER + "attention.output.dense.{w}",)),
+    Weight(BLOCK + "ln_1.{w}", (BERT_LAYER + "attention.output.LayerNorm.{w}",)),
+    Weight(BLOCK + "mlp.c_fc.{w}", (BERT_LAYER + "intermediate.dense.{w}",)),
+    Weight(BLOCK + "mlp.c_proj.{w}", (BERT_LAYER + "output.dense.{w}",)),
+    Weight(BLOCK + "ln_2.{w}", (BERT_LAYER + "output.LayerNorm.{w}",)),
+)
+
+
+def bert_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    return {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+BERT = Family(  # BertModel: the encoder of all-MiniLM, bge, e5 and sentence-transformers' kin
+    model_type="bert", architecture="BertModel",
+    keys={"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+          "num_attention_heads": "n_head", "intermediate_size": "n_inner",
+          "max_position_embeddings": "block_size", "vocab_size": "vocab_size",
+          "layer_norm_eps": "norm_eps", "type_vocab_size": "type_vocab_size"},
+    defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 2},
+    spelled={"hidden_act": Spelling("activation", {
+        "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"},
+        default="gelu")},
+    features={"task": "encoder", "norm": "layernorm", "pos_encoding": "learned",
+              "norm_placement": "post", "embedding_norm": True, "bias": True,
+              "tie_weights": False},
+    fixed={"position_embedding_type": "absolute", "is_decoder": False,
+           "add_cross_attention": False},
+    holds=frozenset({"type_vocab_size", "normalize"}),
+    weights=BERT_WEIGHTS, base="bert.",
+    buffers=("embeddings.position_ids", "embeddings.token_type_ids"),
+    # BertModel's pooler (tanh of [CLS]'s dense): no sentence embedding of sentence-
+    # transformers' uses it, nor tinyt's contract; dropped by name, and said
+    drops=("pooler.dense.weight", "pooler.dense.bias"),
+    read_tokenizer=read_encoder_tokenizer, special_tokens=encoder_special_tokens,
+    written=bert_written, task="encoder",
+)
+
 # export-hf takes the first that holds a model: the plainer classes first
-CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3)
-TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers"}  # a task's name in messages
+CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3, BERT)
+TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers",
+         "encoder": "encoders"}  # a task's name in messages
 
 
 def family_of(hf: dict[str, Any], source: str) -> Family:
@@ -621,6 +671,12 @@ def llama_config(cfg: ModelConfig, tokenizer: Tokenizer) -> dict[str, Any]:
     holds exactly is refused by name (ConversionError)."""
     family = writer_for(cfg, "the model", among=CATALOGUE[1:])
     return hf_config(family, cfg, tokenizer.eos_id, tokenizer.bos_id)
+
+
+def encoder_config(cfg: ModelConfig) -> dict[str, Any]:
+    """config.json of the encoder class holding cfg (BertModel), as an encoder artifact's
+    config.json; a model none holds is refused by name (ConversionError)."""
+    return hf_config(writer_for(cfg, "the model"), cfg, None)
 
 
 def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,

@@ -34,6 +34,7 @@ from tinyt.errors import CheckpointError, ConversionError
 from tinyt.fsutil import atomic_dir, read_json_object, write_json
 from tinyt.hf.catalogue import GPT2, family_of, writer_for
 from tinyt.hf.family import Family, config_from_hf, hf_config
+from tinyt.hf.sentence import read_sentence_modules
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
 # tinyt vs transformers on the same weights, logits max abs diff. The same fp32 arithmetic in
@@ -59,14 +60,32 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     if not directory.is_dir():
         raise CheckpointError(f"Hugging Face model directory {directory} does not exist")
     check_import_target(out)
-    hf_cfg = read_json_object(directory / "config.json", CheckpointError)
-    family = family_of(hf_cfg, str(directory / "config.json"))
-    cfg = config_from_hf(family, hf_cfg, str(directory / "config.json"))
+    sentence = read_sentence_modules(directory)
+    root = directory if sentence is None else sentence.transformer
+    hf_cfg = read_json_object(root / "config.json", CheckpointError)
+    family = family_of(hf_cfg, str(root / "config.json"))
+    cfg = config_from_hf(family, hf_cfg, str(root / "config.json"))
+    if sentence is not None:
+        if cfg.task != "encoder":
+            raise ConversionError(f"{directory}: a sentence-transformers directory around a "
+                                  f"{family.architecture}; tinyt reads encoders there")
+        cfg = dataclasses.replace(cfg, pooling=sentence.pooling, normalize=sentence.normalize)
+        log(f"sentence-transformers: {sentence.pooling} pooling"
+            + (", normalized" if sentence.normalize else ""))
     model_context = cfg.block_size
-    tok = family.read_tokenizer(directory, hf_cfg, log)
+    tok = family.read_tokenizer(root, hf_cfg, log)
     check_tokenizer_fits(tok, cfg, "the tokenizer")
+    if cfg.task == "encoder":  # texts cut as the model was run: its own length, else its context
+        cut = min(sentence.max_seq_length or cfg.block_size, cfg.block_size) \
+            if sentence is not None else cfg.block_size
+        tok.hf.enable_truncation(cut)
+        tok.hf.no_padding()
     source = f"Hugging Face model {directory}"
-    state = state_from_hf(family, read_hf_weights(directory), cfg, source)
+    tensors = read_hf_weights(root)
+    dropped = sorted(k for k in tensors if k.endswith(family.drops))
+    if dropped:
+        log(f"not imported (tinyt's {family.architecture} has no use for them): {dropped}")
+    state = state_from_hf(family, tensors, cfg, source)
     kept = {}
     if context is not None:
         cfg, state = _shorter_context(cfg, state, context, str(directory / "config.json"))

@@ -94,6 +94,7 @@ class Family:
     reads: tuple[Callable[[dict[str, Any]], dict[str, Any]], ...] = ()
     holds: frozenset[str] = frozenset()
     buffers: tuple[str, ...] = ()
+    drops: tuple[str, ...] = ()  # name endings of weights tinyt's model has no use for (said)
     zero_biases: bool = False
     task: str = "causal_lm"
 

@@ -103,3 +103,23 @@ def special_tokens(tok: Tokenizer) -> dict[str, Any]:
     the end-of-text token where the model has none of its own."""
     return {**tok.settings, "eos_token": tok.eos_token, "pad_token": tok.eos_token,
             "bos_token": tok.bos_token or tok.eos_token}
+
+
+# -- encoders: tokenizer.json as it is (WordPiece, Unigram, BPE), its [CLS] / [SEP] post-processor
+def read_encoder_tokenizer(directory: Path, hf_cfg: dict[str, Any],
+                           log: Callable[[str], None]) -> Tokenizer:
+    """An encoder's tokenizer.json with its own normalizer, pre-tokenizer and post-processor
+    (BERT's lower-casing WordPiece, [CLS] ... [SEP]); no end-of-text token: an encoder does
+    not generate."""
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory} has no tokenizer.json (an encoder's vocab.txt alone is not read); "
+            "write one where transformers is installed: python -c \"from transformers import "
+            f"AutoTokenizer as T; T.from_pretrained('{directory}').save_pretrained("
+            f"'{directory}')\"")
+    return Tokenizer.from_file(path)
+
+
+def encoder_special_tokens(tok: Tokenizer) -> dict[str, Any]:
+    return dict(tok.settings)

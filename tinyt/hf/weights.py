@@ -126,7 +126,7 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
     """HF tensors of `family` under tinyt's names and layouts, for a model of cfg."""
     sd = {}
     for key, value in tensors.items():
-        if key.endswith(family.buffers):  # e.g. causal-mask buffers, not weights
+        if key.endswith(family.buffers + family.drops):  # causal-mask buffers, a pooler
             continue
         if key != HEAD and not key.startswith(family.base):
             key = family.base + key  # a base-model save (GPT2Model, LlamaModel)
