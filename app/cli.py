@@ -126,7 +126,9 @@ def import_hf(
                                                    "Qwen2ForCausalLM, MistralForCausalLM, "
                                                    "Qwen3ForCausalLM, SmolLM3ForCausalLM, "
                                                    "GraniteForCausalLM, Gemma3ForCausalLM, "
-                                                   "Gemma2ForCausalLM or Phi3ForCausalLM "
+                                                   "Gemma2ForCausalLM, Phi3ForCausalLM or "
+                                                   "BertModel, or a sentence-transformers "
+                                                   "directory around a BertModel "
                                                    "(config.json, "
                                                    "model.safetensors or shards, tokenizer.json "
                                                    "[+ tokenizer_config.json]; GPT-2 may have "
@@ -485,7 +487,9 @@ def generate_cmd(
     lm = rt.load(artifact, provider=provider, threads=threads,
                  tune="speed" if tune_speed else tune, max_context=max_context)
     if not isinstance(lm, rt.LanguageModel):
-        raise TinytError(f"{artifact} is a classifier; use 'tinyt classify'")
+        encoder = isinstance(lm, rt.Encoder)
+        raise TinytError(f"{artifact} is {'an encoder' if encoder else 'a classifier'}; use "
+                         f"'tinyt {'embed' if encoder else 'classify'}'")
     if provider == "auto" or verbose:
         typer.echo(f"provider: {lm.provider}", err=True)
     if verbose and lm.plan is not None:
@@ -510,11 +514,50 @@ def classify_cmd(
 
     clf = rt.load(artifact, provider=provider)
     if not isinstance(clf, rt.Classifier):
-        raise TinytError(f"{artifact} is a language model; use 'tinyt generate'")
+        encoder = isinstance(clf, rt.Encoder)
+        raise TinytError(f"{artifact} is {'an encoder' if encoder else 'a language model'}; "
+                         f"use 'tinyt {'embed' if encoder else 'generate'}'")
     preds = clf.classify(texts)
     for text, p in zip(texts, preds):
         short = text if len(text) <= 40 else text[:37] + "..."
         typer.echo(f"{p.label}\t{p.probabilities[p.label]:.3f}\t{short!r}")
+
+
+@app.command("embed")
+def embed_cmd(
+    artifact: Annotated[Path, typer.Argument(help="Encoder artifact directory.")],
+    texts: Annotated[Optional[list[str]], typer.Argument(help="Texts to embed.")] = None,
+    file: Annotated[Optional[Path], typer.Option(
+        "--file", help="Embed each line of this UTF-8 file (after any TEXTs).")] = None,
+    normalize: Annotated[Optional[bool], typer.Option(
+        "--normalize/--no-normalize", help="Scale to unit length (default: the model's own "
+                                           "choice).")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Texts per run.")] = 32,
+    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or auto.")] = "cpu",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Intra-op threads (default: "
+                                                              "the physical cores).")] = None,
+) -> None:
+    """Print each text's sentence embedding as a JSON line: {"text", "embedding"}."""
+    import json
+
+    import tinyt.runtime as rt
+
+    items = list(texts or [])
+    if file is not None:
+        try:
+            items += file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TinytError(f"--file {file}: cannot read it as UTF-8 text ({e})") from None
+    if not items:
+        raise TinytError("nothing to embed: give TEXT arguments or --file")
+    enc = rt.load(artifact, provider=provider, threads=threads)
+    if not isinstance(enc, rt.Encoder):
+        raise TinytError(f"{artifact} is not an encoder; use 'tinyt "
+                         f"{'classify' if isinstance(enc, rt.Classifier) else 'generate'}'")
+    vectors = enc.embed(items, normalize=normalize, batch_size=batch_size)
+    for text, v in zip(items, vectors):
+        typer.echo(json.dumps({"text": text, "embedding": [float(x) for x in v]},
+                              ensure_ascii=False))
 
 
 @app.command()

@@ -25,12 +25,20 @@ from torch.export import Dim
 from tinyt import __version__
 from tinyt.checkpoint import load_checkpoint
 from tinyt.config import ModelConfig
-from tinyt.contract import CLASSIFIER, DECODER, DECODER_WITH_PAST, ONNX_FILE, contract_for, kv_shape
+from tinyt.contract import (
+    CLASSIFIER,
+    DECODER,
+    DECODER_WITH_PAST,
+    ENCODER,
+    ONNX_FILE,
+    contract_for,
+    kv_shape,
+)
 from tinyt.errors import ConversionError, ExportError
 from tinyt.fsutil import atomic_dir, write_json
 from tinyt.genai import write_genai_config
 from tinyt.graphio import save_graph
-from tinyt.hf import gpt2_config, llama_config
+from tinyt.hf import encoder_config, gpt2_config, llama_config
 from tinyt.manifest import check_output_dir, checkpoint_source, io_spec, write_manifest
 
 from .stage import Built, built
@@ -69,9 +77,23 @@ class Decoder(nn.Module):
         return self.model(input_ids, attention_mask)[0]
 
 
+class Encoder(nn.Module):
+    """An encoder's flat outputs: last_hidden_state (and sentence_embedding) as a tuple."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        out = self.model(input_ids, attention_mask, token_type_ids)
+        return out if isinstance(out, tuple) else (out,)
+
+
 def graph_kind(cfg: ModelConfig, with_past: bool) -> str:
     if cfg.task == "classifier":
         return CLASSIFIER
+    if cfg.task == "encoder":
+        return ENCODER
     return DECODER_WITH_PAST if with_past else DECODER
 
 
@@ -82,8 +104,12 @@ def _example(cfg: ModelConfig, kind: str):
     ids = torch.randint(0, cfg.vocab_size, (B, S), generator=g)
     dyn = Dim.DYNAMIC
     if kind != DECODER_WITH_PAST:
-        return ({"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)},
-                {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn}})
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)}
+        shapes = {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn}}
+        if kind == ENCODER and cfg.type_vocab_size >= 2:  # the contract's token_type_ids
+            kwargs["token_type_ids"] = torch.randint(0, cfg.type_vocab_size, (B, S), generator=g)
+            shapes["token_type_ids"] = {0: dyn, 1: dyn}
+        return kwargs, shapes
     past = [torch.randn(kv_shape(cfg, B, P), generator=g)
             for _ in range(2 * cfg.n_layer)]
     kwargs = {"input_ids": ids, "attention_mask": torch.ones(B, P + S, dtype=torch.long),
@@ -157,6 +183,12 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
     eos = tokenizer.eos_id
     tinyt_block = {"model": cfg.to_dict(), "graph": kind, "labels": labels,
                    "tinyt_version": __version__}
+    if kind == ENCODER:  # Optimum's ORTModelForFeatureExtraction reads it by its family
+        try:
+            hf = encoder_config(cfg)
+        except ConversionError:
+            hf = {"model_type": "tinyt-encoder", "hidden_size": cfg.n_embd}
+        return {**hf, "tinyt": tinyt_block}
     if kind == CLASSIFIER:
         return {"model_type": "tinyt-classifier", "num_labels": cfg.num_labels,
                 "id2label": {str(i): n for i, n in enumerate(labels)},
@@ -195,7 +227,7 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     ckpt = load_checkpoint(checkpoint_dir)
     cfg = ckpt.config
     kind = graph_kind(cfg, with_past)
-    wrapper = {DECODER_WITH_PAST: DecoderWithPast, DECODER: Decoder,
+    wrapper = {DECODER_WITH_PAST: DecoderWithPast, DECODER: Decoder, ENCODER: Encoder,
                CLASSIFIER: lambda m: m}[kind](ckpt.model).eval()
     inputs, outputs = contract_for(cfg, kind)
     kwargs, shapes = _example(cfg, kind)

@@ -75,6 +75,9 @@ def expected_fusions(cfg, kind: str) -> list[tuple[str, tuple[str, ...], int]]:
         per_block = 4 if cfg.post_norms else 2  # Gemma's: after attention and the MLP too
         out.append(("RMSNorm" + (" (with q/k norms)" if cfg.qk_norm else ""), norms,
                     per_block * cfg.n_layer + 1 + (2 * cfg.n_layer if cfg.qk_norm else 0)))
+    if cfg.norm_placement == "post":  # BERT's LayerNorm(x + branch): two a layer
+        out.append(("post-norm residual + LayerNorm", (f"{CONTRIB}.SkipLayerNormalization",),
+                    2 * cfg.n_layer))
     rotary = sum(cfg.rotary_layer(i) for i in range(cfg.n_layer))
     # LongRoPE's frequencies are chosen per call (short or long by the sequence's length) and
     # its cos and sin scaled: not the constant table RotaryEmbedding's fusion matches, so the

@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from tinyt import int8
-from tinyt.contract import CLASSIFIER, ONNX_FILE
+from tinyt.contract import CLASSIFIER, ENCODER, ONNX_FILE
 from tinyt.errors import QuantizeError
 from tinyt.graphio import check_graph, graph_files, save_graph
 from tinyt.hardware import int8_preset, saturates_here
@@ -61,6 +61,10 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
     if not (isinstance(block_size, int) and block_size >= 16
             and block_size & (block_size - 1) == 0):
         raise QuantizeError(f"block_size={block_size!r} must be a power of two >= 16")
+    if kind == ENCODER:
+        raise QuantizeError(f"{src} is an encoder: its quantization (with an accuracy report "
+                            "of cosine to fp32 and retrieval recall) is not built yet; export "
+                            "and optimize run it in fp32")
     ops = {n.op_type for n in proto.graph.node}
     if manifest.get("stage") == "quantize" or ops & QUANTIZED_OPS:
         raise QuantizeError(f"{src} is already quantized ({sorted(ops & QUANTIZED_OPS)}); "

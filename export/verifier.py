@@ -29,6 +29,7 @@ from tinyt.contract import (
     CLASSIFIER,
     DECODER,
     DECODER_WITH_PAST,
+    ENCODER,
     ONNX_FILE,
     SHARED_CACHE_KIND,
     contract_for,
@@ -143,6 +144,8 @@ def _corpus_tokens(tokenizer) -> np.ndarray | None:
         corpus = D.load_corpus()
     except TinytError:
         return None
+    if tokenizer.eos_id is None:  # an encoder's: the documents' tokens one after another
+        return np.concatenate([tokenizer.encode(d) for d in corpus.val[:8]]).astype(np.int64)
     return D.encode_documents(tokenizer, corpus.val[:8]).astype(np.int64)
 
 
@@ -178,6 +181,9 @@ def torch_outputs(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
     with torch.no_grad():
         if kind == CLASSIFIER:
             return [model(t["input_ids"], t["attention_mask"]).numpy()]
+        if kind == ENCODER:
+            out = model(t["input_ids"], t["attention_mask"], t.get("token_type_ids"))
+            return [x.numpy() for x in (out if isinstance(out, tuple) else (out,))]
         if kind == DECODER:
             return [model(t["input_ids"], t["attention_mask"])[0].numpy()]
         names = past_names(n_layer)
@@ -194,6 +200,8 @@ def case_feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: in
     mask = np.ones(ids.shape, dtype=np.int64)
     mask[0, :pad] = 0
     feeds = prefill_feeds(cfg, kind, ids, mask)
+    if "token_type_ids" in feeds:  # a pair of texts: the second half of each row of type 1
+        feeds["token_type_ids"][:, ids.shape[1] // 2:] = 1
     if kind != DECODER_WITH_PAST:
         return feeds
     feeds["position_ids"] = feeds["position_ids"] + first
@@ -245,7 +253,9 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
             feeds = case_feeds(model, cfg, kind, ids, p, pad, first)
             ours = sess.run(out_names, feeds)
             ref = torch_outputs(model, kind, feeds, cfg.n_layer)
-            if pad and kind != CLASSIFIER:  # logits at padding are unspecified: skip them
+            if pad and kind == ENCODER:  # hidden states at padding are unspecified
+                ours[0][0, :pad] = ref[0][0, :pad] = 0.0
+            elif pad and kind != CLASSIFIER:  # logits at padding are unspecified: skip them
                 keep = max(pad - p, 0)
                 ours[0], ref[0] = ours[0][:, keep:], ref[0][:, keep:]
             result = {n: _compare(n, o, r) for n, o, r in zip(out_names, ours, ref)}
@@ -262,7 +272,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     failures = [f"{n}: max abs diff {w['max_abs']:.3g} > {_tolerance(n)} at {w['case']}"
                 for n, w in worst.items() if not w["max_abs"] <= _tolerance(n)]
     generation = []
-    if kind != CLASSIFIER:
+    if kind not in (CLASSIFIER, ENCODER):
         context = min(cfg.block_size, capacity(kind, fixed)) if fixed else cfg.block_size
         limit = vocab_limit(ckpt.tokenizer, cfg)
         generation = greedy_generation(

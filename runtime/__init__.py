@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 
-from tinyt.contract import CLASSIFIER, SHARED_CACHE_KIND
+from tinyt.contract import CLASSIFIER, ENCODER, SHARED_CACHE_KIND
 from tinyt.errors import ConfigError
 from tinyt.manifest import ManifestError
 from tinyt.tokenizer import Tokenizer
 
 from .classify import Classifier, Prediction
+from .embed import Encoder
 from .generate import GenerationResult, LanguageModel
 from .sampling import SamplingParams
 from .session import (
@@ -33,16 +34,17 @@ from .session import (
 )
 from .tuning import Plan, check_tune, plan_sessions
 
-__all__ = ["load", "LanguageModel", "Classifier", "GenerationResult", "Prediction",
+__all__ = ["load", "LanguageModel", "Classifier", "Encoder", "GenerationResult", "Prediction",
            "SamplingParams", "Plan", "ProviderError", "PROVIDERS", "installation_problems"]
 
 
 def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
          spinning: bool | None = None, level: str | None = None,
          io_binding: bool | None = None, tune: bool | str = True,
-         max_context: int | None = None) -> LanguageModel | Classifier:
+         max_context: int | None = None) -> LanguageModel | Classifier | Encoder:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
-    classifier graphs. threads defaults to the physical cores; spinning to on when there is
+    classifier graphs, an Encoder (sentence embeddings) for encoder graphs. threads defaults
+    to the physical cores; spinning to on when there is
     more than one thread (see session_options); level to the artifact's own; io_binding (KV
     cache kept on the provider's device between steps) to on for accelerators, off for CPU.
 
@@ -82,6 +84,8 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
                             "tokenizer does not belong to this model")
     if artifact.kind == CLASSIFIER:
         return Classifier(artifact, session, tokenizer)
+    if artifact.kind == ENCODER:
+        return Encoder(artifact, session, tokenizer)
     return LanguageModel(artifact, session, tokenizer, io_binding=io_binding,
                          prefill_session=None if prefill is session else prefill, plan=plan,
                          max_context=max_context)

@@ -180,6 +180,7 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
 # Which config field a static axis of the contract comes from (logits' last axis, the cache's
 # heads and head size).
 _CONFIG_AXES = {("logits", 2): "vocab_size", ("logits", 1): "num_labels",
+                ("last_hidden_state", 2): "n_embd", ("sentence_embedding", 1): "n_embd",
                 ("past_key_values", 1): "kv_heads", ("present", 1): "kv_heads",
                 ("past_key_values", 3): "head_dim", ("present", 3): "head_dim"}
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
@@ -208,8 +209,9 @@ def _probe(artifact: Artifact, session: ort.InferenceSession, model: str) -> Non
     for i in inputs:
         shape = [d if isinstance(d, int) else sizes.get(d, 1) for d in i.shape]
         feeds[i.name] = np.full(shape, values.get(i.name, 0), dtype=_DTYPES.get(i.type, np.float32))
+    first = session.get_outputs()[0].name  # logits, or an encoder's last_hidden_state
     try:
-        logits = session.run(["logits"], feeds)[0]
+        logits = session.run([first], feeds)[0]
     except Exception as e:  # ONNX Runtime's own error types
         raise ManifestError(
             f"config.json says block_size={cfg.block_size}, but a run of {model} at position "

@@ -1,0 +1,190 @@
+"""Hugging Face encoders (issue 31): a sentence-transformers directory around a BertModel at
+all-MiniLM-L6-v2's settings (512 positions, two token types, eps 1e-12, the 30,522-id uncased
+WordPiece, mean pooling, Normalize, texts cut at 256) through import-hf, export, optimize,
+verify and `embed`, against transformers' hidden states and sentence-transformers'
+arithmetic on them; and what is not run, refused by name."""
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hf_fixtures import save_bert, sentence_embeddings
+
+from tinyt.config import ModelConfig
+from tinyt.errors import ConfigError, ConversionError
+
+TEXTS = ["A man is eating food.", "short", "The quick brown fox jumps over the lazy dog. " * 40,
+         "Ünïcode café, naïve façade — 東京!", "def __init__(self): return None"]
+# fp32 against transformers: the same arithmetic in other orders (export/verifier.py's bound)
+ATOL = 1e-4
+
+
+def _cli(monkeypatch, capsys, *args):
+    from tinyt.app import cli
+    monkeypatch.setattr(sys, "argv", ["tinyt", *map(str, args)])
+    with pytest.raises(SystemExit) as e:
+        cli.run([])
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    """(sentence-transformers directory, transformers' model, tinyt checkpoint)."""
+    from tinyt.hf import import_hf
+    root = tmp_path_factory.mktemp("minilm")
+    model = save_bert(root / "st")
+    said: list[str] = []
+    import_hf(root / "st", root / "ckpt", log=said.append)
+    assert any("pooler.dense.weight" in s for s in said), said  # dropped, and said
+    return root / "st", model, root / "ckpt"
+
+
+def _batch(rows):
+    T = max(len(ids) for ids, _ in rows)
+    pad = lambda xs: torch.tensor([x + [0] * (T - len(x)) for x in xs])  # noqa: E731
+    ids, types = pad([r[0] for r in rows]), pad([r[1] for r in rows])
+    mask = (torch.arange(T)[None] < torch.tensor([len(r[0]) for r in rows])[:, None]).long()
+    return ids, mask, types
+
+
+def test_sentence_transformers_directory_imports_as_the_encoder(minilm):
+    from transformers import AutoTokenizer
+
+    from tinyt.checkpoint import load_checkpoint
+    st, hf, ckpt_dir = minilm
+    ckpt = load_checkpoint(ckpt_dir)
+    cfg = ckpt.config
+    assert (cfg.task, cfg.pooling, cfg.normalize, cfg.norm_placement, cfg.embedding_norm,
+            cfg.type_vocab_size, cfg.block_size, cfg.vocab_size, cfg.norm_eps) == \
+        ("encoder", "mean", True, "post", True, 2, 512, 30522, 1e-12)
+    tok = ckpt.tokenizer
+    assert tok.hf.truncation["max_length"] == 256  # sentence_bert_config's, not the 512 table
+    # transformers' tokenizer of the directory gives the same ids and token types, a pair too
+    theirs = AutoTokenizer.from_pretrained(st)
+    for text in TEXTS:
+        ours = tok.hf.encode(text)
+        ref = theirs(text, truncation=True, max_length=256)
+        assert ours.ids == ref["input_ids"] and ours.type_ids == ref["token_type_ids"]
+    pair = tok.hf.encode("How old are you?", "I am six.")
+    assert set(pair.type_ids) == {0, 1}
+    rows = [(e.ids, e.type_ids) for e in tok.hf.encode_batch(TEXTS)] + [(pair.ids, pair.type_ids)]
+    ids, mask, types = _batch(rows)
+    h, e = sentence_embeddings(hf, ids, mask, types)
+    with torch.no_grad():
+        x, s = ckpt.model.eval()(ids, mask, types)
+    real = mask.bool()
+    assert (x - h)[real].abs().max() <= ATOL
+    assert (s - e).abs().max() <= ATOL
+    assert torch.allclose(s.norm(dim=-1), torch.ones(len(rows)), atol=1e-6)
+    # the token types matter: all-zero types give other hidden states for the pair
+    with torch.no_grad():
+        x0, _ = ckpt.model(ids, mask)
+    assert (x0[-1] - x[-1])[real[-1]].abs().max() > 1e-2
+
+
+@pytest.mark.slow
+def test_encoder_through_export_optimize_verify_and_embed(minilm, tmp_path, monkeypatch,
+                                                          capsys):
+    import onnx
+
+    import tinyt.runtime as rt
+    st, hf, ckpt = minilm
+    for stage, args in (("export", (ckpt, tmp_path / "onnx")),
+                        ("optimize", (tmp_path / "onnx", tmp_path / "opt")),
+                        ("verify", (ckpt, tmp_path / "opt"))):
+        code, out, err = _cli(monkeypatch, capsys, stage, *args)
+        assert code in (0, None), (stage, err)
+    report = json.loads((tmp_path / "opt-verify.json").read_text())
+    assert report["passed"] and report["sizes"]["longest_sequence"] == 512
+    assert set(report["worst"]) == {"last_hidden_state", "sentence_embedding"}
+    graph = onnx.load(str(tmp_path / "onnx" / "model.onnx"), load_external_data=False)
+    assert [i.name for i in graph.graph.input] == ["input_ids", "attention_mask",
+                                                    "token_type_ids"]
+    assert [o.name for o in graph.graph.output] == ["last_hidden_state", "sentence_embedding"]
+    config = json.loads((tmp_path / "onnx" / "config.json").read_text())
+    assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"]
+    opt = json.loads((tmp_path / "opt" / "manifest.json").read_text())
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "opt" / "model.onnx"),
+                                        load_external_data=False).graph.node}
+    assert {"MultiHeadAttention", "SkipLayerNormalization", "BiasGelu"} <= ops, (ops, opt)
+    enc = rt.load(tmp_path / "opt", threads=1)
+    assert isinstance(enc, rt.Encoder) and enc.max_length == 256
+    got = enc.embed(TEXTS, batch_size=2)  # sorted by length into batches, put back in order
+    ids, mask, types = _batch(enc.encode(TEXTS))
+    assert mask.sum(1).max() == 256  # the long text cut where sentence-transformers cuts
+    _, ref = sentence_embeddings(hf, ids, mask, types)
+    assert got.shape == (len(TEXTS), 64) and np.abs(got - ref.numpy()).max() <= ATOL
+    assert np.abs(enc.embed(TEXTS[1]) - got[1]).max() <= 1e-6  # alone as in a batch
+    raw = enc.embed(TEXTS[:2], normalize=True)
+    assert np.allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-6)
+    code, out, err = _cli(monkeypatch, capsys, "embed", tmp_path / "opt", TEXTS[0], TEXTS[1])
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code in (0, None) and [x["text"] for x in lines] == TEXTS[:2]
+    assert np.abs(np.array([x["embedding"] for x in lines]) - got[:2]).max() <= 1e-6
+    code, out, err = _cli(monkeypatch, capsys, "generate", tmp_path / "opt", "hi")
+    assert code == 2 and "is an encoder; use 'tinyt embed'" in err
+    code, out, err = _cli(monkeypatch, capsys, "quantize", tmp_path / "opt", tmp_path / "q")
+    assert code == 2 and "is an encoder" in err and not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda d: (d / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_max_tokens": True})), "pooling 'max' is not implemented"),
+    (lambda d: (d / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True})),
+     "concatenates several poolings"),
+    (lambda d: (d / "modules.json").write_text(json.dumps(
+        [*json.loads((d / "modules.json").read_text()),
+         {"idx": 3, "name": "3", "path": "3_Dense",
+          "type": "sentence_transformers.models.Dense"}])), "Dense not implemented"),
+    (lambda d: (d / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": 256, "do_lower_case": True})), "do_lower_case=true"),
+    (lambda d: (d / "config.json").write_text(json.dumps(
+        {**json.loads((d / "config.json").read_text()),
+         "position_embedding_type": "relative_key"})), "position_embedding_type='relative_key'"),
+    (lambda d: (d / "config.json").write_text(json.dumps(
+        {**json.loads((d / "config.json").read_text()),
+         "architectures": ["BertForSequenceClassification"]})), "tinyt imports BertModel"),
+])
+def test_what_the_encoder_does_not_run_is_refused_by_name(tmp_path, change, said):
+    from tinyt.hf import import_hf
+    save_bert(tmp_path / "st", num_hidden_layers=1)
+    change(tmp_path / "st")
+    with pytest.raises(ConversionError, match=said.replace("(", r"\(").replace("'", "'")):
+        import_hf(tmp_path / "st", tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_encoder_options_are_validated_by_name():
+    enc = dict(task="encoder", norm_placement="post", embedding_norm=True, block_size=16,
+               vocab_size=32, n_layer=1, n_head=2, n_embd=8)
+    assert ModelConfig(**enc, pooling=None).pooling is None
+    for bad, said in ((dict(pooling="max"), "pooling='max' is invalid: allowed: mean, cls, last"),
+                      (dict(pooling=None, normalize=True), "normalize=True is invalid"),
+                      (dict(norm_placement="middle"), "norm_placement='middle' is invalid"),
+                      (dict(type_vocab_size=-1), "type_vocab_size=-1 is invalid"),
+                      (dict(num_labels=2), "num_labels=2 is invalid"),
+                      (dict(norm_placement="post", post_norms=True), "takes neither")):
+        with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+            ModelConfig(**{**enc, **bad})
+    with pytest.raises(ConfigError, match="pooling=None is invalid"):
+        ModelConfig(task="classifier", num_labels=2, pooling=None)
+    with pytest.raises(ConfigError, match="a causal LM keeps the default"):
+        ModelConfig(pooling="cls")
+
+
+def test_pooling_takes_the_first_the_last_real_or_the_mean_token():
+    from tinyt.model import build_model
+    base = dict(task="encoder", block_size=16, vocab_size=32, n_layer=1, n_head=2, n_embd=8)
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**base, pooling=None)).eval()
+    with torch.no_grad():
+        h = model(ids, mask)
+        for pooling, want in (("cls", h[:, 0]), ("last", h[[0, 1], [2, 1]]),
+                              ("mean", torch.stack([h[0, :3].mean(0), h[1, :2].mean(0)]))):
+            model.config = ModelConfig(**base, pooling=pooling)
+            assert torch.allclose(model(ids, mask)[1], want, atol=1e-6), pooling
