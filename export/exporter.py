@@ -177,7 +177,8 @@ def _tidy_nodes(proto: onnx.ModelProto, wrapped: bool) -> None:
         del node.metadata_props[:]
 
 
-def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
+def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str,
+              architecture: str | None = None) -> dict:
     """config.json: Hugging Face gpt2 (or llama / qwen2) keys, so Optimum loads the LM, plus a
     `tinyt` block."""
     eos = tokenizer.eos_id
@@ -185,7 +186,7 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str) -> dict:
                    "tinyt_version": __version__}
     if kind == ENCODER:  # Optimum's ORTModelForFeatureExtraction reads it by its family
         try:
-            hf = encoder_config(cfg)
+            hf = encoder_config(cfg, architecture)
         except ConversionError:
             hf = {"model_type": "tinyt-encoder", "hidden_size": cfg.n_embd}
         return {**hf, "tinyt": tinyt_block}
@@ -246,7 +247,9 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
         files = save_graph(proto, tmp / ONNX_FILE, external=external_data)
         onnx.checker.check_model(str(tmp / ONNX_FILE), full_check=True)  # by path: any size
         ckpt.tokenizer.save(tmp / "tokenizer.json")
-        write_json(tmp / "config.json", hf_config(cfg, ckpt.tokenizer, ckpt.labels, kind))
+        write_json(tmp / "config.json", hf_config(
+            cfg, ckpt.tokenizer, ckpt.labels, kind,
+            architecture=(ckpt.meta.get("metrics") or {}).get("architecture")))
         eos = ckpt.tokenizer.eos_id
         write_json(tmp / "generation_config.json", {
             "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,

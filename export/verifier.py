@@ -254,7 +254,8 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
             ours = sess.run(out_names, feeds)
             ref = torch_outputs(model, kind, feeds, cfg.n_layer)
             if pad and kind == ENCODER:  # hidden states at padding are unspecified
-                ours[0][0, :pad] = ref[0][0, :pad] = 0.0
+                real = (feeds["attention_mask"] == 1)[..., None]  # (new arrays: ref's pooled
+                ours[0], ref[0] = np.where(real, ours[0], 0), np.where(real, ref[0], 0)  # view)
             elif pad and kind != CLASSIFIER:  # logits at padding are unspecified: skip them
                 keep = max(pad - p, 0)
                 ours[0], ref[0] = ours[0][:, keep:], ref[0][:, keep:]

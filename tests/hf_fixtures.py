@@ -219,32 +219,136 @@ def wordpiece_tokenizer():
     return tok
 
 
-def bert_model(**overrides):
-    """transformers' BertModel at all-MiniLM-L6-v2's settings (scaled), random weights of std
-    0.2 (LayerNorm gains near 1, so the hidden states stay of size through the post-norms)."""
+# sentence-transformers/msmarco-distilbert-base-v4: DistilBertModel, 6 layers, 768 wide, 12 heads,
+# hidden_dim 3072, 512 positions, the uncased WordPiece, GELU, no token types
+DISTILBERT = dict(vocab_size=BERT_VOCAB, dim=64, n_layers=2, n_heads=4, hidden_dim=96,
+                  max_position_embeddings=512, activation="gelu", sinusoidal_pos_embds=False,
+                  pad_token_id=0)
+# sentence-transformers/all-distilroberta-v1: RobertaModel, 6 layers, 768 wide, 12 heads,
+# 514 positions from pad_token_id 1 + 1, one token type, eps 1e-5, byte-level BPE (50,265
+# ids; the fixture's BPE is trained to ROBERTA_VOCAB on the standard library)
+ROBERTA_VOCAB = 1000
+ROBERTA = dict(vocab_size=ROBERTA_VOCAB, hidden_size=64, num_hidden_layers=2,
+               num_attention_heads=4, intermediate_size=96, max_position_embeddings=514,
+               type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu", pad_token_id=1,
+               bos_token_id=0, eos_token_id=2)
+# sentence-transformers/paraphrase-multilingual-MiniLM-L12-v2: XLMRobertaModel, 12 layers, 384
+# wide, 12 heads, 514 positions, one token type, eps 1e-5, a SentencePiece Unigram (250,002
+# ids; the fixture's is XLMR_VOCAB pieces)
+XLMR_VOCAB = 800
+XLMR = {**ROBERTA, "vocab_size": XLMR_VOCAB}
+ENCODERS = {"bert": ("BertConfig", "BertModel", MINILM),
+            "distilbert": ("DistilBertConfig", "DistilBertModel", DISTILBERT),
+            "roberta": ("RobertaConfig", "RobertaModel", ROBERTA),
+            "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", XLMR)}
+
+
+@functools.lru_cache(maxsize=1)
+def roberta_tokenizer():
+    """Byte-level BPE as RoBERTa's tokenizer.json is built: <s> <pad> </s> <unk> first, then
+    <mask> last, RobertaProcessing (<s> $A </s>, pairs </s></s>), trained on the standard
+    library to ROBERTA_VOCAB ids."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(lib / n).read_text(encoding="utf-8") for n in ("textwrap.py", "string.py")]
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=ROBERTA_VOCAB - 1, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.add_special_tokens(["<mask>"])
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    assert tok.get_vocab_size() == ROBERTA_VOCAB
+    return tok
+
+
+@functools.lru_cache(maxsize=1)
+def unigram_tokenizer():
+    """A SentencePiece-style Unigram tokenizer.json as XLM-R's is built (<s> <pad> </s> <unk>
+    first, Metaspace, <s> $A </s>), pieces of the standard library's words with log-frequency
+    scores, XLMR_VOCAB ids."""
+    import math
+    import re
+    from collections import Counter
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    words = Counter(w for name in ("textwrap.py", "argparse.py")
+                    for w in re.findall(r"[A-Za-z]+", (lib / name).read_text()))
+    pieces = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    chars = sorted({c for w in words for c in w} | set("éüñ東京.,!?'-0123456789"))
+    pieces += [(c, -10.0) for c in chars] + [("▁" + c, -9.0) for c in chars]
+    total = sum(words.values())
+    have = {p for p, _ in pieces}
+    for w, n in words.most_common():
+        if len(pieces) >= XLMR_VOCAB - 1:
+            break
+        if "▁" + w not in have:
+            pieces.append(("▁" + w, math.log(n / total)))
+            have.add("▁" + w)
+    pieces.append(("<mask>", 0.0))
+    tok = HFTokenizer(models.Unigram(pieces, unk_id=3, byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC()])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)])
+    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    assert tok.get_vocab_size() == XLMR_VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def encoder_model(kind: str = "bert", **overrides):
+    """transformers' base encoder of `kind` at its real model's settings (scaled), random
+    weights of std 0.2 (norm gains near 1, so hidden states stay of size through the
+    post-norms)."""
     import transformers as T
 
-    config = T.BertConfig(**{**MINILM, **overrides}, attn_implementation="eager")
+    config_class, model_class, settings = ENCODERS[kind]
+    config = getattr(T, config_class)(**{**settings, **overrides}, attn_implementation="eager")
     torch.manual_seed(0)
-    model = T.BertModel(config)
+    model = getattr(T, model_class)(config)
     for name, p in model.named_parameters():
-        torch.nn.init.normal_(p, mean=1.0 if "LayerNorm.weight" in name else 0.0, std=0.2)
+        gain = name.endswith("weight") and ("LayerNorm" in name or "layer_norm" in name)
+        torch.nn.init.normal_(p, mean=1.0 if gain else 0.0, std=0.2)
     return model.eval()
 
 
-def save_bert(path: Path, *, sentence: bool = True, pooling: str = "mean",
-              normalize: bool = True, max_seq_length: int = 256, **overrides):
-    """A BertModel directory (safetensors with its pooler, config.json, the WordPiece
-    tokenizer.json and tokenizer_config.json as BertTokenizerFast saves them); with sentence,
-    laid out as sentence-transformers saves all-MiniLM-L6-v2 (modules.json, 1_Pooling with the
-    legacy booleans, 2_Normalize, sentence_bert_config.json). Returns the model."""
-    from transformers import BertTokenizerFast
+def bert_model(**overrides):
+    return encoder_model("bert", **overrides)
+
+
+def save_bert(path: Path, **kwargs):
+    return save_encoder("bert", path, **kwargs)
+
+
+def save_encoder(kind: str, path: Path, *, sentence: bool = True, pooling: str = "mean",
+                 normalize: bool = True, max_seq_length: int = 256, **overrides):
+    """A base encoder directory of `kind` (safetensors, with BERT's and RoBERTa's pooler;
+    config.json; tokenizer.json and tokenizer_config.json as transformers' fast tokenizer
+    saves them); with sentence, laid out as sentence-transformers saves all-MiniLM-L6-v2
+    (modules.json, 1_Pooling with the legacy booleans, 2_Normalize,
+    sentence_bert_config.json). Returns the model."""
+    import transformers as T
 
     path = Path(path)
-    model = bert_model(**overrides)
+    model = encoder_model(kind, **overrides)
     model.save_pretrained(path, safe_serialization=True)
-    BertTokenizerFast(tokenizer_object=wordpiece_tokenizer(), do_lower_case=True,
-                      model_max_length=512).save_pretrained(path)
+    if kind in ("bert", "distilbert"):
+        fast = (T.BertTokenizerFast if kind == "bert" else T.DistilBertTokenizerFast)(
+            tokenizer_object=wordpiece_tokenizer(), do_lower_case=True, model_max_length=512)
+    else:
+        fast = T.PreTrainedTokenizerFast(
+            tokenizer_object=roberta_tokenizer() if kind == "roberta" else unigram_tokenizer(),
+            bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+            mask_token="<mask>", model_max_length=512)
+    fast.save_pretrained(path)
     if sentence:
         modules = [{"idx": 0, "name": "0", "path": "",
                     "type": "sentence_transformers.models.Transformer"},
@@ -272,8 +376,8 @@ def sentence_embeddings(model, input_ids, attention_mask, token_type_ids=None, *
     """sentence-transformers' arithmetic on transformers' hidden states: mean over the mask
     (clamped at 1e-9), the first token, or the last real one; then F.normalize."""
     with torch.no_grad():
-        h = model(input_ids=input_ids, attention_mask=attention_mask,
-                  token_type_ids=token_type_ids).last_hidden_state
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        h = model(input_ids=input_ids, attention_mask=attention_mask, **types).last_hidden_state
     m = attention_mask.unsqueeze(-1).to(h.dtype)
     if pooling == "mean":
         e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)

@@ -115,6 +115,7 @@ class ModelConfig(_JsonMixin):
     norm_placement: str = "pre"  # "post": x = ln_1(x + attn(x)), x = ln_2(x + mlp(x)), no ln_f
     embedding_norm: bool = False  # a norm of the embeddings' sum before the blocks (BERT's)
     type_vocab_size: int = 0  # rows of a token-type (segment) table added to the embeddings
+    position_offset: int = 0  # the learned table's row of position 0 (RoBERTa's pad id + 1)
     pooling: str | None = "mean"  # the classifier's / encoder's sentence from its tokens;
     #                               None: an encoder with hidden states only
     normalize: bool = False  # the encoder's sentence embedding scaled to unit L2 norm
@@ -198,6 +199,11 @@ class ModelConfig(_JsonMixin):
                  "must be true or false")
         _require(_is_int(self.type_vocab_size) and self.type_vocab_size >= 0, "type_vocab_size",
                  self.type_vocab_size, "must be an integer >= 0 (0: no token-type table)")
+        _require(_is_int(self.position_offset) and self.position_offset >= 0,
+                 "position_offset", self.position_offset, "must be an integer >= 0")
+        _require(self.position_offset == 0 or self.pos_encoding == "learned", "position_offset",
+                 self.position_offset, "shifts a learned position table: it needs "
+                 "pos_encoding='learned'")
         encoder = self.task == "encoder"
         _require(self.pooling in POOLINGS or (encoder and self.pooling is None), "pooling",
                  self.pooling, f"allowed: {', '.join(POOLINGS)}"
@@ -345,7 +351,7 @@ FAMILY_OPTIONS = {"head_size": None, "qk_norm": False, "rope_scaling": None,
                   "attention_multiplier": None, "logits_scaling": 1.0, "norm_offset": 0.0,
                   "post_norms": False, "attn_softcap": None, "final_softcap": None,
                   "rope_local_theta": None, "rotary_dim": None, "norm_placement": "pre",
-                  "embedding_norm": False, "type_vocab_size": 0,
+                  "embedding_norm": False, "type_vocab_size": 0, "position_offset": 0,
                   "normalize": False}  # name -> its "off"
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's

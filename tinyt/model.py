@@ -245,8 +245,9 @@ class Trunk(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = self.rope = self.rope_local = None
-        if cfg.pos_encoding == "learned":
-            self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.position_offset = cfg.position_offset
+        if cfg.pos_encoding == "learned":  # RoBERTa's rows before its offset are never read
+            self.wpe = nn.Embedding(cfg.block_size + cfg.position_offset, cfg.n_embd)
         elif cfg.pos_encoding == "sinusoidal":
             self.wpe = SinusoidalPositions(cfg.n_embd)
         else:
@@ -280,7 +281,8 @@ class Trunk(nn.Module):
             if self.rope_local is not None:
                 local_rope = self.rope_local(position_ids)
         else:
-            x = x + self.wpe(position_ids)
+            x = x + self.wpe(position_ids if self.position_offset == 0
+                             else position_ids + self.position_offset)
         if self.ln_e is not None:
             x = self.ln_e(x)
         x = self.drop(x)
@@ -429,13 +431,13 @@ class TinyEncoder(nn.Module):
 
     def _pool(self, x, attention_mask):
         how = self.config.pooling
-        if how == "cls":  # the first token (tokenizers put [CLS] there; right padding)
-            return x[:, 0]
+        rows = torch.arange(x.shape[0], device=x.device)
+        if how == "cls":  # each row's first real token: [CLS], token 0 as tokenizers pad
+            return x[rows, attention_mask.long().argmax(dim=1)]
         m = attention_mask.to(x.dtype)
         if how == "last":  # each row's last real token, wherever its padding is
             T = x.shape[1]
-            last = (torch.arange(T, device=x.device) * attention_mask.long()).argmax(dim=1)
-            return x[torch.arange(x.shape[0], device=x.device), last]
+            return x[rows, (torch.arange(T, device=x.device) * attention_mask.long()).argmax(1)]
         m = m.unsqueeze(-1)  # (B, T, 1)
         return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, C)
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import save_bert, sentence_embeddings
+from hf_fixtures import save_bert, save_encoder, sentence_embeddings
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError, ConversionError
@@ -125,8 +125,6 @@ def test_encoder_through_export_optimize_verify_and_embed(minilm, tmp_path, monk
     assert np.abs(np.array([x["embedding"] for x in lines]) - got[:2]).max() <= 1e-6
     code, out, err = _cli(monkeypatch, capsys, "generate", tmp_path / "opt", "hi")
     assert code == 2 and "is an encoder; use 'tinyt embed'" in err
-    code, out, err = _cli(monkeypatch, capsys, "quantize", tmp_path / "opt", tmp_path / "q")
-    assert code == 2 and "is an encoder" in err and not (tmp_path / "q").exists()
 
 
 @pytest.mark.parametrize("change, said", [
@@ -188,3 +186,65 @@ def test_pooling_takes_the_first_the_last_real_or_the_mean_token():
                               ("mean", torch.stack([h[0, :3].mean(0), h[1, :2].mean(0)]))):
             model.config = ModelConfig(**base, pooling=pooling)
             assert torch.allclose(model(ids, mask)[1], want, atol=1e-6), pooling
+
+
+# DistilBERT (no token types, eps fixed), RoBERTa and XLM-R (positions from pad_token_id + 1,
+# one token type; byte-level BPE and Unigram tokenizers) at their real models' settings
+FAMILIES = {"distilbert": ("DistilBertModel", 0, 0), "roberta": ("RobertaModel", 2, 1),
+            "xlm-roberta": ("XLMRobertaModel", 2, 1)}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    from tinyt.hf import import_hf
+    root = tmp_path_factory.mktemp(request.param)
+    model = save_encoder(request.param, root / "st", pooling="cls", normalize=False)
+    import_hf(root / "st", root / "ckpt")
+    return request.param, root, model
+
+
+def test_each_encoder_family_matches_transformers(family):
+    from transformers import AutoTokenizer
+
+    from tinyt.checkpoint import load_checkpoint
+    kind, root, hf = family
+    ckpt = load_checkpoint(root / "ckpt")
+    cfg = ckpt.config
+    arch, offset, types = FAMILIES[kind]
+    assert (cfg.block_size, cfg.position_offset, cfg.type_vocab_size, cfg.pooling,
+            cfg.normalize) == (512, offset, types, "cls", False)
+    theirs = AutoTokenizer.from_pretrained(root / "st")
+    rows = []
+    for text in TEXTS:
+        ours = ckpt.tokenizer.hf.encode(text)
+        assert ours.ids == theirs(text, truncation=True, max_length=256)["input_ids"], text
+        rows.append((ours.ids, ours.type_ids))
+    ids, mask, _ = _batch(rows)
+    ids[~mask.bool()] = hf.config.pad_token_id  # RoBERTa reads its padding from the ids
+    h, e = sentence_embeddings(hf, ids, mask, pooling="cls", normalize=False)
+    with torch.no_grad():
+        x, s = ckpt.model.eval()(ids, mask)
+    assert (x - h)[mask.bool()].abs().max() <= ATOL and (s - e).abs().max() <= ATOL
+    with torch.no_grad():  # the context: the table's last row is position 511's
+        full = torch.randint(5, cfg.vocab_size, (1, 512))
+        ref = hf(input_ids=full).last_hidden_state
+        assert (ckpt.model(full)[0] - ref).abs().max() <= ATOL
+
+
+@pytest.mark.slow
+def test_each_encoder_family_through_export_verify_and_embed(family, tmp_path):
+    import tinyt.runtime as rt
+    from tinyt.export import export_onnx, verify
+    kind, root, hf = family
+    export_onnx(root / "ckpt", tmp_path / "onnx")
+    report = verify(root / "ckpt", tmp_path / "onnx")
+    assert report["passed"], report["failures"]
+    config = json.loads((tmp_path / "onnx" / "config.json").read_text())
+    assert config["architectures"] == [FAMILIES[kind][0]]
+    enc = rt.load(tmp_path / "onnx", threads=1)
+    assert ("token_type_ids" in enc.inputs) == (kind == "bert")
+    got = enc.embed(TEXTS, batch_size=2)
+    ids, mask, _ = _batch(enc.encode(TEXTS))
+    ids[~mask.bool()] = hf.config.pad_token_id
+    _, ref = sentence_embeddings(hf, ids, mask, pooling="cls", normalize=False)
+    assert np.abs(got - ref.numpy()).max() <= ATOL

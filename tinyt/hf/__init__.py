@@ -20,6 +20,7 @@ from tinyt.errors import ConversionError  # what the refusals raise (defined in 
 from tinyt.hf.catalogue import (
     BERT,
     CATALOGUE,
+    DISTILBERT,
     GEMMA2,
     GEMMA3,
     GPT2,
@@ -29,7 +30,9 @@ from tinyt.hf.catalogue import (
     PHI3,
     QWEN2,
     QWEN3,
+    ROBERTA,
     SMOLLM3,
+    XLM_ROBERTA,
     encoder_config,
     family_of,
     gpt2_config,
@@ -41,8 +44,9 @@ from tinyt.hf.convert import HF_LOGITS_ATOL, import_hf, to_hf, to_hf_gpt2
 from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
-__all__ = ["BERT", "CATALOGUE", "GEMMA2", "GEMMA3", "GPT2", "GRANITE", "HF_LOGITS_ATOL",
-           "LLAMA", "MISTRAL", "PHI3", "QWEN2", "QWEN3", "SMOLLM3", "ConversionError", "Family",
-           "Spelling", "Weight", "config_from_hf", "encoder_config", "family_of", "gpt2_config",
-           "hf_config", "hf_state", "import_hf", "llama_config", "read_hf_weights",
-           "state_from_hf", "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]
+__all__ = ["BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
+           "HF_LOGITS_ATOL", "LLAMA", "MISTRAL", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3",
+           "XLM_ROBERTA", "ConversionError", "Family", "Spelling", "Weight", "config_from_hf",
+           "encoder_config", "family_of", "gpt2_config", "hf_config", "hf_state", "import_hf",
+           "llama_config", "read_hf_weights", "state_from_hf", "state_from_llama", "to_hf",
+           "to_hf_gpt2", "writer_for"]

@@ -580,55 +580,135 @@ PHI3 = Family(  # Phi-3 / 3.5 / Phi-4-mini: fused projections, LongRoPE, partial
     misfit=phi3_misfit, written=phi3_written,
     **{**_LLAMA_LIKE, "weights": PHI3_WEIGHTS},
 )
-EMB = "bert.embeddings."
-BERT_LAYER = "bert.encoder.layer.{i}."
-BERT_WEIGHTS = (
-    Weight("transformer.wte.weight", (EMB + "word_embeddings.weight",)),
-    Weight("transformer.wpe.weight", (EMB + "position_embeddings.weight",)),
-    Weight("transformer.wtt.weight", (EMB + "token_type_embeddings.weight",)),
-    Weight("transformer.ln_e.{w}", (EMB + "LayerNorm.{w}",)),
-    Weight(BLOCK + "attn.c_attn.{w}", (BERT_LAYER + "attention.self.query.{w}",
-                                       BERT_LAYER + "attention.self.key.{w}",
-                                       BERT_LAYER + "attention.self.value.{w}"), rows=qkv_rows),
-    Weight(BLOCK + "attn.c_proj.{w}", (BERT_LAYER + "attention.output.dense.{w}",)),
-    Weight(BLOCK + "ln_1.{w}", (BERT_LAYER + "attention.output.LayerNorm.{w}",)),
-    Weight(BLOCK + "mlp.c_fc.{w}", (BERT_LAYER + "intermediate.dense.{w}",)),
-    Weight(BLOCK + "mlp.c_proj.{w}", (BERT_LAYER + "output.dense.{w}",)),
-    Weight(BLOCK + "ln_2.{w}", (BERT_LAYER + "output.LayerNorm.{w}",)),
+def bert_weights(prefix: str) -> tuple[Weight, ...]:
+    """BertModel's tensors (RoBERTa's and XLM-R's the same under their prefix)."""
+    emb, layer = prefix + "embeddings.", prefix + "encoder.layer.{i}."
+    return (
+        Weight("transformer.wte.weight", (emb + "word_embeddings.weight",)),
+        Weight("transformer.wpe.weight", (emb + "position_embeddings.weight",)),
+        Weight("transformer.wtt.weight", (emb + "token_type_embeddings.weight",)),
+        Weight("transformer.ln_e.{w}", (emb + "LayerNorm.{w}",)),
+        Weight(BLOCK + "attn.c_attn.{w}", (layer + "attention.self.query.{w}",
+                                           layer + "attention.self.key.{w}",
+                                           layer + "attention.self.value.{w}"), rows=qkv_rows),
+        Weight(BLOCK + "attn.c_proj.{w}", (layer + "attention.output.dense.{w}",)),
+        Weight(BLOCK + "ln_1.{w}", (layer + "attention.output.LayerNorm.{w}",)),
+        Weight(BLOCK + "mlp.c_fc.{w}", (layer + "intermediate.dense.{w}",)),
+        Weight(BLOCK + "mlp.c_proj.{w}", (layer + "output.dense.{w}",)),
+        Weight(BLOCK + "ln_2.{w}", (layer + "output.LayerNorm.{w}",)),
+    )
+
+
+DISTIL = "distilbert.embeddings.", "distilbert.transformer.layer.{i}."
+DISTILBERT_WEIGHTS = (
+    Weight("transformer.wte.weight", (DISTIL[0] + "word_embeddings.weight",)),
+    Weight("transformer.wpe.weight", (DISTIL[0] + "position_embeddings.weight",)),
+    Weight("transformer.ln_e.{w}", (DISTIL[0] + "LayerNorm.{w}",)),
+    Weight(BLOCK + "attn.c_attn.{w}", (DISTIL[1] + "attention.q_lin.{w}",
+                                       DISTIL[1] + "attention.k_lin.{w}",
+                                       DISTIL[1] + "attention.v_lin.{w}"), rows=qkv_rows),
+    Weight(BLOCK + "attn.c_proj.{w}", (DISTIL[1] + "attention.out_lin.{w}",)),
+    Weight(BLOCK + "ln_1.{w}", (DISTIL[1] + "sa_layer_norm.{w}",)),
+    Weight(BLOCK + "mlp.c_fc.{w}", (DISTIL[1] + "ffn.lin1.{w}",)),
+    Weight(BLOCK + "mlp.c_proj.{w}", (DISTIL[1] + "ffn.lin2.{w}",)),
+    Weight(BLOCK + "ln_2.{w}", (DISTIL[1] + "output_layer_norm.{w}",)),
 )
+
+
+def read_roberta_positions(hf: dict[str, Any]) -> dict[str, Any]:
+    """RoBERTa numbers a row's real tokens from pad_token_id + 1 (rows 0..pad of its table
+    are never read by them): tinyt's context is the table less those rows."""
+    pad = hf.get("pad_token_id", 1)
+    if not (isinstance(pad, int) and pad >= 0):
+        raise ConversionError(f"pad_token_id={pad!r} must be an integer >= 0")
+    offset, table = pad + 1, hf.get("max_position_embeddings", 514)
+    if not (isinstance(table, int) and table > offset + 1):
+        raise ConversionError(f"max_position_embeddings={table!r} leaves no position after "
+                              f"the {offset} rows RoBERTa's positions start from")
+    return {"block_size": table - offset, "position_offset": offset}
+
+
+def roberta_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    return {"max_position_embeddings": cfg.block_size + cfg.position_offset,
+            "pad_token_id": cfg.position_offset - 1, **bert_written(cfg, eos_id)}
 
 
 def bert_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     return {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
-BERT = Family(  # BertModel: the encoder of all-MiniLM, bge, e5 and sentence-transformers' kin
-    model_type="bert", architecture="BertModel",
-    keys={"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
-          "num_attention_heads": "n_head", "intermediate_size": "n_inner",
-          "max_position_embeddings": "block_size", "vocab_size": "vocab_size",
-          "layer_norm_eps": "norm_eps", "type_vocab_size": "type_vocab_size"},
-    defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 2},
-    spelled={"hidden_act": Spelling("activation", {
-        "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"},
-        default="gelu")},
-    features={"task": "encoder", "norm": "layernorm", "pos_encoding": "learned",
-              "norm_placement": "post", "embedding_norm": True, "bias": True,
-              "tie_weights": False},
+_BERT_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+              "num_attention_heads": "n_head", "intermediate_size": "n_inner",
+              "max_position_embeddings": "block_size", "vocab_size": "vocab_size",
+              "layer_norm_eps": "norm_eps", "type_vocab_size": "type_vocab_size"}
+_GELU = {"hidden_act": Spelling("activation", {
+    "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}, default="gelu")}
+_ENCODER = {"task": "encoder", "norm": "layernorm", "pos_encoding": "learned",
+            "norm_placement": "post", "embedding_norm": True, "bias": True,
+            "tie_weights": False}
+_BERT_LIKE = dict(
+    spelled=_GELU, features=_ENCODER,
     fixed={"position_embedding_type": "absolute", "is_decoder": False,
            "add_cross_attention": False},
-    holds=frozenset({"type_vocab_size", "normalize"}),
-    weights=BERT_WEIGHTS, base="bert.",
+    holds=frozenset({"type_vocab_size", "normalize", "position_offset"}),
     buffers=("embeddings.position_ids", "embeddings.token_type_ids"),
-    # BertModel's pooler (tanh of [CLS]'s dense): no sentence embedding of sentence-
+    # the base model's pooler (tanh of [CLS]'s dense): no sentence embedding of sentence-
     # transformers' uses it, nor tinyt's contract; dropped by name, and said
     drops=("pooler.dense.weight", "pooler.dense.bias"),
     read_tokenizer=read_encoder_tokenizer, special_tokens=encoder_special_tokens,
-    written=bert_written, task="encoder",
+    task="encoder",
+)
+BERT = Family(  # BertModel: the encoder of all-MiniLM, bge, e5 and sentence-transformers' kin
+    model_type="bert", architecture="BertModel", keys=_BERT_KEYS,
+    defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 2},
+    weights=bert_weights("bert."), base="bert.", written=bert_written,
+    misfit=lambda cfg: ("BertModel's positions start at row 0" if cfg.position_offset else
+                        "BertModel has a token-type table" if not cfg.type_vocab_size
+                        else None),
+    **_BERT_LIKE,
+)
+ROBERTA = Family(  # RobertaModel: BERT's layout, positions from pad_token_id + 1
+    model_type="roberta", architecture="RobertaModel", keys=_BERT_KEYS,
+    defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 1},
+    reads=(read_roberta_positions,), weights=bert_weights("roberta."), base="roberta.",
+    written=roberta_written,
+    misfit=lambda cfg: None if cfg.position_offset else "RobertaModel's positions start after "
+    "its padding row (position_offset >= 1)",
+    **_BERT_LIKE,
+)
+XLM_ROBERTA = Family(  # XLMRobertaModel: RoBERTa under another name (multilingual MiniLM, e5)
+    model_type="xlm-roberta", architecture="XLMRobertaModel", keys=_BERT_KEYS,
+    defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 1},
+    reads=(read_roberta_positions,), weights=bert_weights("roberta."), base="roberta.",
+    written=roberta_written,
+    misfit=lambda cfg: None if cfg.position_offset else "XLMRobertaModel's positions start "
+    "after its padding row (position_offset >= 1)",
+    **_BERT_LIKE,
+)
+DISTILBERT = Family(  # DistilBertModel: no token types, eps fixed at 1e-12, q/k/v_lin
+    model_type="distilbert", architecture="DistilBertModel",
+    keys={"dim": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
+          "hidden_dim": "n_inner", "max_position_embeddings": "block_size",
+          "vocab_size": "vocab_size"},
+    defaults={"max_position_embeddings": 512},
+    spelled={"activation": Spelling("activation", {"gelu": "gelu"}, default="gelu",
+                                    why=" (its MLP's GELU; ReLU is not one of tinyt's)")},
+    features={**_ENCODER, "norm_eps": 1e-12},
+    holds=frozenset({"normalize"}),
+    weights=DISTILBERT_WEIGHTS, base="distilbert.",
+    buffers=("embeddings.position_ids",),
+    read_tokenizer=read_encoder_tokenizer, special_tokens=encoder_special_tokens,
+    written=lambda cfg, eos: {"dropout": 0.0, "attention_dropout": 0.0,
+                              "sinusoidal_pos_embds": False},
+    misfit=lambda cfg: ("DistilBertModel has no token-type table" if cfg.type_vocab_size
+                        else "DistilBertModel's positions start at row 0"
+                        if cfg.position_offset else None),
+    task="encoder",
 )
 
 # export-hf takes the first that holds a model: the plainer classes first
-CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3, BERT)
+CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3, BERT,
+             DISTILBERT, ROBERTA, XLM_ROBERTA)
 TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers",
          "encoder": "encoders"}  # a task's name in messages
 
@@ -673,10 +753,12 @@ def llama_config(cfg: ModelConfig, tokenizer: Tokenizer) -> dict[str, Any]:
     return hf_config(family, cfg, tokenizer.eos_id, tokenizer.bos_id)
 
 
-def encoder_config(cfg: ModelConfig) -> dict[str, Any]:
-    """config.json of the encoder class holding cfg (BertModel), as an encoder artifact's
-    config.json; a model none holds is refused by name (ConversionError)."""
-    return hf_config(writer_for(cfg, "the model"), cfg, None)
+def encoder_config(cfg: ModelConfig, architecture: str | None = None) -> dict[str, Any]:
+    """config.json of the encoder class holding cfg, as an encoder artifact's config.json:
+    `architecture` (the class it was imported from) where that holds it, else the first that
+    does (XLM-R and RoBERTa hold the same models); none: refused by name (ConversionError)."""
+    first = tuple(f for f in CATALOGUE if f.architecture == architecture)
+    return hf_config(writer_for(cfg, "the model", among=first + CATALOGUE), cfg, None)
 
 
 def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,

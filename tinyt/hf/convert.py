@@ -108,7 +108,8 @@ def _shorter_context(cfg: ModelConfig, state: dict[str, torch.Tensor], context: 
     if cfg.pos_encoding == "rotary":
         _same_rotary(cfg, short, source)
     if cfg.pos_encoding == "learned":  # the first N rows: positions 0..N-1, as they were
-        state = {k: (v[:context].clone() if k.endswith("wpe.weight") else v)
+        rows = context + cfg.position_offset  # (RoBERTa's: after its offset rows)
+        state = {k: (v[:rows].clone() if k.endswith("wpe.weight") else v)
                  for k, v in state.items()}
     return short, state
 
