@@ -5,6 +5,9 @@ the runtime's SamplingParams (torch-free, no HTTP).
     raw bytes ──parse_body──▶ dict (JSON object, known fields, the served model)
               ──completion_prompts / chat.render_chat──▶ prompts
               ──check_prompt (per prompt's ids)──▶ sampling(body, ...) ──▶ SamplingParams
+    /v1/embeddings: parse_body(..., accepted=EMBEDDING_FIELDS) ──embedding_inputs──▶ texts or
+              token-id lists (checked against the vocabulary and max length),
+              embedding_options (encoding_format, dimensions, user)
 """
 from __future__ import annotations
 
@@ -26,6 +29,11 @@ ACCEPTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens"
             "min_tokens", "repetition_penalty", "store", "metadata", "service_tier"}
 MAX_STOPS = 4
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
+MAX_EMBEDDING_INPUTS = 2048  # inputs per /v1/embeddings request, OpenAI's limit too
+ENCODING_FORMATS = ("float", "base64")
+INPUT_KINDS = ("a non-empty string, a list of them, a list of token ids, or a list of lists of "
+               "token ids")
 
 
 def field(body: dict, name: str, kinds: tuple, default=None, *, check=None, allowed=""):
@@ -43,32 +51,37 @@ def field(body: dict, name: str, kinds: tuple, default=None, *, check=None, allo
     return value
 
 
-def check_fields(body: Any) -> dict:
-    """The body itself if it is a JSON object of fields tinyt reads; fields it does not
-    implement, and unknown ones, are refused by name."""
+def check_fields(body: Any, accepted: set[str] = ACCEPTED,
+                 unsupported: dict[str, Any] | None = None) -> dict:
+    """The body itself if it is a JSON object of fields tinyt reads (`accepted`); fields it
+    does not implement (`unsupported`, default UNSUPPORTED when `accepted` is ACCEPTED), and
+    unknown ones, are refused by name."""
+    if unsupported is None:
+        unsupported = UNSUPPORTED if accepted is ACCEPTED else {}
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    refused = sorted(k for k, harmless in UNSUPPORTED.items()
+    refused = sorted(k for k, harmless in unsupported.items()
                      if k in body and body[k] is not None and body[k] != harmless)
     if refused:
         raise ApiError(400, f"tinyt does not implement {', '.join(refused)} (one choice per "
                             "prompt, no log-probabilities, penalties or tools); remove "
                             f"{'it' if len(refused) == 1 else 'them'}", param=refused[0])
-    unknown = sorted(set(body) - ACCEPTED - set(UNSUPPORTED))
+    unknown = sorted(set(body) - accepted - set(unsupported))
     if unknown:
         raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; tinyt reads "
-                            f"{', '.join(sorted(ACCEPTED))}", param=unknown[0])
+                            f"{', '.join(sorted(accepted))}", param=unknown[0])
     return body
 
 
-def parse_body(raw: bytes, model_id: str) -> dict:
-    """A request body: valid JSON (400), fields tinyt reads (check_fields), and a 'model'
-    that is the one this server serves (404 for another)."""
+def parse_body(raw: bytes, model_id: str, *, accepted: set[str] = ACCEPTED) -> dict:
+    """A request body: valid JSON (400), fields tinyt reads (check_fields: `accepted`, the
+    completions' by default), and a 'model' that is the one this server serves (404 for
+    another)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-    body = check_fields(body)
+    body = check_fields(body, accepted)
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(400, "'model' is required (a string)", param="model")
@@ -141,3 +154,68 @@ def sampling(body: dict, prompt_len: int, context: int, default_max: int) -> Sam
         seed=field(body, "seed", (int,), None, check=lambda v: v >= 0,
                    allowed="an integer >= 0"),
         stop=tuple(stop))
+
+
+def _is_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def embedding_inputs(body: dict, *, vocab_size: int,
+                     max_length: int) -> tuple[list[str], list[list[int]]]:
+    """/v1/embeddings' 'input' as (texts, []) or ([], token-id lists), one per input, at most
+    MAX_EMBEDDING_INPUTS. Texts must be non-empty (the encoder cuts them at max_length);
+    token ids run as given, so each must be in 0..vocab_size-1 and a list at most max_length
+    long (special tokens included: nothing is added)."""
+    value = body.get("input")
+    # one text, or one input of token ids ([101, 7592, 102]): a list of one input
+    flat = isinstance(value, list) and bool(value) and not isinstance(value[0], (str, list))
+    inputs = [value] if isinstance(value, str) or flat else value
+    if not isinstance(inputs, list):
+        raise ApiError(400, f"'input' must be {INPUT_KINDS}, got {json.dumps(value)[:60]}",
+                       param="input")
+    if not inputs:
+        raise ApiError(400, "'input' is an empty list; send at least one input", param="input")
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise ApiError(400, f"'input' has {len(inputs)} inputs; at most {MAX_EMBEDDING_INPUTS} "
+                            "per request", param="input")
+
+    def where(i: int, j: int | None = None) -> str:  # the path in what the client sent
+        path = ([] if flat else [i]) + ([] if j is None else [j])
+        return "input" + "".join(f"[{k}]" for k in path)
+
+    kind = str if isinstance(inputs[0], str) else list
+    for i, item in enumerate(inputs):
+        if not isinstance(item, kind):
+            raise ApiError(400, f"'input' must be {INPUT_KINDS}, not a mix; {where(i)} is "
+                                f"{json.dumps(item)[:60]}", param="input")
+        if not item:
+            what = "string" if kind is str else "list of token ids"
+            raise ApiError(400, f"{where(i)} is an empty {what}; every input needs at least "
+                                "one character or token", param="input")
+    if kind is str:
+        return inputs, []
+    for i, ids in enumerate(inputs):
+        for j, t in enumerate(ids):
+            if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size):
+                raise ApiError(400, f"{where(i, j)} is {json.dumps(t)[:60]}, not a token id of "
+                                    f"this model: an integer in 0..{vocab_size - 1}",
+                               param="input")
+        if len(ids) > max_length:
+            raise ApiError(400, f"{where(i)} is {len(ids)} token ids; this model reads at most "
+                                f"{max_length} per input (ids run as given, special tokens "
+                                "included; texts are cut there instead)", param="input")
+    return [], inputs
+
+
+def embedding_options(body: dict, dim: int) -> str:
+    """The answer's 'encoding_format': 'float' (the default) or 'base64' (each embedding's
+    little-endian float32 bytes); 'dimensions' must be absent or the model's `dim` (tinyt does
+    not shorten embeddings), 'user' a string (read and ignored)."""
+    dimensions = field(body, "dimensions", (int,), dim, allowed="an integer")
+    if dimensions != dim:
+        raise ApiError(400, f"'dimensions'={dimensions}: this model's embeddings have {dim} "
+                            f"dimensions and tinyt does not shorten them; send {dim} or leave "
+                            "it out", param="dimensions")
+    field(body, "user", (str,), allowed="a string")
+    return field(body, "encoding_format", (str,), "float", check=lambda v: v in ENCODING_FORMATS,
+                 allowed="'float' or 'base64'")
