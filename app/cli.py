@@ -411,13 +411,16 @@ def quantize(
 @app.command("serve")
 def serve_cmd(
     artifact: Annotated[Path, typer.Argument(help="Causal-LM artifact directory (the "
-                                                  "shared-cache pair batches best).")],
+                                                  "shared-cache pair batches best), or an "
+                                                  "encoder's (POST /v1/embeddings).")],
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")]
         = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="0: any free port.")] = 8000,
     threads: Annotated[Optional[int], typer.Option(min=1, help="Default: physical cores.")]
         = None,
-    max_batch: Annotated[int, typer.Option(min=1, help="Rows in the running batch.")] = 8,
+    max_batch: Annotated[Optional[int], typer.Option(
+        min=1, help="Rows in the running batch (default 8); an encoder: inputs per run "
+                    "(default 32).")] = None,
     max_queue: Annotated[int, typer.Option(min=1, help="Requests waiting for a row before "
                                                        "429.")] = 64,
     prefill_tokens: Annotated[int, typer.Option(

@@ -5,10 +5,14 @@
       POST /v1/completions        prompt (str | [str]), max_tokens, temperature, top_p, top_k,
                                   stop, seed, stream (server-sent events ending [DONE])
       POST /v1/chat/completions   messages through the artifact's chat template
+    HTTP ── validate ──▶ Embedder.submit (embeddings.py, an encoder artifact) ──▶ embeddings
+      POST /v1/embeddings         input (str | [str] | [int] | [[int]]), encoding_format
+                                  (float | base64); requests waiting together share runs
       GET  /v1/models, /health, /metrics (Prometheus)
 
     schema.py   the request's fields, checked -> SamplingParams (ApiError names the bad one)
     chat.py     chat templates, compiled and rendered as transformers does
+    embeddings.py  Embedder: the encoder's thread, running the waiting requests together
     metrics.py  the Prometheus registry of one server
     handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
 
@@ -24,9 +28,10 @@ from __future__ import annotations
 from tinyt.errors import ConfigError
 from tinyt.runtime.engine import Engine
 
+from .embeddings import EMBED_BATCH, Embedder
 from .handlers import STOP_TIMEOUT_S, OpenAIServer, build_app
 
-__all__ = ["serve", "build_app", "OpenAIServer", "DEFAULT_CONTEXT"]
+__all__ = ["serve", "build_app", "OpenAIServer", "Embedder", "DEFAULT_CONTEXT"]
 
 # The context a server holds per row unless told (--max-context): the engine allocates its
 # cache up front, max_batch rows x the context, so a model's own 131,072 tokens would cost 8
@@ -34,17 +39,22 @@ __all__ = ["serve", "build_app", "OpenAIServer", "DEFAULT_CONTEXT"]
 # exchange with a small model uses; a larger --max-context is refused at start where the cache
 # does not fit the machine's memory.
 DEFAULT_CONTEXT = 4096
+DECODER_BATCH = 8  # rows in the running batch unless told (--max-batch)
 
 
 def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
-          max_batch: int = 8, max_queue: int = 64, prefill_tokens: int = 64,
+          max_batch: int | None = None, max_queue: int = 64, prefill_tokens: int = 64,
           prefill_chunk: int | None = None, max_context: int | None = None,
           api_key: str | None = None, model_id: str | None = None,
           spinning: bool | None = None, log_level: str = "info") -> None:
     """Load `artifact` (checked), bind, then serve it until SIGTERM / Ctrl-C (which stop
     taking requests, finish what runs and return). Prints the address it listens on.
+    A language model answers completions and chat; an encoder, /v1/embeddings.
+    max_batch: rows in the running batch (a decoder, default DECODER_BATCH) or inputs per
+    encoder run (an encoder, default EMBED_BATCH).
     max_context: tokens per row (prompt + generated), at most the model's; default
-    min(block_size, DEFAULT_CONTEXT). GET /v1/models reports it as max_model_len.
+    min(block_size, DEFAULT_CONTEXT). GET /v1/models reports it as max_model_len (an
+    encoder's: its max_length, the tokens one input may hold).
     spinning: whether ONNX Runtime's workers busy-wait after each run (None: the runtime's
     choice, on with more than one thread; measured at the GPT-2-small shape, 2 threads, off
     cost a single client 38% of its tokens/s and 8 clients 19%)."""
@@ -60,10 +70,28 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
         raise ConfigError(f"port={port!r} must be in 0..65535")
     lm = rt.load(artifact, threads=threads, spinning=spinning,
                  max_context=DEFAULT_CONTEXT if max_context is None else max_context)
-    if not isinstance(lm, rt.LanguageModel):
-        raise ConfigError(f"{artifact} is a classifier; tinyt serve serves language models")
-    engine = Engine(lm, max_batch=max_batch, max_queue=max_queue, prefill_tokens=prefill_tokens,
-                    prefill_chunk=prefill_chunk)
+    if isinstance(lm, rt.Classifier):
+        raise ConfigError(f"{artifact} is a classifier; tinyt serve serves language models "
+                          "and encoders")
+    engine: Engine | Embedder
+    if isinstance(lm, rt.Encoder):
+        given = [flag for flag, value in (("--max-context", max_context),
+                                          ("--prefill-chunk", prefill_chunk)) if value is not None]
+        if given:
+            raise ConfigError(f"{artifact} is an encoder: {' and '.join(given)} only apply to a "
+                              "language model's context and prompts; an encoder reads at most "
+                              f"{lm.max_length} tokens per input (its tokenizer's cut)")
+        engine = Embedder(lm, max_batch=EMBED_BATCH if max_batch is None else max_batch,
+                          max_queue=max_queue)
+        how = (f"an encoder: POST /v1/embeddings, {lm.dim} dimensions, inputs of at most "
+               f"{lm.max_length} tokens, {engine.max_batch} inputs per run")
+    else:
+        engine = Engine(lm, max_batch=DECODER_BATCH if max_batch is None else max_batch,
+                        max_queue=max_queue, prefill_tokens=prefill_tokens,
+                        prefill_chunk=prefill_chunk)
+        how = (f"max batch {engine.max_batch}, context {lm.context} of the model's "
+               f"{lm.config.block_size}, " + ("shared-cache batching" if engine.batched else
+                                              "a contract graph: rows run one by one"))
     name = model_id or lm.artifact.path.name
     app = build_app(lm, engine, model_id=name, api_key=api_key)
     try:  # bound here, so a taken port is one clear line and port 0 reports the one it got
@@ -71,10 +99,7 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
     except OSError as e:
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     bound = sock.getsockname()[1]
-    how = "shared-cache batching" if engine.batched else "a contract graph: rows run one by one"
-    print(f"tinyt serve: {name} on http://{host}:{bound} (max batch {max_batch}, context "
-          f"{lm.context} of the model's {lm.config.block_size}, {how})",
-          file=sys.stderr, flush=True)
+    print(f"tinyt serve: {name} on http://{host}:{bound} ({how})", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
                                            timeout_graceful_shutdown=int(STOP_TIMEOUT_S)))
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler

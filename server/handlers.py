@@ -5,7 +5,13 @@ methods, callable on its own with a request.
     POST /v1/completions, /v1/chat/completions ─▶ authorize ─▶ read_body (schema.parse_body)
         ─▶ prompts (schema / chat) ─▶ jobs (ids + SamplingParams) ─▶ events (Engine.submit)
         ─▶ complete (one JSON answer) | stream (server-sent events ending [DONE])
+    POST /v1/embeddings (an encoder's server: its `engine` is an Embedder) ─▶ authorize
+        ─▶ parse_body ─▶ schema.embedding_inputs ─▶ Embedder.rows ─▶ Embedder.submit
+        ─▶ embedding_answer
     GET /v1/models, /health, /metrics;  anything else: an OpenAI-style 404
+
+A server serves one model: a decoder answers completions and chat, an encoder embeddings; the
+other routes answer a 400 that names the ones its model serves.
 
 Every ApiError becomes an OpenAI error body with its status (error); a ValueError from the
 runtime's own checks of what it was given becomes a 400.
@@ -26,16 +32,21 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tinyt.errors import ApiError, QueueFull
+from tinyt.runtime.embed import Encoder
 from tinyt.runtime.engine import Done, Engine, Request, Token
 from tinyt.runtime.generate import LanguageModel
 from tinyt.runtime.sampling import SamplingParams
 
 from .chat import compile_template, render_chat
+from .embeddings import Embedder, embedding_answer
 from .metrics import CONTENT_TYPE, Metrics
 from .schema import (
     COMPLETION_MAX_TOKENS,
+    EMBEDDING_FIELDS,
     check_prompt,
     completion_prompts,
+    embedding_inputs,
+    embedding_options,
     parse_body,
     sampling,
     stream_options,
@@ -81,19 +92,29 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def busy(e: QueueFull) -> ApiError:
+    """A full queue as OpenAI's 429, with Retry-After."""
+    return ApiError(429, f"the server is busy: {e}; retry after {RETRY_AFTER_S} s",
+                    kind="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def sse(data: dict) -> str:
     """One server-sent event."""
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 class OpenAIServer:
-    """The handlers of one server over `engine` (started and stopped with the app)."""
+    """The handlers of one server over `engine` (started and stopped with the app): a
+    LanguageModel and its Engine, or an Encoder and its Embedder."""
 
-    def __init__(self, lm: LanguageModel, engine: Engine, *, model_id: str,
+    def __init__(self, lm: LanguageModel | Encoder, engine: Engine | Embedder, *, model_id: str,
                  api_key: str | None = None):
         self.lm, self.engine, self.model_id, self.api_key = lm, engine, model_id, api_key
+        self.embedder = engine if isinstance(engine, Embedder) else None
         self.metrics = Metrics(engine)
-        self.template = compile_template(lm.tokenizer.chat_template)
+        self.template = None if self.embedder else compile_template(lm.tokenizer.chat_template)
+        # the tokens one input or sequence may hold: /v1/models' max_model_len
+        self.context = self.embedder.max_length if self.embedder else lm.context
         self.ready = False  # the engine runs: /health answers 200
 
     def app(self) -> Starlette:
@@ -101,6 +122,7 @@ class OpenAIServer:
         app = Starlette(routes=[
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
@@ -136,7 +158,16 @@ class OpenAIServer:
             return self.error(e, "models")
         return JSONResponse({"object": "list", "data": [{
             "id": self.model_id, "object": "model", "created": int(time.time()),
-            "owned_by": "tinyt", "max_model_len": self.lm.context}]})
+            "owned_by": "tinyt", "max_model_len": self.context}]})
+
+    async def embeddings(self, request: HttpRequest) -> Response:
+        """POST /v1/embeddings: an encoder's sentence embeddings, OpenAI's shape."""
+        try:
+            answer = await self.embed(request)
+        except ApiError as e:
+            return self.error(e, "embeddings")
+        self.metrics.answered("embeddings", 200)
+        return JSONResponse(answer)
 
     async def health(self, request: HttpRequest) -> Response:
         """GET /health: 200 while the engine runs, else 503."""
@@ -168,6 +199,19 @@ class OpenAIServer:
             raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer "
                                 "KEY'" if not given else "the API key is not valid",
                            kind="authentication_error")
+
+    def serves(self, *, embeddings: bool) -> None:
+        """Nothing if this server's model does what the route asks; else a 400 naming the
+        routes it serves."""
+        if embeddings and self.embedder is None:
+            raise ApiError(400, f"model {self.model_id!r} is a language model: it generates text "
+                                "(POST /v1/completions, /v1/chat/completions) and makes no "
+                                "embeddings; serve an encoder artifact for /v1/embeddings",
+                           param="model")
+        if not embeddings and self.embedder is not None:
+            raise ApiError(400, f"model {self.model_id!r} is an encoder: it makes sentence "
+                                "embeddings (POST /v1/embeddings) and generates no text; serve "
+                                "a language model for completions and chat", param="model")
 
     async def read_body(self, request: HttpRequest) -> dict:
         return parse_body(await request.body(), self.model_id)
@@ -202,9 +246,7 @@ class OpenAIServer:
         except QueueFull as e:
             for r in reqs:
                 r.cancel()
-            raise ApiError(429, f"the server is busy: {e}; retry after {RETRY_AFTER_S} s",
-                           kind="rate_limit_error",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise busy(e) from None
         for job in jobs:
             self.metrics.prompt_tokens.inc(len(job.ids))
         return reqs
@@ -240,6 +282,7 @@ class OpenAIServer:
     async def generate(self, request: HttpRequest, *, chat: bool) -> Response:
         """A completion or chat completion, whole or streamed; ApiError for a bad request."""
         self.authorize(request)
+        self.serves(embeddings=False)
         body = await self.read_body(request)
         jobs = self.jobs(self.prompts(body, chat=chat), body,
                          self.lm.context if chat else COMPLETION_MAX_TOKENS)
@@ -304,8 +347,32 @@ class OpenAIServer:
         return StreamingResponse(chunks(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
+    async def embed(self, request: HttpRequest) -> dict:
+        """The embeddings answer of a request; ApiError for a bad one (429 when max_queue
+        requests wait, 500 when the run fails)."""
+        self.authorize(request)
+        self.serves(embeddings=True)
+        embedder = self.embedder
+        assert embedder is not None
+        body = parse_body(await request.body(), self.model_id, accepted=EMBEDDING_FIELDS)
+        texts, ids = embedding_inputs(body, vocab_size=embedder.vocab_size,
+                                      max_length=embedder.max_length)
+        fmt = embedding_options(body, embedder.dim)
+        rows = await asyncio.to_thread(embedder.rows, texts, ids)  # 2048 texts: off the loop
+        try:
+            future = embedder.submit(rows)
+        except QueueFull as e:
+            raise busy(e) from None
+        tokens = sum(len(r[0]) for r in rows)
+        self.metrics.prompt_tokens.inc(tokens)
+        try:
+            vectors = await asyncio.wrap_future(future)  # cancelled with the request's task
+        except Exception as e:
+            raise ApiError(500, f"embedding failed: {e}", kind="server_error") from None
+        return embedding_answer(vectors, fmt, self.model_id, tokens)
 
-def build_app(lm: LanguageModel, engine: Engine, *, model_id: str,
+
+def build_app(lm: LanguageModel | Encoder, engine: Engine | Embedder, *, model_id: str,
               api_key: str | None = None) -> Starlette:
     """The Starlette application serving `engine` (started and stopped with the app)."""
     return OpenAIServer(lm, engine, model_id=model_id, api_key=api_key).app()
