@@ -2,7 +2,11 @@
 
 Causal LM: validation loss (nats per token and per byte) of both, its relative change, next-token
 top-1 agreement, mean KL divergence, and greedy-generation agreement. Classifier: accuracy of
-both and its change.
+both and its change. Encoder: on the built-in queries and passages (export/retrieval_set.py),
+each text's cosine similarity to the reference's sentence embedding, and retrieval recall@10:
+
+    queries [20], passages [200] ──ref.embed──▶ ranking of passages per query ──top 10──┐
+                                 ──cand.embed─▶ ranking of passages per query ──top 10──┴─▶ overlap
 """
 from __future__ import annotations
 
@@ -14,14 +18,23 @@ import onnxruntime as ort
 from tinyt import data as D
 from tinyt.config import ModelConfig
 from tinyt.errors import DataError
+from tinyt.runtime.embed import Encoder
 from tinyt.runtime.feeds import check_tokens, prefill_feeds
+from tinyt.runtime.session import Artifact
 from tinyt.tokenizer import Tokenizer
 
+from . import retrieval_set
 from .compare import ort_greedy, ort_greedy_rows, row_chunks
 
 EVAL_TOKENS = 6144  # validation tokens: 48 windows of the demo's 128, 6 of GPT-2's 1024
 EVAL_BATCH = 8  # windows (classifier: examples) per batch, at most
 EVAL_LOGITS = 1 << 24  # logits per LM batch (64 MB): 8 windows of the demo, 1 at GPT-2's size
+RECALL_K = 10  # an encoder's retrieval: passages per query compared between the two rankings
+EMBED_BATCH = 32  # texts per encoder batch: the runtime's own embed() default
+# The issue's targets for an INT8 encoder on real weights (all-MiniLM-L6-v2's kind): recorded
+# beside the figures with whether they were met, not enforced (random weights rank passages
+# by differences as small as the quantization's own; the search's budget is the gate).
+ENCODER_TARGETS = {"cosine_mean": 0.99, f"recall_at_{RECALL_K}": 0.98}
 
 
 def _logits(sess: ort.InferenceSession, cfg: ModelConfig, kind: str, x: np.ndarray) -> np.ndarray:
@@ -132,3 +145,60 @@ def classifier_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, c
     return {"data": "classification", "examples": n,
             "accuracy_reference": correct["reference"] / n, "accuracy": correct["candidate"] / n,
             "accuracy_change": (correct["candidate"] - correct["reference"]) / n}
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of a and b [n, C], in float64 (a zero row: 0)."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return (a * b).sum(-1) / np.maximum(norms, 1e-300)
+
+
+def top_k(queries: np.ndarray, passages: np.ndarray, k: int) -> np.ndarray:
+    """The k passages of highest cosine similarity per query [q, k] (ties: the earlier one)."""
+    q = queries / np.maximum(np.linalg.norm(queries, axis=-1, keepdims=True), 1e-12)
+    p = passages / np.maximum(np.linalg.norm(passages, axis=-1, keepdims=True), 1e-12)
+    scores = q.astype(np.float64) @ p.astype(np.float64).T  # [q, passages]
+    return np.argsort(-scores, axis=-1, kind="stable")[:, :k]
+
+
+def recall_at_k(ref_top: np.ndarray, cand_top: np.ndarray) -> np.ndarray:
+    """Per query, the fraction of the reference's top k [q, k] that the candidate's holds."""
+    return np.array([len(set(a) & set(b)) / len(a) for a, b in zip(ref_top, cand_top)])
+
+
+def encoder_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, source: Artifact,
+                     tokenizer: Tokenizer, *, rows_independent: bool = True) -> dict[str, Any]:
+    """`cand` against `ref` on the built-in queries and passages (export/retrieval_set.py),
+    both run through the runtime's Encoder (its tokenization, cut and batching): each text's
+    cosine similarity to the reference's sentence embedding (min, mean), and recall@10 — per
+    query, the fraction of the reference's 10 best passages among the candidate's 10 best
+    (mean, and the worst query). The reference runs in batches; the candidate too where
+    `rows_independent` says no activation scale spans two texts, else each text alone (a
+    per-tensor scale would make a text's embedding depend on its batch). An encoder without a
+    pooling (hidden states only) is compared token by token on last_hidden_state, without
+    recall."""
+    queries, passages = retrieval_set.QUERIES, retrieval_set.PASSAGES
+    texts = [*queries, *passages]
+    a, b = Encoder(source, ref, tokenizer), Encoder(source, cand, tokenizer)
+    lengths = [len(ids) for ids, _ in a.encode(texts)]
+    report: dict[str, Any] = {
+        "data": "built-in retrieval set (tinyt.export.retrieval_set)", "texts": len(texts),
+        "queries": len(queries), "passages": len(passages), "max_length": a.max_length,
+        "longest_text_tokens": max(lengths), "batched": rows_independent}
+    if "sentence_embedding" not in [o.name for o in ref.get_outputs()]:
+        # [tokens, C] per text, each alone: padding's hidden states are unspecified
+        cos = np.concatenate([cosines(a.hidden_states(t), b.hidden_states(t)) for t in texts])
+        return {**report, "output": "last_hidden_state", "tokens": int(cos.size),
+                "cosine_min": float(cos.min()), "cosine_mean": float(cos.mean())}
+    x = a.embed(texts, batch_size=EMBED_BATCH)  # [texts, C]
+    y = b.embed(texts, batch_size=EMBED_BATCH if rows_independent else 1)
+    cos = cosines(x, y)
+    n, k = len(queries), RECALL_K
+    recall = recall_at_k(top_k(x[:n], x[n:], k), top_k(y[:n], y[n:], k))
+    figures = {"cosine_min": float(cos.min()), "cosine_mean": float(cos.mean()),
+               f"recall_at_{k}": float(recall.mean()),
+               f"recall_at_{k}_worst_query": float(recall.min())}
+    return {**report, "output": "sentence_embedding", "k": k, **figures,
+            "targets": ENCODER_TARGETS,
+            "meets_targets": all(figures[m] >= t for m, t in ENCODER_TARGETS.items())}
