@@ -8,6 +8,10 @@ MatMulNBits (accuracy_level 4), so products use the CPU's int8 dot-product units
 mode 'weight-only': the same weights, products in fp32 (accuracy_level 0).
 mode 'static': QDQ with activation ranges calibrated on the training split (qdq.py); standard
 ONNX ops, from the plain export; settings from the CPU's INT8 preset (tinyt.hardware).
+
+An encoder (sentence embeddings) takes the dynamic and weight-only modes and every kernel; its
+accuracy report is cosine similarity to the source's embeddings and retrieval recall@10 on the
+built-in queries and passages (accuracy.encoder_accuracy), not held-out corpus text.
 """
 from __future__ import annotations
 
@@ -23,10 +27,10 @@ from tinyt.errors import QuantizeError
 from tinyt.graphio import check_graph, graph_files, save_graph
 from tinyt.hardware import int8_preset, saturates_here
 from tinyt.runtime.feeds import check_tokens
-from tinyt.runtime.session import graph_session
+from tinyt.runtime.session import Artifact, graph_session
 from tinyt.tokenizer import Tokenizer
 
-from .accuracy import classifier_accuracy, lm_accuracy
+from .accuracy import classifier_accuracy, encoder_accuracy, lm_accuracy
 from .blockquant import MS, SCHEMES, quantize_weights
 from .optimize import QUANTIZED_OPS
 from .qdq import CALIBRATIONS, quantize_qdq
@@ -51,7 +55,8 @@ KERNELS = ("nbits", "qgemm", "qgemm-rows")
 
 def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str, *, mode: str,
                    bits: int, block_size: int, kernel: str, calibration: str,
-                   keep_8bit: list[str], scheme: str, scale_search: bool) -> None:
+                   keep_8bit: list[str], scheme: str, scale_search: bool,
+                   data: str | None) -> None:
     """Every refusal of a request that can be made before any work, each naming what is
     allowed."""
     if mode not in MODES:
@@ -61,10 +66,6 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
     if not (isinstance(block_size, int) and block_size >= 16
             and block_size & (block_size - 1) == 0):
         raise QuantizeError(f"block_size={block_size!r} must be a power of two >= 16")
-    if kind == ENCODER:
-        raise QuantizeError(f"{src} is an encoder: its quantization (with an accuracy report "
-                            "of cosine to fp32 and retrieval recall) is not built yet; export "
-                            "and optimize run it in fp32")
     ops = {n.op_type for n in proto.graph.node}
     if manifest.get("stage") == "quantize" or ops & QUANTIZED_OPS:
         raise QuantizeError(f"{src} is already quantized ({sorted(ops & QUANTIZED_OPS)}); "
@@ -105,6 +106,16 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
     if mode == "static" and kind == CLASSIFIER:
         raise QuantizeError("static calibration reads corpus text windows; for a classifier use "
                             "mode='dynamic'")
+    if mode == "static" and kind == ENCODER:
+        raise QuantizeError(f"{src} is an encoder: static calibration reads corpus windows cut "
+                            "at the end-of-text token, which an encoder's tokenizer has not; "
+                            "use mode='dynamic' (int8 activations at run time) or "
+                            "'weight-only'")
+    if data is not None and kind == ENCODER:
+        raise QuantizeError(f"{src} is an encoder: its accuracy report reads the built-in "
+                            "queries and passages (tinyt.export.retrieval_set), so data="
+                            f"{data!r} (a corpus or classification directory) does not apply; "
+                            "leave it out")
 
 
 def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: int = 8,
@@ -135,7 +146,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     cfg, block, kind = src.config, src.block, src.kind
     _check_request(src_dir, manifest, proto, kind, mode=mode, bits=bits, block_size=block_size,
                    kernel=kernel, calibration=calibration, keep_8bit=list(keep_8bit),
-                   scheme=scheme, scale_search=scale_search)
+                   scheme=scheme, scale_search=scale_search, data=data)
     preset = int8_preset()
     if reduce_range is not None:
         preset = {**preset, "reduce_range": reduce_range}
@@ -182,6 +193,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
         cand = graph_session(path, level="all")
         if kind == CLASSIFIER:
             accuracy = classifier_accuracy(ref, cand, cfg, tokenizer, block["labels"], data)
+        elif kind == ENCODER:
+            accuracy = encoder_accuracy(ref, cand, Artifact(src_dir, cfg, kind, None, manifest),
+                                        tokenizer, rows_independent=independent)
         else:
             accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data,
                                    rows_independent=independent)

@@ -4,8 +4,10 @@ keep the fastest whose accuracy cost is within the budget.
     source ──quantize(variant) for each variant──▶ accuracy (vs source)
            ──within budget──▶ decode latency, interleaved ──▶ fastest ──▶ out/ (+ what was tried)
 
-The budget is a relative validation-loss increase for a causal LM (0.02 = +2%), and an
-absolute accuracy drop for a classifier (0.02 = 2 points).
+The budget is a relative validation-loss increase for a causal LM (0.02 = +2%), an absolute
+accuracy drop for a classifier (0.02 = 2 points), and for an encoder the retrieval recall@10
+lost against the source (0.02 = recall@10 at least 0.98; export/accuracy.py), the task its
+embeddings serve. An encoder tries the dynamic variants that name no lm_head (it has none).
 """
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ONNX_FILE
+from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE
 from tinyt.manifest import check_manifest, read_model_config
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.timing import session_latency_ms
 
+from .accuracy import RECALL_K
 from .compare import random_feeds
 from .quantize import QuantizeError, quantize
 from .stage import Built
@@ -46,9 +49,12 @@ STATIC_VARIANTS = [
 
 
 def cost(accuracy: dict[str, Any]) -> float:
-    """How much worse than the source: relative loss increase, or accuracy points lost."""
+    """How much worse than the source: relative loss increase, accuracy points lost, or
+    retrieval recall@10 lost (an encoder)."""
     if "val_loss_change" in accuracy:
         return accuracy["val_loss_change"]
+    if f"recall_at_{RECALL_K}" in accuracy:
+        return 1.0 - accuracy[f"recall_at_{RECALL_K}"]
     return -accuracy["accuracy_change"]
 
 
@@ -79,8 +85,16 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     manifest = check_manifest(src_dir)
     cfg, _ = read_model_config(src_dir)
     kind = manifest["graph"]
+    if kind == ENCODER and cfg.pooling is None:
+        raise QuantizeError(f"{src_dir} is an encoder without a pooling (hidden states only): "
+                            "--max-loss-increase budgets the retrieval recall@10 of sentence "
+                            "embeddings, which it has not; quantize it with a chosen mode, "
+                            "whose report compares its hidden states")
     variants = list(DYNAMIC_VARIANTS)
-    if manifest.get("stage") == "export" and kind != CLASSIFIER:
+    if kind == ENCODER:  # no lm_head to exclude or keep, no corpus windows to calibrate on
+        variants = [(n, kw) for n, kw in variants
+                    if "lm_head" not in [*kw.get("exclude", ()), *kw.get("keep_8bit", ())]]
+    elif manifest.get("stage") == "export" and kind != CLASSIFIER:
         variants += STATIC_VARIANTS
     tried: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,9 +119,11 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         for t in fit:
             t["latency_ms"] = latency[t["variant"]]
         best = min(fit, key=lambda t: t["latency_ms"])
+    objective = (f"median ms per forward of {check_tokens(cfg) // 2} tokens = check_tokens/2 "
+                 "(batch 1, 2 threads)" if kind == ENCODER else "median ms per decode step "
+                 f"(batch 1, past {check_tokens(cfg) // 2} = check_tokens/2, 2 threads)")
     search = {"max_loss_increase": max_loss_increase, "chosen": best["variant"],
-              "objective": "median ms per decode step (batch 1, past "
-                           f"{check_tokens(cfg) // 2} = check_tokens/2, 2 threads)",
+              "objective": objective,
               "tried": tried}
     return quantize(src_dir, out_dir, data=data, search=search, **best["options"])
 
