@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import DECODER_WITH_PAST, ENCODER, kv_shape, past_names
+from tinyt.contract import DECODER_WITH_PAST, kv_shape, past_names
 from tinyt.runtime.feeds import check_tokens, prefill_feeds, step_feeds, window_tokens
 from tinyt.runtime.fixed import FixedWindow
 
@@ -60,7 +60,7 @@ def random_feeds(cfg: ModelConfig, kind: str, b: int, s: int, p: int, pad: int,
     mask[0, :pad] = 0
     feeds = {"input_ids": rng.integers(0, cfg.vocab_size, (b, s), dtype=np.int64),
              "attention_mask": mask}
-    if kind == ENCODER and cfg.type_vocab_size >= 2:
+    if cfg.task != "causal_lm" and cfg.type_vocab_size >= 2:  # encoders', classifiers' types
         feeds["token_type_ids"] = rng.integers(0, cfg.type_vocab_size, (b, s), dtype=np.int64)
     if kind == DECODER_WITH_PAST:
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)[:, p:] + first

@@ -31,6 +31,7 @@ from tinyt.contract import (
     DECODER_WITH_PAST,
     ENCODER,
     ONNX_FILE,
+    TOKEN_CLASSIFIER,
     contract_for,
     kv_shape,
 )
@@ -94,6 +95,8 @@ def graph_kind(cfg: ModelConfig, with_past: bool) -> str:
         return CLASSIFIER
     if cfg.task == "encoder":
         return ENCODER
+    if cfg.task == "token_classifier":
+        return TOKEN_CLASSIFIER
     return DECODER_WITH_PAST if with_past else DECODER
 
 
@@ -106,7 +109,7 @@ def _example(cfg: ModelConfig, kind: str):
     if kind != DECODER_WITH_PAST:
         kwargs = {"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)}
         shapes = {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn}}
-        if kind == ENCODER and cfg.type_vocab_size >= 2:  # the contract's token_type_ids
+        if cfg.type_vocab_size >= 2:  # the contract's token_type_ids (encoders, classifiers)
             kwargs["token_type_ids"] = torch.randint(0, cfg.type_vocab_size, (B, S), generator=g)
             shapes["token_type_ids"] = {0: dyn, 1: dyn}
         return kwargs, shapes
@@ -190,11 +193,14 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str,
         except ConversionError:
             hf = {"model_type": "tinyt-encoder", "hidden_size": cfg.n_embd}
         return {**hf, "tinyt": tinyt_block}
-    if kind == CLASSIFIER:
-        return {"model_type": "tinyt-classifier", "num_labels": cfg.num_labels,
+    if kind in (CLASSIFIER, TOKEN_CLASSIFIER):  # an imported head's class where one holds it
+        try:
+            hf = encoder_config(cfg, architecture)
+        except ConversionError:
+            hf = {"model_type": "tinyt-classifier", "pad_token_id": eos}
+        return {**hf, "num_labels": cfg.num_labels,
                 "id2label": {str(i): n for i, n in enumerate(labels)},
-                "label2id": {n: i for i, n in enumerate(labels)},
-                "pad_token_id": eos, "tinyt": tinyt_block}
+                "label2id": {n: i for i, n in enumerate(labels)}, "tinyt": tinyt_block}
     if cfg.llama_options:  # Optimum reads a Llama-family graph by its Llama config
         try:
             hf = llama_config(cfg, tokenizer)
@@ -229,7 +235,7 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     cfg = ckpt.config
     kind = graph_kind(cfg, with_past)
     wrapper = {DECODER_WITH_PAST: DecoderWithPast, DECODER: Decoder, ENCODER: Encoder,
-               CLASSIFIER: lambda m: m}[kind](ckpt.model).eval()
+               CLASSIFIER: lambda m: m, TOKEN_CLASSIFIER: lambda m: m}[kind](ckpt.model).eval()
     inputs, outputs = contract_for(cfg, kind)
     kwargs, shapes = _example(cfg, kind)
     with warnings.catch_warnings(), torch.no_grad():
@@ -241,7 +247,7 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
         )
     proto = program.model_proto
     _name_axes(proto, inputs, outputs)
-    _tidy_nodes(proto, wrapped=kind != CLASSIFIER)
+    _tidy_nodes(proto, wrapped=kind not in (CLASSIFIER, TOKEN_CLASSIFIER))
     proto.producer_name, proto.producer_version = "tinyt", __version__
     with atomic_dir(out_dir) as tmp:
         files = save_graph(proto, tmp / ONNX_FILE, external=external_data)

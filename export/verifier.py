@@ -32,6 +32,7 @@ from tinyt.contract import (
     ENCODER,
     ONNX_FILE,
     SHARED_CACHE_KIND,
+    TOKEN_CLASSIFIER,
     contract_for,
     past_names,
 )
@@ -179,8 +180,8 @@ def torch_outputs(model, kind: str, feeds: dict[str, np.ndarray], n_layer: int):
     """PyTorch outputs for the same feeds, as numpy, in contract order."""
     t = {k: torch.from_numpy(v) for k, v in feeds.items()}
     with torch.no_grad():
-        if kind == CLASSIFIER:
-            return [model(t["input_ids"], t["attention_mask"]).numpy()]
+        if kind in (CLASSIFIER, TOKEN_CLASSIFIER):
+            return [model(t["input_ids"], t["attention_mask"], t.get("token_type_ids")).numpy()]
         if kind == ENCODER:
             out = model(t["input_ids"], t["attention_mask"], t.get("token_type_ids"))
             return [x.numpy() for x in (out if isinstance(out, tuple) else (out,))]
@@ -253,7 +254,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
             feeds = case_feeds(model, cfg, kind, ids, p, pad, first)
             ours = sess.run(out_names, feeds)
             ref = torch_outputs(model, kind, feeds, cfg.n_layer)
-            if pad and kind == ENCODER:  # hidden states at padding are unspecified
+            if pad and kind in (ENCODER, TOKEN_CLASSIFIER):  # per token: padding unspecified
                 real = (feeds["attention_mask"] == 1)[..., None]  # (new arrays: ref's pooled
                 ours[0], ref[0] = np.where(real, ours[0], 0), np.where(real, ref[0], 0)  # view)
             elif pad and kind != CLASSIFIER:  # logits at padding are unspecified: skip them
@@ -273,7 +274,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     failures = [f"{n}: max abs diff {w['max_abs']:.3g} > {_tolerance(n)} at {w['case']}"
                 for n, w in worst.items() if not w["max_abs"] <= _tolerance(n)]
     generation = []
-    if kind not in (CLASSIFIER, ENCODER):
+    if kind not in (CLASSIFIER, ENCODER, TOKEN_CLASSIFIER):
         context = min(cfg.block_size, capacity(kind, fixed)) if fixed else cfg.block_size
         limit = vocab_limit(ckpt.tokenizer, cfg)
         generation = greedy_generation(

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 
-from tinyt.contract import CLASSIFIER, ENCODER, SHARED_CACHE_KIND
+from tinyt.contract import CLASSIFIER, ENCODER, SHARED_CACHE_KIND, TOKEN_CLASSIFIER
 from tinyt.errors import ConfigError
 from tinyt.manifest import ManifestError
 from tinyt.tokenizer import Tokenizer
 
-from .classify import Classifier, Prediction
+from .classify import Classifier, Prediction, TokenClassifier, TokenLabel
 from .embed import Encoder
 from .generate import GenerationResult, LanguageModel
 from .sampling import SamplingParams
@@ -34,8 +34,9 @@ from .session import (
 )
 from .tuning import Plan, check_tune, plan_sessions
 
-__all__ = ["load", "LanguageModel", "Classifier", "Encoder", "GenerationResult", "Prediction",
-           "SamplingParams", "Plan", "ProviderError", "PROVIDERS", "installation_problems"]
+__all__ = ["load", "LanguageModel", "Classifier", "Encoder", "TokenClassifier", "TokenLabel",
+           "GenerationResult", "Prediction", "SamplingParams", "Plan", "ProviderError",
+           "PROVIDERS", "installation_problems"]
 
 
 def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
@@ -86,6 +87,8 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
         return Classifier(artifact, session, tokenizer)
     if artifact.kind == ENCODER:
         return Encoder(artifact, session, tokenizer)
+    if artifact.kind == TOKEN_CLASSIFIER:
+        return TokenClassifier(artifact, session, tokenizer)
     return LanguageModel(artifact, session, tokenizer, io_binding=io_binding,
                          prefill_session=None if prefill is session else prefill, plan=plan,
                          max_context=max_context)

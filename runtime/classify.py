@@ -32,6 +32,32 @@ class Classifier:
             raise ManifestError(f"{artifact.path}/config.json lists {len(self.labels)} labels "
                                 f"for {self.config.num_labels} outputs")
         self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+        self._types = "token_type_ids" in [i.name for i in session.get_inputs()]
+        trunc = tokenizer.hf.truncation  # an imported model's own cut, else its context
+        self.max_length = self.config.block_size if trunc is None else \
+            min(trunc["max_length"], self.config.block_size)
+        tokenizer.hf.enable_truncation(self.max_length)  # keeps a closing [SEP] / </s>
+        tokenizer.hf.no_padding()
+
+    def _encode(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """Ids and token types with the special tokens tokenizer.json's post-processor adds
+        ([CLS] ... [SEP] of an imported BERT; none for tinyt's own tokenizers)."""
+        enc = self.tokenizer.hf.encode_batch([prompt_text(t) for t in texts],
+                                             add_special_tokens=True)
+        return [(e.ids, e.type_ids) for e in enc]
+
+    def _feeds(self, rows: list[tuple[list[int], list[int]]], B: int, T: int
+               ) -> dict[str, np.ndarray]:
+        x = np.full((B, T), self._pad, dtype=np.int64)
+        mask = np.zeros((B, T), dtype=np.int64)
+        types = np.zeros((B, T), dtype=np.int64)
+        for r, (row, type_ids) in enumerate(rows):
+            row, type_ids = row[:T], type_ids[:T]
+            x[r, :len(row)], mask[r, :len(row)], types[r, :len(row)] = row, 1, type_ids
+        feeds = {"input_ids": x, "attention_mask": mask}  # right padding
+        if self._types:
+            feeds["token_type_ids"] = types
+        return feeds
 
     def classify(self, texts: str | Sequence[str], *, batch_size: int = 32
                  ) -> Prediction | list[Prediction]:
@@ -43,27 +69,65 @@ class Classifier:
             texts = [texts]  # type: ignore[list-item]  # one text in, one Prediction out
         if not isinstance(texts, (list, tuple)) or not texts:
             raise ConfigError("texts must be a string or a non-empty list of strings")
-        ids = [self.tokenizer.encode(prompt_text(t))[: self.config.block_size] for t in texts]
+        ids = self._encode(texts)
         out: list[Prediction] = []
         for i in range(0, len(ids), batch_size):
             out += self._batch(ids[i:i + batch_size])
         return out[0] if single else out
 
-    def _batch(self, rows: list[list[int]]) -> list[Prediction]:
+    def _batch(self, rows: list[tuple[list[int], list[int]]]) -> list[Prediction]:
         fixed = self.artifact.fixed  # pinned shapes: pad every batch to them
         if fixed and len(rows) > fixed["batch_size"]:
             return self._batch(rows[:fixed["batch_size"]]) + \
                 self._batch(rows[fixed["batch_size"]:])
         B = fixed["batch_size"] if fixed else len(rows)
-        T = fixed["sequence_length"] if fixed else max(map(len, rows))
-        x = np.full((B, T), self._pad, dtype=np.int64)
-        mask = np.zeros((B, T), dtype=np.int64)
-        for r, row in enumerate(rows):
-            row = row[:T]
-            x[r, :len(row)], mask[r, :len(row)] = row, 1  # right padding
-        logits = self.session.run(["logits"], {"input_ids": x, "attention_mask": mask})[0]
+        T = fixed["sequence_length"] if fixed else max(len(r[0]) for r in rows)
+        logits = self.session.run(["logits"], self._feeds(rows, B, T))[0]
         logits = logits[:len(rows)]
         z = logits - logits.max(axis=-1, keepdims=True)
         probs = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
         return [Prediction(self.labels[int(p.argmax())],
                            {name: float(v) for name, v in zip(self.labels, p)}) for p in probs]
+
+
+@dataclass(frozen=True)
+class TokenLabel:
+    token: str  # the tokenizer's piece ("##ing", "Ġworld", "▁東")
+    start: int  # its characters in the text: text[start:end] (special tokens: 0, 0)
+    end: int
+    label: str
+    probability: float
+
+
+class TokenClassifier(Classifier):
+    """A token-classification artifact (BertForTokenClassification and kin): a label for each
+    token of a text, special tokens included, with where it sits in the text."""
+
+    def classify(self, texts, *, batch_size: int = 32):
+        raise ConfigError(f"{self.artifact.path} labels tokens: use tag(texts)")
+
+    def tag(self, texts: str | Sequence[str], *, batch_size: int = 32
+            ) -> list[TokenLabel] | list[list[TokenLabel]]:
+        """Each text's tokens with their labels (one text in, one list out)."""
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
+        single = isinstance(texts, (str, bytes))
+        if single:
+            texts = [texts]  # type: ignore[list-item]  # one text in, one list out
+        if not isinstance(texts, (list, tuple)) or not texts:
+            raise ConfigError("texts must be a string or a non-empty list of strings")
+        enc = self.tokenizer.hf.encode_batch([prompt_text(t) for t in texts],
+                                             add_special_tokens=True)
+        out: list[list[TokenLabel]] = []
+        for i in range(0, len(enc), batch_size):
+            part = enc[i:i + batch_size]
+            T = max(len(e.ids) for e in part)
+            logits = self.session.run(["logits"], self._feeds(
+                [(e.ids, e.type_ids) for e in part], len(part), T))[0]
+            z = logits - logits.max(axis=-1, keepdims=True)
+            probs = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+            for e, p in zip(part, probs):
+                out.append([TokenLabel(tok, a, b, self.labels[int(q.argmax())],
+                                       float(q.max()))
+                            for tok, (a, b), q in zip(e.tokens, e.offsets, p)])
+        return out[0] if single else out

@@ -66,6 +66,14 @@ class Encoder:
             out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
         return out[0] if single else out
 
+    def embed_rows(self, rows: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
+        """Sentence embeddings [n, dim] of token ids run as given, (ids, token types) each
+        (as `encode` makes them: a server's token-id input), in one batch padded to the
+        longest; the model's own pooling and normalization."""
+        if not rows or any(not ids or len(ids) > self.config.block_size for ids, _ in rows):
+            raise ConfigError(f"each row needs 1..{self.config.block_size} token ids")
+        return self._run(list(rows), "sentence_embedding")
+
     def hidden_states(self, text: str) -> np.ndarray:
         """The last hidden state of each of a text's tokens [tokens, dim]."""
         _, texts = self._texts(text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyt.config import ModelConfig
-from tinyt.contract import DECODER_WITH_PAST, ENCODER, kv_shape, past_name, past_names
+from tinyt.contract import DECODER_WITH_PAST, kv_shape, past_name, past_names
 
 # The longest sequence the stages' checks (verify, optimize, quantize, package, the shared
 # cache's, the load-time probe) run, whatever the model's context: their time and memory are
@@ -67,7 +67,8 @@ def prefill_feeds(cfg: ModelConfig, kind: str, ids: np.ndarray, mask: np.ndarray
     B, T = ids.shape
     mask = np.ones((B, T), dtype=np.int64) if mask is None else mask
     feeds = {"input_ids": ids, "attention_mask": mask}
-    if kind == ENCODER and cfg.type_vocab_size >= 2:  # one text: every token of type 0
+    if kind != DECODER_WITH_PAST and cfg.task != "causal_lm" and cfg.type_vocab_size >= 2:
+        # an encoder's or classifier's token types: one text, every token of type 0
         feeds["token_type_ids"] = np.zeros((B, T), dtype=np.int64)
     if kind == DECODER_WITH_PAST:
         feeds["position_ids"] = np.clip(mask.cumsum(-1) - 1, 0, None)

@@ -38,9 +38,7 @@ class Pending:
 def run_rows(enc: Encoder, rows: Sequence[Row]) -> np.ndarray:
     """Sentence embeddings [len(rows), dim] of inputs already tokenized, in one run (right
     padded; the mask hides the padding)."""
-    # Encoder's public API embeds texts; ids as given need its row runner (a public
-    # Encoder.embed_rows in runtime/embed.py would replace this private call).
-    return enc._run(list(rows), "sentence_embedding")
+    return enc.embed_rows(list(rows))
 
 
 def embedding_answer(vectors: np.ndarray, fmt: str, model_id: str, tokens: int) -> dict:

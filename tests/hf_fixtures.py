@@ -304,13 +304,21 @@ def unigram_tokenizer():
     return tok
 
 
-def encoder_model(kind: str = "bert", **overrides):
-    """transformers' base encoder of `kind` at its real model's settings (scaled), random
-    weights of std 0.2 (norm gains near 1, so hidden states stay of size through the
-    post-norms)."""
+LABELS = ("negative", "neutral", "positive")
+HEADS = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification"}
+
+
+def encoder_model(kind: str = "bert", head: str | None = None, **overrides):
+    """transformers' base encoder of `kind` at its real model's settings (scaled), or its
+    sequence / token classifier (`head`, three named labels), random weights of std 0.2 (norm
+    gains near 1, so hidden states stay of size through the post-norms)."""
     import transformers as T
 
     config_class, model_class, settings = ENCODERS[kind]
+    if head is not None:
+        model_class = model_class.removesuffix("Model") + HEADS[head]
+        overrides = {"id2label": dict(enumerate(LABELS)),
+                     "label2id": {n: i for i, n in enumerate(LABELS)}, **overrides}
     config = getattr(T, config_class)(**{**settings, **overrides}, attn_implementation="eager")
     torch.manual_seed(0)
     model = getattr(T, model_class)(config)
@@ -329,7 +337,8 @@ def save_bert(path: Path, **kwargs):
 
 
 def save_encoder(kind: str, path: Path, *, sentence: bool = True, pooling: str = "mean",
-                 normalize: bool = True, max_seq_length: int = 256, **overrides):
+                 normalize: bool = True, max_seq_length: int = 256, head: str | None = None,
+                 **overrides):
     """A base encoder directory of `kind` (safetensors, with BERT's and RoBERTa's pooler;
     config.json; tokenizer.json and tokenizer_config.json as transformers' fast tokenizer
     saves them); with sentence, laid out as sentence-transformers saves all-MiniLM-L6-v2
@@ -338,7 +347,7 @@ def save_encoder(kind: str, path: Path, *, sentence: bool = True, pooling: str =
     import transformers as T
 
     path = Path(path)
-    model = encoder_model(kind, **overrides)
+    model = encoder_model(kind, head, **overrides)
     model.save_pretrained(path, safe_serialization=True)
     if kind in ("bert", "distilbert"):
         fast = (T.BertTokenizerFast if kind == "bert" else T.DistilBertTokenizerFast)(

@@ -99,14 +99,14 @@ def check_import_target(out: Path) -> None:
 
 def save_import(out: Path, cfg: ModelConfig, tokenizer: Tokenizer,
                 state: dict[str, torch.Tensor], *, source: str, metrics: dict[str, Any],
-                log: Callable[[str], None]) -> Path:
+                log: Callable[[str], None], labels: list[str] | None = None) -> Path:
     """Every importer's tail (Hugging Face's and nanoGPT's, each having checked that its
     tokenizer fits): a model of cfg holding `state` (refused by name if it does not fit),
     written as a checkpoint with `metrics` and its parameter count, and a word on a padded
     vocabulary."""
     model = build_model(cfg)
     load_weights(model, state, source)
-    path = save_checkpoint(out, model, tokenizer,
+    path = save_checkpoint(out, model, tokenizer, labels=labels,
                            metrics={**metrics, "parameters": model.num_parameters()})
     note = padding_note(cfg, tokenizer)
     if note:
@@ -228,7 +228,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     tokenizer = Tokenizer.from_file(path / TOKENIZER_FILE)
     check_tokenizer_fits(tokenizer, cfg, str(path / TOKENIZER_FILE))
     labels = meta.get("labels")
-    if cfg.task == "classifier" and (not isinstance(labels, list) or len(labels) != cfg.num_labels):
+    if cfg.task in ("classifier", "token_classifier") and (
+            not isinstance(labels, list) or len(labels) != cfg.num_labels):
         raise CheckpointError(
             f"{path / CONFIG_FILE}: a classifier needs 'labels', a list of {cfg.num_labels} names"
         )

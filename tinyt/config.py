@@ -17,7 +17,9 @@ POS_ENCODINGS = ("learned", "sinusoidal", "rotary")  # rotary: Llama's, from pos
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh")
 GATED = ("swiglu", "geglu_tanh")  # gated MLPs: act(gate) * up (SiLU: Llama's; GELU-tanh: Gemma's)
 NORMS = ("layernorm", "rmsnorm")
-TASKS = ("causal_lm", "classifier", "encoder")  # encoder: hidden states and a sentence embedding
+# encoder: hidden states and a sentence embedding; token_classifier: a label per token
+TASKS = ("causal_lm", "classifier", "encoder", "token_classifier")
+POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")  # a classifier's dense layer on the pooled token
 NORM_PLACEMENTS = ("pre", "post")  # post: BERT's x = norm(x + branch(x)), no final norm
 POOLINGS = ("mean", "cls", "last")  # a sentence from its tokens: masked mean, first, last real
 TOKENIZER_KINDS = ("bpe", "byte")
@@ -119,6 +121,8 @@ class ModelConfig(_JsonMixin):
     pooling: str | None = "mean"  # the classifier's / encoder's sentence from its tokens;
     #                               None: an encoder with hidden states only
     normalize: bool = False  # the encoder's sentence embedding scaled to unit L2 norm
+    pooler_activation: str | None = None  # a classifier's dense + activation before its head
+    #                                       (BERT's pooler: tanh; DistilBERT's: relu)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -154,10 +158,10 @@ class ModelConfig(_JsonMixin):
             "must be true or false",
         )
         _require(self.task in TASKS, "task", self.task, f"allowed: {', '.join(TASKS)}")
-        if self.task == "classifier":
+        if self.task in ("classifier", "token_classifier"):
             _require(
                 _is_int(self.num_labels) and self.num_labels >= 2, "num_labels", self.num_labels,
-                "a classifier needs an integer >= 2",
+                f"a {self.task} needs an integer >= 2",
             )
         else:
             _require(
@@ -205,10 +209,20 @@ class ModelConfig(_JsonMixin):
                  self.position_offset, "shifts a learned position table: it needs "
                  "pos_encoding='learned'")
         encoder = self.task == "encoder"
-        _require(self.pooling in POOLINGS or (encoder and self.pooling is None), "pooling",
+        per_token = self.task == "token_classifier"
+        _require(self.pooling in POOLINGS or (self.task in ("encoder", "token_classifier")
+                                              and self.pooling is None), "pooling",
                  self.pooling, f"allowed: {', '.join(POOLINGS)}"
                  + (", or null (hidden states only)" if encoder else
-                    " (null only for task='encoder')"))
+                    ", or null" if per_token else
+                    " (null only for task='encoder' or 'token_classifier')"))
+        _require(self.pooler_activation is None or (
+            self.pooler_activation in POOLER_ACTIVATIONS and self.task == "classifier"),
+            "pooler_activation", self.pooler_activation,
+            f"is a classifier's dense layer before its head: null or one of "
+            f"{', '.join(POOLER_ACTIVATIONS)}, with task='classifier'")
+        _require(not per_token or self.pooling is None, "pooling", self.pooling,
+                 "a token_classifier labels each token: it pools nothing (null)")
         _require(self.task != "causal_lm" or self.pooling == "mean", "pooling", self.pooling,
                  "pools a classifier's or an encoder's tokens: a causal LM keeps the default")
         _require(isinstance(self.normalize, bool), "normalize", self.normalize,
@@ -352,7 +366,7 @@ FAMILY_OPTIONS = {"head_size": None, "qk_norm": False, "rope_scaling": None,
                   "post_norms": False, "attn_softcap": None, "final_softcap": None,
                   "rope_local_theta": None, "rotary_dim": None, "norm_placement": "pre",
                   "embedding_norm": False, "type_vocab_size": 0, "position_offset": 0,
-                  "normalize": False}  # name -> its "off"
+                  "normalize": False, "pooler_activation": None}  # name -> its "off"
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's
 # required and optional keys. `dynamic` changes nothing within max_position_embeddings, the

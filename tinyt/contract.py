@@ -5,7 +5,8 @@ its ORTModelForCausalLM and similar loops understand tinyt's graphs.
     decoder:    input_ids [B, S], attention_mask [B, P+S], position_ids [B, S],
                 past_key_values.{i}.key/.value [B, nkv, P, hs]
              -> logits [B, S, vocab], present.{i}.key/.value [B, nkv, P+S, hs]
-    classifier: input_ids [B, S], attention_mask [B, S] -> logits [B, num_labels]
+    classifier: input_ids [B, S], attention_mask [B, S] (, token_type_ids [B, S])
+             -> logits [B, num_labels]  (a token classifier's: [B, S, num_labels])
     encoder:    input_ids [B, S], attention_mask [B, S] (, token_type_ids [B, S])
              -> last_hidden_state [B, S, C] (, sentence_embedding [B, C])
 """
@@ -24,7 +25,8 @@ SHARED_CACHE_KIND = "decoder_gqa"  # the shared-cache variant (`--target gqa`): 
 DECODER = "decoder"  # no KV cache: every pass reads the whole sequence
 CLASSIFIER = "classifier"
 ENCODER = "encoder"  # hidden states and a sentence embedding (Optimum's feature extraction)
-KINDS = (DECODER_WITH_PAST, SHARED_CACHE_KIND, DECODER, CLASSIFIER, ENCODER)
+TOKEN_CLASSIFIER = "token_classifier"  # a label per token (Optimum's token classification)
+KINDS = (DECODER_WITH_PAST, SHARED_CACHE_KIND, DECODER, CLASSIFIER, ENCODER, TOKEN_CLASSIFIER)
 
 BATCH = "batch_size"
 SEQ = "sequence_length"
@@ -140,20 +142,22 @@ def shared_cache_outputs(cfg: ModelConfig, compact: bool = True) -> list[TensorS
 
 
 def classifier_inputs(cfg: ModelConfig) -> list[TensorSpec]:
-    return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
-            TensorSpec("attention_mask", "int64", (BATCH, SEQ))]
-
-
-def classifier_outputs(cfg: ModelConfig) -> list[TensorSpec]:
-    return [TensorSpec("logits", "float32", (BATCH, cfg.num_labels))]
-
-
-def encoder_inputs(cfg: ModelConfig) -> list[TensorSpec]:
     """A token-type input only where the table has rows to choose from (with one, as
     RoBERTa's, row 0 is always added: Optimum exports no input for it)."""
     types = [TensorSpec("token_type_ids", "int64", (BATCH, SEQ))] \
         if cfg.type_vocab_size >= 2 else []
-    return [*classifier_inputs(cfg), *types]
+    return [TensorSpec("input_ids", "int64", (BATCH, SEQ)),
+            TensorSpec("attention_mask", "int64", (BATCH, SEQ)), *types]
+
+
+def classifier_outputs(cfg: ModelConfig) -> list[TensorSpec]:
+    if cfg.task == "token_classifier":
+        return [TensorSpec("logits", "float32", (BATCH, SEQ, cfg.num_labels))]
+    return [TensorSpec("logits", "float32", (BATCH, cfg.num_labels))]
+
+
+def encoder_inputs(cfg: ModelConfig) -> list[TensorSpec]:
+    return classifier_inputs(cfg)
 
 
 def encoder_outputs(cfg: ModelConfig) -> list[TensorSpec]:
@@ -166,7 +170,7 @@ def contract_for(cfg: ModelConfig, kind: str, compact: bool = True
                  ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(inputs, outputs) of a graph kind: the one place the runtime, the exporter and the
     verifier take them from."""
-    if kind == CLASSIFIER:
+    if kind in (CLASSIFIER, TOKEN_CLASSIFIER):
         return classifier_inputs(cfg), classifier_outputs(cfg)
     if kind == ENCODER:
         return encoder_inputs(cfg), encoder_outputs(cfg)

@@ -389,21 +389,29 @@ class TinyTransformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+POOLER_ACTS = {"tanh": torch.tanh, "relu": F.relu, "gelu": F.gelu}
+
+
 class TinyEncoder(nn.Module):
     """Encoder: the same blocks with bidirectional attention over non-padding tokens. A
-    classifier pools its tokens (cfg.pooling: masked mean, the first, the last real one) into
-    a linear head -> logits (B, num_labels); an encoder returns its hidden states (B, T, C)
-    and, with a pooling, the sentence embedding (B, C) (unit length with cfg.normalize)."""
+    classifier pools its tokens (cfg.pooling: masked mean, the first, the last real one),
+    optionally through a dense layer and activation (cfg.pooler_activation), into a linear
+    head -> logits (B, num_labels); a token classifier labels each token (B, T, num_labels);
+    an encoder returns its hidden states (B, T, C) and, with a pooling, the sentence
+    embedding (B, C) (unit length with cfg.normalize)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.task not in ("classifier", "encoder"):
-            raise ConfigError(f"TinyEncoder needs task='classifier' or 'encoder', got "
-                              f"{cfg.task!r}")
+        if cfg.task not in ("classifier", "encoder", "token_classifier"):
+            raise ConfigError(f"TinyEncoder needs task='classifier', 'encoder' or "
+                              f"'token_classifier', got {cfg.task!r}")
         self.config = cfg
         self.transformer = Trunk(cfg)
+        # BERT's pooler (dense + tanh on [CLS]), DistilBERT's pre_classifier (+ relu)
+        self.pooler = nn.Linear(cfg.n_embd, cfg.n_embd, bias=True) \
+            if cfg.pooler_activation else None
         self.classifier = nn.Linear(cfg.n_embd, cfg.num_labels, bias=True) \
-            if cfg.task == "classifier" else None
+            if cfg.task != "encoder" else None
         _init_weights(self, cfg.n_layer)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
@@ -420,8 +428,13 @@ class TinyEncoder(nn.Module):
         mask = keep.unsqueeze(1).unsqueeze(2) | diag  # (B, 1, T, T)
         x, _ = self.transformer(input_ids, position_ids, mask, None, is_causal=False,
                                 token_type_ids=token_type_ids)
+        if self.config.task == "token_classifier":
+            return self.classifier(x)  # (B, T, num_labels)
         if self.classifier is not None:
-            return self.classifier(self._pool(x, attention_mask))
+            pooled = self._pool(x, attention_mask)
+            if self.pooler is not None:
+                pooled = POOLER_ACTS[self.config.pooler_activation](self.pooler(pooled))
+            return self.classifier(pooled)
         if self.config.pooling is None:
             return x
         pooled = self._pool(x, attention_mask)

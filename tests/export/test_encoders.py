@@ -248,3 +248,90 @@ def test_each_encoder_family_through_export_verify_and_embed(family, tmp_path):
     ids[~mask.bool()] = hf.config.pad_token_id
     _, ref = sentence_embeddings(hf, ids, mask, pooling="cls", normalize=False)
     assert np.abs(got - ref.numpy()).max() <= ATOL
+
+
+# the classification heads: sequence (pooler / pre_classifier / classifier.dense on [CLS],
+# then the labels) and token classifiers of each family, three named labels
+HEAD_CASES = [(k, h) for k in ("bert", "distilbert", "roberta", "xlm-roberta")
+              for h in ("sequence", "token")]
+
+
+def _head_batch(tokenizer, pad: int):
+    rows = [(e.ids, e.type_ids) for e in tokenizer.hf.encode_batch(TEXTS)]
+    ids, mask, types = _batch(rows)
+    ids[~mask.bool()] = pad
+    return ids, mask, types
+
+
+@pytest.mark.parametrize("kind, head", HEAD_CASES)
+def test_each_classifier_head_matches_transformers(kind, head, tmp_path):
+    from hf_fixtures import LABELS
+
+    from tinyt.checkpoint import load_checkpoint
+    from tinyt.hf import import_hf
+    hf = save_encoder(kind, tmp_path / "hf", sentence=False, head=head, num_hidden_layers=1)
+    import_hf(tmp_path / "hf", tmp_path / "ckpt")
+    ckpt = load_checkpoint(tmp_path / "ckpt")
+    assert ckpt.labels == list(LABELS)
+    assert ckpt.config.task == ("classifier" if head == "sequence" else "token_classifier")
+    ids, mask, types = _head_batch(ckpt.tokenizer, hf.config.pad_token_id)
+    typed = {"token_type_ids": types} if kind == "bert" else {}
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, **typed).logits
+        got = ckpt.model.eval()(ids, mask, types if kind == "bert" else None)
+    diff = (got - ref)[mask.bool()] if head == "token" else got - ref
+    assert got.shape == ref.shape and diff.abs().max() <= ATOL
+
+
+def test_head_refusals_name_the_problem(tmp_path):
+    from tinyt.hf import import_hf
+    save_encoder("bert", tmp_path / "hf", sentence=False, head="sequence", num_hidden_layers=1,
+                 problem_type="multi_label_classification")
+    with pytest.raises(ConversionError, match="problem_type='multi_label_classification'"):
+        import_hf(tmp_path / "hf", tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg.update(problem_type=None, architectures=["BertForMaskedLM"])
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match="tinyt imports BertModel, "
+                       "BertForSequenceClassification, BertForTokenClassification"):
+        import_hf(tmp_path / "hf", tmp_path / "ckpt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, head", [("bert", "sequence"), ("bert", "token"),
+                                        ("distilbert", "sequence"), ("roberta", "sequence")])
+def test_classifier_heads_through_export_verify_and_the_runtime(kind, head, tmp_path):
+    from hf_fixtures import LABELS
+    from transformers import AutoTokenizer
+
+    import tinyt.runtime as rt
+    from tinyt.export import export_onnx, verify
+    from tinyt.hf import import_hf
+    hf = save_encoder(kind, tmp_path / "hf", sentence=False, head=head)
+    import_hf(tmp_path / "hf", tmp_path / "ckpt")
+    export_onnx(tmp_path / "ckpt", tmp_path / "onnx")
+    report = verify(tmp_path / "ckpt", tmp_path / "onnx")
+    assert report["passed"], report["failures"]
+    config = json.loads((tmp_path / "onnx" / "config.json").read_text())
+    assert config["architectures"] == [type(hf).__name__]
+    assert config["id2label"] == {str(i): n for i, n in enumerate(LABELS)}
+    model = rt.load(tmp_path / "onnx", threads=1)
+    batch = AutoTokenizer.from_pretrained(tmp_path / "hf")(
+        TEXTS, padding=True, truncation=True, max_length=512, return_tensors="pt")
+    with torch.no_grad():
+        ref = torch.softmax(hf(**batch).logits, dim=-1).numpy()
+    if head == "sequence":
+        got = model.classify(TEXTS)
+        probs = np.array([[p.probabilities[n] for n in LABELS] for p in got])
+        assert np.abs(probs - ref).max() <= ATOL
+        assert [p.label for p in got] == [LABELS[i] for i in ref.argmax(-1)]
+    else:
+        assert isinstance(model, rt.TokenClassifier)
+        tagged = model.tag(TEXTS)
+        for row, ref_row, n in zip(tagged, ref, batch["attention_mask"].sum(1).tolist()):
+            assert len(row) == n
+            assert [t.label for t in row] == [LABELS[i] for i in ref_row[:n].argmax(-1)]
+            assert np.abs(np.array([t.probability for t in row]) - ref_row[:n].max(-1)).max() \
+                <= ATOL
+        first = tagged[0][1]  # the first word's first piece, where it sits in the text
+        assert TEXTS[0][first.start:first.end].lower() == first.token.lower().lstrip("#")

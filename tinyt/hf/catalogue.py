@@ -33,7 +33,7 @@ import torch
 
 from tinyt.config import ModelConfig, rope_parameters
 from tinyt.errors import ConversionError
-from tinyt.hf.family import Family, Spelling, Weight, hf_config, misfit
+from tinyt.hf.family import Family, Head, Spelling, Weight, hf_config, misfit, with_head
 from tinyt.hf.tokens import (
     encoder_special_tokens,
     gpt2_special_tokens,
@@ -646,6 +646,23 @@ _GELU = {"hidden_act": Spelling("activation", {
 _ENCODER = {"task": "encoder", "norm": "layernorm", "pos_encoding": "learned",
             "norm_placement": "post", "embedding_norm": True, "bias": True,
             "tie_weights": False}
+_SEQUENCE = {"task": "classifier", "pooling": "cls"}  # every one of these pools [CLS] / <s>
+_TOKENS = {"task": "token_classifier", "pooling": None}
+_TOKEN_HEAD = (Weight("classifier.{w}", ("classifier.{w}",)),)
+
+
+def bert_heads(name: str, prefix: str) -> tuple[Head, ...]:
+    """BERT's and RoBERTa's sequence and token classifiers: the sequence head a dense + tanh
+    on [CLS] (BERT's pooler; RoBERTa's classifier.dense) then the label projection."""
+    pooler, out = (("classifier.dense.{w}", "classifier.out_proj.{w}") if name != "Bert" else
+                   (prefix + "pooler.dense.{w}", "classifier.{w}"))
+    return (Head(f"{name}ForSequenceClassification", "classifier",
+                 {**_SEQUENCE, "pooler_activation": "tanh"},
+                 (Weight("pooler.{w}", (pooler,)), Weight("classifier.{w}", (out,))),
+                 keeps_pooler=True),
+            Head(f"{name}ForTokenClassification", "token_classifier", _TOKENS, _TOKEN_HEAD))
+
+
 _BERT_LIKE = dict(
     spelled=_GELU, features=_ENCODER,
     fixed={"position_embedding_type": "absolute", "is_decoder": False,
@@ -662,6 +679,7 @@ BERT = Family(  # BertModel: the encoder of all-MiniLM, bge, e5 and sentence-tra
     model_type="bert", architecture="BertModel", keys=_BERT_KEYS,
     defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 2},
     weights=bert_weights("bert."), base="bert.", written=bert_written,
+    heads=bert_heads("Bert", "bert."),
     misfit=lambda cfg: ("BertModel's positions start at row 0" if cfg.position_offset else
                         "BertModel has a token-type table" if not cfg.type_vocab_size
                         else None),
@@ -671,7 +689,7 @@ ROBERTA = Family(  # RobertaModel: BERT's layout, positions from pad_token_id + 
     model_type="roberta", architecture="RobertaModel", keys=_BERT_KEYS,
     defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 1},
     reads=(read_roberta_positions,), weights=bert_weights("roberta."), base="roberta.",
-    written=roberta_written,
+    written=roberta_written, heads=bert_heads("Roberta", "roberta."),
     misfit=lambda cfg: None if cfg.position_offset else "RobertaModel's positions start after "
     "its padding row (position_offset >= 1)",
     **_BERT_LIKE,
@@ -680,7 +698,7 @@ XLM_ROBERTA = Family(  # XLMRobertaModel: RoBERTa under another name (multilingu
     model_type="xlm-roberta", architecture="XLMRobertaModel", keys=_BERT_KEYS,
     defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 1},
     reads=(read_roberta_positions,), weights=bert_weights("roberta."), base="roberta.",
-    written=roberta_written,
+    written=roberta_written, heads=bert_heads("XLMRoberta", "roberta."),
     misfit=lambda cfg: None if cfg.position_offset else "XLMRobertaModel's positions start "
     "after its padding row (position_offset >= 1)",
     **_BERT_LIKE,
@@ -696,6 +714,12 @@ DISTILBERT = Family(  # DistilBertModel: no token types, eps fixed at 1e-12, q/k
     features={**_ENCODER, "norm_eps": 1e-12},
     holds=frozenset({"normalize"}),
     weights=DISTILBERT_WEIGHTS, base="distilbert.",
+    heads=(Head("DistilBertForSequenceClassification", "classifier",
+                {**_SEQUENCE, "pooler_activation": "relu"},
+                (Weight("pooler.{w}", ("pre_classifier.{w}",)),
+                 Weight("classifier.{w}", ("classifier.{w}",))),
+                outside=("classifier.", "pre_classifier.")),
+           Head("DistilBertForTokenClassification", "token_classifier", _TOKENS, _TOKEN_HEAD)),
     buffers=("embeddings.position_ids",),
     read_tokenizer=read_encoder_tokenizer, special_tokens=encoder_special_tokens,
     written=lambda cfg, eos: {"dropout": 0.0, "attention_dropout": 0.0,
@@ -709,8 +733,10 @@ DISTILBERT = Family(  # DistilBertModel: no token types, eps fixed at 1e-12, q/k
 # export-hf takes the first that holds a model: the plainer classes first
 CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3, BERT,
              DISTILBERT, ROBERTA, XLM_ROBERTA)
-TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers",
-         "encoder": "encoders"}  # a task's name in messages
+TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers", "encoder": "encoders",
+         "token_classifier": "token classifiers"}  # a task's name in messages
+# what export-hf and an artifact's config.json may be written as: the entries and their heads
+WRITERS = CATALOGUE + tuple(with_head(f, h) for f in CATALOGUE for h in f.heads)
 
 
 def family_of(hf: dict[str, Any], source: str) -> Family:
@@ -724,7 +750,7 @@ def family_of(hf: dict[str, Any], source: str) -> Family:
 
 
 def writer_for(cfg: ModelConfig, source: str,
-               among: tuple[Family, ...] = CATALOGUE) -> Family:
+               among: tuple[Family, ...] = WRITERS) -> Family:
     """The first entry whose class holds cfg exactly; otherwise refused with each one's reason."""
     of_task = [f for f in among if f.task == cfg.task]
     names = " / ".join(f.architecture for f in (of_task or among))
@@ -757,8 +783,8 @@ def encoder_config(cfg: ModelConfig, architecture: str | None = None) -> dict[st
     """config.json of the encoder class holding cfg, as an encoder artifact's config.json:
     `architecture` (the class it was imported from) where that holds it, else the first that
     does (XLM-R and RoBERTa hold the same models); none: refused by name (ConversionError)."""
-    first = tuple(f for f in CATALOGUE if f.architecture == architecture)
-    return hf_config(writer_for(cfg, "the model", among=first + CATALOGUE), cfg, None)
+    first = tuple(f for f in WRITERS if f.architecture == architecture)
+    return hf_config(writer_for(cfg, "the model", among=first + WRITERS), cfg, None)
 
 
 def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,

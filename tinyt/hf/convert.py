@@ -33,7 +33,7 @@ from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConversionError
 from tinyt.fsutil import atomic_dir, read_json_object, write_json
 from tinyt.hf.catalogue import GPT2, family_of, writer_for
-from tinyt.hf.family import Family, config_from_hf, hf_config
+from tinyt.hf.family import Family, config_from_hf, for_class, hf_config, labels_of
 from tinyt.hf.sentence import read_sentence_modules
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
@@ -63,8 +63,10 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     sentence = read_sentence_modules(directory)
     root = directory if sentence is None else sentence.transformer
     hf_cfg = read_json_object(root / "config.json", CheckpointError)
-    family = family_of(hf_cfg, str(root / "config.json"))
+    family = for_class(family_of(hf_cfg, str(root / "config.json")), hf_cfg,
+                       str(root / "config.json"))
     cfg = config_from_hf(family, hf_cfg, str(root / "config.json"))
+    labels = labels_of(hf_cfg) if cfg.task in ("classifier", "token_classifier") else None
     if sentence is not None:
         if cfg.task != "encoder":
             raise ConversionError(f"{directory}: a sentence-transformers directory around a "
@@ -75,7 +77,7 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     model_context = cfg.block_size
     tok = family.read_tokenizer(root, hf_cfg, log)
     check_tokenizer_fits(tok, cfg, "the tokenizer")
-    if cfg.task == "encoder":  # texts cut as the model was run: its own length, else its context
+    if cfg.task != "causal_lm":  # texts cut as the model was run: its own length, else its context
         cut = min(sentence.max_seq_length or cfg.block_size, cfg.block_size) \
             if sentence is not None else cfg.block_size
         tok.hf.enable_truncation(cut)
@@ -91,7 +93,7 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
         cfg, state = _shorter_context(cfg, state, context, str(directory / "config.json"))
         kept = {"context": cfg.block_size, "model_context": model_context}
         log(f"context: {cfg.block_size} of the model's {model_context} tokens")
-    return save_import(out, cfg, tok, state, source=source, log=log, metrics={
+    return save_import(out, cfg, tok, state, source=source, log=log, labels=labels, metrics={
         "imported_from": "huggingface", "architecture": family.architecture,
         "source_dir": str(directory.resolve()), **kept})
 

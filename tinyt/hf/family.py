@@ -97,12 +97,81 @@ class Family:
     drops: tuple[str, ...] = ()  # name endings of weights tinyt's model has no use for (said)
     zero_biases: bool = False
     task: str = "causal_lm"
+    heads: tuple[Head, ...] = ()  # the task classes around the base model (BertFor...)
+    outside: tuple[str, ...] = ()  # HF name prefixes of a head's tensors, outside `base`
 
     def __post_init__(self) -> None:
         named = {*self.keys.values(), *self.features, *(s.field for s in self.spelled.values())}
         if named - FIELDS:
             raise ValueError(f"{self.model_type}: {sorted(named - FIELDS)} are not ModelConfig "
                              "fields")
+
+
+@dataclass(frozen=True)
+class Head:
+    """A task class around a family's base model (BertForSequenceClassification around
+    BertModel): its task, the options it sets (pooling, the pooler's activation), its tensors'
+    names, and the prefixes of those outside the base model. keeps_pooler: the base's pooler,
+    which the base class's import drops, is this head's."""
+    architecture: str
+    task: str
+    features: Mapping[str, Any]
+    weights: tuple[Weight, ...]
+    outside: tuple[str, ...] = ("classifier.",)
+    keeps_pooler: bool = False
+
+
+def read_labels(hf: dict[str, Any]) -> dict[str, Any]:
+    """A classifier's num_labels, from id2label (ids 0..n-1); the multi-label and regression
+    problem types are refused by name (tinyt's classifiers pick one label by softmax)."""
+    labels = labels_of(hf)
+    problem = hf.get("problem_type")
+    if problem not in (None, "single_label_classification"):
+        raise ConversionError(f"problem_type={problem!r} is not implemented by tinyt's "
+                              "classifier, which picks one label by softmax "
+                              "(single_label_classification)")
+    return {"num_labels": len(labels)}
+
+
+def labels_of(hf: dict[str, Any]) -> list[str]:
+    """config.json's label names in id order (transformers' LABEL_i where it names none)."""
+    id2label = hf.get("id2label")
+    if id2label is None:
+        n = hf.get("num_labels", 2)
+        if not (isinstance(n, int) and n >= 2):
+            raise ConversionError(f"num_labels={n!r}: a classifier needs an integer >= 2 (a "
+                                  "single-score head is not implemented)")
+        return [f"LABEL_{i}" for i in range(n)]
+    if not isinstance(id2label, dict) or \
+            sorted(map(str, id2label)) != sorted(str(i) for i in range(len(id2label))):
+        raise ConversionError(f"id2label={id2label!r} must map the ids 0..n-1 to names")
+    names = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    if len(names) < 2:
+        raise ConversionError(f"id2label has {len(names)} label(s): a classifier needs >= 2 "
+                              "(a single-score head, a cross-encoder's, is not implemented)")
+    return names
+
+
+def for_class(family: Family, hf: dict[str, Any], source: str) -> Family:
+    """The entry of config.json's class: the family itself for its base model, or the family
+    grown by one of its heads (a task, options, the head's tensors); other classes refused."""
+    archs = hf.get("architectures") or [family.architecture]
+    if archs == [family.architecture]:
+        return family
+    head = next((h for h in family.heads if [h.architecture] == archs), None)
+    if head is None:
+        known = ", ".join([family.architecture, *(h.architecture for h in family.heads)])
+        raise ConversionError(f"{source}: architectures {archs}; tinyt imports {known} for "
+                              f"model_type {family.model_type!r}")
+    return with_head(family, head)
+
+
+def with_head(family: Family, head: Head) -> Family:
+    return dataclasses.replace(
+        family, architecture=head.architecture, task=head.task,
+        features={**family.features, **head.features}, weights=family.weights + head.weights,
+        drops=() if head.keeps_pooler else family.drops, outside=head.outside,
+        reads=family.reads + (read_labels,), heads=())
 
 
 def rope_keys(hf: dict[str, Any]) -> dict[str, Any]:

@@ -128,7 +128,7 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
     for key, value in tensors.items():
         if key.endswith(family.buffers + family.drops):  # causal-mask buffers, a pooler
             continue
-        if key != HEAD and not key.startswith(family.base):
+        if key != HEAD and not key.startswith(family.base) and not key.startswith(family.outside):
             key = family.base + key  # a base-model save (GPT2Model, LlamaModel)
         sd[key] = value
     used: set[str] = set()
