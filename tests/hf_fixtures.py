@@ -237,7 +237,20 @@ ROBERTA = dict(vocab_size=ROBERTA_VOCAB, hidden_size=64, num_hidden_layers=2,
 # ids; the fixture's is XLMR_VOCAB pieces)
 XLMR_VOCAB = 800
 XLMR = {**ROBERTA, "vocab_size": XLMR_VOCAB}
+# answerdotai/ModernBERT-base: 22 layers, 768 wide, 12 heads, intermediate 1152, 8,192
+# positions by rotary (global base 160,000, local 10,000), every 3rd layer global and the rest
+# +-64 tokens (local_attention 128), GeGLU, no biases, a byte-level BPE (50,368 ids; the
+# fixture's is the RoBERTa one); its classifier pools the mean through a GELU head
+MODERNBERT = dict(vocab_size=ROBERTA_VOCAB, hidden_size=64, num_hidden_layers=4,
+                  num_attention_heads=4, intermediate_size=96, max_position_embeddings=8192,
+                  norm_eps=1e-5, norm_bias=False, attention_bias=False, mlp_bias=False,
+                  global_rope_theta=160000.0, local_rope_theta=10000.0,
+                  global_attn_every_n_layers=3, local_attention=128, hidden_activation="gelu",
+                  classifier_pooling="mean", classifier_activation="gelu",
+                  pad_token_id=1, bos_token_id=0, eos_token_id=2, cls_token_id=0,
+                  sep_token_id=2)
 ENCODERS = {"bert": ("BertConfig", "BertModel", MINILM),
+            "modernbert": ("ModernBertConfig", "ModernBertModel", MODERNBERT),
             "distilbert": ("DistilBertConfig", "DistilBertModel", DISTILBERT),
             "roberta": ("RobertaConfig", "RobertaModel", ROBERTA),
             "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", XLMR)}
@@ -323,7 +336,7 @@ def encoder_model(kind: str = "bert", head: str | None = None, **overrides):
     torch.manual_seed(0)
     model = getattr(T, model_class)(config)
     for name, p in model.named_parameters():
-        gain = name.endswith("weight") and ("LayerNorm" in name or "layer_norm" in name)
+        gain = name.endswith("weight") and "norm" in name.lower()
         torch.nn.init.normal_(p, mean=1.0 if gain else 0.0, std=0.2)
     return model.eval()
 
@@ -349,12 +362,14 @@ def save_encoder(kind: str, path: Path, *, sentence: bool = True, pooling: str =
     path = Path(path)
     model = encoder_model(kind, head, **overrides)
     model.save_pretrained(path, safe_serialization=True)
-    if kind in ("bert", "distilbert"):
+    if kind in ("bert", "distilbert"):  # WordPiece; RoBERTa's and ModernBERT's BPE, XLM-R's
+        #                                   Unigram
         fast = (T.BertTokenizerFast if kind == "bert" else T.DistilBertTokenizerFast)(
             tokenizer_object=wordpiece_tokenizer(), do_lower_case=True, model_max_length=512)
     else:
         fast = T.PreTrainedTokenizerFast(
-            tokenizer_object=roberta_tokenizer() if kind == "roberta" else unigram_tokenizer(),
+            tokenizer_object=unigram_tokenizer() if kind == "xlm-roberta" else
+            roberta_tokenizer(),
             bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
             mask_token="<mask>", model_max_length=512)
     fast.save_pretrained(path)

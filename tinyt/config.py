@@ -14,8 +14,9 @@ from tinyt.errors import ConfigError
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rotary")  # rotary: Llama's, from position_ids
 # The MLP: exact (erf) GELU; its tanh approximation (GPT-2's); SwiGLU (Llama's gated SiLU)
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh")
-GATED = ("swiglu", "geglu_tanh")  # gated MLPs: act(gate) * up (SiLU: Llama's; GELU-tanh: Gemma's)
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh", "geglu")
+# gated MLPs: act(gate) * up (SiLU: Llama's; GELU-tanh: Gemma's; exact GELU: ModernBERT's)
+GATED = ("swiglu", "geglu_tanh", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 # encoder: hidden states and a sentence embedding; token_classifier: a label per token
 TASKS = ("causal_lm", "classifier", "encoder", "token_classifier")
@@ -99,7 +100,9 @@ class ModelConfig(_JsonMixin):
     head_size: int | None = None  # per-head width; None = n_embd / n_head (Qwen3: 128 at 1024/16)
     qk_norm: bool = False  # RMSNorm of each head's q and k before rotary (Qwen3)
     rope_scaling: dict | None = None  # transformers' rope_scaling: linear, dynamic, llama3, yarn
-    sliding_window: int | None = None  # a query sees the last `sliding_window` keys (Mistral)
+    sliding_window: int | None = None  # a query sees the last `sliding_window` keys (Mistral);
+    #                                    in an encoder those within sliding_window // 2 either
+    #                                    side (ModernBERT's local_attention)
     full_attention_layers: tuple[int, ...] = ()  # layers the window leaves out (Qwen2's lower)
     nope_layers: tuple[int, ...] = ()  # layers without rotary positions (SmolLM3's every 4th)
     embedding_multiplier: float = 1.0  # token embeddings times this (Granite)
@@ -123,6 +126,9 @@ class ModelConfig(_JsonMixin):
     normalize: bool = False  # the encoder's sentence embedding scaled to unit L2 norm
     pooler_activation: str | None = None  # a classifier's dense + activation before its head
     #                                       (BERT's pooler: tanh; DistilBERT's: relu)
+    pooler_norm: bool = False  # a norm after the pooler's activation (ModernBERT's head)
+    first_block_norm: bool = True  # false: block 0 has no ln_1 (ModernBERT: the embeddings'
+    #                                norm is the first)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -217,10 +223,20 @@ class ModelConfig(_JsonMixin):
                     ", or null" if per_token else
                     " (null only for task='encoder' or 'token_classifier')"))
         _require(self.pooler_activation is None or (
-            self.pooler_activation in POOLER_ACTIVATIONS and self.task == "classifier"),
+            self.pooler_activation in POOLER_ACTIVATIONS
+            and self.task in ("classifier", "token_classifier")),
             "pooler_activation", self.pooler_activation,
             f"is a classifier's dense layer before its head: null or one of "
-            f"{', '.join(POOLER_ACTIVATIONS)}, with task='classifier'")
+            f"{', '.join(POOLER_ACTIVATIONS)}, with task='classifier' or 'token_classifier'")
+        _require(isinstance(self.pooler_norm, bool) and (not self.pooler_norm
+                                                         or self.pooler_activation is not None),
+                 "pooler_norm", self.pooler_norm,
+                 "normalises the pooler's output: it needs a pooler_activation")
+        _require(isinstance(self.first_block_norm, bool) and (
+            self.first_block_norm or (self.norm_placement == "pre" and self.embedding_norm)),
+            "first_block_norm", self.first_block_norm,
+            "false leaves block 0 without its first norm, which the embeddings' norm takes "
+            "over: it needs norm_placement='pre' and embedding_norm")
         _require(not per_token or self.pooling is None, "pooling", self.pooling,
                  "a token_classifier labels each token: it pools nothing (null)")
         _require(self.task != "causal_lm" or self.pooling == "mean", "pooling", self.pooling,
@@ -252,8 +268,6 @@ class ModelConfig(_JsonMixin):
             _require(isinstance(v, tuple) and all(_is_int(i) and 0 <= i < self.n_layer for i in v)
                      and list(v) == sorted(set(v)), name, v,
                      f"must be increasing layer indices in 0..{self.n_layer - 1}")
-        _require(window is None or self.task == "causal_lm", "sliding_window", window,
-                 f"a {self.task} attends both ways: windows belong to causal LMs")
         _require(window is not None or not self.full_attention_layers, "full_attention_layers",
                  self.full_attention_layers, "only means something with a sliding_window")
         _require(rotary or not self.nope_layers, "nope_layers", self.nope_layers,
@@ -366,7 +380,8 @@ FAMILY_OPTIONS = {"head_size": None, "qk_norm": False, "rope_scaling": None,
                   "post_norms": False, "attn_softcap": None, "final_softcap": None,
                   "rope_local_theta": None, "rotary_dim": None, "norm_placement": "pre",
                   "embedding_norm": False, "type_vocab_size": 0, "position_offset": 0,
-                  "normalize": False, "pooler_activation": None}  # name -> its "off"
+                  "normalize": False, "pooler_activation": None, "pooler_norm": False,
+                  "first_block_norm": True}  # name -> its "off"
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's
 # required and optional keys. `dynamic` changes nothing within max_position_embeddings, the

@@ -116,7 +116,7 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 2 * width if self.gated else width, bias=cfg.bias)
         self.act = nn.SiLU() if cfg.activation == "swiglu" else \
             nn.GELU(approximate="tanh" if cfg.activation in ("gelu_tanh", "geglu_tanh")
-                    else "none")
+                    else "none")  # gelu, geglu: exact
         self.c_proj = nn.Linear(width, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -159,9 +159,10 @@ class Block(nn.Module):
     it is added, Gemma's four norms a block: ln_1, ln_1_out, ln_2, ln_2_out). With
     norm_placement='post' (BERT's): ln_1(x + attn(x)), then ln_2(x + mlp(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
-        self.ln_1 = norm(cfg)
+        # ModernBERT's block 0 takes the embeddings' norm as its first
+        self.ln_1 = norm(cfg) if layer or cfg.first_block_norm else nn.Identity()
         self.attn = SelfAttention(cfg)
         self.ln_2 = norm(cfg)
         self.mlp = MLP(cfg)
@@ -258,7 +259,7 @@ class Trunk(nn.Module):
         self.wtt = nn.Embedding(cfg.type_vocab_size, cfg.n_embd) if cfg.type_vocab_size else None
         self.ln_e = norm(cfg) if cfg.embedding_norm else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = norm(cfg) if cfg.norm_placement == "pre" else None  # post: blocks end normed
         self.embedding_multiplier = cfg.embedding_multiplier
         self.rotary = [cfg.rotary_layer(i) for i in range(cfg.n_layer)]
@@ -408,8 +409,9 @@ class TinyEncoder(nn.Module):
         self.config = cfg
         self.transformer = Trunk(cfg)
         # BERT's pooler (dense + tanh on [CLS]), DistilBERT's pre_classifier (+ relu)
-        self.pooler = nn.Linear(cfg.n_embd, cfg.n_embd, bias=True) \
+        self.pooler = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias) \
             if cfg.pooler_activation else None
+        self.pooler_norm = norm(cfg) if cfg.pooler_norm else None  # ModernBERT's head.norm
         self.classifier = nn.Linear(cfg.n_embd, cfg.num_labels, bias=True) \
             if cfg.task != "encoder" else None
         _init_weights(self, cfg.n_layer)
@@ -426,21 +428,30 @@ class TinyEncoder(nn.Module):
         idx = torch.arange(T, device=input_ids.device)
         diag = idx.unsqueeze(0) == idx.unsqueeze(1)  # (T, T): keeps padding rows non-empty
         mask = keep.unsqueeze(1).unsqueeze(2) | diag  # (B, 1, T, T)
+        window_mask = None
+        if self.config.sliding_window is not None:  # keys within window // 2 either side
+            near = (position_ids.unsqueeze(-1) - position_ids.unsqueeze(1)).abs() \
+                <= self.config.sliding_window // 2  # (B, T, T), by positions
+            window_mask = mask & (near.unsqueeze(1) | diag)
         x, _ = self.transformer(input_ids, position_ids, mask, None, is_causal=False,
-                                token_type_ids=token_type_ids)
+                                window_mask=window_mask, token_type_ids=token_type_ids)
         if self.config.task == "token_classifier":
-            return self.classifier(x)  # (B, T, num_labels)
+            return self.classifier(self._head(x))  # (B, T, num_labels)
         if self.classifier is not None:
-            pooled = self._pool(x, attention_mask)
-            if self.pooler is not None:
-                pooled = POOLER_ACTS[self.config.pooler_activation](self.pooler(pooled))
-            return self.classifier(pooled)
+            return self.classifier(self._head(self._pool(x, attention_mask)))
         if self.config.pooling is None:
             return x
         pooled = self._pool(x, attention_mask)
         if self.config.normalize:
             pooled = F.normalize(pooled, p=2.0, dim=-1, eps=1e-12)
         return x, pooled
+
+    def _head(self, x):
+        """The dense layer, activation and norm before the labels, where the model has them."""
+        if self.pooler is None:
+            return x
+        x = POOLER_ACTS[self.config.pooler_activation](self.pooler(x))
+        return x if self.pooler_norm is None else self.pooler_norm(x)
 
     def _pool(self, x, attention_mask):
         how = self.config.pooling

@@ -204,14 +204,14 @@ def test_rotary_frequencies_are_transformers_own(scaling, head_dim, theta):
     (dict(attn_softcap=0.0), "attn_softcap=0.0 is invalid"),
     (dict(final_softcap=float("inf")), "final_softcap=inf is invalid"),
     (dict(rope_local_theta=10000.0), "it needs pos_encoding='rotary' and a sliding_window"),
-    (dict(activation="geglu"), "allowed: gelu, gelu_tanh, swiglu, geglu_tanh"),
+    (dict(activation="reglu"), "allowed: gelu, gelu_tanh, swiglu, geglu_tanh, geglu"),
 ])
 def test_family_options_are_validated_by_name(settings, says):
     base = dict(n_layer=2, n_embd=64, n_head=4, pos_encoding="rotary", norm="rmsnorm")
     with pytest.raises(ConfigError, match=re.escape(says)):
         ModelConfig(**{**base, **settings})
-    with pytest.raises(ConfigError, match="windows belong to causal LMs"):
-        ModelConfig(task="classifier", num_labels=2, sliding_window=8)
+    # an encoder's window is symmetric (ModernBERT's): allowed, as a causal LM's
+    assert ModelConfig(task="classifier", num_labels=2, sliding_window=8).windowed(0)
     cfg = ModelConfig(**base, head_size=32, nope_layers=[1], sliding_window=8,
                       full_attention_layers=[0])  # JSON's lists come back as tuples
     assert ModelConfig.from_json(cfg.to_json()) == cfg and cfg.q_width == 128

@@ -144,7 +144,8 @@ def test_encoder_through_export_optimize_verify_and_embed(minilm, tmp_path, monk
          "position_embedding_type": "relative_key"})), "position_embedding_type='relative_key'"),
     (lambda d: (d / "config.json").write_text(json.dumps(
         {**json.loads((d / "config.json").read_text()),
-         "architectures": ["BertForSequenceClassification"]})), "tinyt imports BertModel"),
+         "architectures": ["BertForSequenceClassification"]})),
+     "a sentence-transformers directory around a BertForSequenceClassification"),
 ])
 def test_what_the_encoder_does_not_run_is_refused_by_name(tmp_path, change, said):
     from tinyt.hf import import_hf
@@ -189,9 +190,12 @@ def test_pooling_takes_the_first_the_last_real_or_the_mean_token():
 
 
 # DistilBERT (no token types, eps fixed), RoBERTa and XLM-R (positions from pad_token_id + 1,
-# one token type; byte-level BPE and Unigram tokenizers) at their real models' settings
-FAMILIES = {"distilbert": ("DistilBertModel", 0, 0), "roberta": ("RobertaModel", 2, 1),
-            "xlm-roberta": ("XLMRobertaModel", 2, 1)}
+# one token type; byte-level BPE and Unigram tokenizers), ModernBERT (rotary over 8,192
+# positions, +-64-token windows in 2 of every 3 layers, GeGLU, no biases) at their real
+# models' settings: (class, position offset, token types, context)
+FAMILIES = {"distilbert": ("DistilBertModel", 0, 0, 512), "roberta": ("RobertaModel", 2, 1, 512),
+            "xlm-roberta": ("XLMRobertaModel", 2, 1, 512),
+            "modernbert": ("ModernBertModel", 0, 0, 8192)}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -210,9 +214,9 @@ def test_each_encoder_family_matches_transformers(family):
     kind, root, hf = family
     ckpt = load_checkpoint(root / "ckpt")
     cfg = ckpt.config
-    arch, offset, types = FAMILIES[kind]
+    arch, offset, types, context = FAMILIES[kind]
     assert (cfg.block_size, cfg.position_offset, cfg.type_vocab_size, cfg.pooling,
-            cfg.normalize) == (512, offset, types, "cls", False)
+            cfg.normalize) == (context, offset, types, "cls", False)
     theirs = AutoTokenizer.from_pretrained(root / "st")
     rows = []
     for text in TEXTS:
@@ -225,7 +229,7 @@ def test_each_encoder_family_matches_transformers(family):
     with torch.no_grad():
         x, s = ckpt.model.eval()(ids, mask)
     assert (x - h)[mask.bool()].abs().max() <= ATOL and (s - e).abs().max() <= ATOL
-    with torch.no_grad():  # the context: the table's last row is position 511's
+    with torch.no_grad():  # 512 tokens: a table's last row; ModernBERT's windows 4x over
         full = torch.randint(5, cfg.vocab_size, (1, 512))
         ref = hf(input_ids=full).last_hidden_state
         assert (ckpt.model(full)[0] - ref).abs().max() <= ATOL
@@ -252,7 +256,7 @@ def test_each_encoder_family_through_export_verify_and_embed(family, tmp_path):
 
 # the classification heads: sequence (pooler / pre_classifier / classifier.dense on [CLS],
 # then the labels) and token classifiers of each family, three named labels
-HEAD_CASES = [(k, h) for k in ("bert", "distilbert", "roberta", "xlm-roberta")
+HEAD_CASES = [(k, h) for k in ("bert", "distilbert", "roberta", "xlm-roberta", "modernbert")
               for h in ("sequence", "token")]
 
 
@@ -299,7 +303,8 @@ def test_head_refusals_name_the_problem(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, head", [("bert", "sequence"), ("bert", "token"),
-                                        ("distilbert", "sequence"), ("roberta", "sequence")])
+                                        ("distilbert", "sequence"), ("roberta", "sequence"),
+                                        ("modernbert", "sequence")])
 def test_classifier_heads_through_export_verify_and_the_runtime(kind, head, tmp_path):
     from hf_fixtures import LABELS
     from transformers import AutoTokenizer
@@ -316,8 +321,8 @@ def test_classifier_heads_through_export_verify_and_the_runtime(kind, head, tmp_
     assert config["architectures"] == [type(hf).__name__]
     assert config["id2label"] == {str(i): n for i, n in enumerate(LABELS)}
     model = rt.load(tmp_path / "onnx", threads=1)
-    batch = AutoTokenizer.from_pretrained(tmp_path / "hf")(
-        TEXTS, padding=True, truncation=True, max_length=512, return_tensors="pt")
+    batch = AutoTokenizer.from_pretrained(tmp_path / "hf")(  # cut where the model's context is
+        TEXTS, padding=True, truncation=True, max_length=model.max_length, return_tensors="pt")
     with torch.no_grad():
         ref = torch.softmax(hf(**batch).logits, dim=-1).numpy()
     if head == "sequence":

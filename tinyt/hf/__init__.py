@@ -27,6 +27,7 @@ from tinyt.hf.catalogue import (
     GRANITE,
     LLAMA,
     MISTRAL,
+    MODERNBERT,
     PHI3,
     QWEN2,
     QWEN3,
@@ -45,7 +46,8 @@ from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
 __all__ = ["BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
-           "HF_LOGITS_ATOL", "LLAMA", "MISTRAL", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3",
+           "HF_LOGITS_ATOL", "LLAMA", "MISTRAL", "MODERNBERT", "PHI3", "QWEN2", "QWEN3",
+           "ROBERTA", "SMOLLM3",
            "XLM_ROBERTA", "ConversionError", "Family", "Spelling", "Weight", "config_from_hf",
            "encoder_config", "family_of", "gpt2_config", "hf_config", "hf_state", "import_hf",
            "llama_config", "read_hf_weights", "state_from_hf", "state_from_llama", "to_hf",

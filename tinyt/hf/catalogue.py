@@ -730,9 +730,105 @@ DISTILBERT = Family(  # DistilBertModel: no token types, eps fixed at 1e-12, q/k
     task="encoder",
 )
 
+MB = "model.layers.{i}."
+MODERNBERT_WEIGHTS = (
+    Weight("transformer.wte.weight", ("model.embeddings.tok_embeddings.weight",)),
+    Weight("transformer.ln_e.{w}", ("model.embeddings.norm.{w}",)),
+    Weight(BLOCK + "ln_1.{w}", (MB + "attn_norm.{w}",)),  # none in layer 0
+    Weight(BLOCK + "attn.c_attn.{w}", (MB + "attn.Wqkv.{w}",)),  # rows q | k | v, as tinyt's
+    Weight(BLOCK + "attn.c_proj.{w}", (MB + "attn.Wo.{w}",)),
+    Weight(BLOCK + "ln_2.{w}", (MB + "mlp_norm.{w}",)),
+    Weight(BLOCK + "mlp.c_fc.{w}", (MB + "mlp.Wi.{w}",)),  # the activated half first, as tinyt's
+    Weight(BLOCK + "mlp.c_proj.{w}", (MB + "mlp.Wo.{w}",)),
+    Weight("transformer.ln_f.{w}", ("model.final_norm.{w}",)),
+)
+
+
+def read_modernbert(hf: dict[str, Any]) -> dict[str, Any]:
+    """One bias setting for every projection and norm (tinyt's `bias`); the global layers,
+    every `global_attn_every_n_layers`-th from layer 0; the rest see `local_attention` // 2
+    tokens either side."""
+    biases = {k: hf.get(k, False) for k in ("attention_bias", "mlp_bias", "norm_bias")}
+    if len(set(biases.values())) != 1:
+        raise ConversionError(f"{biases}: tinyt's model has biases everywhere or nowhere")
+    every = hf.get("global_attn_every_n_layers", 3)
+    layers = hf.get("num_hidden_layers")
+    if not (isinstance(every, int) and every >= 1 and isinstance(layers, int)):
+        raise ConversionError(f"global_attn_every_n_layers={every!r} must be an integer >= 1")
+    return {"bias": biases["norm_bias"],
+            "full_attention_layers": tuple(i for i in range(layers) if i % every == 0)}
+
+
+def read_modernbert_head(hf: dict[str, Any]) -> dict[str, Any]:
+    """The head: classifier_pooling, classifier_activation, and its dense layer's bias, which
+    tinyt's pooler shares with the model's."""
+    pooling = hf.get("classifier_pooling", "cls")
+    act = hf.get("classifier_activation", "gelu")
+    if pooling not in ("cls", "mean"):
+        raise ConversionError(f"classifier_pooling={pooling!r}: tinyt pools cls or mean")
+    if act not in ("gelu", "tanh", "relu"):
+        raise ConversionError(f"classifier_activation={act!r} is not implemented by tinyt's "
+                              "head; allowed: gelu, tanh, relu")
+    if hf.get("classifier_bias", False) != hf.get("norm_bias", False):
+        raise ConversionError(f"classifier_bias={hf.get('classifier_bias')!r} with "
+                              f"norm_bias={hf.get('norm_bias')!r}: tinyt's head has the "
+                              "model's bias setting")
+    return {"pooling": pooling, "pooler_activation": act}
+
+
+def modernbert_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    every = cfg.full_attention_layers[1] if len(cfg.full_attention_layers) > 1 else cfg.n_layer
+    return {"attention_bias": cfg.bias, "mlp_bias": cfg.bias, "norm_bias": cfg.bias,
+            "global_attn_every_n_layers": every, "embedding_dropout": 0.0,
+            "attention_dropout": 0.0, "mlp_dropout": 0.0}
+
+
+def modernbert_misfit(cfg: ModelConfig) -> str | None:
+    layers = cfg.full_attention_layers
+    every = layers[1] if len(layers) > 1 else cfg.n_layer
+    if layers != tuple(range(0, cfg.n_layer, every)):
+        return f"ModernBertModel's global layers are every n-th from 0; these are {layers}"
+    return None
+
+
+_MB_HEAD = (Weight("pooler.{w}", ("head.dense.{w}",)),
+            Weight("pooler_norm.{w}", ("head.norm.{w}",)),
+            Weight("classifier.{w}", ("classifier.{w}",)))
+MODERNBERT = Family(  # ModernBertModel: rotary, GeGLU, local / global layers, pre-norm
+    model_type="modernbert", architecture="ModernBertModel",
+    keys={"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+          "num_attention_heads": "n_head", "intermediate_size": "n_inner",
+          "max_position_embeddings": "block_size", "vocab_size": "vocab_size",
+          "norm_eps": "norm_eps", "global_rope_theta": "rope_theta",
+          "local_rope_theta": "rope_local_theta", "local_attention": "sliding_window"},
+    defaults={"norm_eps": 1e-5, "global_rope_theta": 160000.0, "local_rope_theta": 10000.0,
+              "local_attention": 128, "max_position_embeddings": 8192},
+    spelled={"hidden_activation": Spelling("activation", {"gelu": "geglu"}, default="gelu",
+                                           why=" (its MLP is GeGLU with the exact GELU)")},
+    features={"task": "encoder", "norm": "layernorm", "pos_encoding": "rotary",
+              "norm_placement": "pre", "embedding_norm": True, "first_block_norm": False,
+              "tie_weights": False},
+    reads=(read_modernbert,),
+    holds=frozenset({"sliding_window", "full_attention_layers", "rope_local_theta",
+                     "normalize", "pooler_norm", "pooler_activation", "first_block_norm",
+                     "embedding_norm", "norm_placement"}),
+    misfit=modernbert_misfit,
+    weights=MODERNBERT_WEIGHTS, base="model.",
+    read_tokenizer=read_encoder_tokenizer, special_tokens=encoder_special_tokens,
+    written=modernbert_written, task="encoder",
+    heads=(Head("ModernBertForSequenceClassification", "classifier",
+                {"task": "classifier", "pooler_norm": True}, _MB_HEAD,
+                outside=("head.", "classifier."), reads=(read_modernbert_head,)),
+           Head("ModernBertForTokenClassification", "token_classifier",
+                {"task": "token_classifier", "pooling": None, "pooler_norm": True}, _MB_HEAD,
+                outside=("head.", "classifier."),
+                reads=(lambda hf: {"pooler_activation": read_modernbert_head(
+                    {**hf, "classifier_pooling": "cls"})["pooler_activation"]},))),
+)
+
 # export-hf takes the first that holds a model: the plainer classes first
 CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3, BERT,
-             DISTILBERT, ROBERTA, XLM_ROBERTA)
+             DISTILBERT, ROBERTA, XLM_ROBERTA, MODERNBERT)
 TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers", "encoder": "encoders",
          "token_classifier": "token classifiers"}  # a task's name in messages
 # what export-hf and an artifact's config.json may be written as: the entries and their heads

@@ -119,6 +119,7 @@ class Head:
     weights: tuple[Weight, ...]
     outside: tuple[str, ...] = ("classifier.",)
     keeps_pooler: bool = False
+    reads: tuple[Callable[[dict[str, Any]], dict[str, Any]], ...] = ()  # the head's own keys
 
 
 def read_labels(hf: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +172,7 @@ def with_head(family: Family, head: Head) -> Family:
         family, architecture=head.architecture, task=head.task,
         features={**family.features, **head.features}, weights=family.weights + head.weights,
         drops=() if head.keeps_pooler else family.drops, outside=head.outside,
-        reads=family.reads + (read_labels,), heads=())
+        reads=family.reads + (read_labels, *head.reads), heads=())
 
 
 def rope_keys(hf: dict[str, Any]) -> dict[str, Any]:
