@@ -371,7 +371,8 @@ def quantize(
              "batch as if alone; the graph 'tinyt serve' batches best).")] = "nbits",
     max_loss_increase: Annotated[Optional[float], typer.Option(
         help="Try the variants and keep the fastest whose validation loss is at most this "
-             "fraction above the source's (0.02 = +2%; classifier: accuracy points).")] = None,
+             "fraction above the source's (0.02 = +2%; classifier: accuracy points; encoder: "
+             "the recall@10 it may lose).")] = None,
 ) -> None:
     """Quantize weights (the tied embedding / lm_head once) and report the accuracy change."""
     from tinyt.export.quantize import quantize as run_quantize
@@ -405,6 +406,11 @@ def quantize(
         if isinstance(value, float):
             typer.echo(f"{key:30s} {value:.4f}" if abs(value) >= 1e-3 or value == 0
                        else f"{key:30s} {value:.2e}")
+    if "meets_targets" in a:  # an encoder's report: on what, and against which bar
+        typer.echo(f"measured on {a['texts']} texts ({a['queries']} queries, {a['passages']} "
+                   f"passages of {a['data']}), cut at {a['max_length']} tokens; targets "
+                   + ", ".join(f"{m} >= {t}" for m, t in a["targets"].items())
+                   + (": met" if a["meets_targets"] else ": NOT met"))
     typer.echo(f"onnx: {path}")
 
 
@@ -516,6 +522,12 @@ def classify_cmd(
     import tinyt.runtime as rt
 
     clf = rt.load(artifact, provider=provider)
+    if isinstance(clf, rt.TokenClassifier):  # a label per token: one line each
+        for text, tokens in zip(texts, clf.tag(texts)):
+            typer.echo(f"{text!r}")
+            for t in tokens:
+                typer.echo(f"  {t.token}\t{t.label}\t{t.probability:.3f}\t{t.start}:{t.end}")
+        return
     if not isinstance(clf, rt.Classifier):
         encoder = isinstance(clf, rt.Encoder)
         raise TinytError(f"{artifact} is {'an encoder' if encoder else 'a language model'}; "

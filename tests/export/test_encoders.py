@@ -305,7 +305,8 @@ def test_head_refusals_name_the_problem(tmp_path):
 @pytest.mark.parametrize("kind, head", [("bert", "sequence"), ("bert", "token"),
                                         ("distilbert", "sequence"), ("roberta", "sequence"),
                                         ("modernbert", "sequence")])
-def test_classifier_heads_through_export_verify_and_the_runtime(kind, head, tmp_path):
+def test_classifier_heads_through_export_verify_and_the_runtime(kind, head, tmp_path,
+                                                                monkeypatch, capsys):
     from hf_fixtures import LABELS
     from transformers import AutoTokenizer
 
@@ -340,3 +341,7 @@ def test_classifier_heads_through_export_verify_and_the_runtime(kind, head, tmp_
                 <= ATOL
         first = tagged[0][1]  # the first word's first piece, where it sits in the text
         assert TEXTS[0][first.start:first.end].lower() == first.token.lower().lstrip("#")
+        code, out, _ = _cli(monkeypatch, capsys, "classify", tmp_path / "onnx", TEXTS[1])
+        lines = out.splitlines()  # the text, then a line a token: piece, label, prob, span
+        assert code in (0, None) and lines[0] == repr(TEXTS[1])
+        assert [line.split("\t")[1] for line in lines[1:]] == [t.label for t in tagged[1]]
