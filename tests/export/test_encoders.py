@@ -139,6 +139,9 @@ def test_encoder_through_export_optimize_verify_and_embed(minilm, tmp_path, monk
           "type": "sentence_transformers.models.Dense"}])), "Dense not implemented"),
     (lambda d: (d / "sentence_bert_config.json").write_text(json.dumps(
         {"max_seq_length": 256, "do_lower_case": True})), "do_lower_case=true"),
+    (lambda d: (d / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: "}, "default_prompt_name": "query"})),
+     "default_prompt_name='query' puts a prompt before every text"),
     (lambda d: (d / "config.json").write_text(json.dumps(
         {**json.loads((d / "config.json").read_text()),
          "position_embedding_type": "relative_key"})), "position_embedding_type='relative_key'"),

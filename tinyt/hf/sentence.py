@@ -3,6 +3,7 @@
     modules.json          Transformer (path "" or a folder), Pooling, Normalize, in order
     1_Pooling/config.json  mean | cls | lasttoken (the legacy booleans or `pooling_mode`)
     sentence_bert_config.json  max_seq_length: where texts are cut (tokens)
+    config_sentence_transformers.json  prompts: only with no default prompt (each text as given)
 
 Read into the encoder's `pooling` and `normalize` and the tokenizer's truncation; every other
 module (Dense, LayerNorm, WeightedLayerPooling, Router, ...) and every other pooling (max,
@@ -88,6 +89,14 @@ def read_sentence_modules(directory: Path) -> SentenceModules | None:
                               "not a folder inside the directory")
     pooling = _pooling(directory / str(entries[1].get("path", "1_Pooling")),
                        str(directory / str(entries[1].get("path", "1_Pooling")) / "config.json"))
+    st_config = directory / "config_sentence_transformers.json"
+    if st_config.is_file():  # a default prompt goes before every text sentence-transformers
+        data = read_json_object(st_config, CheckpointError)  # embeds: not in tokenizer.json
+        if data.get("default_prompt_name"):
+            raise ConversionError(
+                f"{st_config}: default_prompt_name={data['default_prompt_name']!r} puts a "
+                "prompt before every text, outside the model and its tokenizer; tinyt embeds "
+                "texts as given: set it to null and add the prompt to your texts")
     max_len = None
     for folder in (transformer, directory):
         bert_cfg = folder / "sentence_bert_config.json"
