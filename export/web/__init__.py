@@ -1,5 +1,6 @@
 """`tinyt package ARTIFACT OUT --format web`: a static folder any file server can host, that
-generates in the browser on ONNX Runtime Web's WebAssembly backend.
+generates in the browser on ONNX Runtime Web's WebAssembly backend (an encoder or a classifier
+embeds, classifies or tags instead: export/web/text.py).
 
     ARTIFACT (a causal LM: contract graph, or a shared-cache graph / pair)
       ──▶ OUT/index.html        the page: prompt, generate, tokens streaming in, tokens/s;
@@ -7,12 +8,15 @@ generates in the browser on ONNX Runtime Web's WebAssembly backend.
                                 top_p, seed, stop, threads start a generation on load, whose
                                 result lands as JSON in <pre id="result">
           OUT/tinyt.mjs         the ES module (tokenizer, load, generate, cancel)
+          OUT/tokenizers.min.mjs  @huggingface/tokenizers, the exact version in
+                                TOKENIZERS_JS_VERSION: runs tokenizer.json as the Rust library does
           OUT/model.onnx [prefill.onnx], tokenizer.json, config.json, web.json (what the
                                 module reads), manifest.json (a tinyt manifest)
           OUT/ort.wasm.min.mjs, ort-wasm-simd-threaded.{mjs,wasm}: onnxruntime-web, the exact
                                 version in ORT_WEB_VERSION (web/package.json pins it)
       checked before it is written: the package's own module runs under Node on the same
-      WebAssembly files, and its token ids and greedy tokens must equal tinyt's.
+      WebAssembly files, and its token ids (on hostile text too) and greedy tokens must equal
+      tinyt's.
 
 ONNX Runtime Web 1.30's GroupQueryAttention predates the `query_seqlens` input (per-row query
 lengths, which the runtime's batched prompts use); one page generates one row, where every
@@ -43,6 +47,10 @@ from ..stage import Built, built, copy_artifact_files, open_source
 
 ORT_WEB_VERSION = "1.30.0"
 ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+TOKENIZERS_JS_VERSION = "0.2.0"  # @huggingface/tokenizers (npm), what tinyt.mjs is checked with
+TOKENIZERS_JS_FILE = "tokenizers.min.mjs"
+TOKENIZER_MODELS = ("BPE", "WordPiece", "Unigram")  # what it runs (it reads others as a guess)
+PAGE_FILES = ("tinyt.mjs", "index.html")
 ASSETS = Path(__file__).parent  # tinyt.mjs, index.html, check.mjs beside this module
 REPO_WEB = Path(__file__).resolve().parents[2] / "web"  # the checkout's web/package.json (npm)
 GQA_WEB_INPUTS = 16  # GroupQueryAttention's inputs in onnxruntime-web 1.30
@@ -63,6 +71,35 @@ def ort_web_dist() -> Path:
         raise WebPackageError(f"{dist} is onnxruntime-web {version}; tinyt's web module is "
                               f"checked with {ORT_WEB_VERSION} (bash scripts/setup-web.sh)")
     return dist
+
+
+def tokenizers_js_dist() -> Path:
+    """Where @huggingface/tokenizers' browser build is: $TINYT_TOKENIZERS_JS_DIST, or the
+    checkout's web/node_modules (scripts/setup-web.sh installs it there)."""
+    env = os.environ.get("TINYT_TOKENIZERS_JS_DIST")
+    dist = Path(env) if env else REPO_WEB / "node_modules" / "@huggingface" / "tokenizers" / "dist"
+    if not (dist / TOKENIZERS_JS_FILE).is_file():
+        raise WebPackageError(f"@huggingface/tokenizers {TOKENIZERS_JS_VERSION} is not installed "
+                              f"({dist} lacks {TOKENIZERS_JS_FILE}): run `bash "
+                              "scripts/setup-web.sh`, or set TINYT_TOKENIZERS_JS_DIST to its dist "
+                              "folder")
+    version = json.loads((dist.parent / "package.json").read_text()).get("version")
+    if version != TOKENIZERS_JS_VERSION:
+        raise WebPackageError(f"{dist} is @huggingface/tokenizers {version}; tinyt's web "
+                              f"module is checked with {TOKENIZERS_JS_VERSION} (bash "
+                              "scripts/setup-web.sh)")
+    return dist
+
+
+def copy_runtime(out: Path) -> list[str]:
+    """onnxruntime-web, the tokenizer library and the page into `out`; the names written."""
+    for dist, names in ((ort_web_dist(), ORT_WEB_FILES), (tokenizers_js_dist(),
+                                                          (TOKENIZERS_JS_FILE,))):
+        for f in names:
+            shutil.copy2(dist / f, out / f)
+    for f in PAGE_FILES:
+        shutil.copy2(ASSETS / f, out / f)
+    return [*ORT_WEB_FILES, TOKENIZERS_JS_FILE, *PAGE_FILES]
 
 
 def node() -> str:
@@ -161,15 +198,24 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
     return ties
 
 
-def _check_tokenizer(path: Path) -> None:
-    tok = json.loads(path.read_text())
-    model, pre = tok.get("model") or {}, tok.get("pre_tokenizer") or {}
-    if model.get("type") != "BPE" or pre.get("type") != "ByteLevel" or tok.get("normalizer"):
-        raise WebPackageError(
-            f"{path}: the web tokenizer runs byte-level BPE (model BPE, pre_tokenizer ByteLevel, "
-            f"no normalizer), as tinyt trains; this one has model {model.get('type')}, "
-            f"pre_tokenizer {pre.get('type')}, normalizer "
-            f"{(tok.get('normalizer') or {}).get('type')}")
+def check_tokenizer(path: Path) -> None:
+    """Refuse, by name, a tokenizer.json whose model the page's library does not run (it would
+    read one as another, e.g. WordLevel as its Legacy model). The rest of the file is judged by
+    the ids the packaged module gives (package_web's check)."""
+    model = (json.loads(path.read_text()).get("model") or {}).get("type")
+    if model not in TOKENIZER_MODELS:
+        raise WebPackageError(f"{path}: the page's tokenizer (@huggingface/tokenizers "
+                              f"{TOKENIZERS_JS_VERSION}) runs the models "
+                              f"{', '.join(TOKENIZER_MODELS)}; this one has model {model}")
+
+
+# Text the package's tokenizer must encode to tinyt's ids before anything is written: code,
+# accents, scripts, emoji, the two spaces JavaScript's \s and Unicode disagree on, control
+# characters, an empty text.
+CHECK_TEXTS = ["def main():\n    return 0\n", "héllo wörld 😀 — 你好", "",
+               "Ünïcode café — ΟΔΟΣ İstanbul ß ﬁ", "東京 한국어 عربى 👩‍👩‍👧‍👦 🇫🇷",
+               "bom\ufeff next\x85line \u2028 \u3000 \xa0", "\x00\x01 ctrl\x1b[0m \x7f\t\r\n  ",
+               "supercalifragilisticexpialidocious" * 4, "   "]
 
 
 def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -177,19 +223,24 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     """Write the web package (module docstring); returns out_dir."""
     from tinyt.runtime import load
 
+    from .text import TEXT_KINDS, package_text
+
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     src = open_source(src_dir, out_dir)
     manifest, cfg, kind = src.manifest, src.config, src.kind
     files = [ONNX_FILE] + ([manifest["prefill_model_file"]]
                            if manifest.get("prefill_model_file") else [])
     check_graphs_here(manifest, files, "the web package")
-    dist = ort_web_dist()
+    ort_web_dist()
+    tokenizers_js_dist()
     node()
+    check_tokenizer(src_dir / "tokenizer.json")
+    if kind in TEXT_KINDS:
+        return package_text(src_dir, out_dir, src)
     if kind not in (DECODER_WITH_PAST, SHARED_CACHE_KIND):
-        raise WebPackageError(f"{src_dir} is a {kind} graph; the web package generates text, "
-                              "from a causal LM with a KV cache (decoder_with_past, or a "
-                              "shared-cache decoder_gqa)")
-    _check_tokenizer(src_dir / "tokenizer.json")
+        raise WebPackageError(f"{src_dir} is a {kind} graph; the web package takes a causal LM "
+                              "with a KV cache (decoder_with_past, or a shared-cache "
+                              f"decoder_gqa), or one of {', '.join(TEXT_KINDS)}")
     lm = load(src_dir, threads=1, tune=False)
     # A LongRoPE model's page stops at its original context: past it every token turns at the
     # long frequencies, the cache made again, which the page's loop does not do
@@ -200,7 +251,7 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
            "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
            "kv_axes": list(kv_axes(cfg, "length")),  # the contract's order, read by tinyt.mjs
            "eos_token_id": lm.tokenizer.eos_id,
-           "onnxruntime_web": ORT_WEB_VERSION}
+           "onnxruntime_web": ORT_WEB_VERSION, "tokenizers_js": TOKENIZERS_JS_VERSION}
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:
         dropped, ops = [], set()
         for f in files:
@@ -211,14 +262,11 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             save_graph(proto, Path(tmp) / f)
             shutil.copy2(Path(tmp) / f, out / f)
         copy_artifact_files(src_dir, out)
-        for f in ORT_WEB_FILES:
-            shutil.copy2(dist / f, out / f)
-        for f in ("tinyt.mjs", "index.html"):
-            shutil.copy2(ASSETS / f, out / f)
+        runtime = copy_runtime(out)
         (out / "web.json").write_text(json.dumps(web, indent=1) + "\n")
         # The check: the module, under Node, on the WebAssembly files just copied.
         prompts = check_prompts or [lm.tokenizer.encode(t) for t in ("def ", "import os\n")]
-        texts = ["def main():\n    return 0\n", "héllo wörld 😀 — 你好", ""]
+        texts = CHECK_TEXTS
         got = run_module(out, {"encode": texts, "generate": [
             {"prompt_ids": p, "max_new_tokens": check_tokens} for p in prompts]})
         if "error" in got:
@@ -243,10 +291,11 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             out, stage="package", source=artifact_source(src_dir, manifest),
             options={"format": "web"}, extra={
             "graph": kind, "package_format": "web", "web": {
-                **web, "files": [*files, *ORT_WEB_FILES, "tinyt.mjs", "index.html"],
+                **web, "files": [*files, *runtime],
                 "gqa_query_seqlens_dropped": dropped, "notes": notes,
                 "checked": {"runtime": f"node {node_version()}",
-                            "onnxruntime_web": ORT_WEB_VERSION, "prompts": len(prompts),
+                            "onnxruntime_web": ORT_WEB_VERSION,
+                            "tokenizers_js": TOKENIZERS_JS_VERSION, "prompts": len(prompts),
                             "greedy_tokens": check_tokens, "greedy_equal": True,
                             "greedy_ties": ties,
                             "tokenizer_texts": len(texts)}},

@@ -1,7 +1,9 @@
 // Run a web package's module under Node (the same tinyt.mjs and ONNX Runtime Web WebAssembly
 // files the page loads): `node check.mjs PACKAGE_DIR < request.json > answer.json`, where the
-// request is {"encode": [texts], "generate": [{"prompt_ids": [...], "max_new_tokens": n, ...}],
-// "threads": 1}. tinyt's packaging and tests call it; the page does the same in a browser.
+// request is {"encode": [texts], "decode": [ids], "generate": [{"prompt_ids": [...],
+// "max_new_tokens": n, ...}], "threads": 1} for a language model, and {"rows": [texts] (ids and
+// token types, cut where the model cuts), "embed" | "classify" | "tag": [texts]} for an encoder
+// or a classifier. tinyt's packaging and tests call it; the page does the same in a browser.
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -18,6 +20,13 @@ try {
   answer.load_ms = lm.loadMs;
   for (const text of request.encode || []) answer.encode.push(lm.tokenizer.encode(text));
   for (const ids of request.decode || []) (answer.decode ||= []).push(lm.tokenizer.decode(ids));
+  for (const text of request.rows || []) {
+    const r = lm.tokenizer.encodeRow(text, lm.maxLength);
+    (answer.rows ||= []).push([r.ids, r.typeIds]);
+  }
+  if (request.embed) answer.embed = (await lm.embed(request.embed)).map((e) => Array.from(e));
+  if (request.classify) answer.classify = await lm.classify(request.classify);
+  if (request.tag) answer.tag = await lm.tag(request.tag);
   for (const g of request.generate || []) {
     const r = await lm.generate(g.prompt_ids ?? g.prompt, {
       maxNewTokens: g.max_new_tokens, temperature: g.temperature || 0, topK: g.top_k || 0,

@@ -1,6 +1,7 @@
-// tinyt in the browser: the tokenizer and the generation loop of a `tinyt package --format web`
-// folder, on ONNX Runtime Web's WebAssembly backend (pinned beside this file: web.json says
-// which version). No build step, no dependency but ort.wasm.min.mjs in the same folder.
+// tinyt in the browser: a `tinyt package --format web` folder's models on ONNX Runtime Web's
+// WebAssembly backend, tokenized by @huggingface/tokenizers (both pinned beside this file:
+// web.json says which versions). No build step, no dependency but ort.wasm.min.mjs and
+// tokenizers.min.mjs in the same folder. load() gives what the package holds:
 //
 //   import { load } from "./tinyt.mjs";
 //   const lm = await load(".", { numThreads: 1 });          // reads web.json, graph(s), tokenizer
@@ -8,143 +9,104 @@
 //                                         onToken: (piece, id) => out.textContent += piece });
 //   r.tokenIds, r.text, r.finishReason ("eos" | "stop" | "length" | "cancelled"), r.timings
 //
+//   const enc = await load(".");                             // an encoder (sentence embeddings)
+//   await enc.embed(["a text", "another"])                   // [Float32Array(dim), ...]
+//   const clf = await load(".");                             // a classifier
+//   await clf.classify(["a text"])                           // [{label, probabilities: {name: p}}]
+//   await clf.tag("a text")          // a token classifier's: [{token, label, probability}, ...]
+//
 // generate() options: maxNewTokens (default 32), temperature (0: greedy), topK, topP, seed
 // (sampling is reproducible for a seed), stop (strings that end the text, cut before them),
 // onToken(piece, id) called as each token is chosen, signal (an AbortSignal: cancel),
 // minNewTokens (end-of-text is not chosen before that many tokens). Unknown options are errors.
-// Errors are TinytWebError with a message that names the problem.
+// embed / classify / tag take a string (one result) or an array of strings (one each), as
+// tinyt.runtime's Encoder.embed, Classifier.classify and TokenClassifier.tag do, and give
+// their numbers. Errors are TinytWebError with a message that names the problem.
 import * as ort from "./ort.wasm.min.mjs";
+import * as hf from "./tokenizers.min.mjs";
 
 export class TinytWebError extends Error {}
 
-// -- the tokenizer: byte-level BPE as Hugging Face's tokenizers runs it (GPT-2's scheme) ----------
-const GPT2_SPLIT =
-  /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+/gu;
+// -- the tokenizer: tokenizer.json run by @huggingface/tokenizers ------------------------------
+// Every tokenizer.json is written for Hugging Face's Rust `tokenizers`, which tinyt's Python side
+// runs. The JS library (tokenizers.min.mjs, the version web.json names) reads the same file; where
+// it departs from the Rust library the constructor below puts it back, each a difference that
+// tests/export/test_web_encoders.py finds on hostile text without it:
+//  - JS `\s` is not Unicode's White_Space (Rust's): it takes U+FEFF and leaves out U+0085, so
+//    ByteLevel's GPT-2 split cut text with either elsewhere; the split is rebuilt on White_Space.
+//  - Metaspace (XLM-R's SentencePiece) splits before each ▁ unless its `split` is false; the
+//    library keeps the text whole.
+//  - The model runs on each pre-token alone, so a Unigram's unknown pieces fuse within a word
+//    but never across words; the library fused them across a whole section.
+const WS = "\\t\\n\\v\\f\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+const GPT2_SPLIT = new RegExp(`'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^${WS}\\p{L}\\p{N}]+` +
+                              `|[${WS}]+(?![^${WS}])|[${WS}]+`, "gu");
 
-function bytesToUnicode() {
-  const bs = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = bs.slice();
-  let n = 0;
-  for (let b = 0; b < 256; b++) {
-    if (!bs.includes(b)) { bs.push(b); cs.push(256 + n); n++; }
+function conformPre(pre, json) {
+  if (!pre || !json) return;
+  if (json.type === "Sequence") {
+    json.pretokenizers.forEach((j, i) => conformPre(pre.tokenizers[i], j));
+  } else if (pre instanceof hf.ByteLevelPreTokenizer) {
+    pre.pattern = GPT2_SPLIT;
+  } else if (pre instanceof hf.MetaspacePreTokenizer && json.split !== false) {
+    const whole = pre.pre_tokenize_text.bind(pre), rep = pre.replacement;
+    pre.pre_tokenize_text = (text, o) => whole(text, o).flatMap((t) => {
+      const [first, ...rest] = t.split(rep);  // "a▁▁b" -> "a", "▁", "▁b": each ▁ begins a piece
+      return [first, ...rest.map((r) => rep + r)].filter(Boolean);
+    });
   }
-  const map = new Array(256);
-  bs.forEach((b, i) => { map[b] = String.fromCodePoint(cs[i]); });
-  return map;
 }
 
 export class Tokenizer {
+  /** A tokenizer.json (parsed), as Hugging Face's tokenizers runs it. */
   constructor(json) {
-    const m = json.model || {};
-    const pre = json.pre_tokenizer || {};
-    if (m.type !== "BPE" || pre.type !== "ByteLevel" || json.normalizer) {
-      throw new TinytWebError(
-        `tokenizer.json: the web tokenizer runs byte-level BPE (model BPE, pre_tokenizer ` +
-        `ByteLevel, no normalizer); this one has model ${m.type}, pre_tokenizer ${pre.type}` +
-        `${json.normalizer ? `, normalizer ${json.normalizer.type}` : ""}`);
+    try {
+      this.hf = new hf.Tokenizer(json, { clean_up_tokenization_spaces: false });
+    } catch (e) {
+      throw new TinytWebError(`tokenizer.json: @huggingface/tokenizers cannot read it (${e.message})`);
     }
-    this.addPrefixSpace = !!pre.add_prefix_space;
-    this.useRegex = pre.use_regex !== false;
-    this.vocab = new Map(Object.entries(m.vocab));
-    this.idToToken = [];
-    for (const [t, id] of this.vocab) this.idToToken[id] = t;
-    this.ranks = new Map();
-    (m.merges || []).forEach((mg, i) => {
-      const [a, b] = Array.isArray(mg) ? mg : mg.split(" ");
-      this.ranks.set(a + " " + b, i);
-    });
-    this.added = (json.added_tokens || []).slice().sort((a, b) => b.content.length - a.content.length);
-    for (const t of this.added) this.idToToken[t.id] = t.content;
-    this.byteChar = bytesToUnicode();
-    this.charByte = new Map(this.byteChar.map((c, b) => [c, b]));
-    this.cache = new Map();
-    this.encoder = new TextEncoder();
-  }
-
-  get vocabSize() { return this.idToToken.length; }
-
-  tokenId(text) {
-    const t = this.added.find((a) => a.content === text);
-    return t ? t.id : this.vocab.get(text);
-  }
-
-  _bpe(word) {
-    const hit = this.cache.get(word);
-    if (hit) return hit;
-    let parts = Array.from(word);
-    while (parts.length > 1) {
-      let best = -1, rank = Infinity;
-      for (let i = 0; i < parts.length - 1; i++) {
-        const r = this.ranks.get(parts[i] + " " + parts[i + 1]);
-        if (r !== undefined && r < rank) { rank = r; best = i; }
-      }
-      if (best < 0) break;
-      const a = parts[best], b = parts[best + 1], merged = [];
-      for (let i = 0; i < parts.length; i++) {  // merge every occurrence of the pair, left first
-        if (i < parts.length - 1 && parts[i] === a && parts[i + 1] === b) {
-          merged.push(a + b); i++;
-        } else merged.push(parts[i]);
-      }
-      parts = merged;
+    conformPre(this.hf.pre_tokenizer, json.pre_tokenizer);
+    const model = this.hf.model;
+    if (model.fuse_unk) {
+      const all = model._call.bind(model);
+      model._call = (pieces) => pieces.flatMap((p) => all([p]));
     }
-    const ids = parts.map((p) => {
-      const id = this.vocab.get(p);
-      if (id === undefined) throw new TinytWebError(`tokenizer.json has no token ${JSON.stringify(p)}`);
-      return id;
-    });
-    if (this.cache.size < 50000) this.cache.set(word, ids);
-    return ids;
+    const post = this.hf.post_processor;
+    this.added = post ? post([], null, true).tokens.length : 0;  // [CLS] [SEP], <s> </s>, ...
   }
 
-  _encodePlain(text, out) {
-    if (!text) return;
-    if (this.addPrefixSpace && !text.startsWith(" ")) text = " " + text;
-    const pieces = this.useRegex ? text.match(GPT2_SPLIT) || [] : [text];
-    for (const piece of pieces) {
-      let mapped = "";
-      for (const b of this.encoder.encode(piece)) mapped += this.byteChar[b];
-      for (const id of this._bpe(mapped)) out.push(id);
-    }
-  }
+  get vocabSize() { return this.hf.model.vocab.length; }
 
-  /** ids of `text`, as tinyt's Tokenizer.encode (special tokens in the text are matched). */
+  tokenId(text) { return this.hf.token_to_id(text); }
+
+  /** ids of `text`, as tinyt's Tokenizer.encode (no special tokens added; those in the text
+   * are matched). */
   encode(text) {
     if (typeof text !== "string") throw new TinytWebError("encode takes a string");
-    const out = [];
-    let rest = text;
-    while (rest.length) {
-      let at = -1, tok = null;
-      for (const t of this.added) {
-        const i = rest.indexOf(t.content);
-        if (i >= 0 && (at < 0 || i < at)) { at = i; tok = t; }
-      }
-      if (!tok) { this._encodePlain(rest, out); break; }
-      this._encodePlain(rest.slice(0, at), out);
-      out.push(tok.id);
-      rest = rest.slice(at + tok.content.length);
-    }
-    return out;
+    return this.hf.encode(text, { add_special_tokens: false }).ids;
   }
 
-  /** The bytes of `ids` (special tokens as their text). */
-  bytes(ids) {
-    const out = [];
+  /** What a model row is made of: ids, token types and pieces with the post-processor's special
+   * tokens, the text cut to `maxLength` tokens in all (the Rust library's truncation: the
+   * text's own tokens are cut, the special ones kept). */
+  encodeRow(text, maxLength) {
+    if (typeof text !== "string") throw new TinytWebError("encodeRow takes a string");
+    const body = this.hf.encode(text, { add_special_tokens: false }).tokens
+      .slice(0, Math.max(0, maxLength - this.added));
+    const post = this.hf.post_processor;
+    const r = post ? post(body, null, true) : { tokens: body };
+    const h = this.hf;  // tokens to ids as the library's own encode maps them
+    const ids = r.tokens.map((t) => h.added_tokens_map.get(t)?.id ?? h.token_to_id(t) ?? h.model.unk_token_id);
+    return { ids, typeIds: r.token_type_ids || ids.map(() => 0), tokens: r.tokens };
+  }
+
+  /** The text of `ids` (special tokens as their text). */
+  decode(ids) {
     for (const id of ids) {
-      const t = this.idToToken[id];
-      if (t === undefined) throw new TinytWebError(`token id ${id} is not in the vocabulary (${this.vocabSize})`);
-      if (this.added.some((a) => a.id === id)) { out.push(...this.encoder.encode(t)); continue; }
-      for (const ch of t) {
-        const b = this.charByte.get(ch);
-        if (b === undefined) out.push(...this.encoder.encode(ch)); else out.push(b);
-      }
+      if (this.hf.model.vocab[id] === undefined) throw new TinytWebError(`token id ${id} is not in the vocabulary (${this.vocabSize})`);
     }
-    return new Uint8Array(out);
+    return ids.length ? this.hf.decode(Array.from(ids), { skip_special_tokens: false }) : "";
   }
-
-  decode(ids) { return new TextDecoder().decode(this.bytes(ids)); }
 }
 
 // -- sampling: greedy, or temperature / top-k / top-p with a seeded generator -------------------
@@ -300,7 +262,108 @@ export class LanguageModel {
   }
 }
 
-/** Load a packaged model from `base` (a URL of the package folder). Options: numThreads (1: no
+// -- encoders and classifiers: one graph, input_ids / attention_mask [/ token_type_ids] --------
+const TEXT_OUTPUT = { encoder: "sentence_embedding", classifier: "logits", token_classifier: "logits" };
+
+function softmax(z) {  // one row of logits -> probabilities (max subtracted, as the runtime does)
+  const top = Math.max(...z), e = Array.from(z, (v) => Math.exp(v - top));
+  const sum = e.reduce((a, b) => a + b, 0);
+  return e.map((v) => v / sum);
+}
+
+export class TextModel {
+  constructor(web, tokenizer, session) {
+    this.web = web; this.tokenizer = tokenizer; this.session = session; this.kind = web.graph;
+    this.maxLength = web.max_length; this.labels = web.labels || [];
+    this.types = session.inputNames.includes("token_type_ids");
+  }
+
+  _texts(texts, what, nonEmpty) {
+    const single = typeof texts === "string", list = single ? [texts] : texts;
+    if (!Array.isArray(list) || !list.length || !list.every((t) => typeof t === "string")) {
+      throw new TinytWebError(`${what} takes a string or a non-empty array of strings`);
+    }
+    const empty = nonEmpty ? list.findIndex((t) => !t) : -1;
+    if (empty >= 0) throw new TinytWebError(`text ${empty} is empty; give at least one character`);
+    return { single, list };
+  }
+
+  _need(kind, method, instead) {
+    if (this.kind !== kind) throw new TinytWebError(`${this.web.name} is a ${this.kind} graph: ${method}() needs a ${kind}; use ${instead}()`);
+  }
+
+  /** Rows (encodeRow's) through the graph in batches of `batchSize`, each padded on the right
+   * to its longest; `order` (indices) says which rows go together. Returns, per row, the
+   * output's slice for it: [dim] or [labels] per row, [tokens, labels] for a token classifier. */
+  async _run(rows, order, batchSize) {
+    if (!Number.isInteger(batchSize) || batchSize < 1) throw new TinytWebError(`batchSize=${batchSize} must be an integer >= 1`);
+    const out = new Array(rows.length), name = TEXT_OUTPUT[this.kind];
+    for (let s = 0; s < order.length; s += batchSize) {
+      const part = order.slice(s, s + batchSize), B = part.length;
+      const T = Math.max(...part.map((i) => rows[i].ids.length));
+      const ids = new BigInt64Array(B * T).fill(BigInt(this.web.pad_token_id)),
+        mask = new BigInt64Array(B * T), types = new BigInt64Array(B * T);
+      part.forEach((i, r) => rows[i].ids.forEach((id, t) => {
+        ids[r * T + t] = BigInt(id); mask[r * T + t] = 1n; types[r * T + t] = BigInt(rows[i].typeIds[t]);
+      }));
+      const feeds = { input_ids: new ort.Tensor("int64", ids, [B, T]),
+                      attention_mask: new ort.Tensor("int64", mask, [B, T]) };
+      if (this.types) feeds.token_type_ids = new ort.Tensor("int64", types, [B, T]);
+      const y = (await this.session.run(feeds, [name]))[name];
+      const per = y.data.length / B;  // [C], [labels] or [T, labels] per row
+      part.forEach((i, r) => { out[i] = y.data.slice(r * per, (r + 1) * per); });
+    }
+    return out;
+  }
+
+  /** Sentence embeddings (Float32Array each), as tinyt.runtime's Encoder.embed: texts sorted
+   * by length into batches; normalize (true / false / null: the model's own choice). */
+  async embed(texts, { normalize = null, batchSize = 32 } = {}) {
+    this._need("encoder", "embed", this.kind === "classifier" ? "classify" : "tag");
+    const { single, list } = this._texts(texts, "embed", false);
+    const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength));
+    const order = rows.map((_, i) => i).sort((a, b) => rows[a].ids.length - rows[b].ids.length);
+    const out = await this._run(rows, order, batchSize);
+    if (normalize) {
+      for (const e of out) {
+        const n = Math.max(Math.hypot(...e), 1e-12);
+        e.forEach((v, k) => { e[k] = v / n; });
+      }
+    }
+    return single ? out[0] : out;
+  }
+
+  /** Label and class probabilities of each text, as tinyt.runtime's Classifier.classify. */
+  async classify(texts, { batchSize = 32 } = {}) {
+    this._need("classifier", "classify", this.kind === "encoder" ? "embed" : "tag");
+    const { single, list } = this._texts(texts, "classify", true);
+    const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength));
+    const out = (await this._run(rows, rows.map((_, i) => i), batchSize)).map((z) => {
+      const p = softmax(z);
+      const best = p.indexOf(Math.max(...p));
+      return { label: this.labels[best], probabilities: Object.fromEntries(this.labels.map((n, k) => [n, p[k]])) };
+    });
+    return single ? out[0] : out;
+  }
+
+  /** Each text's tokens with their labels, as tinyt.runtime's TokenClassifier.tag (the token
+   * pieces, special ones included; no character offsets: the library gives none). */
+  async tag(texts, { batchSize = 32 } = {}) {
+    this._need("token_classifier", "tag", this.kind === "encoder" ? "embed" : "classify");
+    const { single, list } = this._texts(texts, "tag", true);
+    const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength));
+    const L = this.labels.length;
+    const out = (await this._run(rows, rows.map((_, i) => i), batchSize)).map((z, i) =>
+      rows[i].tokens.map((token, t) => {
+        const p = softmax(z.subarray(t * L, (t + 1) * L)), best = p.indexOf(Math.max(...p));
+        return { token, label: this.labels[best], probability: p[best] };
+      }));
+    return single ? out[0] : out;
+  }
+}
+
+/** Load a packaged model from `base` (a URL of the package folder): a LanguageModel, or a
+ * TextModel for an encoder or a (token) classifier. Options: numThreads (1: no
  * threads; more need cross-origin isolation), fetchBytes(url) to load files another way. */
 export async function load(base = ".", { numThreads = 1, fetch: get = fetchBytes } = {}) {
   const t0 = performance.now();
@@ -311,7 +374,10 @@ export async function load(base = ".", { numThreads = 1, fetch: get = fetchBytes
   try { tokJson = JSON.parse(new TextDecoder().decode(await get(url(web.tokenizer), "the tokenizer"))); }
   catch (e) { throw e instanceof TinytWebError ? e : new TinytWebError(`${web.tokenizer} is not valid JSON: ${e.message}`); }
   const tokenizer = new Tokenizer(tokJson);
-  if (tokenizer.vocabSize !== web.vocab_size) {
+  const text = web.graph in TEXT_OUTPUT;
+  // a language model's logits are one per id; an encoder's table may have unused rows beyond the
+  // tokenizer's ids, but no id past it
+  if (text ? tokenizer.vocabSize > web.vocab_size : tokenizer.vocabSize !== web.vocab_size) {
     throw new TinytWebError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocabulary is ${web.vocab_size}: they are not from the same artifact`);
   }
   ort.env.wasm.numThreads = numThreads;
@@ -324,9 +390,10 @@ export async function load(base = ".", { numThreads = 1, fetch: get = fetchBytes
       throw new TinytWebError(`ONNX Runtime Web cannot load ${f}: ${String(e.message || e).slice(0, 300)}`);
     }
   }
-  const lm = new LanguageModel(web, tokenizer, sessions[0], sessions[1]);
-  lm.loadMs = performance.now() - t0;
-  return lm;
+  const model = text ? new TextModel(web, tokenizer, sessions[0])
+    : new LanguageModel(web, tokenizer, sessions[0], sessions[1]);
+  model.loadMs = performance.now() - t0;
+  return model;
 }
 
 export { ort };

@@ -115,22 +115,23 @@ def test_greedy_ties_accepts_a_tie_and_names_a_real_difference(packages):
 
 
 @needs_web
-def test_refusals_name_the_problem(packages, tiny_clf, tmp_path, monkeypatch):
+def test_refusals_name_the_problem(packages, tiny_ckpt, tmp_path, monkeypatch):
     from tinyt.export import export_onnx
     from tinyt.export.package import PackageError, package
 
     src, _ = packages["int8"]
-    clf = export_onnx(tiny_clf, tmp_path / "clf")
-    with pytest.raises(WebPackageError, match="classifier graph; the web package generates"):
-        package(clf, tmp_path / "w1", format="web")
+    no_cache = export_onnx(tiny_ckpt, tmp_path / "dec", with_past=False)
+    with pytest.raises(WebPackageError, match="decoder graph; the web package takes a causal LM "
+                                              "with a KV cache"):
+        package(no_cache, tmp_path / "w1", format="web")
     with pytest.raises(PackageError, match="drop --fixed"):
         package(src, tmp_path / "w2", format="web", fixed=["batch_size=1"])
-    from tinyt.export.web import _check_tokenizer
+    from tinyt.export.web import check_tokenizer
 
     tok = json.loads((src / "tokenizer.json").read_text())
-    (tmp_path / "t.json").write_text(json.dumps({**tok, "normalizer": {"type": "NFKC"}}))
-    with pytest.raises(WebPackageError, match="normalizer NFKC"):  # one the page cannot run
-        _check_tokenizer(tmp_path / "t.json")
+    (tmp_path / "t.json").write_text(json.dumps({**tok, "model": {"type": "WordLevel"}}))
+    with pytest.raises(WebPackageError, match="this one has model WordLevel"):  # one the page's
+        check_tokenizer(tmp_path / "t.json")  # library would read as another
     monkeypatch.setenv("TINYT_ORT_WEB_DIST", str(tmp_path / "nowhere"))
     with pytest.raises(WebPackageError, match="scripts/setup-web.sh"):
         package(src, tmp_path / "w4", format="web")

@@ -1,0 +1,150 @@
+"""`tinyt package ARTIFACT OUT --format web` for an encoder, a classifier or a token
+classifier: the page embeds, classifies or tags the user's texts in the browser.
+
+    ARTIFACT (encoder | classifier | token_classifier)
+      ──▶ OUT/index.html, tinyt.mjs, tokenizers.min.mjs, ort files   as for a language model
+          OUT/model.onnx, tokenizer.json, config.json (id2label), web.json, manifest.json
+      checked before it is written, under Node on the package's own files: each check text's
+      ids and token types ([CLS] ... [SEP], <s> ... </s>, the cut at the model's max_length)
+      equal tinyt.runtime's, and so do its embeddings (within WEB_ATOL), or its labels and
+      probabilities.
+
+web.json's `max_length` is where tinyt.runtime cuts a text (tokenizer.json's truncation, an
+imported sentence-transformers model's max_seq_length, else the model's context), so the page
+and the runtime run the same tokens.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from tinyt.contract import CLASSIFIER, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
+from tinyt.errors import WebPackageError
+from tinyt.fsutil import atomic_dir
+from tinyt.graphio import DATA_SUFFIX
+from tinyt.manifest import artifact_source, write_manifest
+
+from ..stage import Built, Source, built, copy_artifact_files
+
+TEXT_KINDS = (ENCODER, CLASSIFIER, TOKEN_CLASSIFIER)
+METHOD = {ENCODER: "embed", CLASSIFIER: "classify", TOKEN_CLASSIFIER: "tag"}
+# The same fp32 graph on ONNX Runtime Web's WebAssembly kernels and on the native CPU ones:
+# the same arithmetic summed in other orders (128-bit SIMD against AVX2 / AVX-512 and their
+# FMA), a few float32 ulps per layer on values of order 1 -- the bound export/compare.py's
+# OPT_ATOL gives two graphs of one model. Embeddings, probabilities and (below) each output.
+WEB_ATOL = 1e-4
+# An INT8 graph quantizes its activations as it runs; where the two backends round a value to
+# neighbouring int8 steps, the difference is that step carried through the layers.
+WEB_INT8_ATOL = 2e-2
+
+
+def package_text(src_dir: Path, out_dir: Path, src: Source) -> Built:
+    """Write the web package of an encoder or a classifier (module docstring); returns out_dir.
+    package_web has checked the graph, the tokenizer's model and the tools before this."""
+    from tinyt.runtime import load
+
+    from . import (
+        CHECK_TEXTS,
+        ORT_WEB_VERSION,
+        TOKENIZERS_JS_VERSION,
+        copy_runtime,
+        node_version,
+        run_module,
+    )
+
+    if (src_dir / (ONNX_FILE + DATA_SUFFIX)).exists():
+        raise WebPackageError(f"{src_dir} keeps its weights in {ONNX_FILE}{DATA_SUFFIX}; the page "
+                              "loads one graph file: package a graph under 2 GB")
+    kind, cfg, manifest = src.kind, src.config, src.manifest
+    model = load(src_dir, threads=1)
+    labels = [] if kind == ENCODER else list(model.labels)
+    eos = model.tokenizer.eos_id  # a classifier pads with it, as the runtime's does; the mask
+    pad = 0 if kind == ENCODER or eos is None else eos  # hides the padding either way
+    web = {"name": src_dir.name, "graph": kind, "graphs": [ONNX_FILE],
+           "tokenizer": "tokenizer.json", "context": cfg.block_size,
+           "max_length": model.max_length, "vocab_size": cfg.vocab_size,
+           "pad_token_id": pad,
+           "dim": cfg.n_embd, "labels": labels,
+           "onnxruntime_web": ORT_WEB_VERSION, "tokenizers_js": TOKENIZERS_JS_VERSION}
+    quantized = bool(manifest.get("quantization"))
+    atol = WEB_INT8_ATOL if quantized else WEB_ATOL
+    texts = [*CHECK_TEXTS, "the quick brown fox jumps over the lazy dog. " * model.max_length]
+    run_texts = [t for t in texts if t] if kind != ENCODER else texts  # a classifier wants text
+    with atomic_dir(out_dir) as out:
+        shutil.copy2(src_dir / ONNX_FILE, out / ONNX_FILE)
+        copy_artifact_files(src_dir, out)
+        runtime = copy_runtime(out)
+        (out / "web.json").write_text(json.dumps(web, indent=1) + "\n")
+        got = run_module(out, {"rows": texts, METHOD[kind]: run_texts})
+        if "error" in got:
+            raise WebPackageError(f"the packaged model does not run on onnxruntime-web "
+                                  f"{ORT_WEB_VERSION}: {got['error']}")
+        want_rows = rows(model, texts)
+        bad = [t for t, a, b in zip(texts, got["rows"], want_rows) if a != b]
+        if bad:
+            raise WebPackageError(f"the web tokenizer's ids differ from tinyt's on {bad}")
+        worst = compare(model, kind, run_texts, got[METHOD[kind]], atol)
+        written = write_manifest(
+            out, stage="package", source=artifact_source(src_dir, manifest),
+            options={"format": "web"}, extra={
+                "graph": kind, "package_format": "web", "labels": labels or None,
+                "web": {**web, "files": [ONNX_FILE, *runtime], "notes": [],
+                        "checked": {"runtime": f"node {node_version()}",
+                                    "onnxruntime_web": ORT_WEB_VERSION,
+                                    "tokenizers_js": TOKENIZERS_JS_VERSION,
+                                    "tokenizer_texts": len(texts), "rows_equal": True,
+                                    METHOD[kind]: len(run_texts), "tolerance": atol,
+                                    "worst": worst}},
+                **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
+                "versions": manifest.get("versions", {})})
+    return built(out_dir, written)
+
+
+def rows(model, texts: list[str]) -> list[list[list[int]]]:
+    """tinyt.runtime's [ids, token types] of each text, special tokens added, cut where the
+    model cuts (its __init__ set tokenizer.json's truncation to max_length)."""
+    return [[e.ids, e.type_ids] for e in model.tokenizer.hf.encode_batch(
+        list(texts), add_special_tokens=True)]
+
+
+def compare(model, kind: str, texts: list[str], got, atol: float) -> float:
+    """The page's embed / classify / tag answer (check.mjs's JSON) against tinyt.runtime's on
+    the same texts: embeddings and probabilities within atol; labels equal, except where the
+    runtime's own two best labels are within atol of each other (a tie: either may win).
+    Returns the worst difference; raises WebPackageError naming the first text that fails."""
+    if kind == ENCODER:
+        want = model.embed(texts)
+        diff = np.abs(np.asarray(got, dtype=np.float32) - want).max(axis=1)
+        for text, d in zip(texts, diff):
+            if not d <= atol:
+                raise WebPackageError(f"the page's embedding of {text[:40]!r} differs from "
+                                      f"tinyt.runtime's by {d:.3g} (tolerance {atol})")
+        return float(diff.max())
+    if kind == CLASSIFIER:
+        pairs = [([g["label"]], [g["probabilities"]], [w.label], [w.probabilities])
+                 for g, w in zip(got, model.classify(texts))]
+    else:  # one label per token
+        pairs = []
+        for g, w in zip(got, model.tag(texts)):
+            if [t["token"] for t in g] != [t.token for t in w]:
+                raise WebPackageError(f"the page's tokens {[t['token'] for t in g]} differ from "
+                                      f"tinyt.runtime's {[t.token for t in w]}")
+            pairs.append(([t["label"] for t in g], [{t["label"]: t["probability"]} for t in g],
+                          [t.label for t in w], [{t.label: t.probability} for t in w]))
+    worst = 0.0
+    for text, (g_labels, g_probs, w_labels, w_probs) in zip(texts, pairs):
+        for gl, gp, wl, wp in zip(g_labels, g_probs, w_labels, w_probs):
+            shared = set(gp) & set(wp)  # a token's: the probability of its label
+            d = max([abs(gp[k] - wp[k]) for k in shared], default=0.0)
+            # a tie: the runtime's probability of the page's label (a token's: the page's
+            # own) within reach of its best
+            tie = abs(wp.get(gl, gp[gl]) - wp[wl]) <= 2 * atol
+            if not d <= atol or (gl != wl and not tie):
+                raise WebPackageError(f"the page's {'label' if kind == CLASSIFIER else 'tags'} "
+                                      f"of {text[:40]!r} differ from tinyt.runtime's: {gl} "
+                                      f"{gp} vs {wl} {wp} (tolerance {atol})")
+            worst = max(worst, d)
+    return worst
