@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The browser edge target (`tinyt package --format web`, tests/export/test_web.py): onnxruntime-web at
-# the version web/package-lock.json pins, from the npm registry, into web/node_modules; and a
+# The browser edge target (`tinyt package --format web`, tests/export/test_web*.py): onnxruntime-web
+# and @huggingface/tokenizers (the page's tokenizer) at the versions web/package-lock.json pins,
+# from the npm registry, into web/node_modules; and a
 # Chromium for the headless page tests, from the distribution's packages (Debian: chromium).
 # Playwright (the `web` extra) drives that system browser; it downloads no browser of its own.
 set -euo pipefail
@@ -16,5 +17,7 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null;
          "as root — the browser tests skip without it" >&2
   fi
 fi
-echo "onnxruntime-web $(node -p "require('./web/node_modules/onnxruntime-web/package.json').version")," \
+version() { node -p "require('./web/node_modules/$1/package.json').version"; }
+echo "onnxruntime-web $(version onnxruntime-web)," \
+     "@huggingface/tokenizers $(version @huggingface/tokenizers)," \
      "$(command -v chromium || command -v chromium-browser || echo 'no chromium')"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve,web);
 # with `peers`, also .venv-genai-builder (scripts/setup-genai-builder.sh); with `web`,
-# onnxruntime-web and the system Chromium (scripts/setup-web.sh).
+# onnxruntime-web, @huggingface/tokenizers and the system Chromium (scripts/setup-web.sh).
 # torch==2.13.0 goes in first: its CPU wheel lies on the project's machines, while a bare
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
@@ -17,7 +17,7 @@ esac
 case ",$extras," in  # the peer benchmark's GenAI model builder needs transformers 5.x: own venv
   *,peers,*) bash scripts/setup-genai-builder.sh ;;
 esac
-case ",$extras," in  # the browser target: onnxruntime-web (npm) and the system Chromium
+case ",$extras," in  # the browser target: onnxruntime-web, tokenizers (npm), the system Chromium
   *,web,*) bash scripts/setup-web.sh ;;
 esac
 case ",$extras," in  # an emulated AVX2-only CPU for the int8 tests (docs/testing.md): qemu-user
