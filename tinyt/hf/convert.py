@@ -1,15 +1,17 @@
 """Hugging Face directories in and out, for every catalogue entry (torch; transformers to write).
 
     HF dir (config.json, model.safetensors | shards, tokenizer files)
-        ──import_hf──▶ tinyt checkpoint ──to_hf──▶ HF dir (logits checked)
+        ──import_hf──▶ tinyt checkpoint ──to_hf──▶ HF dir (outputs checked)
 
 In: the entry of config.json's model_type reads the config, the tokenizer and the weights;
-`tinyt.checkpoint.save_import` writes the checkpoint (every importer's tail). Out: the first
-entry whose class holds the model exactly is built by transformers from the entry's
-config.json, given the weights under its names, and compared with tinyt's logits
-(HF_LOGITS_ATOL) before anything is written. The written config.json carries a `tinyt` block
-with what an import restores that the layout spells otherwise (a bias-free GPT-2's zero
-biases, the tokenizer's settings).
+`tinyt.checkpoint.save_import` writes the checkpoint (every importer's tail). Out: the class the
+checkpoint was imported as, else the first entry whose class holds the model exactly, is built
+by transformers from the entry's config.json, given the weights under its names, and compared
+with tinyt (logits; an encoder's hidden states; HF_LOGITS_ATOL) before anything is written.
+The written config.json carries a `tinyt` block with what an import restores that the layout
+spells otherwise (a bias-free GPT-2's zero biases, the tokenizer's settings) and what the
+directory holds that is not the original model's (a base encoder's pooler, written as zeros);
+an encoder with a pooling is written in sentence-transformers' layout.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,9 +35,9 @@ from tinyt.checkpoint import (
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConversionError
 from tinyt.fsutil import atomic_dir, read_json_object, write_json
-from tinyt.hf.catalogue import GPT2, family_of, writer_for
+from tinyt.hf.catalogue import GPT2, WRITERS, family_of, writer_for
 from tinyt.hf.family import Family, config_from_hf, for_class, hf_config, labels_of
-from tinyt.hf.sentence import read_sentence_modules
+from tinyt.hf.sentence import LEGACY, MODULES, POOLING, read_sentence_modules
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
 # tinyt vs transformers on the same weights, logits max abs diff. The same fp32 arithmetic in
@@ -129,12 +132,19 @@ def _same_rotary(cfg: ModelConfig, short: ModelConfig, source: str) -> None:
 
 
 # -- out: tinyt -> Hugging Face -----------------------------------------------------------------
-def to_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """`tinyt export-hf`: a causal-LM checkpoint as the first catalogue class that holds it
-    exactly (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, ...:
-    tinyt.hf.catalogue.CATALOGUE's order); returns out_dir."""
+def to_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+          log: Callable[[str], None] = lambda s: None) -> Path:
+    """`tinyt export-hf`: a checkpoint as the class it was imported as (its metrics'
+    `architecture`) where that holds it, else the first catalogue class that holds it exactly
+    (tinyt.hf.catalogue.WRITERS' order: GPT2LMHeadModel, LlamaForCausalLM, ..., BertModel,
+    BertForSequenceClassification, ...); returns out_dir. An encoder with a pooling is written
+    in sentence-transformers' layout around its class."""
     ckpt = load_checkpoint(checkpoint_dir)
-    return _write_hf(writer_for(ckpt.config, str(checkpoint_dir)), ckpt, checkpoint_dir, out_dir)
+    arch = (ckpt.meta.get("metrics") or {}).get("architecture")
+    first = tuple(f for f in WRITERS if f.architecture == arch)  # XLM-R holds RoBERTa's models
+    family = writer_for(ckpt.config, str(checkpoint_dir),
+                        among=first + tuple(f for f in WRITERS if f.architecture != arch))
+    return _write_hf(family, ckpt, checkpoint_dir, out_dir, log)
 
 
 def to_hf_gpt2(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
@@ -144,50 +154,150 @@ def to_hf_gpt2(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike) ->
     return _write_hf(family, ckpt, checkpoint_dir, out_dir)
 
 
+# what a written base encoder holds that tinyt's checkpoint has not (its import drops it)
+POOLER_NOTE = ("zeros, not the original model's: tinyt's import drops the base model's pooler "
+               "(no sentence-transformers or tinyt embedding uses it) and {arch} always has "
+               "one, so its pooler_output is 0")
+# an encoder tokenizer's special tokens by their usual names (BERT's, then RoBERTa's / XLM-R's),
+# for transformers' tokenizer_config.json (its padding, [CLS] / <s> roles)
+ENCODER_SPECIALS = {"unk_token": ("[UNK]", "<unk>"), "pad_token": ("[PAD]", "<pad>"),
+                    "cls_token": ("[CLS]", "<s>"), "sep_token": ("[SEP]", "</s>"),
+                    "mask_token": ("[MASK]", "<mask>")}
+
+
 def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLike,
-              out_dir: str | os.PathLike) -> Path:
-    """The export tail: transformers' model of the entry with tinyt's weights, its logits
-    checked, then saved with the tokenizer files."""
+              out_dir: str | os.PathLike, log: Callable[[str], None] = lambda s: None) -> Path:
+    """The export tail: transformers' model of the entry with tinyt's weights, its outputs
+    checked, then saved with the tokenizer files (and an encoder's sentence-transformers
+    modules)."""
     import transformers
 
     cfg, tok = ckpt.config, ckpt.tokenizer
     settings = {k: v for k, v in hf_config(family, cfg, tok.eos_id, tok.bos_id).items()
                 if k not in ("model_type", "architectures")}
+    if cfg.task in ("classifier", "token_classifier"):
+        settings.update(id2label=dict(enumerate(ckpt.labels)),
+                        label2id={n: i for i, n in enumerate(ckpt.labels)})
     hf_class = getattr(transformers, family.architecture)
     if cfg.attn_softcap is not None:  # transformers' SDPA path leaves Gemma 2's cap out
         settings["attn_implementation"] = "eager"
     hf = hf_class(transformers.AutoConfig.for_model(family.model_type, **settings)).eval()
-    missing, unexpected = hf.load_state_dict(hf_state(family, ckpt.model), strict=False)
-    missing = [k for k in missing if not k.endswith(family.buffers)
+    state = hf_state(family, ckpt.model)
+    if not any(k.startswith(family.base) for k in hf.state_dict()):  # a base-model class
+        # (BertModel) names its tensors without the prefix its task classes add
+        state = {k.removeprefix(family.base): v for k, v in state.items()}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    zeroed = sorted(k for k in missing if family.drops and k.endswith(family.drops))
+    missing = [k for k in missing if not k.endswith(family.buffers) and k not in zeroed
                and not (k == "lm_head.weight" and cfg.tie_weights)]
     if missing or unexpected:
         raise ConversionError(f"weights did not map: missing {missing}, unexpected {unexpected}")
     if cfg.tie_weights:
         hf.tie_weights()
-    worst = _logits_diff(ckpt.model, hf, family, cfg)
+    with torch.no_grad():
+        for name in zeroed:  # never random: transformers would draw one at each load
+            hf.get_parameter(name).zero_()
+    if zeroed:
+        log(f"{family.architecture}'s pooler {zeroed}: " + POOLER_NOTE.format(
+            arch=family.architecture))
+    output, worst = _check_outputs(ckpt.model, hf, family, cfg)
     with atomic_dir(out_dir) as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
-        tok.save(tmp / "tokenizer.json")
+        tok.save(tmp / "tokenizer.json")  # an encoder's keeps its truncation
         write_json(tmp / "tokenizer_config.json", {
             "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.block_size,
-            **family.special_tokens(tok)})
+            **(family.special_tokens(tok) if cfg.task == "causal_lm" else
+               _encoder_tokens(tok, cfg))})
+        if cfg.task == "encoder" and cfg.pooling is not None:
+            _write_sentence_modules(tmp, cfg, tok)
         meta = json.loads((tmp / "config.json").read_text())
         meta["tinyt"] = {"source": str(Path(checkpoint_dir).resolve()),
-                         "logits_max_abs_diff": worst,
+                         f"{output}_max_abs_diff": worst,
                          "bias": cfg.bias, "tokenizer": tok.settings}  # what import restores
+        if zeroed:
+            meta["tinyt"]["pooler"] = {"tensors": zeroed, "weights": POOLER_NOTE.format(
+                arch=family.architecture)}
         write_json(tmp / "config.json", meta)
     return Path(out_dir)
 
 
-def _logits_diff(model, hf, family: Family, cfg: ModelConfig) -> float:
-    """Max abs logits difference on two random prompts; refused above HF_LOGITS_ATOL. A learned
-    position table is checked row by row (the whole block); computed positions need no more
-    than CHECK_TOKENS."""
+def _encoder_tokens(tok, cfg: ModelConfig) -> dict[str, Any]:
+    """tokenizer_config.json's roles of an encoder's special tokens, found by their usual
+    names, and the inputs its class takes (DistilBertModel has no token_type_ids; RoBERTa's
+    one-row table is not fed), so transformers' tokenizer pads and feeds as the model runs."""
+    roles = {role: next(n for n in names if tok.hf.token_to_id(n) is not None)
+             for role, names in ENCODER_SPECIALS.items()
+             if any(tok.hf.token_to_id(n) is not None for n in names)}
+    inputs = ["input_ids", *(["token_type_ids"] if cfg.type_vocab_size >= 2 else []),
+              "attention_mask"]
+    return {**roles, **tok.settings, "model_input_names": inputs}
+
+
+def _write_sentence_modules(directory: Path, cfg: ModelConfig, tok) -> None:
+    """sentence-transformers' layout around the written class, as it saves all-MiniLM-L6-v2:
+    modules.json (Transformer, Pooling, Normalize when normalized), 1_Pooling/config.json in its
+    boolean form, sentence_bert_config.json with where texts are cut (the tokenizer's
+    truncation, else the context)."""
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}]
+    if cfg.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+        (directory / "2_Normalize").mkdir()
+    write_json(directory / MODULES, modules)
+    mode = next(st for st, ours in POOLING.items() if ours == cfg.pooling)
+    (directory / "1_Pooling").mkdir()
+    write_json(directory / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": cfg.n_embd,
+        **{key: st == mode for key, st in LEGACY.items()}, "include_prompt": True})
+    cut = (tok.hf.truncation or {}).get("max_length", cfg.block_size)
+    write_json(directory / "sentence_bert_config.json",
+               {"max_seq_length": min(cut, cfg.block_size), "do_lower_case": False})
+
+
+def _check_outputs(model, hf, family: Family, cfg: ModelConfig) -> tuple[str, float]:
+    """The output compared (logits, or an encoder's last_hidden_state) and its max abs
+    difference from tinyt's; refused above HF_LOGITS_ATOL."""
+    if cfg.task == "causal_lm":
+        output, worst = "logits", _logits_diff(model, hf, cfg)
+    else:
+        output, worst = _encoder_diff(model, hf, cfg)
+    if not worst <= HF_LOGITS_ATOL:
+        raise ConversionError(f"the {family.architecture}'s {output} differ from tinyt's by "
+                              f"{worst:.3g} (allowed {HF_LOGITS_ATOL})")
+    return output, worst
+
+
+def _logits_diff(model, hf, cfg: ModelConfig) -> float:
+    """Max abs logits difference on two random prompts. A learned position table is checked
+    row by row (the whole block); computed positions need no more than CHECK_TOKENS."""
     T = cfg.block_size if cfg.pos_encoding == "learned" else min(cfg.block_size, CHECK_TOKENS)
     ids = torch.randint(0, cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        worst = float((model.eval()(ids)[0] - hf(ids).logits).abs().max())
-    if not worst <= HF_LOGITS_ATOL:
-        raise ConversionError(f"the {family.architecture}'s logits differ from tinyt's by "
-                              f"{worst:.3g} (allowed {HF_LOGITS_ATOL})")
-    return worst
+        return float((model.eval()(ids)[0] - hf(ids).logits).abs().max())
+
+
+def _encoder_diff(model, hf, cfg: ModelConfig) -> tuple[str, float]:
+    """An encoder's hidden states, a token classifier's logits (real tokens: padding's are
+    unspecified) or a sequence classifier's logits, on a right-padded batch of three rows: the
+    whole position table, half of it, two tokens; random token types where there is a table."""
+    T = cfg.block_size
+    g = torch.Generator().manual_seed(0)
+    pad = hf.config.pad_token_id or 0  # RoBERTa numbers its positions from the ids' padding
+    mask = (torch.arange(T)[None] < torch.tensor([T, T // 2, 2])[:, None]).long()  # (3, T)
+    ids = torch.randint(0, cfg.vocab_size - 1, (3, T), generator=g)
+    ids = torch.where(mask.bool(), ids + (ids >= pad).long(), pad)  # no real token is padding
+    types = torch.randint(0, max(cfg.type_vocab_size, 1), (3, T), generator=g) * mask
+    typed = {"token_type_ids": types} if cfg.type_vocab_size else {}
+    with torch.no_grad():
+        ours = model.eval()(ids, mask, types if cfg.type_vocab_size else None)
+        theirs = hf(input_ids=ids, attention_mask=mask, **typed)
+    if cfg.task == "encoder":
+        ours, output = (ours[0] if isinstance(ours, tuple) else ours), "last_hidden_state"
+        theirs = theirs.last_hidden_state
+    else:
+        output, theirs = "logits", theirs.logits
+    diff = (ours - theirs).abs()  # (3, T, C) or (3, num_labels)
+    return output, float(diff[mask.bool()].max() if diff.dim() == 3 else diff.max())
