@@ -217,6 +217,29 @@ def test_the_package_holds_what_the_page_needs_and_says_what_was_checked(package
 
 
 @needs_web
+def test_an_int8_encoder_and_tinyts_own_classifier_package(packages, tiny_clf, tmp_path):
+    """An INT8 encoder (MatMulNBits) is checked at WEB_INT8_ATOL; a classifier tinyt trained
+    (its own byte-level BPE, no special tokens) classifies in the module as the runtime does."""
+    from tinyt.export import export_onnx
+    from tinyt.export.optimize import optimize
+    from tinyt.export.package import package
+    from tinyt.export.quantize import quantize
+    from tinyt.export.web.text import WEB_INT8_ATOL
+
+    int8 = quantize(optimize(packages["bert"][0], tmp_path / "opt"), tmp_path / "int8")
+    pkg = package(int8, tmp_path / "web-int8", format="web")
+    checked = json.loads((pkg / "manifest.json").read_text())["web"]["checked"]
+    assert checked["tolerance"] == WEB_INT8_ATOL and checked["worst"] <= WEB_INT8_ATOL
+    src = export_onnx(tiny_clf, tmp_path / "clf")
+    texts = ["x0 = sum(sum_1, 0)\n", "x1 = join(join_2, 1)\n", "é 😀 \ufeff"]
+    got = run_module(package(src, tmp_path / "web-clf", format="web"), {"classify": texts})
+    want = rt.load(src, threads=1).classify(texts)
+    assert [g["label"] for g in got["classify"]] == [w.label for w in want]
+    assert max(abs(g["probabilities"][k] - v) for g, w in zip(got["classify"], want)
+               for k, v in w.probabilities.items()) <= WEB_ATOL
+
+
+@needs_web
 def test_the_module_names_a_wrong_call(packages):
     _, enc = packages["bert"]
     _, clf = packages["bert-sequence"]
