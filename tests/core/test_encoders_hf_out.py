@@ -25,7 +25,7 @@ TEXTS = ["A man is eating food.", "short", "Ünïcode café, naïve façade — 
 CLASSES = {"bert": "Bert", "distilbert": "DistilBert", "roberta": "Roberta",
            "xlm-roberta": "XLMRoberta"}
 # head None: a sentence-transformers directory (mean pooling, Normalize, cut at 256 tokens);
-# "plain": the base model alone (imported with tinyt's default pooling, mean, not normalized)
+# "plain": the base model alone (hidden states; no sentence-transformers layout written)
 CASES = [(k, h) for k in CLASSES for h in (None, "sequence", "token")] + [("bert", "plain")]
 AUTO = {None: "AutoModel", "plain": "AutoModel", "sequence": "AutoModelForSequenceClassification",
         "token": "AutoModelForTokenClassification"}
@@ -109,11 +109,15 @@ def test_transformers_loads_it_whole_and_gives_tinyt_outputs(trip):
         diff = (ours - theirs.logits)
         assert (diff[mask.bool()] if head == "token" else diff).abs().max() <= HF_LOGITS_ATOL
     modules = read_sentence_modules(out)  # an encoder's pooling is written as a Pooling module
-    if head in ("sequence", "token"):
-        assert modules is None
+    cfg = src.config
+    if cfg.task != "encoder" or cfg.pooling is None:  # a head, a bare base model
+        assert modules is None and head is not None
         return
     assert (modules.pooling, modules.normalize, modules.max_seq_length) == \
-        (("mean", True, 256) if head is None else ("mean", False, 512))
+        (cfg.pooling, cfg.normalize, src.tokenizer.hf.truncation["max_length"])
+    if head is None:  # the sentence-transformers directory's own settings
+        assert (modules.pooling, modules.normalize, modules.max_seq_length) == \
+            ("mean", True, 256)
     pooling = json.loads((out / "1_Pooling" / "config.json").read_text())
     assert pooling["pooling_mode_mean_tokens"] and not pooling["pooling_mode_cls_token"]
     _, e = sentence_embeddings(model, batch["input_ids"], mask, batch.get("token_type_ids"),
