@@ -34,16 +34,26 @@ class Classifier:
         self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         self._types = "token_type_ids" in [i.name for i in session.get_inputs()]
         trunc = tokenizer.hf.truncation  # an imported model's own cut, else its context
-        self.max_length = self.config.block_size if trunc is None else \
-            min(trunc["max_length"], self.config.block_size)
+        self.max_length = min(self.config.block_size if trunc is None else trunc["max_length"],
+                              self.config.block_size,
+                              (artifact.fixed or {}).get("sequence_length", 1 << 62))
         tokenizer.hf.enable_truncation(self.max_length)  # keeps a closing [SEP] / </s>
         tokenizer.hf.no_padding()
 
-    def _encode(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+    def _encode(self, texts: Sequence) -> list[tuple[list[int], list[int]]]:
         """Ids and token types with the special tokens tokenizer.json's post-processor adds
-        ([CLS] ... [SEP] of an imported BERT; none for tinyt's own tokenizers)."""
-        enc = self.tokenizer.hf.encode_batch([prompt_text(t) for t in texts],
-                                             add_special_tokens=True)
+        ([CLS] ... [SEP] of an imported BERT; none for tinyt's own tokenizers). An item that
+        is a pair of texts (a list or tuple of two) is encoded as one: [CLS] a [SEP] b [SEP],
+        b's tokens of type 1 (an NLI or a cross-encoder's input)."""
+        items: list[str | tuple[str, str]] = []
+        for t in texts:
+            if isinstance(t, (list, tuple)):
+                if len(t) != 2:
+                    raise ConfigError(f"a pair of texts has two items, not {len(t)}")
+                items.append((prompt_text(t[0]), prompt_text(t[1])))
+            else:
+                items.append(prompt_text(t))
+        enc = self.tokenizer.hf.encode_batch(items, add_special_tokens=True)
         return [(e.ids, e.type_ids) for e in enc]
 
     def _feeds(self, rows: list[tuple[list[int], list[int]]], B: int, T: int
@@ -59,14 +69,16 @@ class Classifier:
             feeds["token_type_ids"] = types
         return feeds
 
-    def classify(self, texts: str | Sequence[str], *, batch_size: int = 32
+    def classify(self, texts: str | Sequence, *, batch_size: int = 32
                  ) -> Prediction | list[Prediction]:
-        """Label and class probabilities of each text (one text in, one Prediction out)."""
+        """Label and class probabilities of each text (one text in, one Prediction out); an
+        item of `texts` that is a pair [a, b] is classified as a pair (a list of texts is a
+        batch: a pair alone goes in as [[a, b]])."""
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
         single = isinstance(texts, (str, bytes))
         if single:
-            texts = [texts]  # type: ignore[list-item]  # one text in, one Prediction out
+            texts = [texts]  # one text in, one Prediction out
         if not isinstance(texts, (list, tuple)) or not texts:
             raise ConfigError("texts must be a string or a non-empty list of strings")
         ids = self._encode(texts)
@@ -109,6 +121,10 @@ class TokenClassifier(Classifier):
     def tag(self, texts: str | Sequence[str], *, batch_size: int = 32
             ) -> list[TokenLabel] | list[list[TokenLabel]]:
         """Each text's tokens with their labels (one text in, one list out)."""
+        if self.artifact.fixed:
+            raise ConfigError(f"{self.artifact.path} has pinned shapes ({self.artifact.fixed})"
+                              "; tag pads each batch to its own longest text: use the artifact "
+                              "before `package --fixed-shape`")
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
         single = isinstance(texts, (str, bytes))

@@ -23,6 +23,10 @@ class Encoder:
     its tokens' last hidden states."""
 
     def __init__(self, artifact: Artifact, session: ort.InferenceSession, tokenizer: Tokenizer):
+        if artifact.fixed:
+            raise ConfigError(f"{artifact.path} has pinned shapes ({artifact.fixed}); the "
+                              "encoder runtime pads each batch to its own longest text: use "
+                              "the artifact before `package --fixed-shape`")
         self.artifact, self.session, self.tokenizer = artifact, session, tokenizer
         self.config = artifact.config
         self.provider = session.get_providers()[0]
@@ -56,6 +60,10 @@ class Encoder:
             raise ConfigError(f"batch_size={batch_size!r} must be an integer >= 1")
         if normalize not in (None, True, False):
             raise ConfigError(f"normalize={normalize!r} must be true, false or null")
+        if normalize is False and self.config.normalize:
+            raise ConfigError("normalize=False: this model normalizes its embeddings itself "
+                              "(sentence-transformers' Normalize, in the graph); they cannot "
+                              "be had unnormalized from it")
         rows = self.encode(texts)
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
         out = np.empty((len(rows), self.dim), dtype=np.float32)

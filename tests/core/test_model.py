@@ -140,7 +140,8 @@ def test_classifier_is_bidirectional():
 
 def test_build_model_and_wrong_task():
     assert isinstance(build_model(ModelConfig(**BASE)), TinyTransformer)
-    with pytest.raises(ConfigError, match="TinyEncoder needs task='classifier' or 'encoder'"):
+    with pytest.raises(ConfigError, match="TinyEncoder needs task='classifier', 'encoder' "
+                                          "or 'token_classifier'"):
         TinyClassifier(ModelConfig(**BASE))
 
 

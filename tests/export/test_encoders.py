@@ -119,6 +119,8 @@ def test_encoder_through_export_optimize_verify_and_embed(minilm, tmp_path, monk
     assert np.abs(enc.embed(TEXTS[1]) - got[1]).max() <= 1e-6  # alone as in a batch
     raw = enc.embed(TEXTS[:2], normalize=True)
     assert np.allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-6)
+    with pytest.raises(ConfigError, match="normalizes its embeddings itself"):
+        enc.embed(TEXTS[:2], normalize=False)
     code, out, err = _cli(monkeypatch, capsys, "embed", tmp_path / "opt", TEXTS[0], TEXTS[1])
     lines = [json.loads(line) for line in out.splitlines()]
     assert code in (0, None) and [x["text"] for x in lines] == TEXTS[:2]
@@ -334,6 +336,25 @@ def test_classifier_heads_through_export_verify_and_the_runtime(kind, head, tmp_
         probs = np.array([[p.probabilities[n] for n in LABELS] for p in got])
         assert np.abs(probs - ref).max() <= ATOL
         assert [p.label for p in got] == [LABELS[i] for i in ref.argmax(-1)]
+        pair = AutoTokenizer.from_pretrained(tmp_path / "hf")(  # [CLS] a [SEP] b [SEP]
+            TEXTS[0], TEXTS[4], return_tensors="pt")
+        with torch.no_grad():
+            pair_ref = torch.softmax(hf(**pair).logits, dim=-1).numpy()[0]
+        got = model.classify([(TEXTS[0], TEXTS[4])])[0]
+        assert np.abs(np.array([got.probabilities[n] for n in LABELS]) - pair_ref).max() \
+            <= ATOL
+        if kind == "bert":  # pinned shapes: texts cut at the pinned length, [SEP] kept
+            from tinyt.export.package import package
+            package(tmp_path / "onnx", tmp_path / "pinned", format="onnx",
+                    fixed=["batch_size=2", "sequence_length=8"])
+            pinned = rt.load(tmp_path / "pinned", threads=1)
+            cut = AutoTokenizer.from_pretrained(tmp_path / "hf")(
+                TEXTS[:3], padding=True, truncation=True, max_length=8, return_tensors="pt")
+            with torch.no_grad():
+                cut_ref = torch.softmax(hf(**cut).logits, dim=-1).numpy()
+            got = pinned.classify(TEXTS[:3])
+            assert np.abs(np.array([[p.probabilities[n] for n in LABELS] for p in got])
+                          - cut_ref).max() <= ATOL
     else:
         assert isinstance(model, rt.TokenClassifier)
         tagged = model.tag(TEXTS)
@@ -348,3 +369,51 @@ def test_classifier_heads_through_export_verify_and_the_runtime(kind, head, tmp_
         lines = out.splitlines()  # the text, then a line a token: piece, label, prob, span
         assert code in (0, None) and lines[0] == repr(TEXTS[1])
         assert [line.split("\t")[1] for line in lines[1:]] == [t.label for t in tagged[1]]
+
+
+def test_older_and_odder_saves_import_as_transformers_loads_them(tmp_path):
+    """A BERT save with gamma / beta LayerNorm names (transformers renames them); a RoBERTa
+    classifier whose file also holds the base model's pooler (transformers leaves it unused)."""
+    from safetensors.torch import load_file, save_file
+
+    from tinyt.checkpoint import load_checkpoint
+    from tinyt.hf import import_hf
+    hf = save_encoder("bert", tmp_path / "old", sentence=False, num_hidden_layers=1)
+    sd = load_file(tmp_path / "old" / "model.safetensors")
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma")
+               .replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in sd.items()}
+    assert renamed != sd
+    save_file(renamed, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
+    import_hf(tmp_path / "old", tmp_path / "old-ckpt")
+    ids = torch.tensor([[101, 500, 600, 102]])
+    with torch.no_grad():
+        assert (load_checkpoint(tmp_path / "old-ckpt").model(ids) -
+                hf(input_ids=ids).last_hidden_state).abs().max() <= ATOL
+    hf = save_encoder("roberta", tmp_path / "rc", sentence=False, head="sequence",
+                      num_hidden_layers=1)
+    sd = load_file(tmp_path / "rc" / "model.safetensors")
+    sd.update({"roberta.pooler.dense.weight": torch.randn(64, 64),
+               "roberta.pooler.dense.bias": torch.randn(64)})
+    save_file(sd, tmp_path / "rc" / "model.safetensors", metadata={"format": "pt"})
+    said: list[str] = []
+    import_hf(tmp_path / "rc", tmp_path / "rc-ckpt", log=said.append)
+    assert any("roberta.pooler.dense.weight" in s for s in said), said
+    ids = torch.tensor([[0, 500, 600, 2]])
+    with torch.no_grad():
+        assert (load_checkpoint(tmp_path / "rc-ckpt").model(ids) -
+                hf(input_ids=ids).logits).abs().max() <= ATOL
+
+
+def test_settings_that_change_the_math_are_refused(tmp_path):
+    from tinyt.hf import import_hf
+    save_encoder("modernbert", tmp_path / "mb", sentence=False, num_hidden_layers=1,
+                 rope_scaling={"rope_type": "linear", "factor": 4.0})
+    with pytest.raises(ConversionError, match="rope scaling 'linear' is not implemented"):
+        import_hf(tmp_path / "mb", tmp_path / "mb-ckpt")
+    save_encoder("bert", tmp_path / "bt", sentence=False, num_hidden_layers=1)
+    config = json.loads((tmp_path / "bt" / "tokenizer_config.json").read_text())
+    (tmp_path / "bt" / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "do_lower_case": False}))
+    with pytest.raises(ConversionError, match="do_lower_case=False but tokenizer.json's "
+                                              "normalizer has lowercase=True"):
+        import_hf(tmp_path / "bt", tmp_path / "bt-ckpt")

@@ -646,6 +646,12 @@ _GELU = {"hidden_act": Spelling("activation", {
 _ENCODER = {"task": "encoder", "norm": "layernorm", "pos_encoding": "learned",
             "norm_placement": "post", "embedding_norm": True, "bias": True,
             "tie_weights": False}
+def no_pooling(hf: dict[str, Any]) -> dict[str, Any]:
+    """A bare base model gives hidden states only: how its tokens make a sentence is a
+    sentence-transformers directory's Pooling (read over this), or a head's."""
+    return {"pooling": None}
+
+
 _SEQUENCE = {"task": "classifier", "pooling": "cls"}  # every one of these pools [CLS] / <s>
 _TOKENS = {"task": "token_classifier", "pooling": None}
 _TOKEN_HEAD = (Weight("classifier.{w}", ("classifier.{w}",)),)
@@ -659,7 +665,8 @@ def bert_heads(name: str, prefix: str) -> tuple[Head, ...]:
     return (Head(f"{name}ForSequenceClassification", "classifier",
                  {**_SEQUENCE, "pooler_activation": "tanh"},
                  (Weight("pooler.{w}", (pooler,)), Weight("classifier.{w}", (out,))),
-                 keeps_pooler=True),
+                 keeps_pooler=name == "Bert"),  # RoBERTa's head is its own: a saved base
+                 #                                pooler is dropped, as transformers does
             Head(f"{name}ForTokenClassification", "token_classifier", _TOKENS, _TOKEN_HEAD))
 
 
@@ -679,7 +686,7 @@ BERT = Family(  # BertModel: the encoder of all-MiniLM, bge, e5 and sentence-tra
     model_type="bert", architecture="BertModel", keys=_BERT_KEYS,
     defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 2},
     weights=bert_weights("bert."), base="bert.", written=bert_written,
-    heads=bert_heads("Bert", "bert."),
+    heads=bert_heads("Bert", "bert."), reads=(no_pooling,),
     misfit=lambda cfg: ("BertModel's positions start at row 0" if cfg.position_offset else
                         "BertModel has a token-type table" if not cfg.type_vocab_size
                         else None),
@@ -688,7 +695,8 @@ BERT = Family(  # BertModel: the encoder of all-MiniLM, bge, e5 and sentence-tra
 ROBERTA = Family(  # RobertaModel: BERT's layout, positions from pad_token_id + 1
     model_type="roberta", architecture="RobertaModel", keys=_BERT_KEYS,
     defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 1},
-    reads=(read_roberta_positions,), weights=bert_weights("roberta."), base="roberta.",
+    reads=(read_roberta_positions, no_pooling), weights=bert_weights("roberta."),
+    base="roberta.",
     written=roberta_written, heads=bert_heads("Roberta", "roberta."),
     misfit=lambda cfg: None if cfg.position_offset else "RobertaModel's positions start after "
     "its padding row (position_offset >= 1)",
@@ -697,7 +705,8 @@ ROBERTA = Family(  # RobertaModel: BERT's layout, positions from pad_token_id + 
 XLM_ROBERTA = Family(  # XLMRobertaModel: RoBERTa under another name (multilingual MiniLM, e5)
     model_type="xlm-roberta", architecture="XLMRobertaModel", keys=_BERT_KEYS,
     defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 1},
-    reads=(read_roberta_positions,), weights=bert_weights("roberta."), base="roberta.",
+    reads=(read_roberta_positions, no_pooling), weights=bert_weights("roberta."),
+    base="roberta.",
     written=roberta_written, heads=bert_heads("XLMRoberta", "roberta."),
     misfit=lambda cfg: None if cfg.position_offset else "XLMRobertaModel's positions start "
     "after its padding row (position_offset >= 1)",
@@ -711,7 +720,7 @@ DISTILBERT = Family(  # DistilBertModel: no token types, eps fixed at 1e-12, q/k
     defaults={"max_position_embeddings": 512},
     spelled={"activation": Spelling("activation", {"gelu": "gelu"}, default="gelu",
                                     why=" (its MLP's GELU; ReLU is not one of tinyt's)")},
-    features={**_ENCODER, "norm_eps": 1e-12},
+    features={**_ENCODER, "norm_eps": 1e-12}, reads=(no_pooling,),
     holds=frozenset({"normalize"}),
     weights=DISTILBERT_WEIGHTS, base="distilbert.",
     heads=(Head("DistilBertForSequenceClassification", "classifier",
@@ -755,8 +764,17 @@ def read_modernbert(hf: dict[str, Any]) -> dict[str, Any]:
     layers = hf.get("num_hidden_layers")
     if not (isinstance(every, int) and every >= 1 and isinstance(layers, int)):
         raise ConversionError(f"global_attn_every_n_layers={every!r} must be an integer >= 1")
-    return {"bias": biases["norm_bias"],
-            "full_attention_layers": tuple(i for i in range(layers) if i % every == 0)}
+    out = {"bias": biases["norm_bias"],
+           "full_attention_layers": tuple(i for i in range(layers) if i % every == 0)}
+    params = hf.get("rope_parameters")  # transformers 5: each layer type's base in here
+    if isinstance(params, dict):
+        for kind, field in (("full_attention", "rope_theta"),
+                            ("sliding_attention", "rope_local_theta")):
+            theta = params.get(kind, {}).get("rope_theta") \
+                if isinstance(params.get(kind), dict) else None
+            if theta is not None:
+                out[field] = float(theta)
+    return out
 
 
 def read_modernbert_head(hf: dict[str, Any]) -> dict[str, Any]:
@@ -778,9 +796,27 @@ def read_modernbert_head(hf: dict[str, Any]) -> dict[str, Any]:
 
 def modernbert_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     every = cfg.full_attention_layers[1] if len(cfg.full_attention_layers) > 1 else cfg.n_layer
+    head = {"classifier_pooling": cfg.pooling or "cls",
+            "classifier_activation": cfg.pooler_activation, "classifier_bias": cfg.bias} \
+        if cfg.pooler_activation else {}
     return {"attention_bias": cfg.bias, "mlp_bias": cfg.bias, "norm_bias": cfg.bias,
             "global_attn_every_n_layers": every, "embedding_dropout": 0.0,
-            "attention_dropout": 0.0, "mlp_dropout": 0.0}
+            "attention_dropout": 0.0, "mlp_dropout": 0.0, **head}
+
+
+def modernbert_rope(hf: dict[str, Any]) -> str | None:
+    """ModernBERT's rotary is the default one; a scaling (rope_scaling, or a type in
+    transformers 5's rope_parameters) would turn it otherwise: refused, not ignored."""
+    scaling = hf.get("rope_scaling")
+    params = hf.get("rope_parameters")
+    kinds = [scaling.get("rope_type", scaling.get("type"))] if isinstance(scaling, dict) else \
+        [scaling] if scaling is not None else []
+    if isinstance(params, dict):
+        kinds += [p.get("rope_type") for p in params.values() if isinstance(p, dict)]
+        kinds.append(params.get("rope_type"))
+    odd = [k for k in kinds if k not in (None, "default")]
+    return f"rope scaling {odd[0]!r} is not implemented for ModernBertModel by tinyt" \
+        if odd else None
 
 
 def modernbert_misfit(cfg: ModelConfig) -> str | None:
@@ -808,7 +844,7 @@ MODERNBERT = Family(  # ModernBertModel: rotary, GeGLU, local / global layers, p
     features={"task": "encoder", "norm": "layernorm", "pos_encoding": "rotary",
               "norm_placement": "pre", "embedding_norm": True, "first_block_norm": False,
               "tie_weights": False},
-    reads=(read_modernbert,),
+    reads=(read_modernbert, no_pooling), refuses=(modernbert_rope,),
     holds=frozenset({"sliding_window", "full_attention_layers", "rope_local_theta",
                      "normalize", "pooler_norm", "pooler_activation", "first_block_norm",
                      "embedding_norm", "norm_placement"}),

@@ -118,7 +118,21 @@ def read_encoder_tokenizer(directory: Path, hf_cfg: dict[str, Any],
             "write one where transformers is installed: python -c \"from transformers import "
             f"AutoTokenizer as T; T.from_pretrained('{directory}').save_pretrained("
             f"'{directory}')\"")
-    return Tokenizer.from_file(path)
+    tok = Tokenizer.from_file(path)
+    config = directory / "tokenizer_config.json"
+    if config.is_file():  # transformers' BERT tokenizers rebuild the normalizer from these
+        settings = json.loads(config.read_text(encoding="utf-8"))
+        norm = json.loads(tok.hf.to_str()).get("normalizer") or {}
+        if norm.get("type") == "BertNormalizer":
+            for key, ours in (("do_lower_case", "lowercase"), ("strip_accents", "strip_accents"),
+                              ("tokenize_chinese_chars", "handle_chinese_chars")):
+                if key in settings and settings[key] is not None \
+                        and settings[key] != norm.get(ours):
+                    raise ConversionError(
+                        f"{config}: {key}={settings[key]!r} but tokenizer.json's normalizer "
+                        f"has {ours}={norm.get(ours)!r}; transformers would tokenize with the "
+                        "first, tinyt runs tokenizer.json as it is: make them agree")
+    return tok
 
 
 def encoder_special_tokens(tok: Tokenizer) -> dict[str, Any]:

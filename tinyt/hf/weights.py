@@ -112,10 +112,15 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
         return tensors
     pickles = sorted(p.name for p in directory.glob("pytorch_model*.bin"))
     if pickles:
+        try:  # the directory's own class, so the save keeps its head (an encoder's, an LM's)
+            arch = json.loads((directory / "config.json").read_text())["architectures"][0]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            arch = "AutoModelForCausalLM"
+        arch = arch if isinstance(arch, str) and arch.isidentifier() else "AutoModel"
         raise CheckpointError(
             f"{directory} holds {pickles[0]}, a pickle, and no {SAFETENSORS}: tinyt does not "
             "unpickle model files. Convert it where you trust it: python -c \"from "
-            "transformers import AutoModelForCausalLM as M; "
+            f"transformers import {arch} as M; "
             f"M.from_pretrained('{directory}').save_pretrained('{directory}', "
             "safe_serialization=True)\"")
     raise CheckpointError(f"{directory} has no {SAFETENSORS} nor {SHARD_INDEX}")
@@ -124,13 +129,17 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
 def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelConfig,
                   source: str) -> dict[str, torch.Tensor]:
     """HF tensors of `family` under tinyt's names and layouts, for a model of cfg."""
-    sd = {}
-    for key, value in tensors.items():
-        if key.endswith(family.buffers + family.drops):  # causal-mask buffers, a pooler
+    sd, original = {}, {}
+    for name, value in tensors.items():
+        if name.endswith(family.buffers + family.drops):  # causal-mask buffers, a pooler
             continue
+        key = name
+        if key.endswith((".gamma", ".beta")) and "LayerNorm" in key:  # old BERT saves' names,
+            key = key.removesuffix(".gamma") + ".weight" if key.endswith(".gamma") \
+                else key.removesuffix(".beta") + ".bias"  # as transformers renames them
         if key != HEAD and not key.startswith(family.base) and not key.startswith(family.outside):
             key = family.base + key  # a base-model save (GPT2Model, LlamaModel)
-        sd[key] = value
+        sd[key], original[key] = value, name
     used: set[str] = set()
 
     def take(key: str) -> torch.Tensor:
@@ -157,7 +166,7 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
         if not torch.equal(sd[HEAD], sd[embedding]):
             raise CheckpointError(f"{source}: tie_word_embeddings is true but {HEAD} differs "
                                   f"from {embedding}")
-    unexpected = sorted(set(sd) - used)
+    unexpected = sorted(original[k] for k in set(sd) - used)  # as the file names them
     if unexpected:  # a weight tinyt would drop is a model tinyt does not implement
         raise CheckpointError(f"{source} holds weights tinyt's model has no place for: "
                               f"{unexpected[:8]}")
