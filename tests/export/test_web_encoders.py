@@ -255,11 +255,14 @@ def test_the_module_names_a_wrong_call(packages):
 def test_refusals_name_the_problem(packages, tmp_path, monkeypatch):
     from tinyt.export.package import package
 
+    hidden_only = _import("bert", tmp_path / "bert", sentence=False)  # BertModel, no pooling
+    with pytest.raises(WebPackageError, match="an encoder without a pooling"):
+        package(hidden_only, tmp_path / "w1", format="web")
     src, _ = packages["bert"]
     monkeypatch.setenv("TINYT_TOKENIZERS_JS_DIST", str(tmp_path / "nowhere"))
     with pytest.raises(WebPackageError, match="@huggingface/tokenizers 0.2.0 is not installed"):
-        package(src, tmp_path / "w1", format="web")
-    assert not (tmp_path / "w1").exists()
+        package(src, tmp_path / "w2", format="web")
+    assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
 
 
 # -- in the browser -------------------------------------------------------------------------
