@@ -1,0 +1,108 @@
+"""The encoder peer benchmark (benchmarks/encoders.py) on a tiny sentence-transformers directory
+(2 layers, width 32, random weights): tinyt's three artifacts and Optimum (both in .venv) are
+checked against transformers' embeddings, then timed for one round; an engine that pools
+otherwise is refused before anything is timed; peers absent from the python that runs them are
+reported by name with their install command. Nothing here asserts a time."""
+import importlib.util
+import json
+import sys
+from dataclasses import replace
+
+import pytest
+from hf_fixtures import save_encoder
+from tokenizers import Tokenizer
+
+from tinyt.benchmarks import encoders as bench
+from tinyt.errors import BenchError
+
+OURS = ("tinyt-fp32", "tinyt-opt", "tinyt-int8")
+# the peers .venv lacks (scripts/setup-encoder-peers.sh puts them in a venv of their own)
+ABSENT = {"st-torch": "sentence_transformers", "st-onnx": "sentence_transformers",
+          "fastembed": "fastembed"}
+
+
+@pytest.fixture(scope="module")
+def st_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("encoder-peers") / "st"
+    save_encoder("bert", path, num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                 intermediate_size=64)
+    return path
+
+
+@pytest.fixture(scope="module")
+def result(st_dir, tmp_path_factory):
+    # Optimum's embeddings pooled from [CLS] where the directory says mean: a wrong engine
+    wrong = replace(bench.ENGINES["optimum"], name="optimum-cls", options={"pooling": "cls"})
+    out = tmp_path_factory.mktemp("encoder-peers") / "out"
+    engines = [*OURS, "optimum", wrong, *ABSENT]
+    return out, bench.run(st_dir, out, threads=[1], rounds=1, block=1, settle=0,
+                          engines=engines, python=sys.executable, throughput=(4, 24),
+                          latency_tokens=8)
+
+
+def test_every_fp32_engine_computes_the_reference_and_int8_reports(result):
+    _, r = result
+    for label in ("tinyt-fp32@1t", "tinyt-opt@1t", "optimum@1t"):
+        a = r["accuracy"][label]
+        assert a["must_match"] and a["matches"], (label, a)
+        assert a["cosine_min"] >= bench.EXACT_COSINE and a["recall_at_10"] == 1.0, (label, a)
+    q = r["accuracy"]["tinyt-int8@1t"]
+    assert not q["must_match"] and q["matches"] is None  # reported, never refused
+    assert 0.9 < q["cosine_min"] <= q["cosine_mean"] <= 1.0 and 0.0 <= q["recall_at_10"] <= 1.0
+    assert r["method"]["check_texts"] == 220  # tinyt's retrieval set: 20 queries, 200 passages
+
+
+def test_an_engine_pooling_otherwise_is_refused_before_timing(result):
+    out, r = result
+    a = r["refused"]["optimum-cls@1t"]
+    assert a["must_match"] and a["matches"] is False and a["cosine_min"] < bench.EXACT_COSINE
+    assert "optimum-cls@1t" not in r["rows"] and "optimum-cls@1t" not in r["raw_s"]
+    assert "**refused**" in (out / "results.md").read_text()
+
+
+def test_the_others_are_timed_and_written_with_ratios_to_tinyt(result):
+    out, r = result
+    assert set(r["rows"]) == {f"{e}@1t" for e in (*OURS, "optimum")}
+    for label, row in r["rows"].items():
+        assert row["texts_per_s"] > 0 and row["latency_ms"] > 0, label
+        assert row["batch_tinyt"] in OURS and row["latency_tinyt"] in OURS, row
+        assert [len(t) for t in r["raw_s"][label]] == [1, 1]  # one round, one timed call each
+    best = r["rows"][f"{r['rows']['optimum@1t']['batch_tinyt']}@1t"]
+    assert best["batch_vs_tinyt"] == 1.0  # tinyt's fastest is its own yardstick
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["rows"] == r["rows"] and saved["environment"]["cpu"]
+    assert saved["method"]["throughput"] == {"batch": 4, "tokens": 24}
+    assert saved["workers"]["optimum@1t"]["python"] == sys.executable
+    md = (out / "results.md").read_text()
+    assert "texts/s (4 × 24 tokens)" in md and "ms (1 × 8 tokens)" in md
+    for name in (*OURS, "optimum"):
+        assert f"| {name} | 1 |" in md
+
+
+def test_absent_peers_are_named_with_their_install_command(result):
+    out, r = result
+    absent = {e: m for e, m in ABSENT.items() if importlib.util.find_spec(m) is None}
+    if not absent:
+        pytest.skip("sentence-transformers and fastembed are installed in this venv")
+    md = (out / "results.md").read_text()
+    for name in absent:
+        said = r["skipped"][name]
+        assert said.startswith("not installed") and "pip install" in said, said
+        assert f"- {name}: not installed" in md
+        assert not any(k.startswith(f"{name}@") for k in r["accuracy"])
+
+
+def test_timed_texts_have_exactly_the_tokens_asked(st_dir):
+    tok = Tokenizer.from_file(str(st_dir / "tokenizer.json"))
+    for tokens, count in ((8, 1), (24, 4), (128, 3)):
+        texts = bench.texts_of(st_dir / "tokenizer.json", tokens, count)
+        assert len(set(texts)) == count  # different texts, not one repeated
+        assert [len(tok.encode(t).ids) for t in texts] == [tokens] * count
+
+
+def test_unknown_engine_and_bad_settings_are_refused_before_any_work(st_dir, tmp_path):
+    with pytest.raises(BenchError, match="unknown engine.*known: tinyt-fp32"):
+        bench.run(st_dir, tmp_path / "out", engines=["tinyt-fp32", "onnx-magic"])
+    with pytest.raises(BenchError, match="block=0"):
+        bench.run(st_dir, tmp_path / "out", block=0)
+    assert not (tmp_path / "out").exists()
