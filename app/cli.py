@@ -158,22 +158,25 @@ def import_hf(
 
 @app.command("export-hf")
 def export_hf(
-    checkpoint: Annotated[Path, typer.Argument(help="Causal-LM checkpoint directory.")],
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory: a causal LM, or "
+                                                    "an imported encoder or classifier.")],
     out: Annotated[Path, typer.Argument(help="Hugging Face directory to write.")],
 ) -> None:
-    """Write a checkpoint as a Hugging Face directory (safetensors): GPT2LMHeadModel, or the
-    first of LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM,
-    SmolLM3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM, Gemma2ForCausalLM,
-    Phi3ForCausalLM that holds
-    it exactly; for transformers,
-    CTranslate2, llama.cpp's converter, vLLM. Its logits are checked first."""
+    """Write a checkpoint as a Hugging Face directory (safetensors): the class it was
+    imported as, else GPT2LMHeadModel or the first of LlamaForCausalLM, Qwen2ForCausalLM,
+    MistralForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM, GraniteForCausalLM,
+    Gemma3ForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM that holds it exactly; encoders as
+    BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (in
+    sentence-transformers' layout when they pool) or their classification heads. For
+    transformers, CTranslate2, llama.cpp's converter, vLLM. Its outputs are checked first."""
     import json
 
     from tinyt.hf import to_hf
 
-    path = to_hf(checkpoint, out)
+    path = to_hf(checkpoint, out, log=lambda s: typer.echo(s, err=True))
     meta = json.loads((path / "config.json").read_text())
-    typer.echo(f"logits max abs diff vs tinyt: {meta['tinyt']['logits_max_abs_diff']:.2e}")
+    key, worst = next((k, v) for k, v in meta["tinyt"].items() if k.endswith("_max_abs_diff"))
+    typer.echo(f"{key.removesuffix('_max_abs_diff')} max abs diff vs tinyt: {worst:.2e}")
     typer.echo(f"huggingface: {path}")
 
 

@@ -127,6 +127,10 @@ def test_encoder_through_export_optimize_verify_and_embed(minilm, tmp_path, monk
     assert np.abs(np.array([x["embedding"] for x in lines]) - got[:2]).max() <= 1e-6
     code, out, err = _cli(monkeypatch, capsys, "generate", tmp_path / "opt", "hi")
     assert code == 2 and "is an encoder; use 'tinyt embed'" in err
+    code, out, err = _cli(monkeypatch, capsys, "export-hf", ckpt, tmp_path / "hf-out")
+    assert code in (0, None) and "last_hidden_state max abs diff vs tinyt: 0.00e+00" in out
+    assert "zeros, not the original model's" in err  # the pooler it cannot give back, said
+    assert (tmp_path / "hf-out" / "modules.json").is_file()
 
 
 @pytest.mark.parametrize("change, said", [
