@@ -288,8 +288,10 @@ export class TextModel {
     return { single, list };
   }
 
-  _need(kind, method, instead) {
+  _need(kind, method, instead, opts, known) {
     if (this.kind !== kind) throw new TinytWebError(`${this.web.name} is a ${this.kind} graph: ${method}() needs a ${kind}; use ${instead}()`);
+    const unknown = Object.keys(opts).filter((k) => !known.includes(k));
+    if (unknown.length) throw new TinytWebError(`unknown option(s) ${unknown.join(", ")}; options are ${known.join(", ")}`);
   }
 
   /** Rows (encodeRow's) through the graph in batches of `batchSize`, each padded on the right
@@ -318,8 +320,10 @@ export class TextModel {
 
   /** Sentence embeddings (Float32Array each), as tinyt.runtime's Encoder.embed: texts sorted
    * by length into batches; normalize (true / false / null: the model's own choice). */
-  async embed(texts, { normalize = null, batchSize = 32 } = {}) {
-    this._need("encoder", "embed", this.kind === "classifier" ? "classify" : "tag");
+  async embed(texts, opts = {}) {
+    this._need("encoder", "embed", this.kind === "classifier" ? "classify" : "tag", opts,
+               ["normalize", "batchSize"]);
+    const { normalize = null, batchSize = 32 } = opts;
     const { single, list } = this._texts(texts, "embed", false);
     const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength));
     const order = rows.map((_, i) => i).sort((a, b) => rows[a].ids.length - rows[b].ids.length);
@@ -334,8 +338,10 @@ export class TextModel {
   }
 
   /** Label and class probabilities of each text, as tinyt.runtime's Classifier.classify. */
-  async classify(texts, { batchSize = 32 } = {}) {
-    this._need("classifier", "classify", this.kind === "encoder" ? "embed" : "tag");
+  async classify(texts, opts = {}) {
+    this._need("classifier", "classify", this.kind === "encoder" ? "embed" : "tag", opts,
+               ["batchSize"]);
+    const { batchSize = 32 } = opts;
     const { single, list } = this._texts(texts, "classify", true);
     const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength));
     const out = (await this._run(rows, rows.map((_, i) => i), batchSize)).map((z) => {
@@ -348,8 +354,10 @@ export class TextModel {
 
   /** Each text's tokens with their labels, as tinyt.runtime's TokenClassifier.tag (the token
    * pieces, special ones included; no character offsets: the library gives none). */
-  async tag(texts, { batchSize = 32 } = {}) {
-    this._need("token_classifier", "tag", this.kind === "encoder" ? "embed" : "classify");
+  async tag(texts, opts = {}) {
+    this._need("token_classifier", "tag", this.kind === "encoder" ? "embed" : "classify", opts,
+               ["batchSize"]);
+    const { batchSize = 32 } = opts;
     const { single, list } = this._texts(texts, "tag", true);
     const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength));
     const L = this.labels.length;

@@ -249,6 +249,11 @@ def test_the_module_names_a_wrong_call(packages):
     assert "text 1 is empty; give at least one character" in got["error"]
     got = run_module(clf, {"tag": ["a text"]})
     assert "classifier graph: tag() needs a token_classifier; use classify()" in got["error"]
+    got = _node(enc, """
+        const model = await m.load(data.dir, { fetch: async (u) => new Uint8Array(fs.readFileSync(u)) });
+        out = await model.embed("a text", { normalise: true }).catch((e) => e.message);""",
+                {"dir": str(enc)})
+    assert got == "unknown option(s) normalise; options are normalize, batchSize"
 
 
 @needs_web
