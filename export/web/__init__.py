@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -44,84 +43,19 @@ from tinyt.manifest import artifact_source, write_manifest
 from tinyt.runtime.session import check_graphs_here
 
 from ..stage import Built, built, copy_artifact_files, open_source
-
-ORT_WEB_VERSION = "1.30.0"
-ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
-TOKENIZERS_JS_VERSION = "0.2.0"  # @huggingface/tokenizers (npm), what tinyt.mjs is checked with
-TOKENIZERS_JS_FILE = "tokenizers.min.mjs"
-TOKENIZER_MODELS = ("BPE", "WordPiece", "Unigram")  # what it runs (it reads others as a guess)
-PAGE_FILES = ("tinyt.mjs", "index.html")
-ASSETS = Path(__file__).parent  # tinyt.mjs, index.html, check.mjs beside this module
-REPO_WEB = Path(__file__).resolve().parents[2] / "web"  # the checkout's web/package.json (npm)
-GQA_WEB_INPUTS = 16  # GroupQueryAttention's inputs in onnxruntime-web 1.30
-
-
-def ort_web_dist() -> Path:
-    """Where onnxruntime-web's files are: $TINYT_ORT_WEB_DIST, or the checkout's
-    web/node_modules (scripts/setup-web.sh installs it there)."""
-    env = os.environ.get("TINYT_ORT_WEB_DIST")
-    dist = Path(env) if env else REPO_WEB / "node_modules" / "onnxruntime-web" / "dist"
-    missing = [f for f in ORT_WEB_FILES if not (dist / f).is_file()]
-    if missing:
-        raise WebPackageError(f"onnxruntime-web {ORT_WEB_VERSION} is not installed ({dist} lacks "
-                              f"{', '.join(missing)}): run `bash scripts/setup-web.sh`, or set "
-                              "TINYT_ORT_WEB_DIST to its dist folder")
-    version = json.loads((dist.parent / "package.json").read_text()).get("version")
-    if version != ORT_WEB_VERSION:
-        raise WebPackageError(f"{dist} is onnxruntime-web {version}; tinyt's web module is "
-                              f"checked with {ORT_WEB_VERSION} (bash scripts/setup-web.sh)")
-    return dist
-
-
-def tokenizers_js_dist() -> Path:
-    """Where @huggingface/tokenizers' browser build is: $TINYT_TOKENIZERS_JS_DIST, or the
-    checkout's web/node_modules (scripts/setup-web.sh installs it there)."""
-    env = os.environ.get("TINYT_TOKENIZERS_JS_DIST")
-    dist = Path(env) if env else REPO_WEB / "node_modules" / "@huggingface" / "tokenizers" / "dist"
-    if not (dist / TOKENIZERS_JS_FILE).is_file():
-        raise WebPackageError(f"@huggingface/tokenizers {TOKENIZERS_JS_VERSION} is not installed "
-                              f"({dist} lacks {TOKENIZERS_JS_FILE}): run `bash "
-                              "scripts/setup-web.sh`, or set TINYT_TOKENIZERS_JS_DIST to its dist "
-                              "folder")
-    version = json.loads((dist.parent / "package.json").read_text()).get("version")
-    if version != TOKENIZERS_JS_VERSION:
-        raise WebPackageError(f"{dist} is @huggingface/tokenizers {version}; tinyt's web "
-                              f"module is checked with {TOKENIZERS_JS_VERSION} (bash "
-                              "scripts/setup-web.sh)")
-    return dist
-
-
-def copy_runtime(out: Path) -> list[str]:
-    """onnxruntime-web, the tokenizer library and the page into `out`; the names written."""
-    for dist, names in ((ort_web_dist(), ORT_WEB_FILES), (tokenizers_js_dist(),
-                                                          (TOKENIZERS_JS_FILE,))):
-        for f in names:
-            shutil.copy2(dist / f, out / f)
-    for f in PAGE_FILES:
-        shutil.copy2(ASSETS / f, out / f)
-    return [*ORT_WEB_FILES, TOKENIZERS_JS_FILE, *PAGE_FILES]
-
-
-def node() -> str:
-    found = shutil.which("node")
-    if not found:
-        raise WebPackageError("node is not installed: the web package is checked by running its "
-                              "module under Node before it is written (bash scripts/setup-web.sh)")
-    return found
-
-
-def node_version() -> str:
-    return subprocess.run([node(), "--version"], capture_output=True, text=True).stdout.strip()
-
-
-def run_module(package_dir: Path, request: dict, timeout: float = 600) -> dict:
-    """Run the package's tinyt.mjs under Node (check.mjs) on a request."""
-    proc = subprocess.run([node(), str(ASSETS / "check.mjs"), str(package_dir)],
-                          input=json.dumps(request), capture_output=True, text=True,
-                          timeout=timeout)
-    if proc.returncode != 0:
-        raise WebPackageError(f"the web module failed under Node: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout)
+from .tools import (  # the tools the decoder and the text packages share
+    CHECK_TEXTS,
+    GQA_WEB_INPUTS,
+    ORT_WEB_VERSION,
+    TOKENIZER_MODELS,
+    TOKENIZERS_JS_VERSION,
+    copy_runtime,
+    node,
+    node_version,
+    ort_web_dist,
+    run_module,
+    tokenizers_js_dist,
+)
 
 
 def _for_web(proto: onnx.ModelProto) -> bool:
@@ -132,13 +66,13 @@ def _for_web(proto: onnx.ModelProto) -> bool:
 
     graph = proto.graph
     changed = False
-    for node in graph.node:
-        if node.op_type == "GroupQueryAttention" and len(node.input) > GQA_WEB_INPUTS:
-            extra = [i for i in node.input[GQA_WEB_INPUTS:] if i]
+    for op in graph.node:
+        if op.op_type == "GroupQueryAttention" and len(op.input) > GQA_WEB_INPUTS:
+            extra = [i for i in op.input[GQA_WEB_INPUTS:] if i]
             if extra and extra != ["query_seqlens"]:
-                raise WebPackageError(f"{node.name}: GroupQueryAttention inputs beyond what "
+                raise WebPackageError(f"{op.name}: GroupQueryAttention inputs beyond what "
                                       f"onnxruntime-web {ORT_WEB_VERSION} reads: {extra}")
-            del node.input[GQA_WEB_INPUTS:]
+            del op.input[GQA_WEB_INPUTS:]
             changed = True
     if any(i.name == "query_seqlens" for i in graph.input):
         keep = [i for i in graph.input if i.name != "query_seqlens"]
@@ -207,15 +141,6 @@ def check_tokenizer(path: Path) -> None:
         raise WebPackageError(f"{path}: the page's tokenizer (@huggingface/tokenizers "
                               f"{TOKENIZERS_JS_VERSION}) runs the models "
                               f"{', '.join(TOKENIZER_MODELS)}; this one has model {model}")
-
-
-# Text the package's tokenizer must encode to tinyt's ids before anything is written: code,
-# accents, scripts, emoji, the two spaces JavaScript's \s and Unicode disagree on, control
-# characters, an empty text.
-CHECK_TEXTS = ["def main():\n    return 0\n", "héllo wörld 😀 — 你好", "",
-               "Ünïcode café — ΟΔΟΣ İstanbul ß ﬁ", "東京 한국어 عربى 👩‍👩‍👧‍👦 🇫🇷",
-               "bom\ufeff next\x85line \u2028 \u3000 \xa0", "\x00\x01 ctrl\x1b[0m \x7f\t\r\n  ",
-               "supercalifragilisticexpialidocious" * 4, "   "]
 
 
 def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,

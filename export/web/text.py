@@ -28,6 +28,14 @@ from tinyt.graphio import DATA_SUFFIX
 from tinyt.manifest import artifact_source, write_manifest
 
 from ..stage import Built, Source, built, copy_artifact_files
+from .tools import (
+    CHECK_TEXTS,
+    ORT_WEB_VERSION,
+    TOKENIZERS_JS_VERSION,
+    copy_runtime,
+    node_version,
+    run_module,
+)
 
 TEXT_KINDS = (ENCODER, CLASSIFIER, TOKEN_CLASSIFIER)
 METHOD = {ENCODER: "embed", CLASSIFIER: "classify", TOKEN_CLASSIFIER: "tag"}
@@ -49,14 +57,6 @@ def package_text(src_dir: Path, out_dir: Path, src: Source) -> Built:
     package_web has checked the graph, the tokenizer's model and the tools before this."""
     from tinyt.runtime import load
 
-    from . import (
-        CHECK_TEXTS,
-        ORT_WEB_VERSION,
-        TOKENIZERS_JS_VERSION,
-        copy_runtime,
-        node_version,
-        run_module,
-    )
 
     if (src_dir / (ONNX_FILE + DATA_SUFFIX)).exists():
         raise WebPackageError(f"{src_dir} keeps its weights in {ONNX_FILE}{DATA_SUFFIX}; the page "
