@@ -23,7 +23,7 @@ from tinyt.hf.sentence import read_sentence_modules  # noqa: E402
 TEXTS = ["A man is eating food.", "short", "Ünïcode café, naïve façade — 東京!",
          "def __init__(self): return None " * 3]
 CLASSES = {"bert": "Bert", "distilbert": "DistilBert", "roberta": "Roberta",
-           "xlm-roberta": "XLMRoberta"}
+           "xlm-roberta": "XLMRoberta", "modernbert": "ModernBert"}
 # head None: a sentence-transformers directory (mean pooling, Normalize, cut at 256 tokens);
 # "plain": the base model alone (hidden states; no sentence-transformers layout written)
 CASES = [(k, h) for k in CLASSES for h in (None, "sequence", "token")] + [("bert", "plain")]
@@ -70,7 +70,7 @@ def test_each_family_and_head_goes_back_to_its_class_bit_identically(trip):
         assert meta["id2label"] == {str(i): n for i, n in enumerate(LABELS)}
         assert meta["label2id"] == {n: i for i, n in enumerate(LABELS)}
     # the base models' pooler: tinyt drops it on import; written as zeros, and said
-    pooled = kind != "distilbert" and head in (None, "plain")
+    pooled = kind not in ("distilbert", "modernbert") and head in (None, "plain")
     assert ("pooler" in meta["tinyt"]) == pooled
     if pooled:
         tensors = load_file(out / "model.safetensors")
@@ -81,7 +81,7 @@ def test_each_family_and_head_goes_back_to_its_class_bit_identically(trip):
 
 
 LOADED = [("bert", None), ("distilbert", "sequence"), ("roberta", "token"),
-          ("xlm-roberta", None), ("bert", "plain")]
+          ("xlm-roberta", None), ("bert", "plain"), ("modernbert", "sequence")]
 
 
 @pytest.mark.parametrize("trip", LOADED, indirect=True, ids=[f"{k}-{h}" for k, h in LOADED])

@@ -178,6 +178,10 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
     if cfg.task in ("classifier", "token_classifier"):
         settings.update(id2label=dict(enumerate(ckpt.labels)),
                         label2id={n: i for i, n in enumerate(ckpt.labels)})
+    if cfg.task != "causal_lm":  # the special tokens' ids as the tokenizer has them (a class's
+        roles = _encoder_tokens(tok, cfg)  # defaults are its real vocabulary's: ModernBERT's
+        settings.update({f"{role}_id": tok.hf.token_to_id(roles[role])  # pad is 50,283)
+                         for role in ("pad_token", "cls_token", "sep_token") if role in roles})
     hf_class = getattr(transformers, family.architecture)
     if cfg.attn_softcap is not None:  # transformers' SDPA path leaves Gemma 2's cap out
         settings["attn_implementation"] = "eager"
@@ -282,8 +286,11 @@ def _logits_diff(model, hf, cfg: ModelConfig) -> float:
 def _encoder_diff(model, hf, cfg: ModelConfig) -> tuple[str, float]:
     """An encoder's hidden states, a token classifier's logits (real tokens: padding's are
     unspecified) or a sequence classifier's logits, on a right-padded batch of three rows: the
-    whole position table, half of it, two tokens; random token types where there is a table."""
-    T = cfg.block_size
+    whole position table (computed positions: CHECK_TOKENS, or past twice a window, never the
+    whole 8,192-token context a ModernBERT has), half of it, two tokens; random token types
+    where there is a table."""
+    T = cfg.block_size if cfg.pos_encoding == "learned" else min(
+        cfg.block_size, max(CHECK_TOKENS, 2 * (cfg.sliding_window or 0) + 8))
     g = torch.Generator().manual_seed(0)
     pad = hf.config.pad_token_id or 0  # RoBERTa numbers its positions from the ids' padding
     mask = (torch.arange(T)[None] < torch.tensor([T, T // 2, 2])[:, None]).long()  # (3, T)
