@@ -67,6 +67,8 @@ SHAPES = {
                     intermediate_size=1536), "mean", 256),  # sentence-transformers/all-MiniLM-L6-v2
     "bge-small": (dict(num_hidden_layers=12, hidden_size=384, num_attention_heads=12,
                        intermediate_size=1536), "cls", 512),  # BAAI/bge-small-en-v1.5
+    "test": (dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                  intermediate_size=64), "mean", 256),  # seconds: a docs check's run
 }
 POOLING_MODES = {"mean_tokens": "mean", "cls_token": "cls", "lasttoken": "last"}
 
@@ -382,12 +384,18 @@ def _json(path: Path):
 
 
 def build_st(out: Path, shape: str) -> Path:
-    """A sentence-transformers directory of random weights at `shape` (tests/hf_fixtures.py)."""
+    """A sentence-transformers directory of random weights at `shape`: tests/hf_fixtures.py's
+    layout and WordPiece tokenizer, and transformers' own initialization (N(0, 0.02), norm
+    gains 1), the scale of real weights. (The fixture's N(0, 0.2), which keeps a tiny model's
+    hidden states lively, saturates six layers' attention: tinyt's optimize check then sees
+    1.7e-4 between graphs at 261 tokens, over its 1e-4.)"""
     sys.path.insert(0, str(REPO / "tests"))
     from hf_fixtures import save_encoder
 
     overrides, pooling, max_seq_length = SHAPES[shape]
-    save_encoder("bert", out, pooling=pooling, max_seq_length=max_seq_length, **overrides)
+    model = save_encoder("bert", out, pooling=pooling, max_seq_length=max_seq_length,
+                         **overrides)
+    type(model)(model.config).save_pretrained(out, safe_serialization=True)
     return out
 
 
@@ -440,17 +448,21 @@ def prepare(st_dir: Path, work: Path, engines: list[Engine], python: str, settin
     """The directories the engines load: ST_DIR, tinyt's artifacts (each stage from the one
     before) and Optimum's export, made once here."""
     paths = {"st": st_dir}
-    if any(e.ours for e in engines):
+    need = {e.model for e in engines if e.ours}  # each stage made from the one before
+    if need:
         from tinyt.export import export_onnx
         from tinyt.export.optimize import optimize
         from tinyt.export.quantize import quantize
         from tinyt.hf import import_hf
 
-        log("tinyt: import, export, optimize, quantize")
+        log(f"tinyt: import, export{', optimize' if need - {'onnx'} else ''}"
+            f"{', quantize' if 'int8' in need else ''}")
         import_hf(st_dir, work / "ckpt")
         paths["onnx"] = export_onnx(work / "ckpt", work / "onnx")
-        paths["opt"] = optimize(paths["onnx"], work / "opt")
-        paths["int8"] = quantize(paths["opt"], work / "int8")
+        if need - {"onnx"}:
+            paths["opt"] = optimize(paths["onnx"], work / "opt")
+        if "int8" in need:
+            paths["int8"] = quantize(paths["opt"], work / "int8")
     users = [e for e in engines if e.model == "optimum"]
     if users:
         log("Optimum: export=True")
@@ -643,7 +655,9 @@ def markdown(result: dict) -> str:
              f"{m['block']} calls (after {m['settle']} untimed). × tinyt: the engine's time over "
              "the fastest tinyt artifact's at the same thread count (named in brackets); above "
              "1 is slower than tinyt.", ""]
-    if result["rows"]:
+    if not result["rows"]:
+        lines[-2:] = ["Nothing timed (--rounds 0, or no engine passed the check)."]
+    else:
         lines += [f"| engine | threads | texts/s ({tp['batch']} × {tp['tokens']} tokens) | "
                   f"× tinyt | ms ({lat['batch']} × {lat['tokens']} tokens) | × tinyt |",
                   "|---|---|---|---|---|---|"]
@@ -664,7 +678,23 @@ def markdown(result: dict) -> str:
                if "cosine_min" in a else f"shape {a['shape']} | — | —")
         verdict = {True: "matches", False: "**refused**", None: "reported"}[a["matches"]]
         lines.append(f"| {name} | {n[:-1]} | {fig} | {a['must_match']} | {verdict} |")
-    lines += ["", "Engines:", ""] + [f"- {k}: {v}" for k, v in result["engines"].items()]
+    lines += ["", "Each worker: its load, resident memory after it and the peak by the end (MB: "
+              "10^6 bytes):", "", "| engine | threads | load s | RSS loaded MB | peak RSS MB |",
+              "|---|---|---|---|---|"]
+    for label, w in result["workers"].items():
+        name, n = label.rsplit("@", 1)
+        peak = w.get("memory_after", {}).get("peak_rss")
+        lines.append(f"| {name} | {n[:-1]} | {w['load_s']:.1f} | "
+                     f"{w['memory'].get('rss', 0) / 1e6:,.0f} | "
+                     f"{'—' if peak is None else f'{peak / 1e6:,.0f}'} |")
+    pythons = {w["python"]: w["versions"] for w in result["workers"].values()}
+    lines += ["", "Engines:", ""]
+    for name, about in result["engines"].items():
+        ran = [w["python"] for k, w in result["workers"].items() if k.startswith(f"{name}@")]
+        lines.append(f"- {name}: {about}" + (f" ({ran[0]})" if ran else ""))
+    lines += ["", "Versions in each python:", ""] + [
+        f"- {py}: " + ", ".join(f"{d} {v}" for d, v in vers.items())
+        for py, vers in pythons.items()]
     if result["skipped"]:
         lines += ["", "Not run:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()]
     if result["refused"]:
