@@ -5,11 +5,11 @@ built-in queries and passages) is right where it can be checked and can fail; wh
 apply to an encoder is refused by name."""
 import dataclasses
 import json
-import sys
 
 import numpy as np
 import onnx
 import pytest
+from cli_run import run_cli
 from hf_fixtures import save_bert
 from onnx import numpy_helper
 
@@ -35,13 +35,7 @@ UNRELATED_RECALL = 0.3
 TEXTS = ["A man is eating food.", "short", "Ünïcode café, naïve façade — 東京!"]
 
 
-def _cli(monkeypatch, capsys, *args):
-    from tinyt.app import cli
-    monkeypatch.setattr(sys, "argv", ["tinyt", *map(str, args)])
-    with pytest.raises(SystemExit) as e:
-        cli.run([])
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+_cli = run_cli
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ WordPiece, mean pooling, Normalize, texts cut at 256) through import-hf, export,
 verify and `embed`, against transformers' hidden states and sentence-transformers'
 arithmetic on them; and what is not run, refused by name."""
 import json
-import sys
 
 import numpy as np
 import pytest
 import torch
+from cli_run import run_cli
 from hf_fixtures import save_bert, save_encoder, sentence_embeddings
 
 from tinyt.config import ModelConfig
@@ -20,13 +20,7 @@ TEXTS = ["A man is eating food.", "short", "The quick brown fox jumps over the l
 ATOL = 1e-4
 
 
-def _cli(monkeypatch, capsys, *args):
-    from tinyt.app import cli
-    monkeypatch.setattr(sys, "argv", ["tinyt", *map(str, args)])
-    with pytest.raises(SystemExit) as e:
-        cli.run([])
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+_cli = run_cli
 
 
 @pytest.fixture(scope="module")
