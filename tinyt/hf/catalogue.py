@@ -25,6 +25,7 @@ checkpoint as the first entry whose class holds it exactly (`writer_for`).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -692,26 +693,23 @@ BERT = Family(  # BertModel: the encoder of all-MiniLM, bge, e5 and sentence-tra
                         else None),
     **_BERT_LIKE,
 )
+def roberta_misfit(arch: str) -> Callable[[ModelConfig], str | None]:
+    return lambda cfg: None if cfg.position_offset else \
+        f"{arch}'s positions start after its padding row (position_offset >= 1)"
+
+
 ROBERTA = Family(  # RobertaModel: BERT's layout, positions from pad_token_id + 1
     model_type="roberta", architecture="RobertaModel", keys=_BERT_KEYS,
     defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 1},
     reads=(read_roberta_positions, no_pooling), weights=bert_weights("roberta."),
-    base="roberta.",
-    written=roberta_written, heads=bert_heads("Roberta", "roberta."),
-    misfit=lambda cfg: None if cfg.position_offset else "RobertaModel's positions start after "
-    "its padding row (position_offset >= 1)",
-    **_BERT_LIKE,
+    base="roberta.", written=roberta_written, heads=bert_heads("Roberta", "roberta."),
+    misfit=roberta_misfit("RobertaModel"), **_BERT_LIKE,
 )
-XLM_ROBERTA = Family(  # XLMRobertaModel: RoBERTa under another name (multilingual MiniLM, e5)
-    model_type="xlm-roberta", architecture="XLMRobertaModel", keys=_BERT_KEYS,
-    defaults={"layer_norm_eps": 1e-12, "type_vocab_size": 1},
-    reads=(read_roberta_positions, no_pooling), weights=bert_weights("roberta."),
-    base="roberta.",
-    written=roberta_written, heads=bert_heads("XLMRoberta", "roberta."),
-    misfit=lambda cfg: None if cfg.position_offset else "XLMRobertaModel's positions start "
-    "after its padding row (position_offset >= 1)",
-    **_BERT_LIKE,
-)
+# XLMRobertaModel: RoBERTa under another name (multilingual MiniLM, e5)
+XLM_ROBERTA = dataclasses.replace(
+    ROBERTA, model_type="xlm-roberta", architecture="XLMRobertaModel",
+    heads=bert_heads("XLMRoberta", "roberta."), misfit=roberta_misfit("XLMRobertaModel"))
+
 DISTILBERT = Family(  # DistilBertModel: no token types, eps fixed at 1e-12, q/k/v_lin
     model_type="distilbert", architecture="DistilBertModel",
     keys={"dim": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
