@@ -10,6 +10,7 @@ import onnxruntime as ort
 from tinyt.errors import ConfigError, ManifestError
 from tinyt.tokenizer import Tokenizer
 
+from .feeds import text_cut, text_feeds
 from .generate import prompt_text
 from .session import Artifact
 
@@ -33,12 +34,7 @@ class Classifier:
                                 f"for {self.config.num_labels} outputs")
         self._pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         self._types = "token_type_ids" in [i.name for i in session.get_inputs()]
-        trunc = tokenizer.hf.truncation  # an imported model's own cut, else its context
-        self.max_length = min(self.config.block_size if trunc is None else trunc["max_length"],
-                              self.config.block_size,
-                              (artifact.fixed or {}).get("sequence_length", 1 << 62))
-        tokenizer.hf.enable_truncation(self.max_length)  # keeps a closing [SEP] / </s>
-        tokenizer.hf.no_padding()
+        self.max_length = text_cut(tokenizer, self.config, artifact.fixed)
 
     def _encode(self, texts: Sequence) -> list[tuple[list[int], list[int]]]:
         """Ids and token types with the special tokens tokenizer.json's post-processor adds
@@ -58,16 +54,7 @@ class Classifier:
 
     def _feeds(self, rows: list[tuple[list[int], list[int]]], B: int, T: int
                ) -> dict[str, np.ndarray]:
-        x = np.full((B, T), self._pad, dtype=np.int64)
-        mask = np.zeros((B, T), dtype=np.int64)
-        types = np.zeros((B, T), dtype=np.int64)
-        for r, (row, type_ids) in enumerate(rows):
-            row, type_ids = row[:T], type_ids[:T]
-            x[r, :len(row)], mask[r, :len(row)], types[r, :len(row)] = row, 1, type_ids
-        feeds = {"input_ids": x, "attention_mask": mask}  # right padding
-        if self._types:
-            feeds["token_type_ids"] = types
-        return feeds
+        return text_feeds(rows, B, T, self._pad, self._types)
 
     def classify(self, texts: str | Sequence, *, batch_size: int = 32
                  ) -> Prediction | list[Prediction]:

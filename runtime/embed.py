@@ -15,6 +15,7 @@ import onnxruntime as ort
 from tinyt.errors import ConfigError
 from tinyt.tokenizer import Tokenizer
 
+from .feeds import text_cut, text_feeds
 from .session import Artifact
 
 
@@ -32,12 +33,7 @@ class Encoder:
         self.provider = session.get_providers()[0]
         self.inputs = [i.name for i in session.get_inputs()]
         self.dim = self.config.n_embd
-        trunc = tokenizer.hf.truncation
-        cut = self.config.block_size if trunc is None else min(trunc["max_length"],
-                                                               self.config.block_size)
-        tokenizer.hf.enable_truncation(cut)  # keeps the post-processor's [SEP] at the end
-        tokenizer.hf.no_padding()
-        self.max_length = cut
+        self.max_length = text_cut(tokenizer, self.config)
 
     def encode(self, texts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
         """Each text's (ids, token type ids), special tokens added, cut at max_length."""
@@ -99,12 +95,5 @@ class Encoder:
 
     def _run(self, rows: list[tuple[list[int], list[int]]], output: str) -> np.ndarray:
         T = max(len(ids) for ids, _ in rows)
-        ids = np.zeros((len(rows), T), dtype=np.int64)  # right padding: the mask hides it
-        mask = np.zeros_like(ids)
-        types = np.zeros_like(ids)
-        for r, (row, type_ids) in enumerate(rows):
-            ids[r, :len(row)], mask[r, :len(row)], types[r, :len(row)] = row, 1, type_ids
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in self.inputs:
-            feeds["token_type_ids"] = types
+        feeds = text_feeds(rows, len(rows), T, 0, "token_type_ids" in self.inputs)
         return self.session.run([output], feeds)[0]

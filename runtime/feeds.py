@@ -98,3 +98,31 @@ def step_feeds(kind: str, feeds: dict[str, np.ndarray], nxt: np.ndarray, output_
     past = {past_name(n): v for n, v in zip(output_names[1:], outputs[1:])}
     return {"input_ids": nxt[:, None].astype(np.int64), "attention_mask": mask,
             "position_ids": np.clip(mask.sum(-1, keepdims=True) - 1, 0, None), **past}
+
+
+def text_cut(tokenizer, cfg: ModelConfig, fixed: dict | None = None) -> int:
+    """Where an encoder's or a classifier's texts are cut: tokenizer.json's own truncation (an
+    imported sentence-transformers model's max_seq_length), else the context, and a pinned
+    sequence length; set as the tokenizer's truncation (which keeps a closing [SEP] / </s>),
+    padding left to text_feeds."""
+    trunc = tokenizer.hf.truncation
+    cut = min(cfg.block_size if trunc is None else trunc["max_length"], cfg.block_size,
+              (fixed or {}).get("sequence_length", cfg.block_size))
+    tokenizer.hf.enable_truncation(cut)
+    tokenizer.hf.no_padding()
+    return cut
+
+
+def text_feeds(rows, B: int, T: int, pad: int, types: bool) -> dict[str, np.ndarray]:
+    """Feeds of tokenized texts, (ids, token type ids) each, right-padded to [B, T] (the mask
+    hides the padding); token_type_ids where the graph takes them."""
+    x = np.full((B, T), pad, dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.int64)
+    kinds = np.zeros((B, T), dtype=np.int64)
+    for r, (row, type_ids) in enumerate(rows):
+        row, type_ids = row[:T], type_ids[:T]
+        x[r, :len(row)], mask[r, :len(row)], kinds[r, :len(row)] = row, 1, type_ids
+    feeds = {"input_ids": x, "attention_mask": mask}
+    if types:
+        feeds["token_type_ids"] = kinds
+    return feeds
