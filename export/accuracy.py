@@ -17,6 +17,7 @@ import onnxruntime as ort
 
 from tinyt import data as D
 from tinyt.config import ModelConfig
+from tinyt.contract import CLASSIFIER, TOKEN_CLASSIFIER
 from tinyt.errors import DataError
 from tinyt.runtime.embed import Encoder
 from tinyt.runtime.feeds import check_tokens, prefill_feeds
@@ -25,6 +26,7 @@ from tinyt.tokenizer import Tokenizer
 
 from . import retrieval_set
 from .compare import ort_greedy, ort_greedy_rows, row_chunks
+from .text_batches import Item, batch_feeds, encode_items, runtime_cut
 
 EVAL_TOKENS = 6144  # validation tokens: 48 windows of the demo's 128, 6 of GPT-2's 1024
 EVAL_BATCH = 8  # windows (classifier: examples) per batch, at most
@@ -122,29 +124,97 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
 
 
 def classifier_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: ModelConfig,
-                        tokenizer: Tokenizer, labels: list[str],
-                        data: str | None = None) -> dict[str, Any]:
-    cdata = D.load_classification(data)
+                        tokenizer: Tokenizer, labels: list[str], data: str | None = None, *,
+                        cdata: D.ClassificationData | None = None) -> dict[str, Any]:
+    """Accuracy of both graphs on the validation split of labelled data (`cdata`, else read
+    from `data`: a directory per label; None, the built-in set), the texts fed as the
+    runtime's Classifier feeds them (text_batches.py: special tokens, cut, token types)."""
+    cdata = D.load_classification(data) if cdata is None else cdata
     if cdata.labels != labels:
         raise DataError(f"the evaluation data's labels {cdata.labels} are not the model's {labels}")
-    pad = tokenizer.eos_id or 0
+    rows = encode_items(tokenizer, cfg, [t for t, _ in cdata.val])
     correct = {"reference": 0, "candidate": 0}
-    for i in range(0, len(cdata.val), EVAL_BATCH):
-        chunk = cdata.val[i:i + EVAL_BATCH]
-        ids = [tokenizer.encode(t)[: cfg.block_size] or [pad] for t, _ in chunk]
-        T = max(map(len, ids))
-        x = np.full((len(ids), T), pad, dtype=np.int64)
-        mask = np.zeros((len(ids), T), dtype=np.int64)
-        for r, row in enumerate(ids):
-            x[r, :len(row)], mask[r, :len(row)] = row, 1
-        y = np.array([label for _, label in chunk])
+    for i in range(0, len(rows), EVAL_BATCH):
+        feeds = batch_feeds(tokenizer, cfg, CLASSIFIER, rows[i:i + EVAL_BATCH])
+        y = np.array([label for _, label in cdata.val[i:i + EVAL_BATCH]])
         for name, sess in (("reference", ref), ("candidate", cand)):
-            logits = sess.run(["logits"], {"input_ids": x, "attention_mask": mask})[0]
+            logits = sess.run(["logits"], feeds)[0]
             correct[name] += int((logits.argmax(-1) == y).sum())
     n = len(cdata.val)
     return {"data": "classification", "examples": n,
             "accuracy_reference": correct["reference"] / n, "accuracy": correct["candidate"] / n,
             "accuracy_change": (correct["candidate"] - correct["reference"]) / n}
+
+
+def agreement_items(kind: str) -> list[Item]:
+    """The built-in texts a classifier's label agreement reads: the retrieval set's 20
+    queries and 200 passages, and for a sequence classifier also each passage paired with
+    its topic's query (a cross-encoder's or an NLI model's input)."""
+    texts: list[Item] = [*retrieval_set.QUERIES, *retrieval_set.PASSAGES]
+    if kind == CLASSIFIER:
+        texts += [(q, p) for q, ps in retrieval_set.TOPICS.values() for p in ps]
+    return texts
+
+
+def _label_logits(sess: ort.InferenceSession, tokenizer: Tokenizer, cfg: ModelConfig,
+                  kind: str, rows: list, batch: int) -> np.ndarray:
+    """Logits of each row [rows, labels], or of each row's tokens under the mask (a token
+    classifier: [tokens, labels], rows in order), in batches of similar length."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
+    out: list[np.ndarray | None] = [None] * len(rows)
+    for s in range(0, len(order), batch):
+        part = order[s:s + batch]
+        logits = sess.run(["logits"], batch_feeds(tokenizer, cfg, kind, [rows[i] for i in part]))[0]
+        for r, i in enumerate(part):  # [labels], or [tokens, labels] without the padding
+            out[i] = logits[r, :len(rows[i][0])] if kind == TOKEN_CLASSIFIER else logits[r]
+    return np.concatenate([z.reshape(-1, z.shape[-1]) for z in out])
+
+
+def label_agreement(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: ModelConfig,
+                    kind: str, tokenizer: Tokenizer, *,
+                    rows_independent: bool = True) -> dict[str, Any]:
+    """`cand` against `ref` on built-in text, no labels needed (agreement_items): the fraction
+    of texts (a sequence classifier) or of tokens (a token classifier: every token under the
+    attention mask, [CLS] and [SEP] too, as tag() labels them) whose argmax label is the
+    reference's; the mean KL(reference || candidate) of the label distributions and the
+    largest |logit difference|. The reference runs in batches, the candidate too where
+    `rows_independent`, else each text alone."""
+    items = agreement_items(kind)
+    rows = encode_items(tokenizer, cfg, items)
+    a = _label_logits(ref, tokenizer, cfg, kind, rows, EMBED_BATCH)  # [n, labels]
+    b = _label_logits(cand, tokenizer, cfg, kind, rows, EMBED_BATCH if rows_independent else 1)
+    la, lb = _log_softmax(a), _log_softmax(b)
+    return {
+        "agreement_data": "built-in retrieval set (tinyt.export.retrieval_set)",
+        "agreement_texts": sum(isinstance(t, str) for t in items),
+        "agreement_pairs": sum(not isinstance(t, str) for t in items),
+        "agreement_unit": "token" if kind == TOKEN_CLASSIFIER else "text",
+        "agreement_compared": len(a), "max_length": runtime_cut(tokenizer, cfg),
+        "longest_text_tokens": max(len(ids) for ids, _ in rows),
+        "label_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()),
+        "kl_divergence": float((np.exp(la) * (la - lb)).sum(-1).mean()),
+        "max_abs_logit_diff": float(np.abs(a - b).max()),
+        # how many labels fp32 itself chooses on this text: agreement on one label alone says
+        # less than agreement spread over several
+        "reference_labels_used": int(len(np.unique(a.argmax(-1)))),
+        "batched": rows_independent}
+
+
+def classifier_report(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: ModelConfig,
+                      kind: str, tokenizer: Tokenizer, labels: list[str], data: str | None, *,
+                      rows_independent: bool = True) -> dict[str, Any]:
+    """A classifier's report: label agreement on built-in text (label_agreement), and
+    accuracy where labelled data applies: `data` (a directory per label, whose labels must be
+    the model's), or with none the built-in labelled set when its labels are the model's
+    (tinyt's own classifier trained on it); an imported classifier has labels of its own."""
+    report = label_agreement(ref, cand, cfg, kind, tokenizer, rows_independent=rows_independent)
+    if kind != CLASSIFIER:
+        return report
+    cdata = D.load_classification(data)
+    if data is None and cdata.labels != list(labels):
+        return report
+    return {**classifier_accuracy(ref, cand, cfg, tokenizer, list(labels), cdata=cdata),
+            **report}
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -6,12 +6,15 @@
 mode 'dynamic' (default): weights int8 (or int4), activations quantized to int8 at run time by
 MatMulNBits (accuracy_level 4), so products use the CPU's int8 dot-product units.
 mode 'weight-only': the same weights, products in fp32 (accuracy_level 0).
-mode 'static': QDQ with activation ranges calibrated on the training split (qdq.py); standard
-ONNX ops, from the plain export; settings from the CPU's INT8 preset (tinyt.hardware).
+mode 'static': QDQ with activation ranges calibrated on the training split (qdq.py: decoder
+windows, or an encoder's or classifier's texts fed as the runtime feeds them); standard ONNX
+ops, from the plain export; settings from the CPU's INT8 preset (tinyt.hardware).
 
-An encoder (sentence embeddings) takes the dynamic and weight-only modes and every kernel; its
-accuracy report is cosine similarity to the source's embeddings and retrieval recall@10 on the
-built-in queries and passages (accuracy.encoder_accuracy), not held-out corpus text.
+An encoder (sentence embeddings) takes every mode and kernel; its accuracy report is cosine
+similarity to the source's embeddings and retrieval recall@10 on the built-in queries and
+passages (accuracy.encoder_accuracy), not held-out corpus text. A classifier's (sequence or
+token) is label agreement with the source on built-in text, which needs no labels, with
+accuracy beside it where labelled data applies (accuracy.classifier_report).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from pathlib import Path
 import onnx
 
 from tinyt import int8
-from tinyt.contract import CLASSIFIER, ENCODER, ONNX_FILE
+from tinyt.contract import CLASSIFIER, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
 from tinyt.errors import QuantizeError
 from tinyt.graphio import check_graph, graph_files, save_graph
 from tinyt.hardware import int8_preset, saturates_here
@@ -30,11 +33,12 @@ from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.session import Artifact, graph_session
 from tinyt.tokenizer import Tokenizer
 
-from .accuracy import classifier_accuracy, encoder_accuracy, lm_accuracy
+from .accuracy import classifier_report, encoder_accuracy, lm_accuracy
 from .blockquant import MS, SCHEMES, quantize_weights
 from .optimize import QUANTIZED_OPS
 from .qdq import CALIBRATIONS, quantize_qdq
 from .stage import Built, open_source, write_artifact
+from .text_batches import TEXT_KINDS
 
 MODES = {"dynamic": 4, "weight-only": 0, "static": None}  # -> MatMulNBits accuracy_level
 BITS = (8, 4)
@@ -74,9 +78,12 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
         raise QuantizeError(f"static quantization is 8-bit only; bits={bits} is for the "
                             "dynamic and weight-only modes")
     if mode == "static" and manifest.get("stage") != "export":
+        why = ("the optimized graph's constant folding turns computed matmuls (ModernBERT's "
+               "rotary positions x frequencies) into matmuls of an initializer, which static "
+               "quantization would take for weights" if kind in TEXT_KINDS else
+               "ONNX Runtime's quantizer cannot infer shapes through fused contrib ops")
         raise QuantizeError(f"static (QDQ) quantization takes the plain export, not the output "
-                            f"of stage {manifest.get('stage')!r}: ONNX Runtime's quantizer "
-                            "cannot infer shapes through fused contrib ops")
+                            f"of stage {manifest.get('stage')!r}: {why}")
     if mode != "static" and manifest.get("options", {}).get("target") == "portable":
         raise QuantizeError(f"{src} is a 'portable' graph (standard ONNX ops only), and this "
                             "quantization uses ONNX Runtime contrib ops; quantize the export "
@@ -103,14 +110,10 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
     if calibration not in CALIBRATIONS:
         raise QuantizeError(f"calibration={calibration!r} is not one of "
                             f"{', '.join(CALIBRATIONS)}")
-    if mode == "static" and kind == CLASSIFIER:
-        raise QuantizeError("static calibration reads corpus text windows; for a classifier use "
-                            "mode='dynamic'")
-    if mode == "static" and kind == ENCODER:
-        raise QuantizeError(f"{src} is an encoder: static calibration reads corpus windows cut "
-                            "at the end-of-text token, which an encoder's tokenizer has not; "
-                            "use mode='dynamic' (int8 activations at run time) or "
-                            "'weight-only'")
+    if data is not None and kind == TOKEN_CLASSIFIER:
+        raise QuantizeError(f"{src} is a token classifier: its report is label agreement with "
+                            "the source on built-in text, and no labelled data format holds a "
+                            f"label per token, so data={data!r} does not apply; leave it out")
     if data is not None and kind == ENCODER:
         raise QuantizeError(f"{src} is an encoder: its accuracy report reads the built-in "
                             "queries and passages (tinyt.export.retrieval_set), so data="
@@ -165,12 +168,13 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     tokenizer = Tokenizer.from_file(src_dir / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
+        calibrated = None
         if mode == "static":
-            report = quantize_qdq(src_dir / ONNX_FILE, path, cfg, kind, tokenizer,
-                                  calibration=calibration, per_channel=per_channel,
-                                  reduce_range=bool(preset["reduce_range"]),
-                                  activation_type=str(preset["activation_type"]),
-                                  exclude=list(exclude), data=data)
+            report, calibrated = quantize_qdq(
+                src_dir / ONNX_FILE, path, cfg, kind, tokenizer, calibration=calibration,
+                per_channel=per_channel, reduce_range=bool(preset["reduce_range"]),
+                activation_type=str(preset["activation_type"]), exclude=list(exclude),
+                data=data)
         else:
             report = quantize_weights(proto, bits=bits, block=block_size,
                                       accuracy_level=MODES[mode], exclude=list(exclude),
@@ -191,8 +195,9 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
         check_graph(path)
         ref = graph_session(src_dir / ONNX_FILE, level="all")
         cand = graph_session(path, level="all")
-        if kind == CLASSIFIER:
-            accuracy = classifier_accuracy(ref, cand, cfg, tokenizer, block["labels"], data)
+        if kind in (CLASSIFIER, TOKEN_CLASSIFIER):
+            accuracy = classifier_report(ref, cand, cfg, kind, tokenizer, block["labels"], data,
+                                         rows_independent=independent)
         elif kind == ENCODER:
             accuracy = encoder_accuracy(ref, cand, Artifact(src_dir, cfg, kind, None, manifest),
                                         tokenizer, rows_independent=independent)
@@ -218,6 +223,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
                 "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
                 "rows_independent": independent,
                 **({"calibration_window": check_tokens(cfg)} if mode == "static" else {}),
+                **({"calibration_set": calibrated} if calibrated else {}),
             },
             "int8": {ONNX_FILE: exactness},
             "accuracy": accuracy, **({"search": search} if search else {}),
