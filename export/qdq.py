@@ -79,12 +79,12 @@ def calibration_windows(tokenizer: Tokenizer, cfg: ModelConfig, data: str | None
 
 
 def calibration_texts(kind: str, data: str | None,
-                      count: int = CALIBRATION_TEXTS) -> list[Item]:
+                      count: int = CALIBRATION_TEXTS) -> tuple[list[Item], str]:
     """`count` texts from the training split (never validation): of the built-in corpus, or,
     for a classifier given labelled data, of its training texts. Text i starts at the
     (i / count)-th of the split's snippets and takes TEXT_WORDS[i % 4] words (following
     snippets where one is short); a sequence classifier's 16-word texts are pairs of 8 and 8
-    words."""
+    words. Returns (the texts, where they came from)."""
     if data is not None and kind != ENCODER:  # a classifier's labelled directory
         source, split = data, [t for t, _ in D.load_classification(data).train]
     else:
@@ -105,7 +105,7 @@ def calibration_texts(kind: str, data: str | None,
         pair = kind == CLASSIFIER and want == TEXT_WORDS[1] and half > 0
         items.append((" ".join(words[:half]), " ".join(words[half:])) if pair
                      else " ".join(words))
-    return items
+    return items, source
 
 
 def calibration_batches(tokenizer: Tokenizer, cfg: ModelConfig, kind: str,
@@ -117,7 +117,7 @@ def calibration_batches(tokenizer: Tokenizer, cfg: ModelConfig, kind: str,
         return ([prefill_feeds(cfg, kind, windows[i:i + CALIBRATION_BATCH])
                  for i in range(0, len(windows), CALIBRATION_BATCH)],
                 {"windows": len(windows), "window": int(windows.shape[1])})
-    items = calibration_texts(kind, data)
+    items, source = calibration_texts(kind, data)
     rows = encode_items(tokenizer, cfg, items, longest=check_tokens(cfg))
     lengths = [len(ids) for ids, _ in rows]
     # every batch padded to the longest text: the histogram calibrators (entropy, percentile)
@@ -125,7 +125,8 @@ def calibration_batches(tokenizer: Tokenizer, cfg: ModelConfig, kind: str,
     return ([batch_feeds(tokenizer, cfg, kind, rows[i:i + CALIBRATION_BATCH],
                          length=max(lengths))
              for i in range(0, len(rows), CALIBRATION_BATCH)],
-            {"texts": len(items), "pairs": sum(not isinstance(t, str) for t in items),
+            {"data": source, "texts": len(items),
+             "pairs": sum(not isinstance(t, str) for t in items),
              "shortest_tokens": min(lengths), "longest_tokens": max(lengths),
              "tokens": sum(lengths), "batch": CALIBRATION_BATCH})
 

@@ -171,9 +171,9 @@ def test_search_budgets_an_encoders_recall(encoder, tmp_path):
 
 
 def test_what_does_not_apply_to_an_encoder_is_refused(encoder, tmp_path):
-    _, plain, opt = encoder
+    opt = encoder[2]
     for src, kw, said in (
-            (plain, dict(mode="static"), "static calibration reads corpus windows"),
+            (opt, dict(mode="static"), "static .QDQ. quantization takes the plain export"),
             (opt, dict(data=str(tmp_path)), "reads the built-in queries and passages"),
             (opt, dict(bits=4, keep_8bit=["lm_head"]), "names no module with weights")):
         with pytest.raises(QuantizeError, match=said):
@@ -205,6 +205,6 @@ def test_quantize_cli_prints_an_encoders_report(encoder, tmp_path, monkeypatch, 
                 and len(line.split()) == 2)
     assert COSINE_FLOOR < float(said["cosine_min"]) <= 1.0 and 0 <= float(
         said["recall_at_10"]) <= 1.0, out
-    code, out, err = _cli(monkeypatch, capsys, "quantize", encoder[1], tmp_path / "s",
-                          "--mode", "static")
-    assert code == 2 and "is an encoder: static calibration" in err
+    code, out, err = _cli(monkeypatch, capsys, "quantize", encoder[2], tmp_path / "s",
+                          "--mode", "static")  # static reads the plain export
+    assert code == 2 and "takes the plain export, not the output of stage 'optimize'" in err
