@@ -1,8 +1,9 @@
 // Run a web package's module under Node (the same tinyt.mjs and ONNX Runtime Web WebAssembly
 // files the page loads): `node check.mjs PACKAGE_DIR < request.json > answer.json`, where the
 // request is {"encode": [texts], "decode": [ids], "generate": [{"prompt_ids": [...],
-// "max_new_tokens": n, ...}], "threads": 1} for a language model, and {"rows": [texts] (ids and
-// token types, cut where the model cuts), "embed" | "classify" | "tag": [texts]} for an encoder
+// "max_new_tokens": n, ...}], "threads": 1} for a language model, and {"rows": [texts or pairs
+// [a, b]] (ids and token types, cut where the model cuts), "offsets": [texts] (tokens and their
+// [start, end)), "embed" | "classify" | "tag": [texts] (classify: pairs too)} for an encoder
 // or a classifier. tinyt's packaging and tests call it; the page does the same in a browser.
 import fs from "node:fs";
 import path from "node:path";
@@ -20,9 +21,14 @@ try {
   answer.load_ms = lm.loadMs;
   for (const text of request.encode || []) answer.encode.push(lm.tokenizer.encode(text));
   for (const ids of request.decode || []) (answer.decode ||= []).push(lm.tokenizer.decode(ids));
-  for (const text of request.rows || []) {
-    const r = lm.tokenizer.encodeRow(text, lm.maxLength);
+  for (const text of request.rows || []) {  // a text, or a pair [a, b]
+    const r = typeof text === "string" ? lm.tokenizer.encodeRow(text, lm.maxLength)
+      : lm.tokenizer.encodeRow(text[0], lm.maxLength, { pair: text[1] });
     (answer.rows ||= []).push([r.ids, r.typeIds]);
+  }
+  for (const text of request.offsets || []) {
+    const r = lm.tokenizer.encodeRow(text, lm.maxLength, { offsets: true });
+    (answer.offsets ||= []).push([r.tokens, r.offsets]);
   }
   if (request.embed) answer.embed = (await lm.embed(request.embed)).map((e) => Array.from(e));
   if (request.classify) answer.classify = await lm.classify(request.classify);

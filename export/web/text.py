@@ -5,9 +5,10 @@ classifier: the page embeds, classifies or tags the user's texts in the browser.
       ──▶ OUT/index.html, tinyt.mjs, tokenizers.min.mjs, ort files   as for a language model
           OUT/model.onnx, tokenizer.json, config.json (id2label), web.json, manifest.json
       checked before it is written, under Node on the package's own files: each check text's
-      ids and token types ([CLS] ... [SEP], <s> ... </s>, the cut at the model's max_length)
-      equal tinyt.runtime's, and so do its embeddings (within WEB_ATOL), or its labels and
-      probabilities.
+      ids and token types ([CLS] ... [SEP], <s> ... </s>, the cut at the model's max_length;
+      a classifier's text pairs too, [CLS] a [SEP] b [SEP] cut longest-first) equal
+      tinyt.runtime's, and so do its embeddings (within WEB_ATOL), or its labels and
+      probabilities (a token classifier's tokens with their character offsets).
 
 web.json's `max_length` is where tinyt.runtime cuts a text (tokenizer.json's truncation, an
 imported sentence-transformers model's max_seq_length, else the model's context), so the page
@@ -79,8 +80,13 @@ def package_text(src_dir: Path, out_dir: Path, src: Source) -> Built:
            "onnxruntime_web": ORT_WEB_VERSION, "tokenizers_js": TOKENIZERS_JS_VERSION}
     quantized = bool(manifest.get("quantization"))
     atol = WEB_INT8_ATOL if quantized else WEB_ATOL
-    texts = [*CHECK_TEXTS, "the quick brown fox jumps over the lazy dog. " * model.max_length]
+    long = "the quick brown fox jumps over the lazy dog. " * model.max_length
+    texts = [*CHECK_TEXTS, long]
     run_texts = [t for t in texts if t] if kind != ENCODER else texts  # a classifier wants text
+    if kind == CLASSIFIER:  # pairs, one cut on each side (longest_first) and one on both
+        pairs = [[CHECK_TEXTS[0], CHECK_TEXTS[1]], [CHECK_TEXTS[3], long], [long, CHECK_TEXTS[4]],
+                 [long, long]]
+        texts, run_texts = texts + pairs, run_texts + pairs
     with atomic_dir(out_dir) as out:
         shutil.copy2(src_dir / ONNX_FILE, out / ONNX_FILE)
         copy_artifact_files(src_dir, out)
@@ -104,6 +110,8 @@ def package_text(src_dir: Path, out_dir: Path, src: Source) -> Built:
                                     "onnxruntime_web": ORT_WEB_VERSION,
                                     "tokenizers_js": TOKENIZERS_JS_VERSION,
                                     "tokenizer_texts": len(texts), "rows_equal": True,
+                                    "pairs": len(texts) - len(CHECK_TEXTS) - 1,
+                                    "offsets_equal": kind == TOKEN_CLASSIFIER or None,
                                     METHOD[kind]: len(run_texts), "tolerance": atol,
                                     "worst": worst}},
                 **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
@@ -115,7 +123,7 @@ def rows(model, texts: list[str]) -> list[list[list[int]]]:
     """tinyt.runtime's [ids, token types] of each text, special tokens added, cut where the
     model cuts (its __init__ set tokenizer.json's truncation to max_length)."""
     return [[e.ids, e.type_ids] for e in model.tokenizer.hf.encode_batch(
-        list(texts), add_special_tokens=True)]
+        [tuple(t) if isinstance(t, list) else t for t in texts], add_special_tokens=True)]
 
 
 def compare(model, kind: str, texts: list[str], got, atol: float) -> float:
@@ -137,9 +145,11 @@ def compare(model, kind: str, texts: list[str], got, atol: float) -> float:
     else:  # one label per token
         pairs = []
         for g, w in zip(got, model.tag(texts)):
-            if [t["token"] for t in g] != [t.token for t in w]:
-                raise WebPackageError(f"the page's tokens {[t['token'] for t in g]} differ from "
-                                      f"tinyt.runtime's {[t.token for t in w]}")
+            got_tokens = [(t["token"], t["start"], t["end"]) for t in g]
+            if got_tokens != [(t.token, t.start, t.end) for t in w]:
+                raise WebPackageError(f"the page's tokens and character offsets {got_tokens} "
+                                      "differ from tinyt.runtime's "
+                                      f"{[(t.token, t.start, t.end) for t in w]}")
             pairs.append(([t["label"] for t in g], [{t["label"]: t["probability"]} for t in g],
                           [t.label for t in w], [{t.label: t.probability} for t in w]))
     worst = 0.0

@@ -13,7 +13,8 @@
 //   await enc.embed(["a text", "another"])                   // [Float32Array(dim), ...]
 //   const clf = await load(".");                             // a classifier
 //   await clf.classify(["a text"])                           // [{label, probabilities: {name: p}}]
-//   await clf.tag("a text")          // a token classifier's: [{token, label, probability}, ...]
+//   await clf.classify([["a premise", "a hypothesis"]])      // a pair: one input, as the runtime
+//   await clf.tag("a text")   // a token classifier's: [{token, start, end, label, probability}, ...]
 //
 // generate() options: maxNewTokens (default 32), temperature (0: greedy), topK, topP, seed
 // (sampling is reproducible for a seed), stop (strings that end the text, cut before them),
@@ -24,6 +25,7 @@
 // their numbers. Errors are TinytWebError with a message that names the problem.
 import * as ort from "./ort.wasm.min.mjs";
 import * as hf from "./tokenizers.min.mjs";
+import { OffsetsError, tokensWithOffsets, trimOffsets } from "./offsets.mjs";
 
 export class TinytWebError extends Error {}
 
@@ -57,6 +59,22 @@ function conformPre(pre, json) {
   }
 }
 
+const isRoberta = (j) => !!j && (j.type === "RobertaProcessing" || (j.type === "Sequence" && j.processors.some(isRoberta)));
+
+/** The Rust library's longest_first truncation of a text's tokens (and its pair's) to `max`. */
+function truncate(a, b, max) {
+  if (max <= 0) return [a.slice(0, 0), b && b.slice(0, 0)];
+  if (!b) return [a.slice(0, max), null];
+  if (a.length + b.length <= max) return [a, b];
+  let n1 = a.length, n2 = b.length;
+  const swap = n1 > n2;
+  if (swap) [n1, n2] = [n2, n1];
+  n2 = n1 > max ? n1 : Math.max(n1, max - n1);
+  if (n1 + n2 > max) { n1 = Math.floor(max / 2); n2 = n1 + (max % 2); }
+  if (swap) [n1, n2] = [n2, n1];
+  return [a.slice(0, n1), b.slice(0, n2)];
+}
+
 export class Tokenizer {
   /** A tokenizer.json (parsed), as Hugging Face's tokenizers runs it. */
   constructor(json) {
@@ -65,14 +83,15 @@ export class Tokenizer {
     } catch (e) {
       throw new TinytWebError(`tokenizer.json: @huggingface/tokenizers cannot read it (${e.message})`);
     }
+    this.json = json;
     conformPre(this.hf.pre_tokenizer, json.pre_tokenizer);
     const model = this.hf.model;
     if (model.fuse_unk) {
       const all = model._call.bind(model);
       model._call = (pieces) => pieces.flatMap((p) => all([p]));
     }
-    const post = this.hf.post_processor;
-    this.added = post ? post([], null, true).tokens.length : 0;  // [CLS] [SEP], <s> </s>, ...
+    this.added = this._post([], null).tokens.length;  // [CLS] [SEP], <s> </s>, ...
+    this.addedPair = this._post([], []).tokens.length;  // [CLS] [SEP] [SEP], <s> </s> </s> </s>
   }
 
   get vocabSize() { return this.hf.model.vocab.length; }
@@ -86,18 +105,60 @@ export class Tokenizer {
     return this.hf.encode(text, { add_special_tokens: false }).ids;
   }
 
-  /** What a model row is made of: ids, token types and pieces with the post-processor's special
-   * tokens, the text cut to `maxLength` tokens in all (the Rust library's truncation: the
-   * text's own tokens are cut, the special ones kept). */
-  encodeRow(text, maxLength) {
-    if (typeof text !== "string") throw new TinytWebError("encodeRow takes a string");
-    const body = this.hf.encode(text, { add_special_tokens: false }).tokens
-      .slice(0, Math.max(0, maxLength - this.added));
+  /** The post-processor's row of a text's entries (and its pair's): special tokens as strings
+   * around them, token types as the Rust library gives them -- RobertaProcessing's are all 0
+   * (0.2.0 gives a pair's 1), and a pair without a template is typed 0 then 1. */
+  _post(a, b) {
     const post = this.hf.post_processor;
-    const r = post ? post(body, null, true) : { tokens: body };
+    const r = post ? post(a, b, true) : { tokens: a, tokens_pair: b };
+    let tokens = r.tokens, types = r.token_type_ids;
+    if (r.tokens_pair) {  // ByteLevel alone leaves the pair apart
+      tokens = [...r.tokens, ...r.tokens_pair];
+      types = [...r.tokens.map(() => 0), ...r.tokens_pair.map(() => 1)];
+    }
+    if (!types || isRoberta(this.json.post_processor)) types = tokens.map(() => 0);
+    return { tokens, types };
+  }
+
+  /** What a model row is made of: ids, token types and pieces with the post-processor's special
+   * tokens, cut to `maxLength` tokens in all as the Rust library truncates (longest_first: the
+   * texts' own tokens are cut, the special ones kept). `pair`: a second text, [CLS] a [SEP] b
+   * [SEP] (or <s> a </s></s> b </s>). `offsets`: each token's [start, end) in its text, in code
+   * points ([0, 0] for the special tokens), as the Rust library's offsets (offsets.mjs). */
+  encodeRow(text, maxLength, { pair = null, offsets = false } = {}) {
+    if (typeof text !== "string" || (pair !== null && typeof pair !== "string")) {
+      throw new TinytWebError("encodeRow takes a string (and a string pair)");
+    }
+    const body = (t) => (offsets ? this.withOffsets(t)
+      : this.hf.encode(t, { add_special_tokens: false }).tokens.map((token) => ({ token })));
+    const [a, b] = truncate(body(text), pair === null ? null : body(pair),
+                            maxLength - (pair === null ? this.added : this.addedPair));
+    if (offsets) for (const part of [a, b]) if (part) trimOffsets(this.json.post_processor, part);
+    const r = this._post(a, b);
     const h = this.hf;  // tokens to ids as the library's own encode maps them
-    const ids = r.tokens.map((t) => h.added_tokens_map.get(t)?.id ?? h.token_to_id(t) ?? h.model.unk_token_id);
-    return { ids, typeIds: r.token_type_ids || ids.map(() => 0), tokens: r.tokens };
+    const ids = r.tokens.map((e) => (typeof e === "string" ? e : e.token)).map((t) =>
+      h.added_tokens_map.get(t)?.id ?? h.token_to_id(t) ?? h.model.unk_token_id);
+    // the pieces as the Rust library shows them (an added token with the spaces it stripped)
+    const tokens = r.tokens.map((e) => (typeof e === "string" ? e : e.shown ?? e.token));
+    const row = { ids, typeIds: r.types, tokens };
+    if (offsets) row.offsets = r.tokens.map((t) => (typeof t === "string" ? [0, 0] : t.span));
+    return row;
+  }
+
+  /** The tokens of `text` (no special tokens) with their [start, end) in code points. */
+  withOffsets(text) {
+    let got;
+    try {
+      got = tokensWithOffsets(this.hf, this.json, text);
+    } catch (e) {
+      if (e instanceof OffsetsError) throw new TinytWebError(e.message);
+      throw e;
+    }
+    const want = this.hf.encode(text, { add_special_tokens: false }).tokens;
+    if (got.length !== want.length || got.some((t, i) => t.token !== want[i])) {
+      throw new TinytWebError(`character offsets: the tokens followed for ${JSON.stringify(text.slice(0, 40))} are not the library's (${JSON.stringify(got.map((t) => t.token).slice(0, 8))} vs ${JSON.stringify(want.slice(0, 8))})`);
+    }
+    return got;
   }
 
   /** The text of `ids` (special tokens as their text). */
@@ -278,13 +339,17 @@ export class TextModel {
     this.types = session.inputNames.includes("token_type_ids");
   }
 
-  _texts(texts, what, nonEmpty) {
+  /** One text or a list of them (classify: an item may be a pair [a, b]); {single, list}. */
+  _texts(texts, what, nonEmpty, pairs = false) {
     const single = typeof texts === "string", list = single ? [texts] : texts;
-    if (!Array.isArray(list) || !list.length || !list.every((t) => typeof t === "string")) {
-      throw new TinytWebError(`${what} takes a string or a non-empty array of strings`);
+    const isPair = (t) => pairs && Array.isArray(t) && t.length === 2 && t.every((x) => typeof x === "string");
+    const bad = Array.isArray(list) ? list.findIndex((t) => typeof t !== "string" && !isPair(t)) : -1;
+    if (!Array.isArray(list) || !list.length || bad >= 0) {
+      const given = bad >= 0 && Array.isArray(list[bad]) ? ` (item ${bad} is an array of ${list[bad].length})` : "";
+      throw new TinytWebError(`${what} takes a string or a non-empty array of strings${pairs ? " or of pairs [text, text]" : ""}${given}`);
     }
-    const empty = nonEmpty ? list.findIndex((t) => !t) : -1;
-    if (empty >= 0) throw new TinytWebError(`text ${empty} is empty; give at least one character`);
+    const empty = nonEmpty ? list.findIndex((t) => (isPair(t) ? !t[0] || !t[1] : !t)) : -1;
+    if (empty >= 0) throw new TinytWebError(`text ${empty} ${isPair(list[empty]) ? "is a pair with an empty text" : "is empty"}; give at least one character`);
     return { single, list };
   }
 
@@ -337,13 +402,16 @@ export class TextModel {
     return single ? out[0] : out;
   }
 
-  /** Label and class probabilities of each text, as tinyt.runtime's Classifier.classify. */
+  /** Label and class probabilities of each text, as tinyt.runtime's Classifier.classify; an
+   * item that is a pair [a, b] is classified as one input, [CLS] a [SEP] b [SEP] (an NLI model's
+   * or a cross-encoder's), b's tokens of type 1 where the model has token types. */
   async classify(texts, opts = {}) {
     this._need("classifier", "classify", this.kind === "encoder" ? "embed" : "tag", opts,
                ["batchSize"]);
     const { batchSize = 32 } = opts;
-    const { single, list } = this._texts(texts, "classify", true);
-    const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength));
+    const { single, list } = this._texts(texts, "classify", true, true);
+    const rows = list.map((t) => (typeof t === "string" ? this.tokenizer.encodeRow(t, this.maxLength)
+      : this.tokenizer.encodeRow(t[0], this.maxLength, { pair: t[1] })));
     const out = (await this._run(rows, rows.map((_, i) => i), batchSize)).map((z) => {
       const p = softmax(z);
       const best = p.indexOf(Math.max(...p));
@@ -352,19 +420,21 @@ export class TextModel {
     return single ? out[0] : out;
   }
 
-  /** Each text's tokens with their labels, as tinyt.runtime's TokenClassifier.tag (the token
-   * pieces, special ones included; no character offsets: the library gives none). */
+  /** Each text's tokens with their labels, as tinyt.runtime's TokenClassifier.tag: the token
+   * pieces, special ones included, each with its [start, end) in the text in code points
+   * (Python's str indices: Array.from(text).slice(start, end); special tokens 0, 0). */
   async tag(texts, opts = {}) {
     this._need("token_classifier", "tag", this.kind === "encoder" ? "embed" : "classify", opts,
                ["batchSize"]);
     const { batchSize = 32 } = opts;
     const { single, list } = this._texts(texts, "tag", true);
-    const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength));
+    const rows = list.map((t) => this.tokenizer.encodeRow(t, this.maxLength, { offsets: true }));
     const L = this.labels.length;
     const out = (await this._run(rows, rows.map((_, i) => i), batchSize)).map((z, i) =>
       rows[i].tokens.map((token, t) => {
         const p = softmax(z.subarray(t * L, (t + 1) * L)), best = p.indexOf(Math.max(...p));
-        return { token, label: this.labels[best], probability: p[best] };
+        const [start, end] = rows[i].offsets[t];
+        return { token, start, end, label: this.labels[best], probability: p[best] };
       }));
     return single ? out[0] : out;
   }

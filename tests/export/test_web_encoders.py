@@ -53,7 +53,8 @@ HOSTILE = ["", " ", "\t\n", "   ", "\u3000", "Ünïcode café, naïve façade �
            "supercalifragilisticexpialidocious" * 5, "한국어 테스트 조합형 한 ΣΣ ΣΣ",
            "The quick brown fox jumps over the lazy dog. " * 80, "東京" * 600, "é" * 700]
 ENCODERS = ("bert", "distilbert", "roberta", "xlm-roberta")  # WordPiece x2, BPE, Unigram
-CLASSIFIERS = (("bert", "sequence"), ("roberta", "sequence"), ("xlm-roberta", "token"))
+CLASSIFIERS = (("bert", "sequence"), ("roberta", "sequence"), ("bert", "token"),
+               ("xlm-roberta", "token"))
 
 
 def _import(kind: str, root: Path, **kwargs) -> Path:
@@ -197,6 +198,94 @@ def test_each_correction_of_the_library_is_still_needed(packages, tmp_path):
         want = HF.from_file(str(files[name])).encode(text, add_special_tokens=False).ids
         raw, corrected = got[name]
         assert corrected == want and raw != want, (name, raw, corrected, want)
+    # RobertaProcessing types a pair's tokens 0 in the Rust library ("Roberta is weird"); 0.2.0
+    # types the second text 1
+    got = _node(packages["bert"][1], f"""
+        const hf = await import({json.dumps(lib.as_uri())});
+        const json = JSON.parse(fs.readFileSync(data.file, "utf8"));
+        const raw = new hf.Tokenizer(json, {{ clean_up_tokenization_spaces: false }});
+        out = [raw.encode("a b", {{ text_pair: "c d", return_token_type_ids: true }}).token_type_ids,
+               new m.Tokenizer(json).encodeRow("a b", 512, {{ pair: "c d" }}).typeIds];""",
+                {"file": str(files["bpe-roberta"])})
+    want = HF.from_file(str(files["bpe-roberta"])).encode("a b", "c d").type_ids
+    assert got[1] == want == [0] * len(want) and got[0] != want, (got, want)
+
+
+def _pairs(n: int) -> list[list[str]]:
+    """Text pairs: hostile texts against each other (three past the cut: one side, the other,
+    both, so longest_first cuts each way) and random ones."""
+    texts = [t for t in HOSTILE if t]
+    fuzz = [t for t in _fuzz(2 * n, seed=3) if t]
+    return ([[a, b] for a, b in zip(texts, reversed(texts))] + [[texts[-1], texts[-2]]]
+            + [[a, b] for a, b in zip(fuzz[::2], fuzz[1::2])])
+
+
+@needs_web
+@pytest.mark.parametrize("name", ["bert-sequence", "roberta-sequence", "xlm-roberta-token"])
+def test_pair_rows_equal_the_runtimes(packages, name):
+    """A pair [a, b] is one row as tinyt.runtime's Classifier makes it (Python tokenizers with
+    the runtime's truncation): [CLS] a [SEP] b [SEP] (WordPiece, b and its [SEP] of type 1),
+    <s> a </s></s> b </s> (RobertaProcessing, all type 0; a Unigram's template), each side cut
+    longest-first to the model's 512."""
+    from tinyt.export.web.text import rows
+
+    src, pkg = packages[name]
+    pairs = _pairs(150)
+    got = run_module(pkg, {"rows": pairs})
+    assert "error" not in got, got
+    want = rows(rt.load(src, threads=1), pairs)
+    assert max(len(ids) for ids, _ in want) == 512  # cut, both sides' texts in it
+    bad = [(p, g, w) for p, g, w in zip(pairs, got["rows"], want) if g != w]
+    assert not bad, bad[:2]
+    types = {t for _, kinds in want for t in kinds}
+    assert types == ({0, 1} if name.startswith("bert") else {0}), types
+
+
+@needs_web
+def test_offsets_equal_python_tokenizers_for_every_kind(packages, tmp_path):
+    """Each token's [start, end) (code points; special tokens 0, 0) equal the Rust library's
+    Encoding.offsets, which tinyt.runtime's TokenClassifier.tag returns, for WordPiece (BERT's
+    normalizer: accents stripped, CJK spaced, controls dropped), byte-level BPE (RoBERTa's
+    trimmed offsets; tinyt's own; an imported decoder's) and Unigram (NFKC composing, Metaspace),
+    on hostile and random text."""
+    from tokenizers import Tokenizer as HF
+
+    texts = HOSTILE + _fuzz(600, seed=4)
+    files = _tokenizer_files(tmp_path)
+    got = _node(packages["bert"][1], """
+        out = {};
+        for (const [name, path] of Object.entries(data.files)) {
+          const tok = new m.Tokenizer(JSON.parse(fs.readFileSync(path, "utf8")));
+          out[name] = data.texts.map((t) => { const r = tok.encodeRow(t, 1e9, { offsets: true });
+                                              return [r.tokens, r.offsets]; });
+        }""", {"files": {k: str(v) for k, v in files.items()}, "texts": texts})
+    for name, path in files.items():
+        want = [[e.tokens, [list(o) for o in e.offsets]]
+                for e in HF.from_file(str(path)).encode_batch(texts)]
+        bad = [(t, g, w) for t, g, w in zip(texts, got[name], want) if g != w]
+        assert not bad, (name, bad[:2])
+        moved = sum(o != [i, i + 1] for _, offs in want for i, o in enumerate(offs))
+        assert moved > 100  # the texts move tokens off one char each (a test that can fail)
+
+
+@needs_web
+def test_offsets_refuse_what_they_do_not_follow(packages):
+    """A Replace normalizer is followed; a pre-tokenizer the page does not follow character by
+    character (one that rewrites the text) is named, not guessed."""
+    tok = json.loads((packages["bert"][1] / "tokenizer.json").read_text())
+    tok["normalizer"] = {"type": "Replace", "pattern": {"String": "a"}, "content": "b"}
+    from tokenizers import Tokenizer as HF
+
+    ok = _node(packages["bert"][1], """
+        const tok = new m.Tokenizer(data.json);
+        out = tok.encodeRow("a cat", 512, { offsets: true }).offsets;""", {"json": tok})
+    assert ok == [list(o) for o in HF.from_str(json.dumps(tok)).encode("a cat").offsets], ok
+    tok["pre_tokenizer"] = {"type": "Replace", "pattern": {"String": "a"}, "content": "b"}
+    got = _node(packages["bert"][1], """
+        const tok = new m.Tokenizer(data.json);
+        out = (() => { try { tok.encodeRow("a cat", 512, { offsets: true }); return "no error"; }
+                       catch (e) { return e.message; } })();""", {"json": tok})
+    assert got == "character offsets through the Replace pre-tokenizer are not derived", got
 
 
 @needs_web
@@ -347,7 +436,8 @@ def test_page_embeddings_equal_the_runtimes(packages, browser, kind):
 @pytest.mark.parametrize("name", [f"{k}-{h}" for k, h in CLASSIFIERS])
 def test_page_labels_and_probabilities_equal_the_runtimes(packages, browser, name):
     """In Chromium: classify's labels and probabilities equal the runtime Classifier's (fp32:
-    WEB_ATOL); a token classifier's tokens, labels and probabilities its tag()'s."""
+    WEB_ATOL); a token classifier's tokens, their character offsets, labels and probabilities
+    its tag()'s."""
     src, pkg = packages[name]
     model = rt.load(src, threads=1)
     texts = [t for t in HOSTILE if t]  # a classifier refuses an empty text, as the runtime does
@@ -363,7 +453,33 @@ def test_page_labels_and_probabilities_equal_the_runtimes(packages, browser, nam
         got = in_page(browser, pkg, text=texts)["tags"]
         want = model.tag(texts)
         for g, w in zip(got, want, strict=True):
-            assert [t["token"] for t in g] == [t.token for t in w]
+            assert [(t["token"], t["start"], t["end"]) for t in g] == \
+                [(t.token, t.start, t.end) for t in w]
             assert [t["label"] for t in g] == [t.label for t in w]
             assert np.abs(np.array([t["probability"] for t in g])
                           - [t.probability for t in w]).max() <= WEB_ATOL
+
+
+@needs_browser
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert-sequence", "roberta-sequence"])
+def test_page_classifies_pairs_as_the_runtime(packages, browser, name):
+    """In Chromium: classify([[a, b], ...]) gives the runtime's Classifier.classify of the same
+    pairs (fp32: WEB_ATOL), the long ones cut longest-first; a line "a<TAB>b" on the page is a
+    pair. The pair is not its two texts joined: BERT's b is of token type 1."""
+    src, pkg = packages[name]
+    model = rt.load(src, threads=1)
+    pairs = _pairs(20)
+    got = in_page(browser, pkg, "async (lm, pairs) => lm.classify(pairs)", pairs)
+    want = model.classify(pairs)
+    assert [g["label"] for g in got] == [w.label for w in want]
+    probs = np.array([[g["probabilities"][n] for n in LABELS] for g in got])
+    ref = np.array([[w.probabilities[n] for n in LABELS] for w in want])
+    assert np.abs(probs - ref).max() <= WEB_ATOL, np.abs(probs - ref).max()
+    joined = np.array([[p.probabilities[n] for n in LABELS]
+                       for p in model.classify([f"{a} {b}" for a, b in pairs])])
+    assert np.abs(joined - ref).max() > 100 * WEB_ATOL  # pairs, not one text: a test that can fail
+    lines = [i for i, p in enumerate(pairs) if not any(c in "".join(p) for c in "\t\n\r")][:3]
+    shown = in_page(browser, pkg, text=[f"{a}\t{b}" for a, b in (pairs[i] for i in lines)])
+    assert np.abs(np.array([[g["probabilities"][n] for n in LABELS]
+                            for g in shown["predictions"]]) - ref[lines]).max() <= WEB_ATOL
