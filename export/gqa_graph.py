@@ -27,7 +27,14 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from tinyt.contract import CAPACITY, WINDOW_CAPACITY, WINDOW_INPUTS, compact_window_layers
+from tinyt.contract import (
+    CAPACITY,
+    HEAD_INPUT,
+    HIDDEN_OUTPUT,
+    WINDOW_CAPACITY,
+    WINDOW_INPUTS,
+    compact_window_layers,
+)
 from tinyt.errors import SharedCacheError
 from tinyt.rope import attention_scale, is_longrope, longrope_original, rope_table
 
@@ -58,7 +65,7 @@ def to_gqa(proto: onnx.ModelProto, cfg) -> int:
         done = _mha_with_past_to_gqa(proto, cfg)
     g = proto.graph
     _unfuse_skip_layernorm(g)
-    _last_position_logits(g)
+    _last_position_logits(g, cfg.n_embd)
     _drop_unused(g)
     _retype_io(g, cfg)
     return done
@@ -355,9 +362,21 @@ def _unfuse_skip_layernorm(g: onnx.GraphProto) -> None:
     g.node.extend(nodes)
 
 
-def _last_position_logits(g: onnx.GraphProto) -> None:
+def _last_position_logits(g: onnx.GraphProto, width: int) -> None:
+    """The lm_head reads each row's last query position only (logits [B, 1, V]); the hidden
+    states it reads from ([B, S, C], the last norm's output) become the output `hidden_states`,
+    so that a caller can score every position of a prompt through the head alone
+    (runtime/score.py) without every prompt paying for [B, S, V] logits."""
     head = next(n for n in g.node if "logits" in n.output)
-    hidden = head.input[0]
+    old = head.input[0]
+    for n in g.node:  # the value is renamed where it is made and read
+        n.input[:] = [HIDDEN_OUTPUT if i == old else i for i in n.input]
+        n.output[:] = [HIDDEN_OUTPUT if o == old else o for o in n.output]
+    hidden = HIDDEN_OUTPUT
+    logits = next(o for o in g.output if o.name == "logits")
+    g.output.append(helper.make_tensor_value_info(
+        HIDDEN_OUTPUT, logits.type.tensor_type.elem_type, ["batch_size", "sequence_length",
+                                                           width]))
     new = [
         helper.make_node("Cast", ["query_seqlens"], ["/lm_head/last/qlens64"],
                          to=TensorProto.INT64, name="/lm_head/last/Cast"),
@@ -368,12 +387,12 @@ def _last_position_logits(g: onnx.GraphProto) -> None:
         helper.make_node("GatherND", [hidden, "/lm_head/last/index2"], ["/lm_head/last/rows"],
                          batch_dims=1, name="/lm_head/last/GatherND"),  # [B, C]
         helper.make_node("Unsqueeze", ["/lm_head/last/rows", "/lm_head/last/axis1"],
-                         ["/lm_head/last/hidden"], name="/lm_head/last/Unsqueeze"),  # [B, 1, C]
+                         [HEAD_INPUT], name="/lm_head/last/Unsqueeze"),  # [B, 1, C]
     ]
     g.initializer.extend([onnx.numpy_helper.from_array(np.array(1, np.int64), "/lm_head/last/one"),
                           onnx.numpy_helper.from_array(np.array([1], np.int64),
                                                        "/lm_head/last/axis1")])
-    head.input[0] = "/lm_head/last/hidden"
+    head.input[0] = HEAD_INPUT
     at = list(g.node).index(head)
     for i, n in enumerate(new):
         g.node.insert(at + i, n)

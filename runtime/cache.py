@@ -10,6 +10,7 @@ graph writes into in place, bound once (torch-free).
              past_key_values.{i}.key / .value [B, nh, capacity, hs]  ─┐ the same memory
     outputs: logits [B, 1, vocab] (each row's last real token),      │
              present.{i}.key / .value [B, nh, capacity, hs]          ─┘
+             hidden_states [B, S, C] (what the lm_head picks its rows from: prompt scoring)
 
 A layer with a sliding window shorter than the context (tinyt.contract.compact_window_layers:
 Gemma 3's local layers, Mistral's) has buffers of window + slack tokens (window_slack), not
@@ -37,6 +38,7 @@ import onnxruntime as ort
 
 from tinyt.config import ModelConfig
 from tinyt.contract import (
+    HIDDEN_OUTPUT,
     WINDOW_INPUTS,
     compact_window_layers,
     kv_shape,
@@ -147,6 +149,18 @@ class SharedCache:
             self._bind(past, buf)
             self._bind(present, buf, output=True)
         self._bind("logits", self.logits, output=True)
+        # The prompt graph's hidden states (every position, export/gqa_graph.py), kept by ONNX
+        # Runtime after each prompt run for a caller scoring it (prompt_hidden); graphs made
+        # before they were an output have none.
+        # A step's are written to a buffer of their own, never read (bound once, as the
+        # logits); a prompt run's are left to ONNX Runtime to allocate, their shape changing.
+        self._hidden_at = None
+        self._hidden: ort.OrtValue | None = None  # the last prompt run's
+        self.hidden_step = None
+        if any(o.name == HIDDEN_OUTPUT for o in self.prefill_session.get_outputs()):
+            self._hidden_at = 2 * cfg.n_layer + 1  # after the presents and the logits
+            self.hidden_step = np.zeros((batch, 1, cfg.n_embd), dtype=np.float32)
+            self._bind(HIDDEN_OUTPUT, self.hidden_step, output=True)
         for name, buf in (("seqlens_k", self.seqlens), ("query_seqlens", self.qlens),
                           ("total_sequence_length", self.total),
                           *zip(WINDOW_INPUTS if compact else (), (self.wseqlens, self.wtotal))):
@@ -186,9 +200,27 @@ class SharedCache:
         self._run_prompt(lens, self.B)
         self.lens[:] = lens
         if self.prefill_binding is self.binding:  # one graph: steps need their inputs back
-            self._bind("input_ids", self.ids)
-            self._bind("position_ids", self.pos)
+            self._step_io_back()
         return self.logits
+
+    def _step_io_back(self) -> None:
+        """Bind back what the step reads and writes of its own, after a prompt ran through the
+        same binding (a pair of one graph)."""
+        k = self._rows
+        self._bind("input_ids", self.ids[:k])
+        self._bind("position_ids", self.pos[:k])
+        if self.hidden_step is not None:
+            self._bind(HIDDEN_OUTPUT, self.hidden_step[:k], output=True)
+
+    def prompt_hidden(self) -> np.ndarray:
+        """The hidden states [B, T, C] of every position of the last prompt run (prefill or
+        extend), right-padded as it ran; ConfigError for a graph without them."""
+        if self._hidden_at is None:
+            raise ConfigError(f"this shared-cache graph has no {HIDDEN_OUTPUT!r} output (made "
+                              "by an older tinyt): make it again with `tinyt optimize --target "
+                              "gqa` to score prompts")
+        assert self._hidden is not None  # every prompt run keeps its own
+        return self._hidden.numpy()
 
     def extend(self, ids: list[int]) -> np.ndarray:
         """One row (B == 1): run the next piece of a prompt whose first lens[0] tokens are in
@@ -205,8 +237,7 @@ class SharedCache:
         self._run_prompt(np.array([n]), 1)
         self.lens[0] = start + n
         if self.prefill_binding is self.binding:  # one graph: steps need their inputs back
-            self._bind("input_ids", self.ids)
-            self._bind("position_ids", self.pos)
+            self._step_io_back()
         return self.logits[0, 0]
 
     def _keep_window(self, b: int) -> None:
@@ -237,6 +268,15 @@ class SharedCache:
         """Run the prompt binding (prefill, extend) for adds[b] new tokens of each of the first
         `rows` rows; a piece that the windowed layers' buffers cannot hold runs through
         temporary buffers of its length, which then leave their window in the buffers."""
+        if self._hidden_at is not None:  # a fresh output each run: its shape is the run's
+            self.prefill_binding.bind_output(HIDDEN_OUTPUT, "cpu")
+        try:
+            self._run_prompt_binding(adds, rows)
+        finally:
+            if self._hidden_at is not None:  # kept until the next prompt run (prompt_hidden)
+                self._hidden = self.prefill_binding.get_outputs()[self._hidden_at]
+
+    def _run_prompt_binding(self, adds: np.ndarray, rows: int) -> None:
         if not self.window_layers:
             self.prefill_session.run_with_iobinding(self.prefill_binding)
             return
@@ -326,6 +366,8 @@ class SharedCache:
                 self._bind(past, buf[:k], prefill=False)
                 self._bind(present, buf[:k], output=True, prefill=False)
             self._bind("logits", self.logits[:k], output=True, prefill=False)
+            if self.hidden_step is not None:
+                self._bind(HIDDEN_OUTPUT, self.hidden_step[:k], output=True, prefill=False)
             for name, buf in (("seqlens_k", self.seqlens), ("query_seqlens", self.qlens),
                               ("input_ids", self.ids), ("position_ids", self.pos),
                               *(((WINDOW_INPUTS[0], self.wseqlens),) if self.window_layers

@@ -13,7 +13,14 @@
       step    one token for every running row, in one run of the step graph
       choose  each row with its own sampling settings, seed and stop strings; a finished or
               cancelled row frees its place at once, and the next request takes it
-    ──▶ per request, events as they happen: Token(id, text piece), then Done(finish_reason)
+    ──▶ per request, events as they happen: [Scored(the prompt's logprobs), asked for with
+        prompt_logprobs], Token(id, text piece[, logprob]), then Done(finish_reason)
+
+A request may ask for the log-probabilities of its tokens (logprobs=N: each chosen token's and
+the N most likely there) and of its prompt's tokens (prompt_logprobs=N: from the prompt's own
+run, which on a shared-cache graph gives the hidden states of every position to the lm_head's
+nodes alone, runtime/score.py); max_new_tokens=0 then scores the prompt and makes nothing.
+Text is decoded as tokens come (runtime/detok.py), each token once.
 
 On the shared-cache pair (`optimize --target gqa`) rows share one GroupQueryAttention buffer
 per layer and one run serves every row: a decode step at GPT-2 size reads the weights once for
@@ -37,9 +44,11 @@ from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.errors import ConfigError, NonFiniteError, QueueFull
 
 from .cache import SharedCache
+from .detok import TextStream
 from .feeds import prefill_feeds
-from .generate import LanguageModel, safe_end, stop_cut
+from .generate import LanguageModel
 from .sampling import SamplingParams
+from .score import Logprob, check_top
 
 # What a refusal of the engine's cache (max_batch rows x the context) tells the user to lower.
 ENGINE_LOWER = "max_batch (--max-batch) or the context (rt.load's max_context, --max-context)"
@@ -50,6 +59,14 @@ class Token:
     id: int
     text: str  # the text this token completes (may be empty: a partial character or stop)
     at: float  # time.perf_counter() when it was chosen
+    logprob: Logprob | None = None  # with the request's logprobs: its own and the top N
+
+
+@dataclass
+class Scored:
+    """The prompt's tokens with their log-probabilities (the first has none: None), before
+    any Token: a request's prompt_logprobs."""
+    prompt: list[Logprob | None]
 
 
 @dataclass
@@ -72,8 +89,10 @@ class Request:
     _events: collections.deque = field(default_factory=collections.deque)
     _ready: threading.Condition = field(default_factory=threading.Condition)
     _cancelled: threading.Event = field(default_factory=threading.Event)
-    _shown: int = 0
-    listener: Callable[[Token | Done], None] | None = None  # called on the engine's thread
+    listener: Callable[[Token | Done | Scored], None] | None = None  # on the engine's thread
+    logprobs: int | None = None  # each chosen token's logprob and this many alternatives
+    prompt_logprobs: int | None = None  # the prompt's logprobs and this many alternatives
+    _text: TextStream | None = None  # made when the engine admits it
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -82,7 +101,7 @@ class Request:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def next_event(self, timeout: float | None = None) -> Token | Done | None:
+    def next_event(self, timeout: float | None = None) -> Token | Done | Scored | None:
         """The next event, waiting up to `timeout` seconds (None: until there is one)."""
         with self._ready:
             if not self._events:
@@ -95,7 +114,7 @@ class Request:
             self._ready.wait_for(lambda: self.done is not None, timeout)
         return self.done
 
-    def _emit(self, event: Token | Done) -> None:
+    def _emit(self, event: Token | Done | Scored) -> None:
         with self._ready:
             if isinstance(event, Done):
                 self.done = event
@@ -119,16 +138,26 @@ class _SharedRows:
         # other's logits, and a request's output would depend on who arrived with it.
         self.together = rows_independent(lm.artifact.manifest)
 
-    def admit(self, new: dict[int, list[int]]) -> dict[int, np.ndarray]:
+    def admit(self, new: dict[int, list[int]], score: dict[int, int]
+              ) -> tuple[dict[int, np.ndarray], dict[int, list[Logprob | None]]]:
+        """Each new row's last-token logits, and the prompt logprobs of the rows in `score`
+        (row -> alternatives), from the same run."""
         groups = [new] if self.together else [{row: ids} for row, ids in new.items()]
         out: dict[int, np.ndarray] = {}
+        scored: dict[int, list[Logprob | None]] = {}
         for group in groups:
             staging = self.lm.take_cache(len(group), max(map(len, group.values())))
             try:
                 out.update(self.cache.admit_from(group, self.lm.pad_id, staging))
+                if any(row in score for row in group):
+                    hidden = staging.prompt_hidden()
+                    for j, (row, ids) in enumerate(group.items()):
+                        if row in score:
+                            scored[row] = [None, *self.lm.logprobs_from_hidden(
+                                hidden[j, :len(ids) - 1], ids[1:], score[row])]
             finally:
                 self.lm.give_cache(staging)
-        return out
+        return out, scored
 
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
         return self.cache.step_rows(int(np.flatnonzero(active).max()) + 1, nxt, active)
@@ -141,6 +170,13 @@ class _SharedRows:
 
     def fill(self, staging: SharedCache, piece: list[int]) -> np.ndarray:
         return staging.extend(piece).copy()
+
+    def piece_logprobs(self, staging: SharedCache, piece: list[int], following: list[int],
+                       top: int) -> list[Logprob]:
+        """After fill: the logprobs of `following` (the tokens after each of the piece's
+        positions, as far as the prompt goes) from the piece's hidden states."""
+        hidden = staging.prompt_hidden()[0, :len(following)]
+        return self.lm.logprobs_from_hidden(hidden, following, top)
 
     def finish_filling(self, row: int, staging: SharedCache | None, keep: bool) -> None:
         """Copy a whole prompt into its row (keep) or drop it; the staging cache (None: never
@@ -172,14 +208,19 @@ class _SeparateRows:
         self.steps: list[Generator[np.ndarray, tuple, None] | None] = [None] * rows
         self.logits = np.zeros((rows, lm.config.vocab_size), dtype=np.float32)
 
-    def admit(self, new: dict[int, list[int]]) -> np.ndarray:
+    def admit(self, new: dict[int, list[int]], score: dict[int, int]
+              ) -> tuple[np.ndarray, dict[int, list[Logprob | None]]]:
+        scored: dict[int, list[Logprob | None]] = {}
         for row, ids in new.items():  # (returns rows' logits by row index, as _SharedRows)
             steps = self.lm.steps(prefill_feeds(self.lm.config, self.lm.artifact.kind,
                                                 np.array([ids], dtype=np.int64),
                                                 kv_dtype=self.lm.kv_dtype))
-            self.logits[row] = next(steps)[0, -1]
+            logits = next(steps)[0]  # [T, V]: every position of the prompt
+            self.logits[row] = logits[-1]
             self.steps[row] = steps
-        return self.logits
+            if row in score:
+                scored[row] = [None, *self.lm.logprobs_of(logits[:-1], ids[1:], score[row])]
+        return self.logits, scored
 
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
         one = np.ones(1, dtype=bool)
@@ -257,12 +298,20 @@ class Engine:
         return self
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, *,
-               listener: Callable[[Token | Done], None] | None = None) -> Request:
+               listener: Callable[[Token | Done | Scored], None] | None = None,
+               logprobs: int | None = None, prompt_logprobs: int | None = None) -> Request:
         """Queue a generation; QueueFull when max_queue are waiting, ConfigError (a
         ValueError) for a prompt that leaves no room for a token. `listener` hears every event
-        as it happens."""
+        as it happens. logprobs / prompt_logprobs: None, or the alternatives (0..MAX_TOP) to
+        give beside each chosen / prompt token's own logprob."""
         (ids,) = self.lm.check_ids([prompt_ids])
-        req = Request(ids, params, listener=listener)
+        for name, top in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if top is not None:
+                check_top(top, name)
+        if prompt_logprobs is not None:
+            self.lm.check_scoring()
+        req = Request(ids, params, listener=listener, logprobs=logprobs,
+                      prompt_logprobs=prompt_logprobs)
         with self._cond:
             if self._stopping:
                 raise QueueFull("the engine is stopping and takes no new requests")
@@ -335,14 +384,20 @@ class Engine:
         for row, req in new.items():
             self._rngs[row] = (np.random.default_rng(req.params.seed)
                                if req.params.temperature > 0 else None)
+            req._text = TextStream(self.lm.tokenizer, req.params.stop)
         if new and self.prefill_chunk:
             for row, req in new.items():
-                self._filling[row] = [req, None, 0]  # its staging cache: at its first piece
+                self._filling[row] = [req, None, 0, [None]]  # staging: at its first piece
         elif new:
             self._running.update(new)
-            logits = self.rows.admit({row: req.prompt_ids for row, req in new.items()})
+            logits, scored = self.rows.admit(
+                {row: req.prompt_ids for row, req in new.items()},
+                {row: req.prompt_logprobs for row, req in new.items()
+                 if req.prompt_logprobs is not None})
             for row, req in new.items():
-                self._choose(row, req, logits[row])
+                if row in scored:
+                    req._emit(Scored(scored[row]))
+                self._first(row, req, logits[row])
         if self._filling:
             self._fill_one_piece()
         if not self._running:
@@ -364,7 +419,7 @@ class Engine:
 
     def _fill_one_piece(self) -> None:
         """The next piece of the oldest prompt being filled; once whole, its row runs."""
-        for row, (req, staging, _) in list(self._filling.items()):
+        for row, (req, staging, *_) in list(self._filling.items()):
             if req.cancelled:
                 del self._filling[row]
                 self._shared.finish_filling(row, staging, keep=False)
@@ -372,17 +427,23 @@ class Engine:
         if not self._filling:
             return
         row, state = next(iter(self._filling.items()))
+        req = state[0]
         if state[1] is None:
             state[1] = self._shared.start_filling(len(req.prompt_ids))
-        req, staging, done = state
+        req, staging, done, scored = state
         piece = req.prompt_ids[done:done + self.prefill_chunk]
         logits = self._shared.fill(staging, piece)
         state[2] = done + len(piece)
+        if req.prompt_logprobs is not None:  # the tokens after the piece's positions
+            scored.extend(self._shared.piece_logprobs(
+                staging, piece, req.prompt_ids[done + 1:state[2] + 1], req.prompt_logprobs))
         if state[2] == len(req.prompt_ids):
             del self._filling[row]
             self._shared.finish_filling(row, staging, keep=True)
             self._running[row] = req
-            self._choose(row, req, logits)
+            if req.prompt_logprobs is not None:
+                req._emit(Scored(scored))
+            self._first(row, req, logits)
 
     def _free_row(self, row: int, req: Request, reason: str) -> None:
         """A row that never ran (cancelled while its prompt was filled)."""
@@ -392,28 +453,41 @@ class Engine:
             self.rows.release(row)
             heapq.heappush(self._free, row)
 
+    def _first(self, row: int, req: Request, logits: np.ndarray) -> None:
+        """After a prompt's run: its first token, or (max_new_tokens 0: a prompt scored
+        only) its end."""
+        if req.params.max_new_tokens == 0:
+            return self._finish(row, req, "length")
+        self._choose(row, req, logits)
+
     def _choose(self, row: int, req: Request, logits: np.ndarray) -> None:
         """The row's next token by generate's own rules (LanguageModel.choose_next), its text,
         and its end if this is one."""
-        lm, params = self.lm, req.params
+        lm, params, text = self.lm, req.params, req._text
+        assert text is not None  # made at admission
         try:  # choose_next masks a copy, not the rows' buffer (the next step's output)
-            reason = lm.choose_next(logits, params, self._rngs[row], req.prompt_ids, req.out)
+            reason = lm.choose_next(logits, params, self._rngs[row], req.prompt_ids, req.out,
+                                    text=text)
         except NonFiniteError as e:
             return self._finish(row, req, "error", str(e))
         if reason == "eos":
             return self._finish(row, req, "eos")
         self.tokens_generated += 1
-        text = lm.tokenizer.decode(req.out)
-        end = stop_cut(text, params.stop) if reason else safe_end(text, params.stop)
-        req._emit(Token(req.out[-1], text[req._shown:end] if end > req._shown else "",
-                        time.perf_counter()))
-        req._shown = max(req._shown, end)
+        lp = None if req.logprobs is None else \
+            lm.logprobs_of(logits[None], req.out[-1:], req.logprobs)[0]
+        final = text.finish() if reason else None
+        piece = text.last_piece(final) if final is not None else text.piece()
+        req._emit(Token(req.out[-1], piece, time.perf_counter(), lp))
         if reason:
-            self._finish(row, req, reason)
+            self._finish(row, req, reason, final=final)
 
-    def _finish(self, row: int, req: Request, reason: str, error: str | None = None) -> None:
-        text = self.lm.tokenizer.decode(req.out)
-        req._emit(Done(reason, text[:stop_cut(text, req.params.stop)], error))
+    def _finish(self, row: int, req: Request, reason: str, error: str | None = None, *,
+                final: str | None = None) -> None:
+        """End a running row: Done with the whole text (`final` where the last Token already
+        carried it), its row freed."""
+        if final is None:
+            final = req._text.finish() if req._text is not None else ""
+        req._emit(Done(reason, final, error))
         with self._cond:
             del self._running[row]
             self._rngs.pop(row, None)

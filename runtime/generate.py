@@ -20,18 +20,18 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND, past_name
+from tinyt.contract import DECODER_WITH_PAST, HIDDEN_OUTPUT, SHARED_CACHE_KIND, past_name
 from tinyt.errors import ConfigError, NonFiniteError
 from tinyt.rope import longrope_original
 from tinyt.tokenizer import Tokenizer
 
 from .cache import CachePool, SharedCache, capacity_for, check_kv_fits, rows_from_left_padded
+from .detok import TextStream, stop_cut
 from .feeds import grow_mask, left_pad, prefill_feeds, step_feeds
 from .fixed import FixedWindow, capacity
 from .sampling import SamplingParams, next_token, nonfinite_error
+from .score import HEAD_ROWS, HeadGraph, HeadGraphs, Logprob, check_top, logprobs_of
 from .session import Artifact
-
-REPLACEMENT = "\ufffd"  # what a decoder shows for a partial UTF-8 sequence
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,7 @@ class LanguageModel:
             self.context = min(self.context, max_context)
         if artifact.kind == SHARED_CACHE_KIND:
             self._caches = CachePool(self.new_cache)
+            self._heads = HeadGraphs(self._make_head)  # the lm_head alone, made when first asked
         # LongRoPE (Phi-3): past this many tokens the whole sequence turns at other frequencies
         self.longrope_original = longrope_original(self.config)
 
@@ -124,14 +125,12 @@ class LanguageModel:
         return self._stream(rows, params)
 
     def _stream(self, rows: list[list[int]], params: SamplingParams) -> Iterator[str]:
-        shown = 0
-        for out, reasons in self._loop(rows, params):
-            text = self.tokenizer.decode(out[0])
+        texts = [TextStream(self.tokenizer, params.stop)]  # each token decoded once
+        for _, reasons in self._loop(rows, params, texts):
             # While running, hold back a partial character or a possible stop-string start.
-            end = stop_cut(text, params.stop) if reasons[0] else safe_end(text, params.stop)
-            if end > shown:
-                yield text[shown:end]
-                shown = end
+            piece = texts[0].last_piece(texts[0].finish()) if reasons[0] else texts[0].piece()
+            if piece:
+                yield piece
 
     def generate_ids(self, token_ids, **kwargs) -> list[GenerationResult]:
         """Generation from token ids: a list of ints, or a list / 2-D array of rows."""
@@ -194,14 +193,94 @@ class LanguageModel:
 
     def choose_next(self, logits: np.ndarray, params: SamplingParams,
                     rng: np.random.Generator | None, prompt: list[int],
-                    out: list[int]) -> str | None:
+                    out: list[int], *, text: TextStream | None = None) -> str | None:
         """One sequence's next token by generate's own rules (min_new_tokens, repetition
         penalty, sampling, the context, stop strings), appended to `out` unless it is
         end-of-text; its finish reason if this ends it, else None. `logits` [vocab] is
-        left as it is (a copy is changed); NonFiniteError for logits that are not finite."""
+        left as it is (a copy is changed); NonFiniteError for logits that are not finite.
+        `text`: the sequence's TextStream, which the token is added to and stop strings are
+        found in (without one, `out` is decoded whole)."""
         if self._choosable is not None:  # a padded vocabulary: never the ids beyond it
             logits = logits[:self._choosable]
-        return self._choose(0, logits.copy(), params, rng, [prompt], [out])
+        return self._choose(0, logits.copy(), params, rng, [prompt], [out],
+                            None if text is None else [text])
+
+    # -- log-probabilities (runtime/score.py) ------------------------------------------------
+    def logprobs_of(self, logits: np.ndarray, tokens, top: int = 0) -> list[Logprob]:
+        """Logprob of tokens[i] under logits[i] ([N, vocab]) and the `top` most likely there:
+        the model's distribution over the tokens it can choose (a padded vocabulary's extra
+        ids excluded), before any sampling setting."""
+        if self._choosable is not None:
+            logits = logits[:, :self._choosable]
+        return logprobs_of(logits, tokens, top)
+
+    def check_scoring(self) -> None:
+        """ConfigError unless this artifact can score every position of a prompt."""
+        if self.artifact.fixed is not None:
+            raise ConfigError(f"{self.artifact.path} is pinned to fixed shapes and gives the "
+                              "last position's logits only; score prompts with a dynamic-shape "
+                              "artifact")
+        if self.artifact.kind == SHARED_CACHE_KIND:
+            graph = self._prompt_graph()
+            if not graph.endswith(".onnx"):
+                raise ConfigError(f"{self.artifact.path / graph} is in ONNX Runtime's format; "
+                                  "scoring prompts cuts the lm_head from an .onnx graph")
+            if not any(o.name == HIDDEN_OUTPUT for o in
+                       (self.prefill_session or self.session).get_outputs()):
+                raise ConfigError(f"{self.artifact.path} has no {HIDDEN_OUTPUT!r} output (made "
+                                  "by an older tinyt): make it again with `tinyt optimize "
+                                  "--target gqa` to score prompts")
+
+    def _prompt_graph(self) -> str:
+        """The file of the graph that runs prompts."""
+        if self.plan is not None:
+            return self.plan.prompt_graph
+        return self.artifact.prefill_file or self.artifact.model_file
+
+    def _make_head(self) -> HeadGraph:
+        graph = self._prompt_graph()
+        key = "prefill_quantization" if graph == self.artifact.prefill_file else "quantization"
+        quant = self.artifact.manifest.get(key)
+        together = not (isinstance(quant, dict) and quant.get("rows_independent") is False)
+        session = self.prefill_session or self.session
+        return HeadGraph(self.artifact.path / graph, session.get_session_options(),
+                         together=together)
+
+    def logprobs_from_hidden(self, hidden: np.ndarray, tokens, top: int = 0) -> list[Logprob]:
+        """logprobs_of the logits that the shared-cache graph's lm_head gives hidden rows
+        [N, C] (a prompt's positions), HEAD_ROWS rows at a time."""
+        head = self._heads.get()
+        out: list[Logprob] = []
+        for i in range(0, len(hidden), HEAD_ROWS):
+            out += self.logprobs_of(head.logits(hidden[i:i + HEAD_ROWS]),
+                                    tokens[i:i + HEAD_ROWS], top)
+        return out
+
+    def prompt_logprobs(self, token_ids, *, top: int = 0) -> list[Logprob | None]:
+        """Each token of a prompt with its log-probability given the tokens before it (None
+        for the first, which has none) and the `top` (0..MAX_TOP) most likely tokens there:
+        lm-evaluation-harness's loglikelihood, /v1/completions' echo. One run of the prompt;
+        the ids are checked as a prompt (check_ids)."""
+        check_top(top)
+        (ids,) = self.check_ids([token_ids])
+        self.check_scoring()
+        if self.artifact.kind == SHARED_CACHE_KIND:
+            cache = self.take_cache(1, len(ids) + 1)
+            try:
+                cache.clear()
+                cache.prefill([ids], self._pad)
+                hidden = cache.prompt_hidden()[0, :len(ids) - 1].copy()
+            finally:
+                self.give_cache(cache)
+            return [None, *self.logprobs_from_hidden(hidden, ids[1:], top)]
+        steps = self.steps(prefill_feeds(self.config, self.artifact.kind,
+                                         np.array([ids], dtype=np.int64),
+                                         kv_dtype=self._kv_dtype))
+        try:
+            logits = next(steps)[0]
+        finally:
+            steps.close()
+        return [None, *self.logprobs_of(logits[:-1], ids[1:], top)]
 
     def new_cache(self, rows: int, capacity: int | None = None, *,
                   lower: str | None = None) -> SharedCache:
@@ -241,10 +320,14 @@ class LanguageModel:
             return None
         return original
 
-    def _loop(self, rows: list[list[int]], params: SamplingParams
+    def _loop(self, rows: list[list[int]], params: SamplingParams, texts: list | None = None
               ) -> Iterator[tuple[list[list[int]], list[str | None]]]:
         """After every step: the tokens generated so far per row, and each row's finish
-        reason (None while it runs). Finished rows are fed padding that nobody reads."""
+        reason (None while it runs). Finished rows are fed padding that nobody reads. texts:
+        a TextStream per row that the tokens are added to (and stop strings found in); with
+        stop strings and none given, the loop makes its own."""
+        if texts is None and params.stop:
+            texts = [TextStream(self.tokenizer, params.stop) for _ in rows]
         B = len(rows)
         ids, mask = left_pad(rows, self._pad)
         rngs = [np.random.default_rng(params.seed) if params.temperature > 0 else None
@@ -266,7 +349,7 @@ class LanguageModel:
                 if reasons[r] is None:
                     row = logits[r, -1] if self._choosable is None else \
                         logits[r, -1, :self._choosable]
-                    reasons[r] = self._choose(r, row, params, rngs[r], rows, out)
+                    reasons[r] = self._choose(r, row, params, rngs[r], rows, out, texts)
                     nxt[r] = out[r][-1] if out[r] and reasons[r] != "eos" else self._pad
                 else:
                     nxt[r] = self._pad
@@ -417,8 +500,10 @@ class LanguageModel:
             feeds["attention_mask"] = mask[:, :n] if B == 1 else np.ascontiguousarray(mask[:, :n])
             feeds["position_ids"] = pos
 
-    def _choose(self, r, logits, params, rng, rows, out) -> str | None:
-        """Append row r's next token; return its finish reason if this ends it."""
+    def _choose(self, r, logits, params, rng, rows, out, texts=None) -> str | None:
+        """Append row r's next token; return its finish reason if this ends it. texts: the
+        rows' TextStreams (the token is added to row r's, stop strings found there), else
+        stop strings are found in the row decoded whole."""
         history = rows[r] + out[r] if params.repetition_penalty != 1.0 else []
         eos = self.tokenizer.eos_id
         if eos is not None and len(out[r]) < params.min_new_tokens:
@@ -430,10 +515,14 @@ class LanguageModel:
         if tok == eos:
             return "eos"
         out[r].append(tok)
+        if texts is not None:
+            texts[r].add(tok)
         if len(out[r]) >= params.max_new_tokens:
             return "length"
         if len(rows[r]) + len(out[r]) >= self.context:
             return "context"
+        if texts is not None:
+            return "stop" if texts[r].stopped else None
         if params.stop:
             text = self.tokenizer.decode(out[r])
             if stop_cut(text, params.stop) < len(text):
@@ -459,22 +548,3 @@ def _params(kwargs: dict) -> dict:
         raise ConfigError(f"unknown generation argument(s) {sorted(unknown)}; allowed: "
                           f"{sorted(SamplingParams.__dataclass_fields__)}")
     return kwargs
-
-
-def stop_cut(text: str, stops: tuple[str, ...]) -> int:
-    """Where `text` ends once cut at the first stop string (its length if none occurs)."""
-    return min((text.find(s) for s in stops if s in text), default=len(text))
-
-
-def safe_end(text: str, stops: tuple[str, ...]) -> int:
-    """How much of `text` can be shown now: not a trailing partial character, nor a tail that
-    may be the start of a stop string."""
-    end = len(text)
-    while end and text[end - 1] == REPLACEMENT:
-        end -= 1
-    for s in stops:
-        for k in range(min(len(s) - 1, end), 0, -1):
-            if text[:end].endswith(s[:k]):
-                end -= k
-                break
-    return min(end, stop_cut(text, stops))

@@ -153,7 +153,9 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
     cfg, kind = artifact.config, artifact.kind
     # a shared-cache graph made before windowed layers had buffers of their own still runs
     compact = any(t.name == contract.WINDOW_INPUTS[0] for t in session.get_inputs())
-    want = contract.contract_for(cfg, kind, compact=compact)
+    # ... and one made before its hidden states were an output (no prompt scoring) too
+    hidden = any(t.name == contract.HIDDEN_OUTPUT for t in session.get_outputs())
+    want = contract.contract_for(cfg, kind, compact=compact, hidden=hidden)
     model = f"{artifact.path}/{artifact.model_file}"
     layers = sum(t.name.startswith("past_key_values.") for t in session.get_inputs()) // 2
     if kind in (DECODER_WITH_PAST, SHARED_CACHE_KIND) and layers != cfg.n_layer:
@@ -181,6 +183,7 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
 # heads and head size).
 _CONFIG_AXES = {("logits", 2): "vocab_size", ("logits", 1): "num_labels",
                 ("last_hidden_state", 2): "n_embd", ("sentence_embedding", 1): "n_embd",
+                ("hidden_states", 2): "n_embd",
                 ("past_key_values", 1): "kv_heads", ("present", 1): "kv_heads",
                 ("past_key_values", 3): "head_dim", ("present", 3): "head_dim"}
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,

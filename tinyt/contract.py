@@ -28,6 +28,12 @@ ENCODER = "encoder"  # hidden states and a sentence embedding (Optimum's feature
 TOKEN_CLASSIFIER = "token_classifier"  # a label per token (Optimum's token classification)
 KINDS = (DECODER_WITH_PAST, SHARED_CACHE_KIND, DECODER, CLASSIFIER, ENCODER, TOKEN_CLASSIFIER)
 
+# The shared-cache graphs' lm_head reads each row's last position only; the hidden states it
+# picks from are an output too, and HEAD_INPUT is where the head's own nodes start (a caller
+# scoring every position runs those nodes alone: runtime/score.py).
+HIDDEN_OUTPUT = "hidden_states"
+HEAD_INPUT = "/lm_head/last/hidden"
+
 BATCH = "batch_size"
 SEQ = "sequence_length"
 PAST = "past_sequence_length"
@@ -136,9 +142,14 @@ def shared_cache_inputs(cfg: ModelConfig, compact: bool = True) -> list[TensorSp
             *window, *_cache_specs(cfg, past_names(cfg.n_layer), compact)]
 
 
-def shared_cache_outputs(cfg: ModelConfig, compact: bool = True) -> list[TensorSpec]:
+def shared_cache_outputs(cfg: ModelConfig, compact: bool = True,
+                         hidden: bool = True) -> list[TensorSpec]:
+    """hidden=False: the form made before the hidden states were an output (no prompt
+    scoring), which the runtime still reads."""
     return [TensorSpec("logits", "float32", (BATCH, 1, cfg.vocab_size)),
-            *_cache_specs(cfg, present_names(cfg.n_layer), compact)]
+            *_cache_specs(cfg, present_names(cfg.n_layer), compact),
+            *([TensorSpec(HIDDEN_OUTPUT, "float32", (BATCH, SEQ, cfg.n_embd))] if hidden
+              else [])]
 
 
 def classifier_inputs(cfg: ModelConfig) -> list[TensorSpec]:
@@ -166,7 +177,7 @@ def encoder_outputs(cfg: ModelConfig) -> list[TensorSpec]:
     return [TensorSpec("last_hidden_state", "float32", (BATCH, SEQ, cfg.n_embd)), *pooled]
 
 
-def contract_for(cfg: ModelConfig, kind: str, compact: bool = True
+def contract_for(cfg: ModelConfig, kind: str, compact: bool = True, hidden: bool = True
                  ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(inputs, outputs) of a graph kind: the one place the runtime, the exporter and the
     verifier take them from."""
@@ -175,7 +186,7 @@ def contract_for(cfg: ModelConfig, kind: str, compact: bool = True
     if kind == ENCODER:
         return encoder_inputs(cfg), encoder_outputs(cfg)
     if kind == SHARED_CACHE_KIND:
-        return shared_cache_inputs(cfg, compact), shared_cache_outputs(cfg, compact)
+        return shared_cache_inputs(cfg, compact), shared_cache_outputs(cfg, compact, hidden)
     if kind not in KINDS:
         raise ConfigError(f"graph kind {kind!r} is not one of {', '.join(KINDS)}")
     with_past = kind == DECODER_WITH_PAST
