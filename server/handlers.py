@@ -8,6 +8,8 @@ methods, callable on its own with a request.
     POST /v1/embeddings (an encoder's server: its `engine` is an Embedder) ─▶ authorize
         ─▶ parse_body ─▶ schema.embedding_inputs ─▶ Embedder.rows ─▶ Embedder.submit
         ─▶ embedding_answer
+    POST /tokenize, /detokenize, GET /tokenizer_info: the model's tokenizer, as vLLM's server
+        offers it (lm-evaluation-harness tokenizes through them)
     GET /v1/models, /health, /metrics;  anything else: an OpenAI-style 404
 
 A server serves one model: a decoder answers completions and chat, an encoder embeddings; the
@@ -24,7 +26,8 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -33,20 +36,26 @@ from starlette.routing import Route
 
 from tinyt.errors import ApiError, QueueFull
 from tinyt.runtime.embed import Encoder
-from tinyt.runtime.engine import Done, Engine, Request, Token
+from tinyt.runtime.engine import Done, Engine, Request, Scored, Token
 from tinyt.runtime.generate import LanguageModel
 from tinyt.runtime.sampling import SamplingParams
 
 from .chat import compile_template, render_chat
 from .embeddings import Embedder, embedding_answer
+from .logprobs import Legacy, TokenTexts, chat_entry
 from .metrics import CONTENT_TYPE, Metrics
 from .schema import (
     COMPLETION_MAX_TOKENS,
+    DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
+    TOKENIZE_FIELDS,
+    Outputs,
     check_prompt,
     completion_prompts,
     embedding_inputs,
     embedding_options,
+    field,
+    outputs,
     parse_body,
     sampling,
     stream_options,
@@ -57,34 +66,51 @@ STOP_TIMEOUT_S = 30.0  # what runs at shutdown gets this long to finish
 # The engine's finish reasons as OpenAI names them (others, 'error', pass as they are).
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
-Event = tuple[int, Token | Done]  # (choice index, engine event)
+Event = tuple[int, Token | Done | Scored]  # (job index, engine event)
 
 
 @dataclass
 class Job:
-    """One choice of a request: its prompt ids and what it is asked to make."""
+    """One sample of a request: its prompt ids and what it is asked to make."""
     ids: list[int]
     params: SamplingParams
+    prompt: int = 0  # which of the request's prompts
+    echo: str = ""  # the prompt's text, where the answer repeats it (completions' echo)
+    logprobs: int | None = None  # the engine's logprobs / prompt_logprobs for it
+    prompt_logprobs: int | None = None
+
+
+@dataclass
+class Sample:
+    """What the engine made for one Job."""
+    tokens: list[Token] = dataclass_field(default_factory=list)
+    prompt: list | None = None  # Scored.prompt
+    done: Done | None = None
+
+    def score(self) -> float:
+        """The sum of its tokens' logprobs: best_of keeps the highest."""
+        return sum(t.logprob.logprob for t in self.tokens if t.logprob is not None)
 
 
 def finish_reason(reason: str) -> str:
     return FINISH.get(reason, reason)
 
 
-def choice(chat: bool, i: int, text: str, reason: str) -> dict:
+def choice(chat: bool, i: int, text: str, reason: str, logprobs: dict | None = None) -> dict:
     """One choice of a whole (not streamed) answer."""
     if chat:
         return {"index": i, "message": {"role": "assistant", "content": text},
-                "finish_reason": reason}
-    return {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                "logprobs": logprobs, "finish_reason": reason}
+    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
 
-def chunk_choice(chat: bool, i: int, text: str, reason: str | None) -> dict:
+def chunk_choice(chat: bool, i: int, text: str, reason: str | None,
+                 logprobs: dict | None = None) -> dict:
     """One choice of a streamed chunk: a piece of text (reason None) or the choice's end."""
     if chat:
         return {"index": i, "delta": {} if reason else {"content": text},
-                "finish_reason": reason}
-    return {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                "logprobs": logprobs, "finish_reason": reason}
+    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -113,6 +139,7 @@ class OpenAIServer:
         self.embedder = engine if isinstance(engine, Embedder) else None
         self.metrics = Metrics(engine)
         self.template = None if self.embedder else compile_template(lm.tokenizer.chat_template)
+        self.texts = None if self.embedder else TokenTexts(lm.tokenizer)
         # the tokens one input or sequence may hold: /v1/models' max_model_len
         self.context = self.embedder.max_length if self.embedder else lm.context
         self.ready = False  # the engine runs: /health answers 200
@@ -124,6 +151,9 @@ class OpenAIServer:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
+            Route("/tokenizer_info", self.tokenizer_info, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
         ], lifespan=self.lifespan, exception_handlers={404: self.not_found,
@@ -168,6 +198,57 @@ class OpenAIServer:
             return self.error(e, "embeddings")
         self.metrics.answered("embeddings", 200)
         return JSONResponse(answer)
+
+    # -- the tokenizer, as vLLM's server offers it (lm-evaluation-harness's remote tokenizer) --
+    async def tokenize(self, request: HttpRequest) -> Response:
+        """POST /tokenize {"prompt": str, "add_special_tokens": bool = true}: its token ids."""
+        try:
+            self.authorize(request)
+            self.serves(embeddings=False)
+            body = parse_body(await request.body(), self.model_id, accepted=TOKENIZE_FIELDS,
+                              model_required=False)
+            text = field(body, "prompt", (str,), allowed="a string")
+            if text is None:
+                raise ApiError(400, "'prompt' is required (a string)", param="prompt")
+            special = field(body, "add_special_tokens", (bool,), True, allowed="true or false")
+            tok = self.lm.tokenizer
+            ids = tok.encode_prompt(text) if special else tok.encode(text)
+        except ApiError as e:
+            return self.error(e, "tokenize")
+        self.metrics.answered("tokenize", 200)
+        return JSONResponse({"count": len(ids), "max_model_len": self.context, "tokens": ids})
+
+    async def detokenize(self, request: HttpRequest) -> Response:
+        """POST /detokenize {"tokens": [int]}: their text."""
+        try:
+            self.authorize(request)
+            self.serves(embeddings=False)
+            body = parse_body(await request.body(), self.model_id, accepted=DETOKENIZE_FIELDS,
+                              model_required=False)
+            ids = body.get("tokens")
+            vocab = self.lm.config.vocab_size
+            if not (isinstance(ids, list) and all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                    for t in ids)):
+                raise ApiError(400, f"'tokens' must be a list of token ids in 0..{vocab - 1}",
+                               param="tokens")
+        except ApiError as e:
+            return self.error(e, "tokenize")
+        self.metrics.answered("tokenize", 200)
+        return JSONResponse({"prompt": self.lm.tokenizer.decode(ids)})
+
+    async def tokenizer_info(self, request: HttpRequest) -> Response:
+        """GET /tokenizer_info: the special tokens, the chat template, the context."""
+        try:
+            self.authorize(request)
+            self.serves(embeddings=False)
+        except ApiError as e:
+            return self.error(e, "tokenize")
+        tok = self.lm.tokenizer
+        return JSONResponse({"tokenizer_class": "PreTrainedTokenizerFast",
+                             "eos_token": tok.eos_token, "bos_token": tok.bos_token,
+                             "pad_token": None, "chat_template": tok.chat_template,
+                             "model_max_length": self.context})
 
     async def health(self, request: HttpRequest) -> Response:
         """GET /health: 200 while the engine runs, else 503."""
@@ -216,21 +297,36 @@ class OpenAIServer:
     async def read_body(self, request: HttpRequest) -> dict:
         return parse_body(await request.body(), self.model_id)
 
-    def prompts(self, body: dict, *, chat: bool) -> list[str]:
-        """The prompt texts of a request: its 'prompt', or its 'messages' rendered."""
+    def prompts(self, body: dict, *, chat: bool) -> list[str | list[int]]:
+        """The prompts of a request: its 'prompt' (texts or token ids), or its 'messages'
+        rendered."""
         if not chat:
-            return completion_prompts(body)
+            return completion_prompts(body, self.lm.config.vocab_size)
         if self.template is None:
             raise ApiError(400, f"{self.model_id} has no chat template (tokenizer_config.json's "
                                 "chat_template); use /v1/completions", param="messages")
         return [render_chat(self.template, body.get("messages"), self.lm.tokenizer)]
 
-    def jobs(self, prompts: list[str], body: dict, default_max: int) -> list[Job]:
-        """One Job per prompt: its ids, checked against the context, and its settings."""
+    def jobs(self, prompts: list[str | list[int]], body: dict, default_max: int,
+             want: Outputs) -> list[Job]:
+        """best_of Jobs per prompt (its ids, checked against the context, and its settings;
+        with a seed, sample k draws from seed + k, so the samples differ and each is
+        reproducible)."""
         out = []
-        for text in prompts:
-            ids = check_prompt(self.lm.tokenizer.encode_prompt(text), self.lm.context)
-            out.append(Job(ids, sampling(body, len(ids), self.lm.context, default_max)))
+        for i, prompt in enumerate(prompts):
+            ids = check_prompt(prompt if isinstance(prompt, list) else
+                               self.lm.tokenizer.encode_prompt(prompt), self.lm.context)
+            params = sampling(body, len(ids), self.lm.context, default_max, echo=want.echo)
+            echo = "" if not want.echo else prompt if isinstance(prompt, str) else \
+                self.lm.tokenizer.decode(ids)
+            # best_of ranks samples by their tokens' logprobs: computed even when not shown
+            logprobs = want.logprobs if want.logprobs is not None else \
+                0 if want.best_of > want.n else None
+            for k in range(want.best_of):
+                seeded = params if k == 0 or params.seed is None else \
+                    replace(params, seed=params.seed + k)
+                out.append(Job(ids, seeded, i, echo, logprobs,
+                               want.logprobs if want.echo else None))
         return out
 
     def submit_all(self, jobs: list[Job], loop: asyncio.AbstractEventLoop,
@@ -240,9 +336,11 @@ class OpenAIServer:
         reqs: list[Request] = []
         try:
             for i, job in enumerate(jobs):
-                reqs.append(self.engine.submit(job.ids, job.params, listener=lambda ev, i=i:
-                                               loop.call_soon_threadsafe(queue.put_nowait,
-                                                                         (i, ev))))
+                reqs.append(self.engine.submit(
+                    job.ids, job.params, logprobs=job.logprobs,
+                    prompt_logprobs=job.prompt_logprobs,
+                    listener=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait,
+                                                                       (i, ev))))
         except QueueFull as e:
             for r in reqs:
                 r.cancel()
@@ -263,7 +361,7 @@ class OpenAIServer:
                 if isinstance(ev, Token):
                     self.metrics.token(ev.at - last[i], first=not seen[i])
                     last[i], seen[i] = ev.at, seen[i] + 1
-                else:
+                elif isinstance(ev, Done):
                     remaining -= 1
                 yield i, ev
         finally:  # a disconnect or a finished response: nothing keeps running for it
@@ -284,57 +382,129 @@ class OpenAIServer:
         self.authorize(request)
         self.serves(embeddings=False)
         body = await self.read_body(request)
-        jobs = self.jobs(self.prompts(body, chat=chat), body,
-                         self.lm.context if chat else COMPLETION_MAX_TOKENS)
         stream, include_usage = stream_options(body)
+        want = outputs(body, chat=chat, stream=stream)
+        prompts = self.prompts(body, chat=chat)
+        jobs = self.jobs(prompts, body, self.lm.context if chat else COMPLETION_MAX_TOKENS,
+                         want)
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
                 "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model_id}
+        # usage counts each prompt once, however many samples share it (as OpenAI's does)
+        prompt_tokens = sum(len(j.ids) for j in jobs if j is self._first_of(jobs, j.prompt))
         if not stream:
-            return await self.complete(jobs, head, chat=chat)
-        return await self.stream(jobs, head, chat=chat, include_usage=include_usage)
+            return await self.complete(jobs, head, chat=chat, want=want,
+                                       prompt_tokens=prompt_tokens)
+        return await self.stream(jobs, head, chat=chat, want=want, include_usage=include_usage,
+                                 prompt_tokens=prompt_tokens)
 
-    async def complete(self, jobs: list[Job], head: dict, *, chat: bool) -> JSONResponse:
-        """The whole answer once every choice is done (a failed generation: 500)."""
-        texts, reasons, made = [""] * len(jobs), [""] * len(jobs), [0] * len(jobs)
+    @staticmethod
+    def _first_of(jobs: list[Job], prompt: int) -> Job:
+        return next(j for j in jobs if j.prompt == prompt)
+
+    def _logprobs(self, chat: bool, job: Job, prompt: list | None, tokens: list[Token]
+                  ) -> dict | None:
+        """A choice's logprobs object (None where none were asked for)."""
+        texts = self.texts
+        assert texts is not None  # a language model's server
+        if chat:
+            return {"content": [chat_entry(texts, t.logprob) for t in tokens
+                                if t.logprob is not None], "refusal": None}
+        legacy = Legacy(texts)  # offsets in the choice's text, the echoed prompt included
+        if prompt is not None:  # echo: the prompt's tokens first, the first without one
+            for token, lp in zip(job.ids, prompt):
+                legacy.add(token, lp)
+        for t in tokens:
+            legacy.add(t.id, t.logprob)
+        return legacy.json()
+
+    async def complete(self, jobs: list[Job], head: dict, *, chat: bool, want: Outputs,
+                       prompt_tokens: int) -> JSONResponse:
+        """The whole answer once every sample is done (a failed generation: 500); with best_of,
+        each prompt's n samples of the highest total logprob."""
+        samples = [Sample() for _ in jobs]
         async for i, ev in self.events(jobs):
-            if isinstance(ev, Done):
+            if isinstance(ev, Token):
+                samples[i].tokens.append(ev)
+            elif isinstance(ev, Scored):
+                samples[i].prompt = ev.prompt
+            else:
                 if ev.finish_reason == "error":
                     raise ApiError(500, f"generation failed: {ev.error}", kind="server_error")
-                texts[i], reasons[i] = ev.text, finish_reason(ev.finish_reason)
-            else:
-                made[i] += 1
+                samples[i].done = ev
+        choices = []
+        for p in range(len(jobs) // want.best_of):
+            mine = list(range(p * want.best_of, (p + 1) * want.best_of))
+            if want.best_of > want.n:  # the n most likely, in the order they were made
+                mine = sorted(sorted(mine, key=lambda i: -samples[i].score())[:want.n])
+            for k, i in enumerate(mine):
+                job, sample = jobs[i], samples[i]
+                assert sample.done is not None  # events() ends when every job is done
+                lps = None if want.logprobs is None else \
+                    self._logprobs(chat, job, sample.prompt, sample.tokens)
+                choices.append(choice(chat, p * want.n + k, job.echo + sample.done.text,
+                                      finish_reason(sample.done.finish_reason), lps))
         self.metrics.answered("chat" if chat else "completions", 200)
-        return JSONResponse({**head, "choices": [choice(chat, i, t, r) for i, (t, r)
-                                                 in enumerate(zip(texts, reasons))],
-                             "usage": usage(sum(len(j.ids) for j in jobs), sum(made))})
+        made = sum(len(s.tokens) for s in samples)
+        return JSONResponse({**head, "choices": choices, "usage": usage(prompt_tokens, made)})
 
-    async def stream(self, jobs: list[Job], head: dict, *, chat: bool,
-                     include_usage: bool) -> StreamingResponse:
-        """Server-sent chunks as tokens come, a usage chunk if asked for, then [DONE]. The
-        first event is awaited here, so a full queue is a 429, not a broken stream."""
+    async def stream(self, jobs: list[Job], head: dict, *, chat: bool, want: Outputs,
+                     include_usage: bool, prompt_tokens: int) -> StreamingResponse:
+        """Server-sent chunks as tokens come (echo: the prompt first), a usage chunk if asked
+        for, then [DONE]. The first event is awaited here, so a full queue is a 429, not a
+        broken stream. (best_of > n does not stream: schema.outputs refuses it.)"""
         chunk_head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
         events = self.events(jobs)
         first = await events.__anext__()
-        prompt_tokens = sum(len(j.ids) for j in jobs)
+        texts = self.texts
+        assert texts is not None  # a language model's server
+
+        def piece(i: int, text: str, lps: dict | None = None) -> str:
+            return sse({**chunk_head, "choices": [chunk_choice(chat, i, text, None, lps)]})
 
         async def chunks() -> AsyncIterator[str]:
             made = 0
+            shown = [0] * len(jobs)  # characters of each sample's text sent
+            offsets = [0] * len(jobs)  # completions' text_offset so far
             try:
                 if chat:
-                    yield sse({**chunk_head, "choices": [{"index": 0, "delta": {
-                        "role": "assistant", "content": ""}, "finish_reason": None}]})
+                    for i in range(len(jobs)):
+                        yield sse({**chunk_head, "choices": [{"index": i, "delta": {
+                            "role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}]})
+                for i, job in enumerate(jobs):  # echo without logprobs: the prompt now
+                    if job.echo and job.prompt_logprobs is None:
+                        yield piece(i, job.echo)
+                        offsets[i] = len(job.echo)
                 pending = [first]
                 while True:
                     i, ev = pending.pop() if pending else await events.__anext__()
-                    if isinstance(ev, Token):
+                    job = jobs[i]
+                    if isinstance(ev, Scored):  # echo with logprobs: the prompt, scored
+                        lps = self._logprobs(False, job, ev.prompt, [])
+                        offsets[i] = len(job.echo)
+                        yield piece(i, job.echo, lps)
+                    elif isinstance(ev, Token):
                         made += 1
-                        if ev.text:
-                            yield sse({**chunk_head,
-                                       "choices": [chunk_choice(chat, i, ev.text, None)]})
-                        continue
-                    reason = finish_reason(ev.finish_reason)
-                    yield sse({**chunk_head, "choices": [chunk_choice(chat, i, "", reason)]})
+                        lps = None
+                        if want.logprobs is not None and ev.logprob is not None:
+                            if chat:
+                                lps = {"content": [chat_entry(texts, ev.logprob)],
+                                       "refusal": None}
+                            else:
+                                legacy = Legacy(texts, offsets[i])
+                                legacy.add(ev.id, ev.logprob)
+                                offsets[i] = legacy.offset
+                                lps = legacy.json()
+                        if ev.text or lps is not None:
+                            shown[i] += len(ev.text)
+                            yield piece(i, ev.text, lps)
+                    else:
+                        rest = ev.text[shown[i]:]  # what was held back (a stop's possible
+                        if rest:                   # start) and did not become one
+                            yield piece(i, rest)
+                        yield sse({**chunk_head, "choices": [chunk_choice(
+                            chat, i, "", finish_reason(ev.finish_reason))]})
             except StopAsyncIteration:
                 pass
             finally:

@@ -12,24 +12,31 @@ the runtime's SamplingParams (torch-free, no HTTP).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from tinyt.errors import ApiError
 from tinyt.runtime.sampling import SamplingParams
+from tinyt.runtime.score import MAX_TOP
 
 # Fields of OpenAI's requests tinyt does not implement: refused by name, with the value that
 # would be harmless (absent or equal to it) accepted.
-UNSUPPORTED = {"n": 1, "best_of": 1, "logprobs": None, "top_logprobs": None, "echo": False,
-               "suffix": None, "logit_bias": None, "presence_penalty": 0,
+UNSUPPORTED = {"suffix": None, "logit_bias": None, "presence_penalty": 0,
                "frequency_penalty": 0, "tools": None, "tool_choice": None, "functions": None,
                "function_call": None, "response_format": None, "parallel_tool_calls": None,
                "prediction": None, "audio": None, "modalities": None}
 ACCEPTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens",
             "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "user",
-            "min_tokens", "repetition_penalty", "store", "metadata", "service_tier"}
+            "min_tokens", "repetition_penalty", "store", "metadata", "service_tier",
+            "n", "best_of", "logprobs", "top_logprobs", "echo"}
+MAX_CHOICES = 16  # n and best_of at most: each is a row of the running batch
+COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs at most (OpenAI's legacy limit is 5; so
+# is tinyt's by default, as vLLM's max_logprobs bounds its own)
 MAX_STOPS = 4
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
+TOKENIZE_FIELDS = {"model", "prompt", "add_special_tokens"}  # vLLM's /tokenize, as text
+DETOKENIZE_FIELDS = {"model", "tokens"}
 MAX_EMBEDDING_INPUTS = 2048  # inputs per /v1/embeddings request, OpenAI's limit too
 ENCODING_FORMATS = ("float", "base64")
 INPUT_KINDS = ("a non-empty string, a list of them, a list of token ids, or a list of lists of "
@@ -63,9 +70,9 @@ def check_fields(body: Any, accepted: set[str] = ACCEPTED,
     refused = sorted(k for k, harmless in unsupported.items()
                      if k in body and body[k] is not None and body[k] != harmless)
     if refused:
-        raise ApiError(400, f"tinyt does not implement {', '.join(refused)} (one choice per "
-                            "prompt, no log-probabilities, penalties or tools); remove "
-                            f"{'it' if len(refused) == 1 else 'them'}", param=refused[0])
+        raise ApiError(400, f"tinyt does not implement {', '.join(refused)} (no suffix, logit "
+                            "bias, presence or frequency penalties, tools or response formats); "
+                            f"remove {'it' if len(refused) == 1 else 'them'}", param=refused[0])
     unknown = sorted(set(body) - accepted - set(unsupported))
     if unknown:
         raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; tinyt reads "
@@ -73,16 +80,19 @@ def check_fields(body: Any, accepted: set[str] = ACCEPTED,
     return body
 
 
-def parse_body(raw: bytes, model_id: str, *, accepted: set[str] = ACCEPTED) -> dict:
+def parse_body(raw: bytes, model_id: str, *, accepted: set[str] = ACCEPTED,
+               model_required: bool = True) -> dict:
     """A request body: valid JSON (400), fields tinyt reads (check_fields: `accepted`, the
     completions' by default), and a 'model' that is the one this server serves (404 for
-    another)."""
+    another; it may be left out where not model_required)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
     body = check_fields(body, accepted)
     model = body.get("model")
+    if model is None and not model_required:
+        return body
     if not isinstance(model, str):
         raise ApiError(400, "'model' is required (a string)", param="model")
     if model != model_id:
@@ -91,14 +101,67 @@ def parse_body(raw: bytes, model_id: str, *, accepted: set[str] = ACCEPTED) -> d
     return body
 
 
-def completion_prompts(body: dict) -> list[str]:
-    """/v1/completions' 'prompt': a string, or a non-empty list of them (one choice each)."""
+PROMPT_KINDS = ("a string, a non-empty list of strings, a list of token ids, or a non-empty "
+                "list of lists of token ids")
+
+
+def completion_prompts(body: dict, vocab_size: int) -> list[str | list[int]]:
+    """/v1/completions' 'prompt': a string, a list of them, a list of token ids or a list of
+    such lists (OpenAI's four forms); one prompt each (texts, or ids in 0..vocab_size-1, run
+    as given)."""
     prompt = body.get("prompt")
-    prompts = [prompt] if isinstance(prompt, str) else prompt
-    if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) for p in prompts)):
-        raise ApiError(400, "'prompt' must be a string or a non-empty list of strings",
-                       param="prompt")
+    ids_one = isinstance(prompt, list) and bool(prompt) and all(_is_id(t) for t in prompt)
+    prompts = [prompt] if isinstance(prompt, str) or ids_one else prompt
+    if not (isinstance(prompts, list) and prompts and all(
+            isinstance(p, str) or (isinstance(p, list) and p and all(_is_id(t) for t in p))
+            for p in prompts)):
+        raise ApiError(400, f"'prompt' must be {PROMPT_KINDS}", param="prompt")
+    for i, p in enumerate(prompts):
+        bad = [t for t in p if not 0 <= t < vocab_size] if isinstance(p, list) else []
+        if bad:
+            raise ApiError(400, f"prompt {i} has token id {bad[0]}, outside this model's "
+                                f"vocabulary (0..{vocab_size - 1})", param="prompt")
     return prompts
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a request asks to get back beside the text."""
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # samples made per prompt, the n most likely returned
+    logprobs: int | None = None  # alternatives beside each token's logprob (None: none)
+    echo: bool = False  # the prompt before the completion (completions)
+
+
+def outputs(body: dict, *, chat: bool, stream: bool) -> Outputs:
+    """n, best_of, logprobs (completions: an int 0..COMPLETION_LOGPROBS; chat: a bool with
+    top_logprobs 0..MAX_TOP), echo (completions)."""
+    n = field(body, "n", (int,), 1, check=lambda v: 1 <= v <= MAX_CHOICES,
+              allowed=f"an integer in 1..{MAX_CHOICES}")
+    if chat:
+        for name in ("best_of", "echo"):
+            if body.get(name) is not None:
+                raise ApiError(400, f"'{name}' is a /v1/completions field; chat completions "
+                                    "do not take it", param=name)
+        wanted = field(body, "logprobs", (bool,), False, allowed="true or false")
+        top = field(body, "top_logprobs", (int,), None, check=lambda v: 0 <= v <= MAX_TOP,
+                    allowed=f"an integer in 0..{MAX_TOP}")
+        if top is not None and not wanted:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        return Outputs(n=n, best_of=n, logprobs=(top or 0) if wanted else None)
+    if body.get("top_logprobs") is not None:
+        raise ApiError(400, "'top_logprobs' is a chat completions field; /v1/completions "
+                            "takes 'logprobs': the number of alternatives", param="top_logprobs")
+    best_of = field(body, "best_of", (int,), n, check=lambda v: n <= v <= MAX_CHOICES,
+                    allowed=f"an integer in n ({n})..{MAX_CHOICES}")
+    if best_of > n and stream:
+        raise ApiError(400, f"best_of={best_of} > n={n} cannot stream (the best are known at "
+                            "the end); drop 'stream' or best_of", param="best_of")
+    logprobs = field(body, "logprobs", (int,), None,
+                     check=lambda v: 0 <= v <= COMPLETION_LOGPROBS,
+                     allowed=f"an integer in 0..{COMPLETION_LOGPROBS}")
+    return Outputs(n=n, best_of=best_of, logprobs=logprobs,
+                   echo=field(body, "echo", (bool,), False, allowed="true or false"))
 
 
 def check_prompt(ids: list[int], context: int) -> list[int]:
@@ -119,15 +182,19 @@ def stream_options(body: dict) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def sampling(body: dict, prompt_len: int, context: int, default_max: int) -> SamplingParams:
+def sampling(body: dict, prompt_len: int, context: int, default_max: int, *,
+             echo: bool = False) -> SamplingParams:
     """SamplingParams of an OpenAI request (OpenAI's defaults: temperature 1, top_p 1); at most
     the tokens the context leaves after a prompt of `prompt_len`, `default_max` when the
-    request does not say."""
+    request does not say. max_tokens 0 only with echo (the prompt scored, nothing made)."""
     room = context - prompt_len
-    max_tokens = field(body, "max_tokens", (int,), None, check=lambda v: v >= 1,
-                       allowed="an integer >= 1")
+    least = 0 if echo else 1
+    allowed = "an integer >= 0 (0 with echo: the prompt alone)" if echo else \
+        "an integer >= 1 (0 only with echo)"
+    max_tokens = field(body, "max_tokens", (int,), None, check=lambda v: v >= least,
+                       allowed=allowed)
     max_tokens = field(body, "max_completion_tokens", (int,), max_tokens,
-                       check=lambda v: v >= 1, allowed="an integer >= 1")
+                       check=lambda v: v >= least, allowed=allowed)
     if max_tokens is not None and max_tokens > room:
         raise ApiError(400, f"max_tokens={max_tokens} does not fit: the prompt is {prompt_len} "
                             f"tokens and the model's context {context}, so at most {room} new "
@@ -139,7 +206,7 @@ def sampling(body: dict, prompt_len: int, context: int, default_max: int) -> Sam
                             f"{MAX_STOPS} of them", param="stop")
     number = (int, float)
     return SamplingParams(
-        max_new_tokens=min(max_tokens or default_max, room),
+        max_new_tokens=min(default_max if max_tokens is None else max_tokens, room),
         min_new_tokens=field(body, "min_tokens", (int,), 0, check=lambda v: v >= 0,
                              allowed="an integer >= 0"),
         temperature=float(field(body, "temperature", number, 1.0, check=lambda v: 0 <= v <= 2,

@@ -116,8 +116,20 @@ def test_sixteen_concurrent_requests_each_get_their_own_output(server):
     ({"model": "tiny-gqa", "prompt": "def ", "max_tokens": "ten"}, 400, "'max_tokens' must be"),
     ({"model": "tiny-gqa", "prompt": 3}, 400, "'prompt' must be a string"),
     ({"model": "other", "prompt": "def "}, 404, "model 'other' does not exist"),
-    ({"model": "tiny-gqa", "prompt": "def ", "n": 2}, 400, "does not implement n"),
-    ({"model": "tiny-gqa", "prompt": "def ", "logprobs": 3}, 400, "does not implement logprobs"),
+    ({"model": "tiny-gqa", "prompt": "def ", "n": 99}, 400, "'n'=99 is invalid: an integer in "
+     "1..16"),
+    ({"model": "tiny-gqa", "prompt": "def ", "logprobs": 9}, 400, "'logprobs'=9 is invalid: an "
+     "integer in 0..5"),
+    ({"model": "tiny-gqa", "prompt": "def ", "n": 2, "best_of": 1}, 400, "'best_of'=1 is "
+     "invalid: an integer in n (2)"),
+    ({"model": "tiny-gqa", "prompt": "def ", "best_of": 2, "stream": True}, 400,
+     "cannot stream"),
+    ({"model": "tiny-gqa", "prompt": "def ", "max_tokens": 0}, 400, "0 only with echo"),
+    ({"model": "tiny-gqa", "prompt": "def ", "top_logprobs": 2}, 400, "chat completions field"),
+    ({"model": "tiny-gqa", "prompt": [5, 10 ** 6]}, 400, "token id 1000000, outside"),
+    ({"model": "tiny-gqa", "prompt": [[5], []]}, 400, "'prompt' must be a string"),
+    ({"model": "tiny-gqa", "prompt": "def ", "response_format": {"type": "json_object"}}, 400,
+     "does not implement response_format"),
     ({"model": "tiny-gqa", "prompt": "def ", "temperature": float("nan")}, 400,
      "'temperature'=NaN is invalid"),
     ({"model": "tiny-gqa", "prompt": "def ", "temperature": 9}, 400, "'temperature'=9"),

@@ -32,7 +32,7 @@ class StubEngine:
         self.submitted, self.cancelled, self.started, self.stopped = [], 0, False, False
         self.queue_depth = self.running = 0
 
-    def submit(self, ids, params, *, listener):
+    def submit(self, ids, params, *, listener, logprobs=None, prompt_logprobs=None):
         if self.fail:
             raise self.fail
         if len(self.submitted) >= self.capacity:
@@ -67,7 +67,7 @@ def server(engine=None, *, api_key=KEY, template=True):
     tok = StubTokenizer()
     if not template:
         tok.chat_template = None
-    lm = SimpleNamespace(tokenizer=tok, context=32)
+    lm = SimpleNamespace(tokenizer=tok, context=32, config=SimpleNamespace(vocab_size=1000))
     return OpenAIServer(lm, engine or StubEngine(), model_id="tiny", api_key=api_key)
 
 
@@ -113,16 +113,17 @@ def test_a_chat_answer_and_its_stream():
     req = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
     status, body = answer(run(s.chat(StubRequest(req))))
     assert status == 200 and body["choices"] == [{"index": 0, "message": {
-        "role": "assistant", "content": "xy"}, "finish_reason": "length"}]
+        "role": "assistant", "content": "xy"}, "logprobs": None, "finish_reason": "length"}]
     assert s.engine.submitted[0][0] == [ord(c) for c in "hi>"]  # rendered by the template
     assert s.engine.submitted[0][1].max_new_tokens == 32 - 3  # chat: up to the context
     chunks = streamed(s.chat, StubRequest({
         **req, "stream": True, "stream_options": {"include_usage": True}}))
     assert [c["choices"] for c in chunks] == [
-        [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-        [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
-        [{"index": 0, "delta": {"content": "y"}, "finish_reason": None}],  # "" is not sent
-        [{"index": 0, "delta": {}, "finish_reason": "length"}], []]
+        [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+          "finish_reason": None}],
+        [{"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "delta": {"content": "y"}, "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}], []]
     assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
 

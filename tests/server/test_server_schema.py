@@ -13,14 +13,15 @@ from tinyt.server import schema  # noqa: E402
 MODEL = "tiny"
 
 
-def refused(fn, *args) -> ApiError:
+def refused(fn, *args, **kwargs) -> ApiError:
     with pytest.raises(ApiError) as info:
-        fn(*args)
+        fn(*args, **kwargs)
     return info.value
 
 
 @pytest.mark.parametrize("body, param, says", [
-    ({"max_tokens": "ten"}, "max_tokens", "'max_tokens' must be an integer >= 1, got \"ten\""),
+    ({"max_tokens": "ten"}, "max_tokens", "'max_tokens' must be an integer >= 1 (0 only with "
+                                          "echo), got \"ten\""),
     ({"max_tokens": True}, "max_tokens", "'max_tokens' must be"),  # a bool is not an int
     ({"max_tokens": 0}, "max_tokens", "'max_tokens'=0 is invalid: an integer >= 1"),
     ({"max_completion_tokens": -1}, "max_completion_tokens", "is invalid: an integer >= 1"),
@@ -64,8 +65,8 @@ def test_good_fields_become_sampling_params():
     (b'{"model": 3}', 400, "model", "'model' is required"),
     (b'{"model": "other"}', 404, "model", "model 'other' does not exist; this server serves "
                                           "'tiny'"),
-    (b'{"model": "tiny", "n": 2, "logprobs": 1}', 400, "logprobs",
-     "does not implement logprobs, n"),
+    (b'{"model": "tiny", "suffix": "x", "logit_bias": {"1": 2}}', 400, "logit_bias",
+     "does not implement logit_bias, suffix"),
     (b'{"model": "tiny", "colour": 1, "size": 2}', 400, "colour", "unknown field(s) colour, size"),
 ])
 def test_a_bad_body_is_refused_by_name(raw, status, param, says):
@@ -81,11 +82,14 @@ def test_harmless_values_of_unsupported_fields_pass():
 
 
 def test_prompts_and_stream_options():
-    assert schema.completion_prompts({"prompt": "a"}) == ["a"]
-    assert schema.completion_prompts({"prompt": ["a", "b"]}) == ["a", "b"]
-    for bad in (3, [], ["a", 1], None):
-        e = refused(schema.completion_prompts, {"prompt": bad})
-        assert (e.status, e.param) == (400, "prompt")
+    assert schema.completion_prompts({"prompt": "a"}, 10) == ["a"]
+    assert schema.completion_prompts({"prompt": ["a", "b"]}, 10) == ["a", "b"]
+    assert schema.completion_prompts({"prompt": [1, 2]}, 10) == [[1, 2]]  # token ids
+    assert schema.completion_prompts({"prompt": [[1, 2], [3]]}, 10) == [[1, 2], [3]]
+    assert schema.completion_prompts({"prompt": ["a", [3]]}, 10) == ["a", [3]]
+    for bad in (3, [], ["a", 1], None, [[1], []], [True, 1], [[1.5]], [10], [[-1]]):
+        e = refused(schema.completion_prompts, {"prompt": bad}, 10)
+        assert (e.status, e.param) == (400, "prompt"), bad
     assert schema.check_prompt([1, 2], 32) == [1, 2]
     e = refused(schema.check_prompt, [], 32)
     assert (e.status, e.param, e.message) == (400, "prompt", "the prompt is empty")
@@ -98,3 +102,39 @@ def test_prompts_and_stream_options():
     assert (e.status, e.param) == (400, "stream")
     e = refused(schema.stream_options, {"stream_options": []})
     assert (e.status, e.param) == (400, "stream_options")
+
+
+def test_outputs_n_best_of_logprobs_echo():
+    o = schema.outputs
+    assert o({}, chat=False, stream=False) == schema.Outputs()
+    assert o({"n": 3, "best_of": 5, "logprobs": 2, "echo": True}, chat=False, stream=False) == \
+        schema.Outputs(n=3, best_of=5, logprobs=2, echo=True)
+    assert o({"n": 2}, chat=False, stream=True).best_of == 2  # best_of defaults to n
+    assert o({"logprobs": True, "top_logprobs": 4, "n": 2}, chat=True, stream=True) == \
+        schema.Outputs(n=2, best_of=2, logprobs=4)
+    assert o({"logprobs": True}, chat=True, stream=False).logprobs == 0
+    assert o({"logprobs": False}, chat=True, stream=False).logprobs is None
+    for body, chat, stream, param, says in [
+            ({"n": 0}, False, False, "n", "1..16"), ({"n": 17}, True, False, "n", "1..16"),
+            ({"n": True}, False, False, "n", "must be"),
+            ({"best_of": 3, "n": 4}, False, False, "best_of", "n (4)..16"),
+            ({"best_of": 2}, False, True, "best_of", "cannot stream"),
+            ({"logprobs": 6}, False, False, "logprobs", "0..5"),
+            ({"logprobs": True}, False, False, "logprobs", "must be"),  # an int here
+            ({"logprobs": 2}, True, False, "logprobs", "true or false"),  # a bool in chat
+            ({"top_logprobs": 3}, True, False, "top_logprobs", "needs 'logprobs': true"),
+            ({"logprobs": True, "top_logprobs": 21}, True, False, "top_logprobs", "0..20"),
+            ({"top_logprobs": 1}, False, False, "top_logprobs", "chat completions field"),
+            ({"echo": True}, True, False, "echo", "/v1/completions field"),
+            ({"best_of": 2}, True, False, "best_of", "/v1/completions field"),
+            ({"echo": 1}, False, False, "echo", "true or false")]:
+        e = refused(o, body, chat=chat, stream=stream)
+        assert (e.status, e.param) == (400, param), body
+        assert says in e.message, (body, e.message)
+
+
+def test_max_tokens_zero_only_with_echo():
+    assert schema.sampling({"max_tokens": 0}, 5, 32, 16, echo=True).max_new_tokens == 0
+    e = refused(schema.sampling, {"max_tokens": 0}, 5, 32, 16)
+    assert e.param == "max_tokens" and "0 only with echo" in e.message
+    assert schema.sampling({}, 5, 32, 16, echo=True).max_new_tokens == 16
