@@ -161,13 +161,13 @@ def _label_logits(sess: ort.InferenceSession, tokenizer: Tokenizer, cfg: ModelCo
     """Logits of each row [rows, labels], or of each row's tokens under the mask (a token
     classifier: [tokens, labels], rows in order), in batches of similar length."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
-    out: list[np.ndarray | None] = [None] * len(rows)
+    out: dict[int, np.ndarray] = {}
     for s in range(0, len(order), batch):
         part = order[s:s + batch]
         logits = sess.run(["logits"], batch_feeds(tokenizer, cfg, kind, [rows[i] for i in part]))[0]
         for r, i in enumerate(part):  # [labels], or [tokens, labels] without the padding
             out[i] = logits[r, :len(rows[i][0])] if kind == TOKEN_CLASSIFIER else logits[r]
-    return np.concatenate([z.reshape(-1, z.shape[-1]) for z in out])
+    return np.concatenate([out[i].reshape(-1, logits.shape[-1]) for i in range(len(rows))])
 
 
 def label_agreement(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: ModelConfig,

@@ -96,7 +96,8 @@ def calibration_texts(kind: str, data: str | None,
                         f"{count} needed; give a larger corpus")
     items: list[Item] = []
     for i in range(count):
-        want, words, j = TEXT_WORDS[i % len(TEXT_WORDS)], [], i * len(split) // count
+        want, j = TEXT_WORDS[i % len(TEXT_WORDS)], i * len(split) // count
+        words: list[str] = []
         while len(words) < want and j < len(split):
             words += split[j].split()
             j += 1
