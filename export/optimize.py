@@ -4,8 +4,10 @@
                         then the KV cache moved into the attention op (kvfuse.py)──────────┐
           ──target portable: onnxscript generic optimizer (standard ONNX ops only)───────────┤
                                                                                              ▼
-          ONNX Runtime offline optimization (basic | extended | all), saved ──▶ self-check vs
-          the input graph (OPT_ATOL) ──▶ onnx-opt/ + manifest (fused-op counts, worst diffs)
+          ONNX Runtime offline optimization (basic | extended | all), saved ──▶ encoders
+          (target cpu): SkipLayerNorm back to Sum + LayerNorm, optionally the embedding into
+          EmbedLayerNormalization (encoder_fusions.py) ──▶ self-check vs the input graph
+          (OPT_ATOL) ──▶ onnx-opt/ + manifest (fused-op counts, worst diffs)
 
 ONNX Runtime's own `transformers.optimizer` never fused attention in these graphs (with either
 torch exporter); onnxscript's rewriter on the dynamo export does, so that is the fuser.
@@ -25,13 +27,14 @@ import onnxscript.optimizer
 from onnx import numpy_helper
 from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE
+from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
 from tinyt.errors import OptimizeError
 from tinyt.graphio import save_graph
 from tinyt.rope import is_longrope
 from tinyt.runtime.session import graph_session
 
 from .compare import OPT_ATOL, compare_graphs, grid, grid_sizes
+from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
 from .kvfuse import attention_with_past
 from .stage import Built, open_source, write_artifact
 
@@ -44,6 +47,11 @@ ATTENTION_OPS = {"MultiHeadAttention", "Attention", "GroupQueryAttention",
 CONTRIB = "com.microsoft"
 GELU_OPS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",),  # with / without bias
             "geglu_tanh": ("FastGelu",)}  # Gemma's gate
+ENCODER_KINDS = (ENCODER, CLASSIFIER, TOKEN_CLASSIFIER)  # bidirectional, no cache
+# An encoder's residual sums + LayerNorm, once fused, are written back as Sum + LayerNorm
+# (encoder_fusions.py: ONNX Runtime's fused kernel is 4-6x slower over a batch's rows)
+RESIDUAL_SUM = "Sum"
+EMBED_LAYER_NORM = f"{CONTRIB}.EmbedLayerNormalization"
 QUANTIZED_OPS = {"DequantizeLinear", "QuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
                  "MatMulNBits", "GatherBlockQuantized", "QLinearMatMul", "DynamicQuantizeLinear"}
 
@@ -52,7 +60,8 @@ def op_counts(proto: onnx.ModelProto) -> Counter:
     return Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in proto.graph.node)
 
 
-def _check_request(src: Path, target: str, level: str, manifest: dict) -> None:
+def _check_request(src: Path, target: str, level: str, manifest: dict, cfg, kind: str,
+                   fuse_embedding: bool) -> None:
     if target not in TARGETS:
         raise OptimizeError(f"target={target!r} is not one of {', '.join(TARGETS)}")
     if level not in LEVELS:
@@ -64,11 +73,35 @@ def _check_request(src: Path, target: str, level: str, manifest: dict) -> None:
         raise OptimizeError(f"{src} was made by stage {manifest.get('stage')!r}; optimize takes "
                             "the output of 'tinyt export' (optimizing twice, or after "
                             "quantization, is not supported)")
+    if fuse_embedding:
+        _check_embedding_fusion(cfg, kind)
 
 
-def expected_fusions(cfg, kind: str) -> list[tuple[str, tuple[str, ...], int]]:
+def _check_embedding_fusion(cfg, kind: str) -> None:
+    """EmbedLayerNormalization sums a word, a position (and a token-type) row and normalizes
+    them with a bias: an encoder with a learned position table and an embedding LayerNorm."""
+    why = None
+    if kind not in ENCODER_KINDS:
+        why = f"it is for encoders; this is a {kind!r} graph"
+    elif cfg.pos_encoding != "learned":
+        why = (f"pos_encoding={cfg.pos_encoding!r}: the op adds a row of a learned position "
+               "table, and this model has none (rotary models such as ModernBERT normalize the "
+               "word rows alone: nothing to fuse)")
+    elif not cfg.embedding_norm or cfg.norm != "layernorm" or not cfg.bias:
+        why = ("the op ends in a LayerNorm with a bias, and this model's embeddings have "
+               f"none (embedding_norm={cfg.embedding_norm}, norm={cfg.norm!r}, "
+               f"bias={cfg.bias})")
+    if why:
+        raise OptimizeError(f"fuse_embedding=True needs ONNX Runtime's EmbedLayerNormalization, "
+                            f"and {why}; leave fuse_embedding off")
+
+
+def expected_fusions(cfg, kind: str, fuse_embedding: bool = False
+                     ) -> list[tuple[str, tuple[str, ...], int]]:
     """What target 'cpu' must have fused, as (what, ops counted, how many at least)."""
     out = []
+    if fuse_embedding:
+        out.append(("embedding sum + LayerNorm", (EMBED_LAYER_NORM,), 1))
     if cfg.norm == "rmsnorm":  # ln_1, ln_2 per layer and ln_f; ORT fuses the residual Adds in
         norms = ("SimplifiedLayerNormalization", f"{CONTRIB}.SkipSimplifiedLayerNormalization")
         # Qwen3's q and k norms too: one SimplifiedLayerNormalization over head_dim each
@@ -76,8 +109,8 @@ def expected_fusions(cfg, kind: str) -> list[tuple[str, tuple[str, ...], int]]:
         out.append(("RMSNorm" + (" (with q/k norms)" if cfg.qk_norm else ""), norms,
                     per_block * cfg.n_layer + 1 + (2 * cfg.n_layer if cfg.qk_norm else 0)))
     if cfg.norm_placement == "post":  # BERT's LayerNorm(x + branch): two a layer
-        out.append(("post-norm residual + LayerNorm", (f"{CONTRIB}.SkipLayerNormalization",),
-                    2 * cfg.n_layer))
+        out.append(("post-norm residual + LayerNorm", (f"{CONTRIB}.SkipLayerNormalization",)
+                    if kind not in ENCODER_KINDS else (RESIDUAL_SUM,), 2 * cfg.n_layer))
     rotary = sum(cfg.rotary_layer(i) for i in range(cfg.n_layer))
     # LongRoPE's frequencies are chosen per call (short or long by the sequence's length) and
     # its cos and sin scaled: not the constant table RotaryEmbedding's fusion matches, so the
@@ -110,8 +143,9 @@ def moves_cache_into_attention(cfg, kind: str) -> bool:
         cfg.pos_encoding != "rotary"
 
 
-def _check_fusions(cfg, kind: str, counts: Counter, fusions: dict[str, int]) -> None:
-    for what, ops, need in expected_fusions(cfg, kind):
+def _check_fusions(cfg, kind: str, counts: Counter, fusions: dict[str, int],
+                   fuse_embedding: bool) -> None:
+    for what, ops, need in expected_fusions(cfg, kind, fuse_embedding):
         have = sum(counts.get(op, 0) for op in ops)
         if have < need:
             raise OptimizeError(f"{what} fused into {' / '.join(ops)} {have} times where "
@@ -242,17 +276,24 @@ def _ort_offline(src: Path, external: bool, level: str, tmp: Path) -> onnx.Model
 
 
 def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: str = "cpu",
-             level: str = "extended", prefill_from: str | os.PathLike | None = None) -> Built:
+             level: str = "extended", prefill_from: str | os.PathLike | None = None,
+             fuse_embedding: bool = False) -> Built:
     """Fuse and optimize an exported graph for `target`; the result is checked against the
-    input graph (OPT_ATOL) before the directory is written. Returns out_dir."""
+    input graph (OPT_ATOL) before the directory is written. Returns out_dir.
+    fuse_embedding: an encoder's embedding sum + LayerNorm into ONNX Runtime's
+    EmbedLayerNormalization (BERT, DistilBERT, RoBERTa / XLM-R); off by default, being slower
+    on CPU than the lookups and LayerNorm it replaces (encoder_fusions.py)."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if fuse_embedding and target != "cpu":
+        raise OptimizeError(f"fuse_embedding=True puts in ONNX Runtime's EmbedLayerNormalization "
+                            f"(a contrib op) for target 'cpu', not {target!r}")
     if target == "gqa":  # a layout of an optimized (or quantized) graph
         from .shared_cache import shared_cache
 
         return shared_cache(src_dir, out_dir, prefill_from=prefill_from)
     src = open_source(src_dir, out_dir)
-    _check_request(src_dir, target, level, src.manifest)
     cfg, kind = src.config, src.kind
+    _check_request(src_dir, target, level, src.manifest, cfg, kind, fuse_embedding)
     proto = src.graph()
     if QUANTIZED_OPS & {n.op_type for n in proto.graph.node}:
         raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
@@ -264,13 +305,18 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         external = len(save_graph(fused, saved)) > 1
         del fused  # ONNX Runtime reads the file (Llama-3.2-1B shape: this pass 19.2 -> 14.5 GB)
         optimized = _ort_offline(saved, external, level, Path(tmp))
+    if target == "cpu" and kind in ENCODER_KINDS:
+        if unfused := unfuse_skip_layer_norms(optimized):
+            fusions["skip_layer_norm_as_sum"] = unfused
+        if fuse_embedding:
+            fusions["embed_layer_norm"] = embed_layer_norm(optimized, cfg)
     counts = op_counts(optimized)
     attention = sum(counts.get(f"{CONTRIB}.{op}", 0) for op in ATTENTION_OPS)
     if target != "portable" and attention < fused_attention_layers(cfg):
         raise OptimizeError(f"attention fused in {attention} of {cfg.n_layer} layers for target "
                             f"{target!r}; ops now: {dict(counts)}")
     if target == "cpu":
-        _check_fusions(cfg, kind, counts, fusions)
+        _check_fusions(cfg, kind, counts, fusions, fuse_embedding)
     contrib = sorted(k for k in counts if k.startswith(CONTRIB))
     if target == "portable" and contrib:
         raise OptimizeError(f"the portable graph still holds contrib ops {contrib}")
@@ -285,7 +331,8 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
             raise OptimizeError(f"the optimized graph differs from its input beyond {OPT_ATOL}: "
                                 f"{bad}")
         return write_artifact(out_dir, src, [path], stage="optimize", options={
-            "target": target, "level": level}, extra={
+            "target": target, "level": level, **({"fuse_embedding": True} if fuse_embedding
+                                                  else {})}, extra={
             "graph": kind, "opset": src.manifest.get("opset"), "io": src.manifest.get("io"),
             "fusions": fusions, "op_counts": dict(sorted(counts.items())),
             "contrib_ops": contrib, "equivalence": {"tolerance": OPT_ATOL, "worst": worst,

@@ -76,8 +76,13 @@ def test_portable_target_keeps_standard_ops(lm_onnx, tiny_ckpt, tmp_path):
 
 
 def test_classifier_optimizes(tiny_clf, tmp_path):
+    """An encoder's residual norms end as Sum + LayerNormalization (export/encoder_fusions.py),
+    a decoder's stay fused (above)."""
     onnx_dir = export_onnx(tiny_clf, tmp_path / "clf-onnx")
     out = optimize(onnx_dir, tmp_path / "clf-opt")
+    counts = op_counts(onnx.load(str(out / "model.onnx")))
+    assert "com.microsoft.SkipLayerNormalization" not in counts
+    assert counts["Sum"] == out.manifest["fusions"]["skip_layer_norm_as_sum"] >= 1
     assert verify(tiny_clf, out)["passed"]
 
 
