@@ -2,6 +2,7 @@
 sentence-transformers directory (issue 31, "Against the peers").
 
     ST_DIR (default: random weights at all-MiniLM-L6-v2's shape, or --shape bge-small)
+      │ --train STEPS: first a short SimCSE run (benchmarks/encoder_weights.py) ─▶ ST_DIR-trained
       ├─tinyt.hf.import_hf─▶ ckpt ──export──▶ onnx ──optimize──▶ opt ──quantize──▶ int8
       ├─Optimum (export=True, save_pretrained)─▶ optimum/   (run by Optimum and by fastembed)
       └─sentence-transformers loads ST_DIR itself (torch; backend="onnx" exports through Optimum)
@@ -18,6 +19,11 @@ sentence-transformers directory (issue 31, "Against the peers").
 
     .venv/bin/python -m benchmarks.encoders --out benchmarks/results/encoders-minilm --rounds 10
     .venv/bin/python -m benchmarks.encoders --shape bge-small --out benchmarks/results/encoders-bge
+    .venv/bin/python -m benchmarks.encoders --train 30 --rounds 0 --engine tinyt-int8 --out OUT
+
+Random weights crowd every text near one direction, so INT8's recall@10 there measures near-ties
+of the init; --train gives the weights a trained model's spread first (a few minutes on 2
+cores), from the same seeded init, and the rest runs unchanged on the trained directory.
 
 Peers run with .venv-encoder-peers' python where it exists (bash scripts/setup-encoder-peers.sh;
 sentence-transformers and fastembed stay out of .venv), else with this one; a peer whose
@@ -511,10 +517,11 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm", threads: list[
         rounds: int = 8, block: int = 3, settle: int = 1,
         engines: list[str | Engine] | None = None, python: str | None = None,
         throughput: tuple[int, int] = (32, 128), latency_tokens: int = 16,
-        work: Path | None = None, log=print) -> dict:
+        work: Path | None = None, train_steps: int = 0, log=print) -> dict:
     """Check, then time every engine on one sentence-transformers directory (built at `shape`
-    with random weights where st_dir is None); write results.json and results.md. Engines are
-    names of ENGINES or rows; `python` runs the peers (default: peer_python())."""
+    with random weights where st_dir is None; SimCSE-trained for `train_steps` steps first
+    where that is above 0: benchmarks/encoder_weights.py); write results.json and results.md.
+    Engines are names of ENGINES or rows; `python` runs the peers (default: peer_python())."""
     from tinyt.benchmarks.environment import environment
     from tinyt.export.retrieval_set import PASSAGES, QUERIES
     from tinyt.hardware import available_memory
@@ -529,6 +536,8 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm", threads: list[
                                                   "the check only)"),
         (isinstance(settle, int) and settle >= 0, f"settle={settle!r}: an integer >= 0"),
         (isinstance(block, int) and block >= 1, f"block={block!r}: an integer >= 1"),
+        (isinstance(train_steps, int) and train_steps >= 0,
+         f"train_steps={train_steps!r}: an integer >= 0 (0: the weights as they are)"),
         (all(isinstance(n, int) and n >= 1 for n in threads), f"threads={threads}: each >= 1"),
         (shape in SHAPES, f"shape={shape!r}: one of {', '.join(SHAPES)}")) if not ok]
     if problems:
@@ -544,6 +553,16 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm", threads: list[
             log(f"building a sentence-transformers directory of {source}")
             st_dir = build_st(work / "st", shape)
         settings = st_settings(Path(st_dir))
+        weights = None
+        if train_steps:
+            from tinyt.benchmarks.encoder_weights import train
+
+            log(f"SimCSE: {train_steps} steps on {source}")
+            weights = train(Path(st_dir), work / "st-trained", pooling=settings["pooling"],
+                            transformer=str(Path(settings["transformer"]).relative_to(st_dir)),
+                            steps=train_steps, log=log)
+            st_dir, source = work / "st-trained", f"{source}, SimCSE-trained {train_steps} steps"
+            settings = st_settings(st_dir)
         skipped: dict[str, str] = {}
         paths = prepare(Path(st_dir), work, rows, python, settings, skipped, log)
         texts = [*QUERIES, *PASSAGES]
@@ -592,7 +611,7 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm", threads: list[
                 w.close()
     result = {
         "model": {k: v for k, v in settings.items() if k != "transformer"},
-        "st_dir": source,
+        "st_dir": source, "training": weights,
         "environment": environment(VERSIONS, peer_python=python),
         "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
                    "throughput": {"batch": throughput[0], "tokens": throughput[1]},
@@ -649,7 +668,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Encoders: tinyt vs peers on one sentence-transformers directory "
              f"({cfg['layers']} layers, width {cfg['dim']}, {cfg['heads']} heads, vocab "
              f"{cfg['vocab']}, {cfg['pooling']} pooling{', Normalize' if cfg['normalize'] else ''}"
-             f", max_seq_length {cfg['max_length']})", "",
+             f", max_seq_length {cfg['max_length']})", "", f"Weights: {result['st_dir']}"
+             + _training(result.get("training")), "",
              f"{env['cpu'].get('model')}; CPU flags: {', '.join(flags)}; {env['physical_cores']} "
              f"physical cores; parent: {vers}; peers' python: {env['peer_python']}; "
              f"{env['time']}", "",
@@ -705,6 +725,16 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _training(t: dict | None) -> str:
+    if not t:
+        return "."
+    loss = t["loss"]
+    return (f" ({t['method']}; {t['texts']} texts: {t['text_source']}; batch {t['batch_size']}, "
+            f"lr {t['lr']}, temperature {t['temperature']}, {t['max_tokens']} tokens, seed "
+            f"{t['seed']}; loss {loss[0]:.3f} at the first step, {loss[-1]:.3f} at the last; "
+            f"{t['seconds']:.0f} s on {t['threads']} threads).")
+
+
 def _ratio(row: dict, measure: str) -> str:
     if f"{measure}_vs_tinyt" not in row:
         return "—"
@@ -724,6 +754,9 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=3, help="timed calls per call and round")
     ap.add_argument("--settle", type=int, default=1, help="untimed calls before them")
     ap.add_argument("--python", help="the peers' python (default: .venv-encoder-peers' if any)")
+    ap.add_argument("--train", type=int, default=0, metavar="STEPS",
+                    help="SimCSE-train the directory for STEPS steps first (default 0: as it is; "
+                    "benchmarks/encoder_weights.py)")
     ap.add_argument("--keep", type=Path, help="make and keep the artifacts here (default: a "
                     "temporary folder)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -736,7 +769,7 @@ def main() -> None:
     try:
         run(args.st_dir, args.out, shape=args.shape, threads=args.threads, rounds=args.rounds,
             block=args.block, settle=args.settle, engines=args.engine, python=args.python,
-            work=args.keep)
+            work=args.keep, train_steps=args.train)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -8,6 +8,7 @@ import json
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hf_fixtures import save_encoder
 from tokenizers import Tokenizer
@@ -106,3 +107,98 @@ def test_unknown_engine_and_bad_settings_are_refused_before_any_work(st_dir, tmp
     with pytest.raises(BenchError, match="block=0"):
         bench.run(st_dir, tmp_path / "out", block=0)
     assert not (tmp_path / "out").exists()
+
+
+# --- --train: briefly trained weights (benchmarks/encoder_weights.py) -------------------------
+TRAIN_STEPS = 8
+# fp32 against transformers: the same arithmetic in other orders (export/verifier.py's bound,
+# tests/export/test_encoders.py's ATOL)
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """run() at the test shape (2 layers, width 32, the benchmark's seeded init), SimCSE-trained
+    TRAIN_STEPS steps, checked by tinyt's fp32 export alone; its work folder kept."""
+    root = tmp_path_factory.mktemp("encoder-train")
+    r = bench.run(None, root / "out", shape="test", train_steps=TRAIN_STEPS, threads=[1],
+                  rounds=0, engines=["tinyt-fp32"], work=root / "work")
+    return root, r
+
+
+@pytest.mark.slow
+def test_training_lowers_the_contrastive_loss_and_is_recorded(trained):
+    root, r = trained
+    t = r["training"]
+    assert len(t["loss"]) == TRAIN_STEPS and t["steps"] == TRAIN_STEPS and t["texts"] > 1000
+    # B in-batch candidates: a loss of ln B is a model that cannot tell its texts apart, and the
+    # seeded init starts near it (measured 3.25 at B = 64, ln 64 = 4.16); 8 steps took it to
+    # 2.69. Weights that did not move would stay within the dropout's noise (a few hundredths).
+    assert t["loss"][0] <= np.log(t["batch_size"]) + 0.05
+    assert t["loss"][-1] < 0.9 * t["loss"][0], t["loss"]
+    assert r["st_dir"].endswith(f"SimCSE-trained {TRAIN_STEPS} steps")
+    assert r["model"]["pooling"] == "mean" and r["model"]["dim"] == 32
+    assert json.loads((root / "out" / "results.json").read_text())["training"] == t
+    md = (root / "out" / "results.md").read_text()
+    assert f"SimCSE-trained {TRAIN_STEPS} steps (SimCSE" in md and "loss" in md
+    # the trained directory is the one the engines were checked against
+    a = r["accuracy"]["tinyt-fp32@1t"]
+    assert a["matches"] and a["cosine_min"] >= bench.EXACT_COSINE, a
+
+
+@pytest.mark.slow
+def test_trained_directory_imports_and_embeds_as_transformers_does(trained):
+    import torch
+    from hf_fixtures import sentence_embeddings
+    from transformers import AutoModel
+
+    import tinyt.runtime as rt
+    from tinyt.checkpoint import load_checkpoint
+    from tinyt.export.retrieval_set import PASSAGES, QUERIES
+
+    root, _ = trained
+    st, init = root / "work" / "st-trained", root / "work" / "st"
+    hf = AutoModel.from_pretrained(st).eval()
+    before = AutoModel.from_pretrained(init).state_dict()
+    moved = max((hf.state_dict()[k] - v).abs().max().item() for k, v in before.items()
+                if not k.startswith("pooler."))
+    assert moved > 1e-3  # trained weights, not the init copied (AdamW's first steps: ~lr each)
+    texts = [*QUERIES[:4], *PASSAGES[:12]]
+    enc = rt.load(root / "work" / "onnx", threads=1)
+    got = enc.embed(texts, batch_size=8)
+    rows = enc.encode(texts)
+    T = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([i + [0] * (T - len(i)) for i, _ in rows])
+    types = torch.tensor([t + [0] * (T - len(t)) for _, t in rows])
+    mask = (ids != 0).long()
+    _, ref = sentence_embeddings(hf, ids, mask, types)
+    assert got.shape == ref.shape == (len(texts), 32)
+    assert np.abs(got - ref.numpy()).max() <= ATOL
+    ckpt = load_checkpoint(root / "work" / "ckpt")  # tinyt's own torch model, imported
+    with torch.no_grad():
+        _, s = ckpt.model.eval()(ids, mask, types)
+    assert (s - ref).abs().max().item() <= ATOL
+
+
+def test_training_is_seeded_and_holds_the_retrieval_set_out(tmp_path, monkeypatch):
+    from tinyt import data
+    from tinyt.benchmarks import encoder_weights as ew
+    from tinyt.export.retrieval_set import PASSAGES
+
+    st = bench.build_st(tmp_path / "st", "test")
+    texts = [f"Return the {w} of the {v} given as its argument, or None." for w in
+             ("size", "name", "path", "mode", "owner") for v in ("file", "socket", "archive")]
+    runs = [ew.train(st, tmp_path / f"t{i}", pooling="mean", steps=3, batch_size=4, texts=texts,
+                     log=lambda _: None) for i in (0, 1)]
+    assert runs[0]["loss"] == runs[1]["loss"]
+    a, b = ((tmp_path / f"t{i}" / "model.safetensors").read_bytes() for i in (0, 1))
+    assert a == b and a != (st / "model.safetensors").read_bytes()
+    assert (tmp_path / "t0" / "modules.json").is_file()  # the sentence-transformers layout
+    with pytest.raises(ValueError, match="exists; training writes a new directory"):
+        ew.train(st, tmp_path / "t0", pooling="mean", steps=1, texts=texts)
+    # a docstring holding a retrieval passage is not trained on; others are, each once
+    doc = f'"""{PASSAGES[3]} More words."""'
+    corpus = data.Corpus("fake", [f'{doc}\ndef f():\n    """{texts[0]}"""\n\n'
+                                  f'def g():\n    """{texts[0]}"""\n'], [""], ["a.py"], ["b.py"])
+    monkeypatch.setattr(data, "load_corpus", lambda *_: corpus)
+    assert ew.training_texts() == [texts[0]]
