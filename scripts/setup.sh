@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve,web);
+# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve,web,eval);
 # with `peers`, also .venv-genai-builder (scripts/setup-genai-builder.sh); with `web`,
 # onnxruntime-web, @huggingface/tokenizers and the system Chromium (scripts/setup-web.sh).
 # torch==2.13.0 goes in first: its CPU wheel lies on the project's machines, while a bare
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-cpu,export,dev,optimum,bench,triton,peers,serve,web}"
+extras="${1:-cpu,export,dev,optimum,bench,triton,peers,serve,web,eval}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
