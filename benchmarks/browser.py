@@ -19,12 +19,16 @@ scripts/setup-transformers-js.sh), the same contract graphs also run under trans
 the same Chromium, loaded the way it loads a local Hugging Face model (config.json, generation
 settings, onnx/model.onnx — the directory tinyt writes for Optimum); its greedy tokens are
 compared with tinyt's before its times count.
+
+--encoder: an encoder's page against transformers.js' feature-extraction pipeline on the same
+weights (benchmarks/browser_encoders.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -242,14 +246,47 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("artifacts", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/web"))
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("artifacts", type=Path, nargs="?", help="the decoder artifacts' folder; "
+                    "with --encoder, a sentence-transformers directory (default: random weights "
+                    "at --shape)")
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/web "
+                    "(--encoder: benchmarks/results/browser-encoders)")
+    ap.add_argument("--variants", default=None, help=f"decoders: default {','.join(VARIANTS)}")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--transformers-js", type=Path, help="a node_modules with "
                     "@huggingface/transformers (scripts/setup-transformers-js.sh)")
+    enc = ap.add_argument_group("--encoder: tinyt's encoder page against transformers.js "
+                                "(benchmarks/browser_encoders.py)")
+    enc.add_argument("--encoder", action="store_true")
+    enc.add_argument("--shape", default="minilm", help="minilm, bge-small or test")
+    enc.add_argument("--rounds", type=int, default=8, help="0: the same-vectors check only")
+    enc.add_argument("--settle", type=int, default=1)
+    enc.add_argument("--block", type=int, default=3)
+    enc.add_argument("--threads", type=int, action="append", help="repeat (default 1 and 2)")
+    enc.add_argument("--check-texts", type=int, default=None,
+                     help="the first N texts of the retrieval set (default all 220)")
     args = ap.parse_args(argv)
+    if args.encoder:
+        from tinyt.errors import BenchError
+
+        from . import browser_encoders as be
+        out = args.out or Path("benchmarks/results/browser-encoders")
+        try:
+            be.run(args.artifacts, out, shape=args.shape,
+                   variants=tuple(args.variants.split(",")) if args.variants else be.VARIANTS,
+                   transformers_js=args.transformers_js, threads=tuple(args.threads or (1, 2)),
+                   rounds=args.rounds, settle=args.settle, block=args.block,
+                   check_texts=args.check_texts)
+        except BenchError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        print((out / "results.md").read_text())
+        return
+    if args.artifacts is None:
+        ap.error("the artifacts folder is required (or --encoder)")
+    args.out = args.out or Path("benchmarks/results/web")
+    args.variants = args.variants or ",".join(VARIANTS)
     result = run(args.artifacts, args.out, prompt_tokens=args.prompt_tokens,
                  new_tokens=args.new_tokens, variants=tuple(args.variants.split(",")),
                  transformers_js=args.transformers_js)

@@ -2,6 +2,7 @@
 consistent, targets computed from the run itself."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -183,3 +184,117 @@ def test_attention_kernels_check_each_form_against_the_reference(tmp_path, monke
     monkeypatch.setattr(ak, "reference", lambda *a: real(*a) + 0.01)
     with pytest.raises(SystemExit, match="gqa-fp32 differs from the reference"):
         ak.main()
+
+
+# -- the encoder page against transformers.js (benchmarks/browser_encoders.py) ---------------
+def _browser_tools() -> str | None:
+    """Why the browser benchmark cannot run here, or None."""
+    import shutil as sh
+
+    from tinyt.errors import WebPackageError
+    from tinyt.export.web import ort_web_dist, tokenizers_js_dist
+    try:
+        ort_web_dist(), tokenizers_js_dist()
+    except WebPackageError as e:
+        return str(e)
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (extra 'web')"
+    if not (sh.which("node") and (sh.which("chromium") or sh.which("chromium-browser"))):
+        return "node or the system chromium is missing (bash scripts/setup-web.sh)"
+    return None
+
+
+NO_BROWSER = _browser_tools()
+TJS = Path(__file__).resolve().parents[2] / "web" / "transformers-js" / "node_modules"
+
+
+class _Stub:
+    """An engine that returns the vectors it was given (check() on known numbers)."""
+
+    def __init__(self, runner, variant, vectors):
+        self.runner, self.variant, self.info, self._v = runner, variant, {}, vectors
+        self.name = f"{runner}:{variant}"
+
+    def vectors(self, texts):
+        return self._v
+
+
+def test_browser_encoder_check_refuses_an_fp32_engine_off_the_runtime_and_ratios(tmp_path):
+    """fp32 engines must reach EXACT_COSINE on every text (INT8 reports); each row's time over
+    the tinyt page's on the same graph and over the fastest tinyt page's; the report says it."""
+    import numpy as np
+
+    from benchmarks import browser_encoders as be
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(6, 8)).astype(np.float32)
+    off = ref.copy()
+    off[2] += 0.2 * np.linalg.norm(ref[2])  # one text's vector moved: cosine well under 0.9999
+    got = be.check([_Stub("tinyt", "onnx", ref), _Stub("transformers.js", "onnx", off),
+                    _Stub("tinyt", "int8", off)], ["t"] * 6, ref)
+    assert got["tinyt:onnx"]["matches"] is True and got["tinyt:onnx"]["cosine_min"] > 0.99999
+    assert got["transformers.js:onnx"]["matches"] is False
+    assert got["transformers.js:onnx"]["cosine_min"] < be.EXACT_COSINE
+    assert got["tinyt:int8"]["matches"] is None and not got["tinyt:int8"]["must_match"]
+    assert got["tinyt:onnx"]["cosine_min_to_transformers.js:onnx"] == pytest.approx(
+        got["transformers.js:onnx"]["cosine_min"], abs=1e-6)
+    rows = [{"engine": e, "threads": 1, "call": "batch", "median_ms": ms} for e, ms in
+            (("tinyt:onnx", 40.0), ("tinyt:int8-qgemm", 20.0), ("transformers.js:onnx", 50.0))]
+    be.ratios(rows)
+    tjs = rows[2]
+    assert tjs["x_same_graph"] == pytest.approx(1.25) and tjs["x_tinyt_best"] == pytest.approx(2.5)
+    assert tjs["tinyt_best"] == "tinyt:int8-qgemm"
+    assert rows[0]["x_same_graph"] is None and rows[0]["x_tinyt_best"] == pytest.approx(2.0)
+    with pytest.raises(be.BenchError, match=r"variants=\['fp16'\]: each one of onnx, opt"):
+        be.run(None, tmp_path / "x", variants=("fp16",))
+    with pytest.raises(be.BenchError, match="rounds=-1: an integer >= 0"):
+        be.run(None, tmp_path / "x", rounds=-1)
+    assert not (tmp_path / "x").exists()  # refused before anything is made
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NO_BROWSER is not None, reason=f"{NO_BROWSER}")
+def test_browser_encoder_pages_check_then_time(tmp_path):
+    """At the test shape, tinyt's pages (fp32, INT8 qgemm) give the runtime's vectors (fp32 at
+    EXACT_COSINE) and are timed at both calls; results.json and results.md hold it."""
+    from benchmarks import browser_encoders as be
+    result = be.run(None, tmp_path / "out", shape="test", variants=("onnx", "int8-qgemm"),
+                    threads=(1,), rounds=2, settle=0, block=1, check_texts=12, log=lambda s: None)
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["check"]["tinyt:onnx"]["matches"] is True
+    assert saved["check"]["tinyt:int8-qgemm"]["cosine_min"] > 0.99  # INT8: reported
+    assert {(r["engine"], r["call"]) for r in saved["rows"]} == {
+        (e, c) for e in ("tinyt:onnx", "tinyt:int8-qgemm") for c in ("batch", "latency")}
+    for r in saved["rows"]:
+        assert len(r["times_ms"]) == 2 and r["median_ms"] > 0
+        n = 32 if r["call"] == "batch" else 1
+        assert r["texts_per_s"] == pytest.approx(1e3 * n / r["median_ms"])
+    assert all(r["isolated"] and r["threads"] == 1 for r in saved["loads"])
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| tinyt:onnx | tinyt onnx | 1 |" in md and "transformers.js (not run)" in md
+    assert result["environment"]["chromium"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NO_BROWSER is not None or not (TJS / "@huggingface" / "transformers").is_dir(),
+                    reason=f"{NO_BROWSER or 'transformers.js is opt-in'}: bash "
+                           "scripts/setup-transformers-js.sh")
+def test_browser_encoder_against_transformers_js(tmp_path):
+    """transformers.js' feature-extraction pipeline loads tinyt's fp32 graph (Optimum's names,
+    the imported BertConfig) and gives tinyt.runtime's vectors and the page's, then both are
+    timed in the same rounds; the ratio is its time over the page's."""
+    from benchmarks import browser_encoders as be
+    result = be.run(None, tmp_path / "out", shape="test", variants=("onnx",), threads=(1,),
+                    rounds=1, settle=0, block=1, check_texts=12, transformers_js=TJS,
+                    log=lambda s: None)
+    check = result["check"]
+    assert result["graphs"]["transformers.js:onnx"] == "tinyt onnx"  # not Optimum's fallback
+    assert check["transformers.js:onnx"]["matches"] is True
+    assert check["tinyt:onnx"]["cosine_min_to_transformers.js:onnx"] >= be.EXACT_COSINE
+    tjs = [r for r in result["rows"] if r["engine"] == "transformers.js:onnx"]
+    page = {r["call"]: r for r in result["rows"] if r["engine"] == "tinyt:onnx"}
+    assert {r["call"] for r in tjs} == {"batch", "latency"}
+    for r in tjs:
+        assert r["x_same_graph"] == pytest.approx(r["median_ms"] / page[r["call"]]["median_ms"])
+    assert result["environment"]["transformers_js"]
