@@ -47,7 +47,7 @@ from .cache import SharedCache
 from .detok import TextStream
 from .feeds import prefill_feeds
 from .generate import LanguageModel
-from .sampling import SamplingParams
+from .sampling import Constraint, SamplingParams
 from .score import Logprob, check_top
 
 # What a refusal of the engine's cache (max_batch rows x the context) tells the user to lower.
@@ -92,6 +92,7 @@ class Request:
     listener: Callable[[Token | Done | Scored], None] | None = None  # on the engine's thread
     logprobs: int | None = None  # each chosen token's logprob and this many alternatives
     prompt_logprobs: int | None = None  # the prompt's logprobs and this many alternatives
+    constraint: Constraint | None = None  # what its tokens must follow (runtime/sampling.py)
     _text: TextStream | None = None  # made when the engine admits it
 
     def cancel(self) -> None:
@@ -299,11 +300,14 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, *,
                listener: Callable[[Token | Done | Scored], None] | None = None,
-               logprobs: int | None = None, prompt_logprobs: int | None = None) -> Request:
+               logprobs: int | None = None, prompt_logprobs: int | None = None,
+               constraint: Constraint | None = None) -> Request:
         """Queue a generation; QueueFull when max_queue are waiting, ConfigError (a
         ValueError) for a prompt that leaves no room for a token. `listener` hears every event
         as it happens. logprobs / prompt_logprobs: None, or the alternatives (0..MAX_TOP) to
-        give beside each chosen / prompt token's own logprob."""
+        give beside each chosen / prompt token's own logprob. constraint: what the tokens must
+        follow (a Constraint of this request's own; it ends the request with 'stop' when
+        finished)."""
         (ids,) = self.lm.check_ids([prompt_ids])
         for name, top in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if top is not None:
@@ -311,7 +315,7 @@ class Engine:
         if prompt_logprobs is not None:
             self.lm.check_scoring()
         req = Request(ids, params, listener=listener, logprobs=logprobs,
-                      prompt_logprobs=prompt_logprobs)
+                      prompt_logprobs=prompt_logprobs, constraint=constraint)
         with self._cond:
             if self._stopping:
                 raise QueueFull("the engine is stopping and takes no new requests")
@@ -467,7 +471,7 @@ class Engine:
         assert text is not None  # made at admission
         try:  # choose_next masks a copy, not the rows' buffer (the next step's output)
             reason = lm.choose_next(logits, params, self._rngs[row], req.prompt_ids, req.out,
-                                    text=text)
+                                    text=text, constraint=req.constraint)
         except NonFiniteError as e:
             return self._finish(row, req, "error", str(e))
         if reason == "eos":

@@ -29,7 +29,7 @@ from .cache import CachePool, SharedCache, capacity_for, check_kv_fits, rows_fro
 from .detok import TextStream, stop_cut
 from .feeds import grow_mask, left_pad, prefill_feeds, step_feeds
 from .fixed import FixedWindow, capacity
-from .sampling import SamplingParams, next_token, nonfinite_error
+from .sampling import Constraint, SamplingParams, next_token, nonfinite_error
 from .score import HEAD_ROWS, HeadGraph, HeadGraphs, Logprob, check_top, logprobs_of
 from .session import Artifact
 
@@ -193,17 +193,20 @@ class LanguageModel:
 
     def choose_next(self, logits: np.ndarray, params: SamplingParams,
                     rng: np.random.Generator | None, prompt: list[int],
-                    out: list[int], *, text: TextStream | None = None) -> str | None:
+                    out: list[int], *, text: TextStream | None = None,
+                    constraint: Constraint | None = None) -> str | None:
         """One sequence's next token by generate's own rules (min_new_tokens, repetition
         penalty, sampling, the context, stop strings), appended to `out` unless it is
         end-of-text; its finish reason if this ends it, else None. `logits` [vocab] is
         left as it is (a copy is changed); NonFiniteError for logits that are not finite.
         `text`: the sequence's TextStream, which the token is added to and stop strings are
-        found in (without one, `out` is decoded whole)."""
+        found in (without one, `out` is decoded whole). `constraint`: what the tokens must
+        follow (masked before the choice; finished: the generation stops, 'stop')."""
         if self._choosable is not None:  # a padded vocabulary: never the ids beyond it
             logits = logits[:self._choosable]
         return self._choose(0, logits.copy(), params, rng, [prompt], [out],
-                            None if text is None else [text])
+                            None if text is None else [text],
+                            None if constraint is None else [constraint])
 
     # -- log-probabilities (runtime/score.py) ------------------------------------------------
     def logprobs_of(self, logits: np.ndarray, tokens, top: int = 0) -> list[Logprob]:
@@ -500,10 +503,15 @@ class LanguageModel:
             feeds["attention_mask"] = mask[:, :n] if B == 1 else np.ascontiguousarray(mask[:, :n])
             feeds["position_ids"] = pos
 
-    def _choose(self, r, logits, params, rng, rows, out, texts=None) -> str | None:
+    def _choose(self, r, logits, params, rng, rows, out, texts=None,
+                constraints=None) -> str | None:
         """Append row r's next token; return its finish reason if this ends it. texts: the
         rows' TextStreams (the token is added to row r's, stop strings found there), else
-        stop strings are found in the row decoded whole."""
+        stop strings are found in the row decoded whole. constraints: each row's Constraint
+        or None (masks the row's logits, is told the token; once finished, 'stop')."""
+        constraint = None if constraints is None else constraints[r]
+        if constraint is not None:
+            constraint.mask(logits)  # the row is ours to change (a copy)
         history = rows[r] + out[r] if params.repetition_penalty != 1.0 else []
         eos = self.tokenizer.eos_id
         if eos is not None and len(out[r]) < params.min_new_tokens:
@@ -517,10 +525,14 @@ class LanguageModel:
         out[r].append(tok)
         if texts is not None:
             texts[r].add(tok)
+        if constraint is not None:
+            constraint.accept(tok)
         if len(out[r]) >= params.max_new_tokens:
             return "length"
         if len(rows[r]) + len(out[r]) >= self.context:
             return "context"
+        if constraint is not None and constraint.finished:
+            return "stop"
         if texts is not None:
             return "stop" if texts[r].stopped else None
         if params.stop:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -54,6 +55,22 @@ class SamplingParams:
         s = self.seed
         if s is not None and not (isinstance(s, int) and not isinstance(s, bool) and s >= 0):
             bad("seed", s, "None or an integer >= 0")
+
+
+class Constraint(Protocol):
+    """What a generation's tokens must follow (a grammar, a JSON schema: runtime/constrain.py),
+    one object per sequence, asked before each token and told each token chosen."""
+
+    def mask(self, logits: np.ndarray) -> None:
+        """Set the logits [vocab] of the tokens not allowed next to -inf, in place."""
+
+    def accept(self, token: int) -> None:
+        """The token chosen (one that mask allowed)."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the tokens so far are a whole sentence of the grammar and nothing may
+        follow but the end of the text."""
 
 
 def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
