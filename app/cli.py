@@ -451,6 +451,11 @@ def serve_cmd(
                     "most 4096). The engine's KV cache is --max-batch rows of it, allocated at "
                     "start; refused there if it does not fit the machine's memory. "
                     "GET /v1/models reports it as max_model_len.")] = None,
+    prefix_cache_mb: Annotated[Optional[int], typer.Option(
+        min=0, help="MiB of recent prompts' and finished sequences' keys and values kept, so "
+                    "a prompt starting with them copies their rows instead of computing them "
+                    "(default 256 where that is exact: shared-cache graphs whose prompt graph "
+                    "has no per-tensor activation scales; 0: off).")] = None,
 ) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API with continuous batching (no torch
     needed; the `serve` extra)."""
@@ -463,7 +468,8 @@ def serve_cmd(
         raise TinytError("--api-key is empty; give a key or leave the option out")
     serve(artifact, host=host, port=port, threads=threads, max_batch=max_batch,
           max_queue=max_queue, prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
-          max_context=max_context, api_key=api_key, model_id=model_id)
+          max_context=max_context, api_key=api_key, model_id=model_id,
+          prefix_cache_mb=prefix_cache_mb)
 
 
 @app.command("generate")

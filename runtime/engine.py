@@ -47,9 +47,13 @@ from .cache import SharedCache
 from .detok import TextStream
 from .feeds import prefill_feeds
 from .generate import LanguageModel
+from .prefix import PrefixStore
 from .sampling import Constraint, SamplingParams
 from .score import Logprob, check_top
 
+# The prefix store's budget unless told (prefix_cache_bytes, --prefix-cache-mb): kept prompts'
+# keys and values beside the running rows' cache.
+DEFAULT_PREFIX_BYTES = 256 << 20
 # What a refusal of the engine's cache (max_batch rows x the context) tells the user to lower.
 ENGINE_LOWER = "max_batch (--max-batch) or the context (rt.load's max_context, --max-context)"
 
@@ -130,9 +134,10 @@ class _SharedRows:
     rows (the lm's pool) and are copied in; a step runs the rows up to the highest one in use,
     all at once (rows are handed out lowest first, so they stay packed)."""
 
-    def __init__(self, lm: LanguageModel, rows: int):
+    def __init__(self, lm: LanguageModel, rows: int, prefix_bytes: int = 0):
         self.lm = lm
         self.cache = lm.new_cache(rows, lower=ENGINE_LOWER)
+        self.prefixes = PrefixStore(lm, prefix_bytes) if prefix_bytes else None
         # Prompts run together only where no activation scale is shared between rows
         # (quantize --kernel qgemm-rows or nbits, one graph for prompts and steps): the pair's
         # per-tensor qgemm prompt graph would let prompts that arrive together move each
@@ -142,11 +147,27 @@ class _SharedRows:
     def admit(self, new: dict[int, list[int]], score: dict[int, int]
               ) -> tuple[dict[int, np.ndarray], dict[int, list[Logprob | None]]]:
         """Each new row's last-token logits, and the prompt logprobs of the rows in `score`
-        (row -> alternatives), from the same run."""
-        groups = [new] if self.together else [{row: ids} for row, ids in new.items()]
+        (row -> alternatives), from the same run. A prompt starting with a kept sequence
+        (the prefix store) copies those rows and runs the rest; every prompt is kept."""
         out: dict[int, np.ndarray] = {}
         scored: dict[int, list[Logprob | None]] = {}
+        rest = dict(new)
+        if self.prefixes is not None:
+            for row, ids in new.items():
+                found = None if row in score else self.prefixes.match(ids)
+                if found is None:
+                    continue
+                del rest[row]
+                staging = self.lm.take_cache(1, len(ids))
+                staging.clear()
+                self.prefixes.fill(staging, *found)
+                out[row] = staging.extend(ids[found[1]:]).copy()
+                self.cache.copy_in(row, staging)
+                self.prefixes.keep(ids, staging)
+        groups = [rest] if self.together else [{row: ids} for row, ids in rest.items()]
         for group in groups:
+            if not group:
+                continue
             staging = self.lm.take_cache(len(group), max(map(len, group.values())))
             try:
                 out.update(self.cache.admit_from(group, self.lm.pad_id, staging))
@@ -157,17 +178,37 @@ class _SharedRows:
                             scored[row] = [None, *self.lm.logprobs_from_hidden(
                                 hidden[j, :len(ids) - 1], ids[1:], score[row])]
             finally:
-                self.lm.give_cache(staging)
+                self._keep_or_give(staging, list(group.values()))
         return out, scored
+
+    def _keep_or_give(self, staging: SharedCache, rows: list[list[int]]) -> None:
+        """A staging cache's prompts into the prefix store (a one-row cache as it is, each
+        row of a larger one copied into its own), or the cache back to the pool."""
+        if self.prefixes is None:
+            return self.lm.give_cache(staging)
+        if staging.B == 1:
+            return self.prefixes.keep(rows[0], staging)
+        for j, ids in enumerate(rows):
+            if len(ids) >= self.prefixes.min_reuse:
+                own = self.lm.take_cache(1, len(ids))
+                own.copy_in(0, staging, j)
+                self.prefixes.keep(ids, own)
+        self.lm.give_cache(staging)
 
     def step(self, nxt: np.ndarray, active: np.ndarray) -> np.ndarray:
         return self.cache.step_rows(int(np.flatnonzero(active).max()) + 1, nxt, active)
 
     # chunked prefill: a prompt goes through a staging cache of its own, piece by piece
-    def start_filling(self, tokens: int) -> SharedCache:
-        staging = self.lm.take_cache(1, tokens)
+    def start_filling(self, ids: list[int], reuse: bool) -> tuple[SharedCache, int]:
+        """A staging cache for a prompt filled in pieces, and the tokens it holds already (a
+        kept prefix, where `reuse`)."""
+        staging = self.lm.take_cache(1, len(ids))
         staging.clear()
-        return staging
+        found = self.prefixes.match(ids) if reuse and self.prefixes is not None else None
+        if found is None:
+            return staging, 0
+        self.prefixes.fill(staging, *found)
+        return staging, found[1]
 
     def fill(self, staging: SharedCache, piece: list[int]) -> np.ndarray:
         return staging.extend(piece).copy()
@@ -179,15 +220,26 @@ class _SharedRows:
         hidden = staging.prompt_hidden()[0, :len(following)]
         return self.lm.logprobs_from_hidden(hidden, following, top)
 
-    def finish_filling(self, row: int, staging: SharedCache | None, keep: bool) -> None:
-        """Copy a whole prompt into its row (keep) or drop it; the staging cache (None: never
-        taken, cancelled before its first piece) goes back to the pool."""
-        if staging is not None:
-            if keep:
-                self.cache.copy_in(row, staging)
-            self.lm.give_cache(staging)
+    def finish_filling(self, row: int, staging: SharedCache | None,
+                       ids: list[int] | None) -> None:
+        """Copy a whole prompt (`ids`) into its row, or (None) drop it; the staging cache
+        (None: never taken, cancelled before its first piece) goes to the prefix store or
+        back to the pool."""
+        if staging is None:
+            return
+        if ids is None:
+            return self.lm.give_cache(staging)
+        self.cache.copy_in(row, staging)
+        self._keep_or_give(staging, [ids])
 
-    def release(self, row: int) -> None:
+    def release(self, row: int, tokens: list[int] | None = None) -> None:
+        """Free a row; a finished sequence's `tokens` (those in its cache) are kept in the
+        prefix store first (a conversation's next turn starts with them)."""
+        if self.prefixes is not None and tokens is not None \
+                and len(tokens) >= self.prefixes.min_reuse:
+            own = self.lm.take_cache(1, len(tokens))
+            own.copy_in(0, self.cache, row)
+            self.prefixes.keep(tokens, own)
         self.cache.clear(row)
 
 
@@ -231,7 +283,7 @@ class _SeparateRows:
             self.logits[row] = steps.send((nxt[row:row + 1], one))[0, -1]
         return self.logits
 
-    def release(self, row: int) -> None:
+    def release(self, row: int, tokens: list[int] | None = None) -> None:
         steps, self.steps[row] = self.steps[row], None
         if steps is not None:
             steps.close()
@@ -247,7 +299,8 @@ class Engine:
     """
 
     def __init__(self, lm: LanguageModel, *, max_batch: int = 8, max_queue: int = 64,
-                 prefill_tokens: int = 64, prefill_chunk: int | None = None):
+                 prefill_tokens: int = 64, prefill_chunk: int | None = None,
+                 prefix_cache_bytes: int | None = None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ConfigError(f"max_batch={max_batch!r} must be an integer >= 1")
         if not (isinstance(max_queue, int) and max_queue >= 1):
@@ -281,7 +334,8 @@ class Engine:
         # row -> [request, staging cache (taken at its first piece: one prompt is filled at a
         # time, so one staging cache is in use however many wait), tokens done]
         self._filling: dict[int, list] = {}
-        self.rows = (_SharedRows if self.batched else _SeparateRows)(lm, max_batch)
+        self.prefix_cache_bytes = self._prefix_budget(prefix_cache_bytes)
+        self.rows = self._make_rows()
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: dict[int, Request] = {}
         self._rngs: dict[int, np.random.Generator | None] = {}
@@ -291,6 +345,37 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.steps_run = 0  # decode steps, for metrics
         self.tokens_generated = 0
+
+    def _prefix_budget(self, wanted: int | None) -> int:
+        """The prefix store's bytes: `wanted` (None: DEFAULT_PREFIX_BYTES where reuse is
+        exact, else 0), checked."""
+        if wanted is not None and not (isinstance(wanted, int) and not isinstance(wanted, bool)
+                                       and wanted >= 0):
+            raise ConfigError(f"prefix_cache_bytes={wanted!r} must be an integer >= 0 (0: off)")
+        why = None
+        if not self.batched:
+            why = (f"{self.lm.artifact.path} is a {self.lm.artifact.kind} graph: rows keep no "
+                   "shared cache to copy (optimize --target gqa)")
+        elif self.lm.prompt_scales_shared:
+            why = (f"{self.lm.artifact.path}'s prompt graph quantizes activations with one "
+                   "scale over a run (quantize --kernel qgemm), so a prompt's rows depend on "
+                   "what ran with them and reused ones would not be what computing it gives")
+        if why is None:
+            return DEFAULT_PREFIX_BYTES if wanted is None else wanted
+        if wanted:
+            raise ConfigError(f"prefix reuse is not offered here: {why}")
+        return 0
+
+    def _make_rows(self) -> _SharedRows | _SeparateRows:
+        if self.batched:
+            return _SharedRows(self.lm, self.max_batch, self.prefix_cache_bytes)
+        return _SeparateRows(self.lm, self.max_batch)
+
+    @property
+    def prefix_reused_tokens(self) -> int:
+        """Prompt tokens copied from kept sequences instead of computed (for /metrics)."""
+        store = getattr(self.rows, "prefixes", None)
+        return 0 if store is None else store.reused_tokens
 
     # -- the caller's side ------------------------------------------------------------------
     def start(self) -> Engine:
@@ -378,8 +463,7 @@ class Engine:
                     self._running.clear()
                     self._filling.clear()
                     self._free = list(range(self.max_batch))
-                    self.rows = (_SharedRows if self.batched else _SeparateRows)(
-                        self.lm, self.max_batch)
+                    self.rows = self._make_rows()
 
     def _iterate(self, new: dict[int, Request]) -> None:
         for row, req in list(self._running.items()):  # cancelled: freed within a step
@@ -426,14 +510,15 @@ class Engine:
         for row, (req, staging, *_) in list(self._filling.items()):
             if req.cancelled:
                 del self._filling[row]
-                self._shared.finish_filling(row, staging, keep=False)
+                self._shared.finish_filling(row, staging, None)
                 self._free_row(row, req, "cancelled")
         if not self._filling:
             return
         row, state = next(iter(self._filling.items()))
         req = state[0]
-        if state[1] is None:
-            state[1] = self._shared.start_filling(len(req.prompt_ids))
+        if state[1] is None:  # its first piece: a kept prefix may stand for some
+            state[1], state[2] = self._shared.start_filling(
+                req.prompt_ids, reuse=req.prompt_logprobs is None)
         req, staging, done, scored = state
         piece = req.prompt_ids[done:done + self.prefill_chunk]
         logits = self._shared.fill(staging, piece)
@@ -443,7 +528,7 @@ class Engine:
                 staging, piece, req.prompt_ids[done + 1:state[2] + 1], req.prompt_logprobs))
         if state[2] == len(req.prompt_ids):
             del self._filling[row]
-            self._shared.finish_filling(row, staging, keep=True)
+            self._shared.finish_filling(row, staging, req.prompt_ids)
             self._running[row] = req
             if req.prompt_logprobs is not None:
                 req._emit(Scored(scored))
@@ -492,8 +577,11 @@ class Engine:
         if final is None:
             final = req._text.finish() if req._text is not None else ""
         req._emit(Done(reason, final, error))
+        held = None  # the tokens in its cache rows (the last chosen one never ran)
+        if reason in ("eos", "stop", "length", "context"):
+            held = (req.prompt_ids + req.out)[:len(req.prompt_ids) + max(len(req.out) - 1, 0)]
         with self._cond:
             del self._running[row]
             self._rngs.pop(row, None)
-            self.rows.release(row)
+            self.rows.release(row, held)
             heapq.heappush(self._free, row)

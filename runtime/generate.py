@@ -240,14 +240,20 @@ class LanguageModel:
             return self.plan.prompt_graph
         return self.artifact.prefill_file or self.artifact.model_file
 
-    def _make_head(self) -> HeadGraph:
+    @property
+    def prompt_scales_shared(self) -> bool:
+        """Whether the graph that runs prompts quantizes activations with one scale over all of
+        a run's rows and positions (quantize --kernel qgemm): there a token's result depends on
+        the others run with it."""
         graph = self._prompt_graph()
         key = "prefill_quantization" if graph == self.artifact.prefill_file else "quantization"
         quant = self.artifact.manifest.get(key)
-        together = not (isinstance(quant, dict) and quant.get("rows_independent") is False)
+        return isinstance(quant, dict) and quant.get("rows_independent") is False
+
+    def _make_head(self) -> HeadGraph:
         session = self.prefill_session or self.session
-        return HeadGraph(self.artifact.path / graph, session.get_session_options(),
-                         together=together)
+        return HeadGraph(self.artifact.path / self._prompt_graph(),
+                         session.get_session_options(), together=not self.prompt_scales_shared)
 
     def logprobs_from_hidden(self, hidden: np.ndarray, tokens, top: int = 0) -> list[Logprob]:
         """logprobs_of the logits that the shared-cache graph's lm_head gives hidden rows

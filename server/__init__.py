@@ -46,7 +46,8 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
           max_batch: int | None = None, max_queue: int = 64, prefill_tokens: int = 64,
           prefill_chunk: int | None = None, max_context: int | None = None,
           api_key: str | None = None, model_id: str | None = None,
-          spinning: bool | None = None, log_level: str = "info") -> None:
+          spinning: bool | None = None, log_level: str = "info",
+          prefix_cache_mb: int | None = None) -> None:
     """Load `artifact` (checked), bind, then serve it until SIGTERM / Ctrl-C (which stop
     taking requests, finish what runs and return). Prints the address it listens on.
     A language model answers completions and chat; an encoder, /v1/embeddings.
@@ -76,7 +77,9 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
     engine: Engine | Embedder
     if isinstance(lm, rt.Encoder):
         given = [flag for flag, value in (("--max-context", max_context),
-                                          ("--prefill-chunk", prefill_chunk)) if value is not None]
+                                          ("--prefill-chunk", prefill_chunk),
+                                          ("--prefix-cache-mb", prefix_cache_mb))
+                 if value is not None]
         if given:
             raise ConfigError(f"{artifact} is an encoder: {' and '.join(given)} only apply to a "
                               "language model's context and prompts; an encoder reads at most "
@@ -88,10 +91,14 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
     else:
         engine = Engine(lm, max_batch=DECODER_BATCH if max_batch is None else max_batch,
                         max_queue=max_queue, prefill_tokens=prefill_tokens,
-                        prefill_chunk=prefill_chunk)
+                        prefill_chunk=prefill_chunk,
+                        prefix_cache_bytes=None if prefix_cache_mb is None
+                        else prefix_cache_mb << 20)
         how = (f"max batch {engine.max_batch}, context {lm.context} of the model's "
                f"{lm.config.block_size}, " + ("shared-cache batching" if engine.batched else
-                                              "a contract graph: rows run one by one"))
+                                              "a contract graph: rows run one by one")
+               + (f", {engine.prefix_cache_bytes >> 20} MiB of kept prefixes"
+                  if engine.prefix_cache_bytes else ", no prefix reuse"))
     name = model_id or lm.artifact.path.name
     app = build_app(lm, engine, model_id=name, api_key=api_key)
     try:  # bound here, so a taken port is one clear line and port 0 reports the one it got

@@ -40,6 +40,11 @@ class Metrics:
               registry=r).set_function(lambda: engine.queue_depth)
         Gauge("tinyt_running_rows", "rows in the running batch",
               registry=r).set_function(lambda: engine.running)
+        # a running total read when scraped (the engine counts; prometheus-client's Counter
+        # cannot be read from a function)
+        Gauge("tinyt_prefix_reused_tokens", "prompt tokens copied from kept prefixes instead "
+              "of computed", registry=r).set_function(
+                  lambda: getattr(engine, "prefix_reused_tokens", 0))
 
     def answered(self, endpoint: str, status: int) -> None:
         """One request of `endpoint` answered with `status`."""

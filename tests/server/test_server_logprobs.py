@@ -170,3 +170,19 @@ def test_tokenizer_routes(server, lm):
         status, text, _ = server.post(path, bad, headers={"Authorization": f"Bearer {KEY}"})
         assert status == 400 and says in json.loads(text)["error"]["message"], (path, bad)
     assert server.post("/tokenize", {"prompt": "x"})[0] == 401  # the key is asked for
+
+
+def test_a_held_prefix_is_reused_and_counted(server, lm):
+    c = server.client()
+    head = lm.tokenizer.encode("def parse_args(argv):\n    result = argv * 2 + 7\n" * 3)[:18]
+
+    def reused() -> float:
+        text = server.request("GET", "/metrics")[1]
+        return float(next(line.split()[-1] for line in text.splitlines()
+                          if line.startswith("tinyt_prefix_reused_tokens ")))
+    before = reused()
+    for tail in ("x", "import os"):
+        ids = head + lm.tokenizer.encode(tail)
+        r = c.completions.create(model="tiny-gqa", prompt=ids, max_tokens=4, temperature=0)
+        assert r.choices[0].text == lm.generate_ids([ids], max_new_tokens=4)[0].text
+    assert reused() - before >= 18  # the second prompt copied the shared 18 tokens at least
