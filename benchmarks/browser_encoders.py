@@ -107,7 +107,12 @@ class Engine:
         try:
             if self.runner == "tinyt":
                 self.page.goto(url + urlencode({"threads": threads}))
-                self.page.wait_for_function("window.tinyt && window.tinyt.lm", timeout=600_000)
+                self.page.wait_for_function("(window.tinyt && window.tinyt.lm) || "
+                                            "document.getElementById('error').textContent",
+                                            timeout=600_000)
+                said = self.page.inner_text("#error")
+                if said:  # the page names what failed (docs/web.md)
+                    raise RuntimeError(said)
                 self.info = self.page.evaluate("() => ({load_ms: window.tinyt.lm.loadMs, "
                                                "threads: window.tinyt.lm.threads, "
                                                "isolated: self.crossOriginIsolated})")

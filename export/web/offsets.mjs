@@ -326,7 +326,7 @@ function trimOffsets(json, body) {
   if (!(json.type in TRIMS) || !TRIMS[json.type](json)) return;
   const ws = (c) => c === G || /\p{White_Space}/u.test(c);
   body.forEach((t, i) => {  // processors/byte_level.rs process_offsets
-    const chars = Array.from(t.token);
+    const chars = Array.from(t.shown ?? t.token);  // an added token with the spaces it took
     let lead = 0, trail = 0;
     while (lead < chars.length && ws(chars[lead])) lead++;
     while (trail < chars.length && ws(chars[chars.length - 1 - trail])) trail++;
@@ -347,7 +347,7 @@ export function tokensWithOffsets(tok, json, text) {
   const at = [];  // [start, end) of each section, in code points
   let c = 0;
   for (const s of sections) { const n = Array.from(s).length; at.push([c, c + n]); c += n; }
-  const strip = (i, left) => {  // an added token's lstrip / rstrip takes its neighbour's spaces
+  const takeSpaces = (i, left) => {  // an added token's lstrip / rstrip takes its neighbour's spaces
     const [s, e] = at[i], chars = Array.from(sections[i]);
     let k = 0;
     if (left) { while (k < chars.length && /\s/u.test(chars[chars.length - 1 - k])) k++; at[i] = [s, e - k]; sections[i] = chars.slice(0, chars.length - k).join(""); }
@@ -357,8 +357,8 @@ export function tokensWithOffsets(tok, json, text) {
   const added = sections.map((s) => tok.added_tokens_map.get(s));
   added.forEach((t, i) => {
     if (!t) return;
-    if (t.lstrip && i > 0 && !added[i - 1]) at[i] = [at[i][0] - strip(i - 1, true), at[i][1]];
-    if (t.rstrip && i < sections.length - 1 && !added[i + 1]) at[i] = [at[i][0], at[i][1] + strip(i + 1, false)];
+    if (t.lstrip && i > 0 && !added[i - 1]) at[i] = [at[i][0] - takeSpaces(i - 1, true), at[i][1]];
+    if (t.rstrip && i < sections.length - 1 && !added[i + 1]) at[i] = [at[i][0], at[i][1] + takeSpaces(i + 1, false)];
   });
   sections.forEach((section, index) => {
     if (!section.length) return;
