@@ -49,13 +49,17 @@ STATIC_VARIANTS = [
 
 
 def cost(accuracy: dict[str, Any]) -> float:
-    """How much worse than the source: relative loss increase, accuracy points lost, or
-    retrieval recall@10 lost (an encoder)."""
+    """How much worse than the source: relative loss increase, accuracy points lost (a
+    classifier with labelled text), labels that changed (an imported classifier, whose report
+    has no labelled accuracy: the share disagreeing with the source), or retrieval recall@10
+    lost (an encoder)."""
     if "val_loss_change" in accuracy:
         return accuracy["val_loss_change"]
     if f"recall_at_{RECALL_K}" in accuracy:
         return 1.0 - accuracy[f"recall_at_{RECALL_K}"]
-    return -accuracy["accuracy_change"]
+    if "accuracy_change" in accuracy:
+        return -accuracy["accuracy_change"]
+    return 1.0 - accuracy["label_agreement"]
 
 
 # The choices the search makes itself: a caller that also fixes one of them is refused.

@@ -326,3 +326,14 @@ def test_cli_static_token_classifier_prints_agreement(models, tmp_path, monkeypa
     assert 0 <= float(said["label_agreement"]) <= 1 and float(said["max_abs_logit_diff"]) > 0
     manifest = json.loads((tmp_path / "q" / "manifest.json").read_text())
     assert manifest["options"]["calibration"] == "percentile"
+
+
+def test_the_search_costs_every_report():
+    """--max-loss-increase reads each kind's report: an imported classifier's has label
+    agreement and no labelled accuracy."""
+    from tinyt.export.search import cost
+
+    assert cost({"val_loss_change": 0.01}) == 0.01
+    assert cost({"recall_at_10": 0.97, "cosine_mean": 0.999}) == pytest.approx(0.03)
+    assert cost({"accuracy_change": -0.02, "label_agreement": 0.9}) == pytest.approx(0.02)
+    assert cost({"label_agreement": 0.983, "kl_divergence": 3e-4}) == pytest.approx(0.017)
