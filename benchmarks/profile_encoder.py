@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from benchmarks.profile_step import _shape_key
 from tinyt.runtime.session import UNFUSED
 
 
@@ -69,8 +70,10 @@ class Profiled:
         return json.loads(Path(self.session.end_profiling()).read_text())
 
 
-def summarize(trace: list[dict], skip: int) -> tuple[Counter, float, int]:
-    """Microseconds per run of each op type and of model_run, over the runs after `skip`."""
+def summarize(trace: list[dict], skip: int, by_shape: bool = False
+              ) -> tuple[Counter, float, int]:
+    """Microseconds per run of each op type (and output shape, by_shape) and of model_run,
+    over the runs after `skip`."""
     runs = [e for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"]
     kept = runs[skip:]
     start = kept[0]["ts"] if kept else float("inf")
@@ -78,7 +81,7 @@ def summarize(trace: list[dict], skip: int) -> tuple[Counter, float, int]:
     for e in trace:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and \
                 e["ts"] >= start:
-            per_op[e["args"]["op_name"]] += e["dur"]
+            per_op[_shape_key(e) if by_shape else e["args"]["op_name"]] += e["dur"]
     n = max(len(kept), 1)
     return Counter({k: v / n for k, v in per_op.items()}), \
         sum(e["dur"] for e in kept) / n, len(kept)
@@ -95,6 +98,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--level", default="all", choices=("disabled", "extended", "all"))
+    ap.add_argument("--by-shape", action="store_true",
+                    help="one line per op type and output shape (attention's matmuls apart "
+                    "from the projections')")
     args = ap.parse_args()
     if not 0 <= args.pad < args.tokens:
         raise SystemExit(f"error: --pad {args.pad} must be at least 0 and below --tokens")
@@ -117,7 +123,8 @@ def main() -> None:
                     start = time.thread_time()
                     s.session.run(None, feeds[n])
                     cpu[n].append(time.thread_time() - start)
-        results = {n: summarize(s.trace(), skip=1) for n, s in profiled.items()}
+        results = {n: summarize(s.trace(), skip=1, by_shape=args.by_shape)
+                   for n, s in profiled.items()}
     names = [n for n, _ in named]
     ops = sorted({op for per_op, _, _ in results.values() for op in per_op},
                  key=lambda op: -max(results[n][0].get(op, 0.0) for n in names))
