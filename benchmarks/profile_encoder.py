@@ -4,7 +4,10 @@ the same weights, say (each graph as tinyt's runtime loads it: ONNX Runtime's le
 without the fusions the runtime turns off, runtime/session.py UNFUSED).
 
     .venv/bin/python -m benchmarks.profile_encoder tinyt=artifacts-st/onnx-opt/model.onnx \
-        optimum=work/optimum/model.onnx --batch 32 --tokens 128 --threads 1
+        --optimum path/to/all-MiniLM-L6-v2 --batch 32 --tokens 128 --threads 1
+
+(`--optimum DIR`: Optimum's own export of the transformers model in DIR, made into a temporary
+directory and profiled as `optimum`; or give any graph as NAME=PATH.)
 
 Every graph gets the same feeds, built from its own input list: random ids below `--vocab`,
 a mask of ones (`--pad N`: the last N tokens of every other row padding), token types 0. The
@@ -87,9 +90,23 @@ def summarize(trace: list[dict], skip: int, by_shape: bool = False
         sum(e["dur"] for e in kept) / n, len(kept)
 
 
+def optimum_export(source: Path, out: Path) -> Path:
+    """Optimum's ORTModelForFeatureExtraction export (export=True) of the model in `source`."""
+    try:
+        from optimum.onnxruntime import ORTModelForFeatureExtraction
+    except ImportError as e:
+        raise SystemExit(f"error: --optimum needs Optimum ({e}): pip install "
+                         "'optimum[onnxruntime]', or bash scripts/setup-encoder-peers.sh and "
+                         "run this with .venv-encoder-peers/bin/python") from e
+    ORTModelForFeatureExtraction.from_pretrained(source, export=True).save_pretrained(out)
+    return out / "model.onnx"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("graphs", nargs="+", help="NAME=PATH of each model.onnx")
+    ap.add_argument("--optimum", type=Path, help="a transformers model directory: profile "
+                    "Optimum's export of it too, as 'optimum'")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--pad", type=int, default=0, help="padding at the end of every other row")
@@ -111,6 +128,8 @@ def main() -> None:
             raise SystemExit(f"error: {spec!r} is not NAME=PATH of a model.onnx")
         named.append((name, Path(path)))
     with tempfile.TemporaryDirectory() as tmp:
+        if args.optimum is not None:
+            named.append(("optimum", optimum_export(args.optimum, Path(tmp) / "optimum")))
         profiled = {n: Profiled(p, args.threads, args.level, tmp, n) for n, p in named}
         feeds = {n: feeds_for(s.session, args.batch, args.tokens, args.vocab, args.pad)
                  for n, s in profiled.items()}
