@@ -153,8 +153,9 @@ def main() -> None:
     print("| op type | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for op in ops:
-        print(f"| {op} | " + " | ".join(f"{results[n][0].get(op, 0.0) / 1e3:.2f}"
-                                         for n in names) + " |")
+        print(f"| {op} | " + " | ".join(  # — where the graph has no such op
+            f"{results[n][0][op] / 1e3:.2f}" if op in results[n][0] else "—"
+            for n in names) + " |")
     print("| **kernels** | " + " | ".join(f"{sum(results[n][0].values()) / 1e3:.2f}"
                                           for n in names) + " |")
     print("| **model_run** | " + " | ".join(f"{results[n][1] / 1e3:.2f}" for n in names) + " |")
