@@ -523,8 +523,9 @@ def test_page_labels_and_probabilities_equal_the_runtimes(packages, browser, nam
 @pytest.mark.parametrize("name", ["bert-sequence", "roberta-sequence"])
 def test_page_classifies_pairs_as_the_runtime(packages, browser, name):
     """In Chromium: classify([[a, b], ...]) gives the runtime's Classifier.classify of the same
-    pairs (fp32: WEB_ATOL), the long ones cut longest-first; a line "a<TAB>b" on the page is a
-    pair. The pair is not its two texts joined: BERT's b is of token type 1."""
+    pairs (fp32: WEB_ATOL), the long ones cut longest-first. The pair is not its two texts
+    joined: BERT's b is of token type 1. The page a person uses takes them as
+    ?text=a&text_pair=b; counts that do not match are named."""
     src, pkg = packages[name]
     model = rt.load(src, threads=1)
     pairs = _pairs(20)
@@ -537,7 +538,20 @@ def test_page_classifies_pairs_as_the_runtime(packages, browser, name):
     joined = np.array([[p.probabilities[n] for n in LABELS]
                        for p in model.classify([f"{a} {b}" for a, b in pairs])])
     assert np.abs(joined - ref).max() > 100 * WEB_ATOL  # pairs, not one text: a test that can fail
-    lines = [i for i, p in enumerate(pairs) if not any(c in "".join(p) for c in "\t\n\r")][:3]
-    shown = in_page(browser, pkg, text=[f"{a}\t{b}" for a, b in (pairs[i] for i in lines)])
+    shown = in_page(browser, pkg, text=[a for a, _ in pairs[:4]],
+                    text_pair=[b for _, b in pairs[:4]])
     assert np.abs(np.array([[g["probabilities"][n] for n in LABELS]
-                            for g in shown["predictions"]]) - ref[lines]).max() <= WEB_ATOL
+                            for g in shown["predictions"]]) - ref[:4]).max() <= WEB_ATOL
+    from tinyt.export.web.serve import start
+
+    server, _ = start(pkg, 0)
+    page = browser.new_page()
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html?"
+                  + urlencode({"text": ["a", "b"], "text_pair": ["c"]}, doseq=True))
+        page.wait_for_function("document.getElementById('result').textContent.length > 0")
+        assert page.inner_text("#error") == ("Error: 2 text(s) and 1 second text(s): give each "
+                                             "text one, or none")
+    finally:
+        page.close()
+        server.shutdown()
