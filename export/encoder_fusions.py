@@ -3,8 +3,8 @@
 1. `unfuse_skip_layer_norms`: onnxscript (and ONNX Runtime's own pass) fuse each residual sum
    with its LayerNorm into SkipLayerNormalization, whose CPU kernel is a scalar loop with a
    division per value: at 32 texts x 128 tokens x 384 (all-MiniLM-L6-v2) it took 7.9 ms where
-   Sum + LayerNormalization took 1.5 (4-6x over 16 to 4,096 rows; equal at one row), 13 times
-   a pass, ~7% of the whole graph's time. Each becomes
+   Sum + LayerNormalization took 1.5 (3-5x from 16 to 4,096 rows; equal at one row, says
+   gqa_graph.py), 13 times a pass, ~8% of the whole graph's time. Each becomes
 
        x ──Add(bias)──Sum(·, skip)──LayerNormalization(gamma, beta)──▶ out   (Sum ─▶ out 3)
 
