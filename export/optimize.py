@@ -49,7 +49,7 @@ GELU_OPS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",),  # with / 
             "geglu_tanh": ("FastGelu",)}  # Gemma's gate
 ENCODER_KINDS = (ENCODER, CLASSIFIER, TOKEN_CLASSIFIER)  # bidirectional, no cache
 # An encoder's residual sums + LayerNorm, once fused, are written back as Sum + LayerNorm
-# (encoder_fusions.py: ONNX Runtime's fused kernel is 4-6x slower over a batch's rows)
+# (encoder_fusions.py: ONNX Runtime's fused kernel is 3-5x slower over a batch's rows)
 RESIDUAL_SUM = "Sum"
 EMBED_LAYER_NORM = f"{CONTRIB}.EmbedLayerNormalization"
 QUANTIZED_OPS = {"DequantizeLinear", "QuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
