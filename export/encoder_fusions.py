@@ -111,8 +111,7 @@ def _table_gather(name: str, prod: dict, tables: dict) -> onnx.NodeProto | None:
     return node
 
 
-def embed_layer_norm(proto: onnx.ModelProto, cfg, input_ids: str = "input_ids",
-                     token_type_ids: str = "token_type_ids") -> int:
+def embed_layer_norm(proto: onnx.ModelProto, cfg, input_ids: str = "input_ids") -> int:
     """Rewrite, in place, the embedding LayerNorm over a sum of table rows (word, position
     and, where the model has them, token-type rows) into EmbedLayerNormalization. The tables
     are told apart by their rows (cfg: vocab_size, block_size + position_offset,
@@ -134,8 +133,9 @@ def embed_layer_norm(proto: onnx.ModelProto, cfg, input_ids: str = "input_ids",
         leaves = _sum_leaves(ln.input[0], prod, used, tree)
         if not tree or leaves is None or not 2 <= len(leaves) <= 3:
             continue
-        gathers = [_table_gather(v, prod, tables) for v in leaves]
-        if any(g is None or used.get(g.output[0]) != 1 for g in gathers):
+        gathers = [g for v in leaves if (g := _table_gather(v, prod, tables)) is not None
+                   and used.get(g.output[0]) == 1]  # each lookup read by the sum alone
+        if len(gathers) != len(leaves):
             continue
         found: dict[str, onnx.NodeProto] = {}
         for g in gathers:
