@@ -243,6 +243,9 @@ def optimize(
     prefill_from: Annotated[Optional[Path], typer.Option(
         help="gqa: another quantization of the same model (quantize --kernel qgemm) whose "
              "graph runs the prompts, sharing the KV cache with SRC's.")] = None,
+    fuse_embedding: Annotated[bool, typer.Option(
+        help="An encoder with a position table (BERT, DistilBERT, RoBERTa): its embeddings in "
+             "one EmbedLayerNormalization (off: slower on CPU, and not quantized).")] = False,
 ) -> None:
     """Fuse attention / LayerNorm / GELU and apply ONNX Runtime's graph optimizations; the
     result is checked against the input graph before it is written."""
@@ -250,7 +253,8 @@ def optimize(
 
     if prefill_from is not None and target != "gqa":
         raise TinytError("--prefill-from goes with --target gqa")
-    path = run_optimize(src, out, target=target, level=level, prefill_from=prefill_from)
+    path = run_optimize(src, out, target=target, level=level, prefill_from=prefill_from,
+                        **({"fuse_embedding": True} if fuse_embedding else {}))
     manifest = path.manifest  # the stage says what it did
     if target == "gqa":
         eq = manifest["equivalence"]

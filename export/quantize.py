@@ -74,6 +74,11 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
     if manifest.get("stage") == "quantize" or ops & QUANTIZED_OPS:
         raise QuantizeError(f"{src} is already quantized ({sorted(ops & QUANTIZED_OPS)}); "
                             "quantize the fp32 export or optimized graph")
+    if "EmbedLayerNormalization" in ops:
+        raise QuantizeError(f"{src} holds EmbedLayerNormalization (optimize "
+                            "--fuse-embedding), whose tables quantization does not read (they "
+                            "would stay fp32); quantize the graph optimized without "
+                            "--fuse-embedding")
     if mode == "static" and bits != 8:
         raise QuantizeError(f"static quantization is 8-bit only; bits={bits} is for the "
                             "dynamic and weight-only modes")

@@ -182,3 +182,24 @@ def test_fails_when_the_embedding_does_not_fuse(exported, tmp_path, monkeypatch)
                        "com.microsoft.EmbedLayerNormalization 0 times where 1 were expected"):
         optimize(exported[1], tmp_path / "out", fuse_embedding=True)
     assert not (tmp_path / "out").exists()
+
+
+def test_quantize_refuses_the_fused_embedding_by_name(exported, tmp_path):
+    """Quantization reads Gathers and MatMuls: the fused op's tables would stay fp32."""
+    from tinyt.export.quantize import QuantizeError, quantize
+
+    kind, onnx_dir = exported
+    out = optimize(onnx_dir, tmp_path / "opt", fuse_embedding=True)
+    with pytest.raises(QuantizeError, match="EmbedLayerNormalization.*without --fuse-embedding"):
+        quantize(out, tmp_path / "int8")
+
+
+def test_the_cli_flag_fuses(exported, tmp_path, monkeypatch, capsys):
+    from cli_run import run_cli
+
+    kind, onnx_dir = exported
+    code, out, err = run_cli(monkeypatch, capsys, "optimize", onnx_dir, tmp_path / "opt",
+                             "--fuse-embedding")
+    assert code == 0, err
+    assert op_counts(onnx.load(str(tmp_path / "opt" / "model.onnx")))[
+        "com.microsoft.EmbedLayerNormalization"] == 1
