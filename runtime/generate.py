@@ -105,7 +105,10 @@ class LanguageModel:
 
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> str | list[str]:
-        """Text generated after `prompt` (a str, or a list of them: a batch)."""
+        """Text generated after `prompt` (a str, or a list of them: a batch). Keyword
+        arguments: SamplingParams' fields, and json_schema (a JSON Schema object: the text
+        is compact JSON valid under it, runtime/constrain.py; {"type": "object"} for any
+        object), as for generate_details, generate_ids and stream."""
         if isinstance(prompt, (list, tuple)):
             return [r.text for r in self.generate_details(prompt, **kwargs)]
         return self.generate_details([prompt], **kwargs)[0].text
@@ -120,13 +123,15 @@ class LanguageModel:
     def stream(self, prompt, **kwargs) -> Iterator[str]:
         """Pieces of generated text as they are decided; they concatenate to generate()'s.
         Arguments are checked here, before the first piece is asked for."""
+        schema = kwargs.pop("json_schema", None)
         params = SamplingParams(**_params(kwargs))
         rows = self.check_ids([self.tokenizer.encode_prompt(prompt_text(prompt))])
-        return self._stream(rows, params)
+        return self._stream(rows, params, self._constrained(schema, params, len(rows)))
 
-    def _stream(self, rows: list[list[int]], params: SamplingParams) -> Iterator[str]:
+    def _stream(self, rows: list[list[int]], params: SamplingParams,
+                constraints: list[Constraint] | None = None) -> Iterator[str]:
         texts = [TextStream(self.tokenizer, params.stop)]  # each token decoded once
-        for _, reasons in self._loop(rows, params, texts):
+        for _, reasons in self._loop(rows, params, texts, constraints):
             # While running, hold back a partial character or a possible stop-string start.
             piece = texts[0].last_piece(texts[0].finish()) if reasons[0] else texts[0].piece()
             if piece:
@@ -134,14 +139,18 @@ class LanguageModel:
 
     def generate_ids(self, token_ids, **kwargs) -> list[GenerationResult]:
         """Generation from token ids: a list of ints, or a list / 2-D array of rows."""
+        schema = kwargs.pop("json_schema", None)
         params = SamplingParams(**_params(kwargs))
         rows = self.check_ids(token_ids)
-        if (self.artifact.kind == SHARED_CACHE_KIND and len(rows) == 1 and params.temperature == 0
+        constraints = self._constrained(schema, params, len(rows))
+        if (constraints is None and self.artifact.kind == SHARED_CACHE_KIND and len(rows) == 1
+                and params.temperature == 0
                 and params.repetition_penalty == 1.0 and not params.stop
                 and self._recompute_at(rows, params) is None):
             out, reasons = self._greedy_one(rows[0], params)
         else:
-            for out, reasons in self._loop(rows, params):  # noqa: B007 (the last one counts)
+            for out, reasons in self._loop(rows, params,  # noqa: B007 (the last one counts)
+                                           constraints=constraints):
                 pass
         results = []
         for row, reason in zip(out, reasons):
@@ -149,6 +158,19 @@ class LanguageModel:
             text = self.tokenizer.decode(row)
             results.append(GenerationResult(text[:stop_cut(text, params.stop)], row, reason))
         return results
+
+    def _constrained(self, schema, params: SamplingParams, rows: int
+                     ) -> list[Constraint] | None:
+        """Each row's Constraint for a call's json_schema (runtime/constrain.py), or None."""
+        if schema is None:
+            return None
+        if params.min_new_tokens:  # end-of-text may be all the grammar allows
+            raise ConfigError("min_new_tokens cannot be combined with json_schema: the "
+                              "schema decides where the text ends")
+        from .constrain import Constrainer  # llguidance: only where a schema is given
+
+        grammar = Constrainer.of(self.tokenizer).json_schema(schema)
+        return [grammar.constraint() for _ in range(rows)]
 
     # -- the pieces a scheduler drives (runtime/engine.py) ---------------------------------
     @property
@@ -329,12 +351,14 @@ class LanguageModel:
             return None
         return original
 
-    def _loop(self, rows: list[list[int]], params: SamplingParams, texts: list | None = None
+    def _loop(self, rows: list[list[int]], params: SamplingParams, texts: list | None = None,
+              constraints: list[Constraint] | None = None
               ) -> Iterator[tuple[list[list[int]], list[str | None]]]:
         """After every step: the tokens generated so far per row, and each row's finish
         reason (None while it runs). Finished rows are fed padding that nobody reads. texts:
         a TextStream per row that the tokens are added to (and stop strings found in); with
-        stop strings and none given, the loop makes its own."""
+        stop strings and none given, the loop makes its own. constraints: each row's
+        Constraint (_choose)."""
         if texts is None and params.stop:
             texts = [TextStream(self.tokenizer, params.stop) for _ in rows]
         B = len(rows)
@@ -358,7 +382,8 @@ class LanguageModel:
                 if reasons[r] is None:
                     row = logits[r, -1] if self._choosable is None else \
                         logits[r, -1, :self._choosable]
-                    reasons[r] = self._choose(r, row, params, rngs[r], rows, out, texts)
+                    reasons[r] = self._choose(r, row, params, rngs[r], rows, out, texts,
+                                              constraints)
                     nxt[r] = out[r][-1] if out[r] and reasons[r] != "eos" else self._pad
                 else:
                     nxt[r] = self._pad
