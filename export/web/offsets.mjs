@@ -158,7 +158,11 @@ function unicodeForm(a, form) {
 // -- normalizers: the library's steps, with Rust's rules for where each char comes from -------
 // (the library's own content choices are kept, so the string has the library's length)
 const CONTROL = /^(\p{Cc}|\p{Cf}|\p{Co}|\p{Cs})$/u, SPACE = /^\s$/u, JS_SPACE = /\s/u;
-const CJK = (c) => { const cp = c.charCodeAt(0); return c.length === 1 && (cp >= 0x4e00 && cp <= 0x9fff || cp >= 0x3400 && cp <= 0x4dbf || cp >= 0xf900 && cp <= 0xfaff); };
+// the Rust library's is_chinese_char (normalizers/bert.rs), on code points (tinyt.mjs gives the
+// library's BertNormalizer the same: 0.2.0 read UTF-16 units, missing the CJK past U+FFFF)
+const CJK_RANGES = [[0x4e00, 0x9fff], [0x3400, 0x4dbf], [0x20000, 0x2a6df], [0x2a700, 0x2b73f],
+  [0x2b740, 0x2b81f], [0x2b920, 0x2ceaf], [0xf900, 0xfaff], [0x2f800, 0x2fa1f]];
+export const isCjk = (c) => { const cp = c.codePointAt(0); return CJK_RANGES.some(([a, b]) => cp >= a && cp <= b); };
 const PRECOMPILED_REMOVED = /[\u0001-\u0008\u000B\u000E-\u001F\u007F\u008F\u009F]/u;
 const PRECOMPILED_SPACE = /[\u0009\u000A\u000C\u000D\u00A0\u1680\u2000-\u200F\u2028\u2029\u202F\u205F\u2581\u3000\uFEFF\uFFFD]/u;
 
@@ -178,7 +182,7 @@ const NORMALIZERS = {
       a = filter(a, (c) => { const cp = c.charCodeAt(0); return !(cp === 0 || cp === 0xfffd || (c !== "\t" && c !== "\n" && c !== "\r" && CONTROL.test(c))); });
       a = map(a, (c) => (SPACE.test(c) ? " " : c));
     }
-    if (cfg.handle_chinese_chars) a = transform(a, a.chars.flatMap((c) => (CJK(c) ? [[" ", 0], [c, 1], [" ", 1]] : [[c, 0]])));
+    if (cfg.handle_chinese_chars) a = transform(a, a.chars.flatMap((c) => (isCjk(c) ? [[" ", 0], [c, 1], [" ", 1]] : [[c, 0]])));
     if (cfg.lowercase) a = expand(a, (c) => c.toLowerCase());
     if (cfg.lowercase ? cfg.strip_accents !== false : cfg.strip_accents) {
       a = filter(unicodeForm(a, "NFD"), (c) => !/\p{Mn}/u.test(c));

@@ -25,7 +25,7 @@
 // their numbers. Errors are TinytWebError with a message that names the problem.
 import * as ort from "./ort.wasm.min.mjs";
 import * as hf from "./tokenizers.min.mjs";
-import { OffsetsError, tokensWithOffsets, trimOffsets } from "./offsets.mjs";
+import { isCjk, OffsetsError, tokensWithOffsets, trimOffsets } from "./offsets.mjs";
 
 export class TinytWebError extends Error {}
 
@@ -40,6 +40,9 @@ export class TinytWebError extends Error {}
 //    library keeps the text whole.
 //  - The model runs on each pre-token alone, so a Unigram's unknown pieces fuse within a word
 //    but never across words; the library fused them across a whole section.
+//  - BertNormalizer spaces CJK ideographs by code point; the library read UTF-16 units, so the
+//    extensions past U+FFFF (U+20000...) stayed glued to their neighbours.
+//  - RobertaProcessing types both texts of a pair 0; the library typed the second 1 (_post).
 const WS = "\\t\\n\\v\\f\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
 const GPT2_SPLIT = new RegExp(`'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^${WS}\\p{L}\\p{N}]+` +
                               `|[${WS}]+(?![^${WS}])|[${WS}]+`, "gu");
@@ -75,6 +78,15 @@ function truncate(a, b, max) {
   return [a.slice(0, n1), b.slice(0, n2)];
 }
 
+function conformNorm(n, json) {
+  if (!n || !json) return;
+  if (json.type === "Sequence") {
+    json.normalizers.forEach((j, i) => conformNorm(n.normalizers[i], j));
+  } else if (n instanceof hf.BertNormalizer) {  // CJK spaced by code point, as the Rust library
+    n.tokenize_chinese_chars = (text) => Array.from(text, (c) => (isCjk(c) ? ` ${c} ` : c)).join("");
+  }
+}
+
 export class Tokenizer {
   /** A tokenizer.json (parsed), as Hugging Face's tokenizers runs it. */
   constructor(json) {
@@ -85,6 +97,7 @@ export class Tokenizer {
     }
     this.json = json;
     conformPre(this.hf.pre_tokenizer, json.pre_tokenizer);
+    conformNorm(this.hf.normalizer, json.normalizer);
     const model = this.hf.model;
     if (model.fuse_unk) {
       const all = model._call.bind(model);

@@ -51,6 +51,7 @@ HOSTILE = ["", " ", "\t\n", "   ", "\u3000", "Ünïcode café, naïve façade �
            "tab\there\u00a0nbsp\u2009thin \u2028\u2029", "it's we're they'll I'd DON'T",
            "[CLS] [SEP] [MASK] <s> </s> <mask> <pad> <|endoftext|>", "a" * 99 + " " + "b" * 101,
            "supercalifragilisticexpialidocious" * 5, "한국어 테스트 조합형 한 ΣΣ ΣΣ",
+           "CJK past U+FFFF: a\U00020000b \U0002a700\U0002f800 x",
            "The quick brown fox jumps over the lazy dog. " * 80, "東京" * 600, "é" * 700]
 ENCODERS = ("bert", "distilbert", "roberta", "xlm-roberta")  # WordPiece x2, BPE, Unigram
 CLASSIFIERS = (("bert", "sequence"), ("roberta", "sequence"), ("bert", "token"),
@@ -177,13 +178,15 @@ def test_plain_ids_equal_python_tokenizers_for_every_kind(packages, tmp_path):
 @needs_web
 def test_each_correction_of_the_library_is_still_needed(packages, tmp_path):
     """@huggingface/tokenizers 0.2.0 alone (no tinyt.mjs corrections) departs from the Rust
-    library exactly where tinyt.mjs says: JS \\s on U+FEFF / U+0085 (byte-level BPE), and
-    Metaspace's split with per-word unknown pieces (Unigram). Should an upgrade fix them, this
+    library exactly where tinyt.mjs says: JS \\s on U+FEFF / U+0085 (byte-level BPE),
+    Metaspace's split with per-word unknown pieces (Unigram), BertNormalizer's CJK by UTF-16
+    unit (WordPiece), RobertaProcessing's pair types. Should an upgrade fix them, this
     fails: drop the correction."""
     from tokenizers import Tokenizer as HF
 
     files = _tokenizer_files(tmp_path)
-    cases = {"bpe-tinyt": "a\n\t  \ufeff x \x85  y", "unigram": "ΟΔΟΣ ΣΊΣΥΦΟΣ Σ   leading"}
+    cases = {"bpe-tinyt": "a\n\t  \ufeff x \x85  y", "unigram": "ΟΔΟΣ ΣΊΣΥΦΟΣ Σ   leading",
+             "wordpiece": "a\U00020000b \U0002a700c"}  # CJK past U+FFFF, unspaced by 0.2.0
     lib = packages["bert"][1] / "tokenizers.min.mjs"
     got = _node(packages["bert"][1], f"""
         const hf = await import({json.dumps(lib.as_uri())});
