@@ -3,8 +3,10 @@ model, the engine, the metrics, the chat template, readiness) and each route is 
 methods, callable on its own with a request.
 
     POST /v1/completions, /v1/chat/completions ─▶ authorize ─▶ read_body (schema.parse_body)
-        ─▶ prompts (schema / chat) ─▶ jobs (ids + SamplingParams) ─▶ events (Engine.submit)
-        ─▶ complete (one JSON answer) | stream (server-sent events ending [DONE])
+        ─▶ structure (response_format, tools: structured.py) ─▶ prompts (schema / chat)
+        ─▶ grammar (compiled off the event loop) ─▶ jobs (ids + SamplingParams + constraint)
+        ─▶ events (Engine.submit) ─▶ complete (one JSON answer) | stream (server-sent events
+        ending [DONE]); tool calls parsed into message.tool_calls
     POST /v1/embeddings (an encoder's server: its `engine` is an Embedder) ─▶ authorize
         ─▶ parse_body ─▶ schema.embedding_inputs ─▶ Embedder.rows ─▶ Embedder.submit
         ─▶ embedding_answer
@@ -34,13 +36,14 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tinyt.errors import ApiError, QueueFull
+from tinyt.errors import ApiError, ConfigError, QueueFull
+from tinyt.runtime.constrain import Constrainer, Grammar, GrammarConstraint
 from tinyt.runtime.embed import Encoder
 from tinyt.runtime.engine import Done, Engine, Request, Scored, Token
 from tinyt.runtime.generate import LanguageModel
 from tinyt.runtime.sampling import SamplingParams
 
-from .chat import compile_template, render_chat
+from .chat import compile_template, reads_tools, render_chat, template_source
 from .embeddings import Embedder, embedding_answer
 from .logprobs import Legacy, TokenTexts, chat_entry
 from .metrics import CONTENT_TYPE, Metrics
@@ -60,6 +63,7 @@ from .schema import (
     sampling,
     stream_options,
 )
+from .structured import Structure, ToolStream, structure, tool_message
 
 RETRY_AFTER_S = 1
 STOP_TIMEOUT_S = 30.0  # what runs at shutdown gets this long to finish
@@ -78,6 +82,7 @@ class Job:
     echo: str = ""  # the prompt's text, where the answer repeats it (completions' echo)
     logprobs: int | None = None  # the engine's logprobs / prompt_logprobs for it
     prompt_logprobs: int | None = None
+    constraint: GrammarConstraint | None = None  # what its tokens follow (structured output)
 
 
 @dataclass
@@ -96,10 +101,12 @@ def finish_reason(reason: str) -> str:
     return FINISH.get(reason, reason)
 
 
-def choice(chat: bool, i: int, text: str, reason: str, logprobs: dict | None = None) -> dict:
-    """One choice of a whole (not streamed) answer."""
+def choice(chat: bool, i: int, text: str, reason: str, logprobs: dict | None = None,
+           message: dict | None = None) -> dict:
+    """One choice of a whole (not streamed) answer (chat: `message` where it is not plain
+    text, e.g. tool calls)."""
     if chat:
-        return {"index": i, "message": {"role": "assistant", "content": text},
+        return {"index": i, "message": message or {"role": "assistant", "content": text},
                 "logprobs": logprobs, "finish_reason": reason}
     return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
@@ -138,7 +145,10 @@ class OpenAIServer:
         self.lm, self.engine, self.model_id, self.api_key = lm, engine, model_id, api_key
         self.embedder = engine if isinstance(engine, Embedder) else None
         self.metrics = Metrics(engine)
-        self.template = None if self.embedder else compile_template(lm.tokenizer.chat_template)
+        source = None if self.embedder else lm.tokenizer.chat_template
+        self.template = compile_template(source)
+        self.tool_template = compile_template(source, tools=True)  # HF's 'tool_use' if named
+        self.template_reads_tools = reads_tools(template_source(source, tools=True))
         self.texts = None if self.embedder else TokenTexts(lm.tokenizer)
         # the tokens one input or sequence may hold: /v1/models' max_model_len
         self.context = self.embedder.max_length if self.embedder else lm.context
@@ -297,21 +307,34 @@ class OpenAIServer:
     async def read_body(self, request: HttpRequest) -> dict:
         return parse_body(await request.body(), self.model_id)
 
-    def prompts(self, body: dict, *, chat: bool) -> list[str | list[int]]:
+    def prompts(self, body: dict, *, chat: bool, tools: list | None = None
+                ) -> list[str | list[int]]:
         """The prompts of a request: its 'prompt' (texts or token ids), or its 'messages'
-        rendered."""
+        rendered (with `tools`, OpenAI's list, where the request offers some)."""
         if not chat:
             return completion_prompts(body, self.lm.config.vocab_size)
-        if self.template is None:
+        template = self.tool_template if tools else self.template
+        if template is None:
             raise ApiError(400, f"{self.model_id} has no chat template (tokenizer_config.json's "
                                 "chat_template); use /v1/completions", param="messages")
-        return [render_chat(self.template, body.get("messages"), self.lm.tokenizer)]
+        return [render_chat(template, body.get("messages"), self.lm.tokenizer, tools=tools,
+                            template_reads_tools=self.template_reads_tools)]
+
+    def grammar(self, wanted: Structure) -> Grammar:
+        """The compiled grammar of a request's structure (a 400 naming the field if it cannot
+        be followed); run off the event loop: a first compile may take a fraction of a
+        second, and the tokenizer's vocabulary ~1 s at the first structured request."""
+        try:
+            constrainer = Constrainer.of(self.lm.tokenizer)
+        except ConfigError as e:
+            raise ApiError(400, str(e), param=wanted.param.split(".")[0]) from None
+        return wanted.grammar(constrainer)
 
     def jobs(self, prompts: list[str | list[int]], body: dict, default_max: int,
-             want: Outputs) -> list[Job]:
+             want: Outputs, grammar: Grammar | None = None) -> list[Job]:
         """best_of Jobs per prompt (its ids, checked against the context, and its settings;
         with a seed, sample k draws from seed + k, so the samples differ and each is
-        reproducible)."""
+        reproducible; each follows `grammar` where given, with a constraint of its own)."""
         out = []
         for i, prompt in enumerate(prompts):
             ids = check_prompt(prompt if isinstance(prompt, list) else
@@ -326,7 +349,8 @@ class OpenAIServer:
                 seeded = params if k == 0 or params.seed is None else \
                     replace(params, seed=params.seed + k)
                 out.append(Job(ids, seeded, i, echo, logprobs,
-                               want.logprobs if want.echo else None))
+                               want.logprobs if want.echo else None,
+                               None if grammar is None else grammar.constraint()))
         return out
 
     def submit_all(self, jobs: list[Job], loop: asyncio.AbstractEventLoop,
@@ -340,7 +364,8 @@ class OpenAIServer:
                     job.ids, job.params, logprobs=job.logprobs,
                     prompt_logprobs=job.prompt_logprobs,
                     listener=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait,
-                                                                       (i, ev))))
+                                                                       (i, ev)),
+                    **({} if job.constraint is None else {"constraint": job.constraint})))
         except QueueFull as e:
             for r in reqs:
                 r.cancel()
@@ -384,9 +409,15 @@ class OpenAIServer:
         body = await self.read_body(request)
         stream, include_usage = stream_options(body)
         want = outputs(body, chat=chat, stream=stream)
-        prompts = self.prompts(body, chat=chat)
+        wanted, tools = structure(body, chat=chat)
+        if wanted is not None and body.get("min_tokens"):  # end-of-text may be all it allows
+            raise ApiError(400, f"min_tokens cannot be combined with {wanted.param.split('.')[0]}"
+                                ": the grammar decides where the reply ends", param="min_tokens")
+        prompts = self.prompts(body, chat=chat, tools=tools)
+        grammar = None if wanted is None else await asyncio.to_thread(self.grammar, wanted)
         jobs = self.jobs(prompts, body, self.lm.context if chat else COMPLETION_MAX_TOKENS,
-                         want)
+                         want, grammar)
+        calls = wanted is not None and wanted.kind == "tools"
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
                 "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model_id}
@@ -394,9 +425,9 @@ class OpenAIServer:
         prompt_tokens = sum(len(j.ids) for j in jobs if j is self._first_of(jobs, j.prompt))
         if not stream:
             return await self.complete(jobs, head, chat=chat, want=want,
-                                       prompt_tokens=prompt_tokens)
+                                       prompt_tokens=prompt_tokens, calls=calls)
         return await self.stream(jobs, head, chat=chat, want=want, include_usage=include_usage,
-                                 prompt_tokens=prompt_tokens)
+                                 prompt_tokens=prompt_tokens, calls=calls)
 
     @staticmethod
     def _first_of(jobs: list[Job], prompt: int) -> Job:
@@ -419,9 +450,10 @@ class OpenAIServer:
         return legacy.json()
 
     async def complete(self, jobs: list[Job], head: dict, *, chat: bool, want: Outputs,
-                       prompt_tokens: int) -> JSONResponse:
-        """The whole answer once every sample is done (a failed generation: 500); with best_of,
-        each prompt's n samples of the highest total logprob."""
+                       prompt_tokens: int, calls: bool = False) -> JSONResponse:
+        """The whole answer once every sample is done (a failed generation: 500; a grammar
+        that failed mid-way: 400); with best_of, each prompt's n samples of the highest total
+        logprob. calls: the samples were made under a tools grammar (message.tool_calls)."""
         samples = [Sample() for _ in jobs]
         async for i, ev in self.events(jobs):
             if isinstance(ev, Token):
@@ -432,6 +464,9 @@ class OpenAIServer:
                 if ev.finish_reason == "error":
                     raise ApiError(500, f"generation failed: {ev.error}", kind="server_error")
                 samples[i].done = ev
+        for job in jobs:
+            if job.constraint is not None and job.constraint.error is not None:
+                raise grammar_failed(job.constraint.error, calls)
         choices = []
         for p in range(len(jobs) // want.best_of):
             mine = list(range(p * want.best_of, (p + 1) * want.best_of))
@@ -442,17 +477,24 @@ class OpenAIServer:
                 assert sample.done is not None  # events() ends when every job is done
                 lps = None if want.logprobs is None else \
                     self._logprobs(chat, job, sample.prompt, sample.tokens)
+                reason, message = finish_reason(sample.done.finish_reason), None
+                if calls:
+                    message, called = tool_message(sample.done.text)
+                    reason = "tool_calls" if called and reason == "stop" else reason
                 choices.append(choice(chat, p * want.n + k, job.echo + sample.done.text,
-                                      finish_reason(sample.done.finish_reason), lps))
+                                      reason, lps, message))
         self.metrics.answered("chat" if chat else "completions", 200)
         made = sum(len(s.tokens) for s in samples)
         return JSONResponse({**head, "choices": choices, "usage": usage(prompt_tokens, made)})
 
     async def stream(self, jobs: list[Job], head: dict, *, chat: bool, want: Outputs,
-                     include_usage: bool, prompt_tokens: int) -> StreamingResponse:
+                     include_usage: bool, prompt_tokens: int, calls: bool = False
+                     ) -> StreamingResponse:
         """Server-sent chunks as tokens come (echo: the prompt first), a usage chunk if asked
         for, then [DONE]. The first event is awaited here, so a full queue is a 429, not a
-        broken stream. (best_of > n does not stream: schema.outputs refuses it.)"""
+        broken stream. (best_of > n does not stream: schema.outputs refuses it.) calls: a
+        tools grammar: text is sent until a call may begin (ToolStream), the calls as one
+        tool_calls delta at the end."""
         chunk_head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
         events = self.events(jobs)
         first = await events.__anext__()
@@ -466,6 +508,7 @@ class OpenAIServer:
             made = 0
             shown = [0] * len(jobs)  # characters of each sample's text sent
             offsets = [0] * len(jobs)  # completions' text_offset so far
+            tool_streams = [ToolStream() for _ in jobs] if calls else None
             try:
                 if chat:
                     for i in range(len(jobs)):
@@ -496,15 +539,30 @@ class OpenAIServer:
                                 legacy.add(ev.id, ev.logprob)
                                 offsets[i] = legacy.offset
                                 lps = legacy.json()
-                        if ev.text or lps is not None:
-                            shown[i] += len(ev.text)
-                            yield piece(i, ev.text, lps)
+                        text = ev.text if tool_streams is None else tool_streams[i].add(ev.text)
+                        if text or lps is not None:
+                            shown[i] += len(text)
+                            yield piece(i, text, lps)
                     else:
-                        rest = ev.text[shown[i]:]  # what was held back (a stop's possible
-                        if rest:                   # start) and did not become one
-                            yield piece(i, rest)
-                        yield sse({**chunk_head, "choices": [chunk_choice(
-                            chat, i, "", finish_reason(ev.finish_reason))]})
+                        reason = finish_reason(ev.finish_reason)
+                        if job.constraint is not None and job.constraint.error is not None:
+                            e = grammar_failed(job.constraint.error, calls)
+                            yield sse({"error": {"message": e.message, "type": e.kind,
+                                                 "param": e.param, "code": None}})
+                        if tool_streams is None:
+                            rest = ev.text[shown[i]:]  # what was held back (a stop's possible
+                            if rest:                   # start) and did not become one
+                                yield piece(i, rest)
+                        else:
+                            rest, tool_calls = tool_streams[i].finish(ev.text)
+                            if rest:
+                                yield piece(i, rest)
+                            if tool_calls:
+                                yield sse({**chunk_head, "choices": [{
+                                    "index": i, "delta": {"tool_calls": tool_calls},
+                                    "logprobs": None, "finish_reason": None}]})
+                                reason = "tool_calls" if reason == "stop" else reason
+                        yield sse({**chunk_head, "choices": [chunk_choice(chat, i, "", reason)]})
             except StopAsyncIteration:
                 pass
             finally:
@@ -540,6 +598,14 @@ class OpenAIServer:
         except Exception as e:
             raise ApiError(500, f"embedding failed: {e}", kind="server_error") from None
         return embedding_answer(vectors, fmt, self.model_id, tokens)
+
+
+def grammar_failed(error: str, calls: bool) -> ApiError:
+    """A grammar that could not be followed to its end (llguidance's per-step limits)."""
+    field = "tools" if calls else "response_format"
+    return ApiError(400, f"{field}: the reply could not follow the schema to its end: {error}; "
+                         "a simpler schema (fewer or shorter patterns, smaller enums) can be "
+                         "followed", param=field)
 
 
 def build_app(lm: LanguageModel | Encoder, engine: Engine | Embedder, *, model_id: str,

@@ -21,14 +21,16 @@ from tinyt.runtime.score import MAX_TOP
 
 # Fields of OpenAI's requests tinyt does not implement: refused by name, with the value that
 # would be harmless (absent or equal to it) accepted.
+# (response_format, tools, tool_choice and parallel_tool_calls: structured.py; the legacy
+# functions / function_call, which OpenAI replaced with tools, are refused.)
 UNSUPPORTED = {"suffix": None, "logit_bias": None, "presence_penalty": 0,
-               "frequency_penalty": 0, "tools": None, "tool_choice": None, "functions": None,
-               "function_call": None, "response_format": None, "parallel_tool_calls": None,
+               "frequency_penalty": 0, "functions": None, "function_call": None,
                "prediction": None, "audio": None, "modalities": None}
 ACCEPTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens",
             "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "user",
             "min_tokens", "repetition_penalty", "store", "metadata", "service_tier",
-            "n", "best_of", "logprobs", "top_logprobs", "echo"}
+            "n", "best_of", "logprobs", "top_logprobs", "echo", "response_format", "tools",
+            "tool_choice", "parallel_tool_calls"}
 MAX_CHOICES = 16  # n and best_of at most: each is a row of the running batch
 COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs at most (OpenAI's legacy limit is 5; so
 # is tinyt's by default, as vLLM's max_logprobs bounds its own)
@@ -71,7 +73,8 @@ def check_fields(body: Any, accepted: set[str] = ACCEPTED,
                      if k in body and body[k] is not None and body[k] != harmless)
     if refused:
         raise ApiError(400, f"tinyt does not implement {', '.join(refused)} (no suffix, logit "
-                            "bias, presence or frequency penalties, tools or response formats); "
+                            "bias, presence or frequency penalties, predicted outputs, audio, "
+                            "or the legacy functions: send tools); "
                             f"remove {'it' if len(refused) == 1 else 'them'}", param=refused[0])
     unknown = sorted(set(body) - accepted - set(unsupported))
     if unknown:

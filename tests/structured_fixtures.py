@@ -35,7 +35,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                             "parameters": WEATHER}},
          {"type": "function", "function": {"name": "add", "parameters": ADD}}]
 # A chat template that reads `tools`, as Qwen's does (short: the model is small).
-TOOLS_TEMPLATE = ("{% if tools %}t:{% for t in tools %}{{ t.function.name }};{% endfor %}\n"
+TOOLS_TEMPLATE = ("{% if tools %}t:{% for t in tools %}{{ t.function.name }};{% endfor %}"
                   "{% endif %}{% for m in messages %}{{ m['role'][0] }}:"
                   "{{ m['content'] or '' }}\n{% endfor %}{% if add_generation_prompt %}a:"
                   "{% endif %}")
