@@ -99,7 +99,7 @@ def evaluate(artifact: Path, task_dir: Path, docs: list[dict], *,
 
 def run(out: Path, *, checkpoint: Path | None = None, count: int = 200,
         variants: tuple[str, ...] = VARIANTS, threads: int | None = None,
-        data: str | None = None, work: Path | None = None) -> dict:
+        data: str | None = None, work: Path | None = None, steps: int | None = None) -> dict:
     import tempfile
 
     import tinyt.runtime as rt
@@ -113,13 +113,15 @@ def run(out: Path, *, checkpoint: Path | None = None, count: int = 200,
 
         checkpoint = work / "checkpoint"
         if not (checkpoint / "model.safetensors").is_file():
-            model_cfg, train_cfg = preset("llama-demo")
+            model_cfg, train_cfg = preset("llama-demo", **({} if steps is None
+                                                           else {"max_steps": steps}))
             train(model_cfg, train_cfg, checkpoint, data=data, log=lambda s: None)
     artifacts = build(checkpoint, work, variants, data)
     lm = rt.load(artifacts[variants[0]], threads=1, tune=False)
     docs = make_docs(lm.tokenizer, count, lm.context - 2, data=data)
     task_dir = write_task(work / "task", docs)
     result = {"task": TASK, "docs": count, "checkpoint": str(checkpoint),
+              "train_steps": steps,
               "environment": environment(("tinyt", "numpy", "onnxruntime", "lm_eval")),
               "variants": {}}
     for v in variants:
@@ -154,10 +156,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--count", type=int, default=200, help="questions")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--data", help="a corpus directory (default: the built-in one)")
-    ap.add_argument("--work", type=Path, help="where artifacts go (default OUT/work)")
+    ap.add_argument("--work", type=Path, help="where artifacts go (default: a directory "
+                    "under the system's temporary one)")
+    ap.add_argument("--steps", type=int, help="training steps of the llama-demo preset "
+                    "(default: the preset's 600)")
     args = ap.parse_args(argv)
     run(args.out, checkpoint=args.checkpoint, count=args.count, threads=args.threads,
-        data=args.data, work=args.work)
+        data=args.data, work=args.work, steps=args.steps)
 
 
 if __name__ == "__main__":
