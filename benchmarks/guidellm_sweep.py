@@ -11,7 +11,8 @@ sweep; its own report is kept beside a short summary.
                   tokenizer (guidellm's hf_auto tokenizer loads the artifact directory)
         each request: streamed /v1/completions, max_tokens = min_tokens = NEW, temperature 0
         each rate: REQUESTS requests or SECONDS seconds, whichever ends first
-    ──▶ OUT/guidellm.json.gz (guidellm's report, gzipped: it keeps every request's timings),
+    ──▶ OUT/guidellm.json.gz (guidellm's report, gzipped: ~100 KB a rate, mostly its
+        distributions; `gunzip -k` gives the JSON that `guidellm export` reads),
         OUT/guidellm.log (its console tables), OUT/guidellm.md (per rate: requests/s, output
         tokens/s, TTFT and ITL p50/p99; the commands, CPU, versions)
 
@@ -46,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
 REPORT, LOG, SUMMARY = "guidellm.json.gz", "guidellm.log", "guidellm.md"
 CPU_FLAGS = ("amx_int8", "avx2", "avx512_vnni")  # as grep -o -w -E "...": which int8 units
-SAMPLE_SIZE = 4  # requests per rate whose prompt and text guidellm keeps in its report
+SAMPLE_SIZE = 4  # requests a rate whose own record guidellm's report keeps (its metrics
+# are over every request)
 
 
 def _value(path: Path) -> str:
