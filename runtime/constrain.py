@@ -71,15 +71,18 @@ class GrammarConstraint:
             m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
             if m.is_error():
                 self.error = _first_line(m.get_error())
-        allowed = np.unpackbits(self._bits.view(np.uint8), count=self._vocab,
-                                bitorder="little").view(bool)
-        if self.error is not None or not allowed.any():
+        if self.error is None and not self._bits.any():
+            self.error = "the grammar allows no token here"
+        if self.error is not None:
             # nothing may follow (llguidance's per-step limits): end the row here rather than
             # leave a row of -inf for the sampler to raise on, in the engine's thread
-            self.error = self.error or "the grammar allows no token here"
-            allowed[:] = False
-            allowed[self._eos] = True
-        logits[~allowed] = -np.inf
+            self._bits[:] = 0
+            self._bits.view(np.uint32)[self._eos // 32] = 1 << self._eos % 32
+        # the refused tokens' bits, one bool each: a masked copy costs the same whatever the
+        # share allowed (~25 us at 50k tokens), where indexing grows with the tokens refused
+        refused = np.unpackbits((~self._bits).view(np.uint8), count=self._vocab,
+                                bitorder="little").view(bool)
+        np.copyto(logits, -np.inf, where=refused)
 
     def accept(self, token: int) -> None:
         if self.error is None and not self._matcher.consume_token(token):

@@ -3,15 +3,19 @@
 
     HTTP (starlette + uvicorn) ── validate ──▶ Engine.submit (runtime/engine.py) ──▶ events
       POST /v1/completions        prompt (str | [str]), max_tokens, temperature, top_p, top_k,
-                                  stop, seed, stream (server-sent events ending [DONE])
-      POST /v1/chat/completions   messages through the artifact's chat template
+                                  stop, seed, stream (server-sent events ending [DONE]),
+                                  response_format (json_object | json_schema)
+      POST /v1/chat/completions   messages through the artifact's chat template; tools,
+                                  tool_choice, parallel_tool_calls (message.tool_calls)
     HTTP ── validate ──▶ Embedder.submit (embeddings.py, an encoder artifact) ──▶ embeddings
       POST /v1/embeddings         input (str | [str] | [int] | [[int]]), encoding_format
                                   (float | base64); requests waiting together share runs
       GET  /v1/models, /health, /metrics (Prometheus)
 
     schema.py   the request's fields, checked -> SamplingParams (ApiError names the bad one)
-    chat.py     chat templates, compiled and rendered as transformers does
+    chat.py     chat templates, compiled and rendered as transformers does (tools too)
+    structured.py  response_format and tools -> the grammar each sample follows
+                (runtime/constrain.py, llguidance); tool calls parsed, whole or streamed
     embeddings.py  Embedder: the encoder's thread, running the waiting requests together
     metrics.py  the Prometheus registry of one server
     handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
@@ -19,7 +23,9 @@
 Every failure is an OpenAI-style {"error": {"message", "type", "param", "code"}} with its
 status, never a traceback: malformed JSON and wrong types 400, an unknown model 404, a prompt
 or max_tokens beyond the context 400 (with the limits), a full queue 429 with Retry-After, a
-missing or wrong key 401. Fields tinyt cannot honour (n > 1, logprobs, best_of, ...) are
+missing or wrong key 401, a schema that cannot be followed (too large, too deep, a huge
+enum, only infinite instances, unsatisfiable, beyond llguidance's limits) 400 naming it.
+Fields tinyt cannot honour (suffix, logit_bias, penalties, the legacy functions, ...) are
 refused by name rather than ignored. A client that disconnects has its request cancelled
 within a step; SIGTERM stops taking requests, finishes what runs and exits 0.
 """

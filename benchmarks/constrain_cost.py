@@ -2,7 +2,7 @@
 compiling a schema, and the mask per token at batch rows, on the tiny model's vocabulary size
 and GPT-2's; with --xgrammar, the same for xgrammar (the library compared against it).
 
-    .venv/bin/python -m benchmarks.structured [--vocab 320 50257] [--tokenizer PATH ...]
+    .venv/bin/python -m benchmarks.constrain_cost [--vocab 320 50257] [--tokenizer PATH ...]
                                               [--rows 8] [--steps 200] [--xgrammar]
 
 Vocabularies: byte-level BPE trained on the Python standard library's sources (the corpus
