@@ -92,6 +92,9 @@ def parse_body(raw: bytes, model_id: str, *, accepted: set[str] = ACCEPTED,
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # e.g. a response_format schema of 100,000 nested lists
+        raise ApiError(400, "the request body nests too deeply to be read (Python's JSON "
+                            "parser stops near 1,000 levels)") from None
     body = check_fields(body, accepted)
     model = body.get("model")
     if model is None and not model_required:

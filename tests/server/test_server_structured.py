@@ -243,6 +243,13 @@ def test_malformed_tools_are_a_400_naming_them(server, extra, param, says):
 
 
 def test_completions_refuse_tools_and_the_server_goes_on(server):
+    deep = '{"type": "json_schema", "json_schema": {"name": "x", "schema": ' + \
+        '{"items": ' * 50_000 + "{}" + "}" * 50_000 + "}}"
+    body = json.dumps({"model": MODEL, "messages": USER, "response_format": None})
+    status, text, _ = server.request("POST", "/v1/chat/completions",
+                                     raw=body.replace("null", deep).encode(),
+                                     headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 400 and "nests too deeply" in json.loads(text)["error"]["message"]
     status, text, _ = server.post("/v1/completions", {
         "model": MODEL, "prompt": "x", "tools": TOOLS},
         headers={"Authorization": f"Bearer {KEY}"})
