@@ -1,6 +1,7 @@
 """What structured output costs (runtime/constrain.py on llguidance): building a vocabulary,
 compiling a schema, and the mask per token at batch rows, on the tiny model's vocabulary size
-and GPT-2's; with --xgrammar, the same for xgrammar (the library compared against it).
+and GPT-2's; with --xgrammar, the same for xgrammar (the library compared against it: `pip
+install xgrammar` first, which requires torch and transformers).
 
     .venv/bin/python -m benchmarks.constrain_cost [--vocab 320 50257] [--tokenizer PATH ...]
                                               [--rows 8] [--steps 200] [--xgrammar]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tinyt.errors import ConfigError
-from tinyt.tokenizer import Tokenizer
+from tinyt.tokenizer import Tokenizer, bytes_to_unicode
 
 MAX_SCHEMA_BYTES = 128 * 1024  # a schema's JSON text at most (a 2,000-value enum is ~30 KB)
 MAX_SCHEMA_DEPTH = 32  # nesting of the schema document (llguidance's own parser stops at 128)
@@ -54,6 +54,65 @@ def _llguidance():
         raise ConfigError("constrained output (JSON schemas, tools) needs llguidance: pip "
                           "install 'tinyt[serve]' (or 'tinyt[structured]')") from None
     return llguidance
+
+
+class _Vocabulary:
+    """A tokenizer as llguidance's TokenizerWrapper reads it: each id's bytes, the special ids
+    (never allowed; end-of-text where the grammar is complete), and encode (of the text a
+    grammar forces). Made here rather than by llguidance's own reading of tokenizer.json,
+    which takes every added token for a special one: Qwen's <tool_call> is an added token that
+    is text, and a model writes it."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        hf = tokenizer.hf
+        added = hf.get_added_tokens_decoder()
+        byte_level = '"ByteLevel"' in json.dumps(json.loads(hf.to_str()).get("decoder"))
+        inverse = {c: b for b, c in bytes_to_unicode().items()}
+        self.tokens: list[bytes] = []
+        self.special_token_ids: list[int] = []
+        for i in range(tokenizer.vocab_size):
+            piece = hf.id_to_token(i)
+            if i in added:
+                self.tokens.append(added[i].content.encode("utf-8"))
+                if added[i].special:
+                    self.special_token_ids.append(i)
+            elif piece is None:  # a hole in the ids: no text stands for it
+                self.tokens.append(b"")
+                self.special_token_ids.append(i)
+            elif byte_level and all(c in inverse for c in piece):  # GPT-2's byte map
+                self.tokens.append(bytes(inverse[c] for c in piece))
+            elif re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):  # SentencePiece's byte fallback
+                self.tokens.append(bytes([int(piece[3:5], 16)]))
+            else:  # SentencePiece's pieces: '▁' is a space
+                self.tokens.append(piece.replace("\u2581", " ").encode("utf-8"))
+        self.eos_token_id, self.bos_token_id = tokenizer.eos_id, tokenizer.bos_id
+        self._encode = tokenizer.encode
+        special = set(self.special_token_ids)
+        self._ids: dict[bytes, int] = {}  # each text token's bytes (the lowest id of a kind)
+        for i, b in enumerate(self.tokens):
+            if b and i not in special:
+                self._ids.setdefault(b, i)
+        self._longest = max(map(len, self._ids), default=1)
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        """Ids whose bytes are exactly `text`'s: the tokenizer's own encoding where it gives
+        them (byte-level BPE does), else the longest tokens first (SentencePiece adds a
+        space before the text, or an unknown piece)."""
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        ids = self._encode(data.decode("utf-8", errors="replace"))
+        if b"".join(self.tokens[i] for i in ids) == data and \
+                not set(ids) & set(self.special_token_ids):
+            return ids
+        out, at = [], 0
+        while at < len(data):
+            for n in range(min(self._longest, len(data) - at), 0, -1):
+                if data[at:at + n] in self._ids:
+                    out.append(self._ids[data[at:at + n]])
+                    at += n
+                    break
+            else:  # a byte no token stands for: the ids of the text before it
+                break
+        return out
 
 
 class GrammarConstraint:
@@ -138,11 +197,11 @@ class Constrainer:
                               "sequence that follows its grammar; this tokenizer has none")
         self.vocab, self.eos = tokenizer.vocab_size, tokenizer.eos_id
         try:
-            self._tokenizer = llg.LLTokenizer(tokenizer.hf.to_str(), n_vocab=self.vocab,
-                                              eos_token=self.eos)
-        except Exception as e:  # the Rust side's reading of tokenizer.json
-            raise ConfigError(f"llguidance cannot read this tokenizer.json for constrained "
-                              f"output: {_first_line(str(e))}") from None
+            self._tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Vocabulary(tokenizer)),
+                                              n_vocab=self.vocab, eos_token=self.eos)
+        except Exception as e:  # llguidance's checks of the vocabulary
+            raise ConfigError(f"llguidance cannot use this tokenizer for constrained output: "
+                              f"{_first_line(str(e))}") from None
         self._limits = llg.LLParserLimits(initial_lexer_fuel=INITIAL_LEXER_FUEL)
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
         self._lock = threading.Lock()

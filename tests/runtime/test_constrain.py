@@ -121,6 +121,52 @@ def test_a_gpt2_sized_vocabulary():
         check(big.decode(out), PERSON)
 
 
+def llama2_style():
+    """A SentencePiece BPE as Llama 2's tokenizer.json has it: '\u2581' for spaces, <0xNN>
+    byte fallback, <s> and </s>."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from tinyt.tokenizer import Tokenizer
+
+    pieces = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "\u2581",
+              *(chr(c) for c in range(33, 127)), "\u2581t", "he", "\u2581the", '":', '{"']
+    merges = [("\u2581", "t"), ("h", "e"), ("\u2581t", "he"), ('"', ":"), ("{", '"')]
+    hf = HFTokenizer(models.BPE({p: i for i, p in enumerate(pieces)}, merges, unk_token="<unk>",
+                                byte_fallback=True, fuse_unk=True))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    hf.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return Tokenizer(hf, eos_token="</s>", bos_token="<s>")
+
+
+def test_the_vocabulary_as_llguidance_reads_it(tok):
+    """Added tokens that are text (Qwen's <tool_call>) stay text, special ones are never
+    allowed; SentencePiece's pieces ('\u2581' a space) give JSON that decodes as it parsed."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from tinyt.tokenizer import Tokenizer
+
+    hf = HFTokenizer.from_str(tok.hf.to_str())
+    hf.add_tokens([AddedToken("<tool_call>", special=False)])
+    qwenish = Tokenizer(hf, eos_token=tok.eos_token, bos_token=tok.bos_token)
+    call = hf.token_to_id("<tool_call>")
+    grammar = Constrainer.of(qwenish).tool_calls([Tool("f", {"type": "object"})],
+                                                 choice="required")
+    z = np.zeros(qwenish.vocab_size, np.float32)
+    grammar.constraint().mask(z)
+    assert np.isfinite(z[call]) and not np.isfinite(z[tok.bos_id])  # the token, as text
+    sp = llama2_style()
+    grammar = Constrainer.of(sp).json_schema(PERSON)
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        out, how = walk(grammar, sp, rng)
+        assert how == "stop"
+        check(sp.decode(out), PERSON)
+
+
 def test_tool_call_grammars(tok, con):
     weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 5}},
                "required": ["city"], "additionalProperties": False}
