@@ -175,7 +175,7 @@ class Tool:
 
 class Constrainer:
     """One tokenizer's vocabulary in llguidance and the grammars compiled for it. Made once
-    per tokenizer (Constrainer.of) — building the vocabulary's trie costs ~0.8 s at GPT-2's
+    per tokenizer (Constrainer.of) — building the vocabulary's trie costs ~0.5 s at GPT-2's
     50,257 tokens — and safe to use from many threads."""
 
     _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
