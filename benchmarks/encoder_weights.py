@@ -92,7 +92,8 @@ def train(st_dir: Path, out: Path, *, pooling: str, transformer: str = "",
     """SimCSE-train st_dir's Transformer for `steps` steps of `batch_size` texts (default:
     training_texts()) and write `out`: st_dir's files, the Transformer's (in its folder
     `transformer`, modules.json's path) with the new weights. Returns what was done: the loss
-    per step, the seconds, the texts' count and the settings."""
+    per step, the seconds (wall, and this process's CPU time: on a shared machine the wall time
+    is the load's too), the texts' count and the settings."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -109,7 +110,7 @@ def train(st_dir: Path, out: Path, *, pooling: str, transformer: str = "",
     texts = training_texts() if texts is None else list(texts)
     if len(texts) < batch_size:
         raise ValueError(f"{len(texts)} training texts, fewer than batch_size={batch_size}")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(Path(st_dir) / transformer)
     model = AutoModel.from_pretrained(Path(st_dir) / transformer, attn_implementation="eager")
@@ -141,7 +142,7 @@ def train(st_dir: Path, out: Path, *, pooling: str, transformer: str = "",
         if step % max(1, steps // 10) == 0 or step == steps - 1:
             log(f"  step {step + 1}/{steps}: loss {losses[-1]:.4f} "
                 f"({time.perf_counter() - t0:.0f} s)")
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     shutil.copytree(st_dir, out, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
     model.eval().save_pretrained(Path(out) / transformer, safe_serialization=True)
     info = {"method": "SimCSE (unsupervised, dropout views, in-batch negatives)",
@@ -149,6 +150,7 @@ def train(st_dir: Path, out: Path, *, pooling: str, transformer: str = "",
             "docstrings (tinyt.data.load_corpus train split), the retrieval set held out",
             "steps": steps, "batch_size": batch_size, "lr": lr, "temperature": TEMPERATURE,
             "max_tokens": MAX_TOKENS, "clip": CLIP, "seed": seed, "pooling": pooling,
-            "threads": torch.get_num_threads(), "seconds": seconds, "loss": losses}
+            "threads": torch.get_num_threads(), "seconds": seconds, "cpu_seconds": cpu,
+            "loss": losses}
     (Path(out) / "simcse.json").write_text(json.dumps(info, indent=1) + "\n")
     return info

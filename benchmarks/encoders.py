@@ -732,7 +732,7 @@ def _training(t: dict | None) -> str:
     return (f" ({t['method']}; {t['texts']} texts: {t['text_source']}; batch {t['batch_size']}, "
             f"lr {t['lr']}, temperature {t['temperature']}, {t['max_tokens']} tokens, seed "
             f"{t['seed']}; loss {loss[0]:.3f} at the first step, {loss[-1]:.3f} at the last; "
-            f"{t['seconds']:.0f} s on {t['threads']} threads).")
+            f"{t['seconds']:.0f} s on {t['threads']} threads, {t['cpu_seconds']:.0f} s of CPU).")
 
 
 def _ratio(row: dict, measure: str) -> str:
