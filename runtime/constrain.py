@@ -6,13 +6,13 @@ says why it and not xgrammar).
            ──Grammar (a matcher at its start: first mask computed, forced tokens probed)
            ──.constraint()──▶ GrammarConstraint, one per sequence: mask / accept / finished
 
-A Constrainer holds one tokenizer's vocabulary as llguidance reads it (the bytes of every
-token from tokenizer.json; special tokens never allowed, end-of-text only where the grammar
-is complete) and the grammars compiled for it, kept by their text. What cannot be followed
-is a ConfigError naming it before any token is made: a schema too large, too deep, with an
-enum beyond MAX_ENUM values, whose only instances are infinite (a required property or
-item that contains itself), unsatisfiable, or that llguidance cannot compile within its
-limits (LIMITS: a regular expression that would take seconds is refused in a fraction of
+A Constrainer holds one tokenizer's vocabulary as llguidance reads it (_Vocabulary: the bytes
+of every token from tokenizer.json; special tokens never allowed, end-of-text only where the
+grammar is complete) and the grammars compiled for it, kept by their text. What cannot be
+followed is a ConfigError naming it before any token is made: a schema too large, too deep,
+with an enum beyond MAX_ENUM values, whose only instances are infinite (a required property or
+item that contains itself), unsatisfiable, or that llguidance cannot compile within its limits
+(INITIAL_LEXER_FUEL: a regular expression that would take seconds is refused in a fraction of
 one). A grammar that still fails mid-generation (llguidance's per-step limits) ends its row
 and says why in `error`, never raising in the engine's thread.
 """
