@@ -117,12 +117,53 @@ def _upstream(name: str, prod: dict, stop) -> onnx.NodeProto | None:
 def rope_cache(cfg, local: bool = False, long: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [block_size, rotary_dims / 2] of the rotary angles, as tinyt.model computes
     them in float32 (tinyt.rope's scaled frequencies; yarn's attention factor is in the
-    attention's scale, which the rewrite copies from MultiHeadAttention). The one constant of
-    the graph sized by the context: 2 x block_size x head_dim / 2 floats (64 MiB at 131,072
-    positions and head_dim 128), twice where the windowed layers have a base of their own
-    (Gemma 3: `local`); LongRoPE's short and long tables (`long`) hold its attention factor,
-    which scales the rotated dims alone."""
+    attention's scale, which the rewrite copies from MultiHeadAttention; LongRoPE's short and
+    long tables (`long`) hold its attention factor, which scales the rotated dims alone).
+    What the graph's table nodes (_rope_table_nodes) compute, within an ulp of cos / sin."""
     return rope_table(cfg, cfg.block_size, scaled=is_longrope(cfg), local=local, long=long)
+
+
+def _rope_table_nodes(g: onnx.GraphProto, names: tuple[str, str], cfg, *, local: bool = False,
+                      long: bool = False) -> list[onnx.NodeProto]:
+    """Nodes computing rope_cache's cos and sin into `names` from the frequencies alone:
+
+        Range(0, block_size) ─Unsqueeze─ Mul(inv_freq) ─┬─ Cos [─ Mul(factor)] ─▶ cos table
+                                                        └─ Sin [─ Mul(factor)] ─▶ sin table
+
+    Every input is a constant, so ONNX Runtime folds them into the tables when it loads the
+    graph (any optimization level but 'disabled'): the file holds rotary_dims / 2 floats, not
+    2 x block_size x rotary_dims / 2 (64 MiB at 131,072 positions and head_dim 128, twice
+    where the windowed layers have a base of their own, as Gemma 3's: 67 MB a graph at its
+    32,768)."""
+    from tinyt.rope import local_rope_frequencies, rope_frequencies
+
+    inv, factor = (local_rope_frequencies(cfg), 1.0) if local else \
+        rope_frequencies(cfg, long=long)
+    if not is_longrope(cfg):
+        factor = 1.0  # yarn's factor is in the attention's scale (rope_cache's scaled=False)
+    pre = names[0].rsplit("/", 1)[0] + ("/long" if long else "/short" if is_longrope(cfg)
+                                        else "")
+    consts = {f"{pre}/start": np.array(0, np.float32),
+              f"{pre}/limit": np.array(cfg.block_size, np.float32),
+              f"{pre}/delta": np.array(1, np.float32),
+              f"{pre}/axis": np.array([1], np.int64),
+              f"{pre}/inv_freq": inv.astype(np.float32)[None, :]}
+    nodes = [helper.make_node("Range", [f"{pre}/start", f"{pre}/limit", f"{pre}/delta"],
+                              [f"{pre}/positions"], name=f"{pre}/Range"),
+             helper.make_node("Unsqueeze", [f"{pre}/positions", f"{pre}/axis"],
+                              [f"{pre}/positions2"], name=f"{pre}/Unsqueeze"),
+             helper.make_node("Mul", [f"{pre}/positions2", f"{pre}/inv_freq"], [f"{pre}/angles"],
+                              name=f"{pre}/Mul_angles")]
+    if factor != 1.0:
+        consts[f"{pre}/factor"] = np.array(factor, np.float32)
+    for op, out in zip(("Cos", "Sin"), names):
+        raw = out if factor == 1.0 else f"{out}/unscaled"
+        nodes.append(helper.make_node(op, [f"{pre}/angles"], [raw], name=f"{out}/{op}"))
+        if factor != 1.0:
+            nodes.append(helper.make_node("Mul", [raw, f"{pre}/factor"], [out],
+                                          name=f"{out}/Mul_factor"))
+    g.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in consts.items())
+    return nodes
 
 
 ROPE_CACHES = {False: ("/rotary/cos_cache", "/rotary/sin_cache"),
@@ -137,9 +178,10 @@ def _rope_caches(g: onnx.GraphProto, cfg) -> dict[int, tuple[str, str]]:
     if is_longrope(cfg):  # one table or the other by the batch's longest sequence
         _longrope_caches(g, cfg)
         return {i: ROPE_CACHES[False] for i in which}
-    for local in sorted(set(which.values())):
-        for name, table in zip(ROPE_CACHES[local], rope_cache(cfg, local)):
-            g.initializer.append(onnx.numpy_helper.from_array(table, name))
+    nodes = [n for local in sorted(set(which.values()))
+             for n in _rope_table_nodes(g, ROPE_CACHES[local], cfg, local=local)]
+    for k, node in enumerate(nodes):
+        g.node.insert(k, node)
     return {i: ROPE_CACHES[local] for i, local in which.items()}
 
 
@@ -156,11 +198,11 @@ def _longrope_caches(g: onnx.GraphProto, cfg) -> None:
                               [cond], name="/rotary/longrope/Greater")]
     g.initializer.append(onnx.numpy_helper.from_array(np.array(original, np.int32),
                                                       "/rotary/longrope/original"))
-    tables = {long: rope_cache(cfg, long=long) for long in (False, True)}
-    for k, name in enumerate(ROPE_CACHES[False]):
+    for long in (False, True):
+        nodes += _rope_table_nodes(g, tuple(f"{n}/{'long' if long else 'short'}"
+                                            for n in ROPE_CACHES[False]), cfg, long=long)
+    for name in ROPE_CACHES[False]:
         short, long = f"{name}/short", f"{name}/long"
-        g.initializer.extend([onnx.numpy_helper.from_array(tables[False][k], short),
-                              onnx.numpy_helper.from_array(tables[True][k], long)])
         nodes.append(helper.make_node("Where", [cond, long, short], [name],
                                       name=f"{name}/Where"))
     for k, node in enumerate(nodes):
@@ -362,12 +404,31 @@ def _unfuse_skip_layernorm(g: onnx.GraphProto) -> None:
     g.node.extend(nodes)
 
 
+def _lm_head(g: onnx.GraphProto) -> onnx.NodeProto:
+    """The matmul that makes the logits: from the node that outputs them, back through what
+    follows the head elementwise (Gemma 2's soft cap: Div, Tanh, Mul by constants)."""
+    prod = producers(g)
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant"
+                                                for o in n.output}
+    node = prod["logits"]
+    while "MatMul" not in node.op_type and node.op_type != "Gemm":
+        ahead = [i for i in node.input if i and i not in consts]
+        if node.op_type not in ELEMENTWISE or len(ahead) != 1 or ahead[0] not in prod:
+            raise SharedCacheError(f"the logits come from {node.op_type} {node.name!r}, not "
+                                   "from a matmul followed by elementwise ops")
+        node = prod[ahead[0]]
+    return node
+
+
+ELEMENTWISE = ("Mul", "Div", "Tanh", "Add", "Sub", "Cast")
+
+
 def _last_position_logits(g: onnx.GraphProto, width: int) -> None:
     """The lm_head reads each row's last query position only (logits [B, 1, V]); the hidden
     states it reads from ([B, S, C], the last norm's output) become the output `hidden_states`,
     so that a caller can score every position of a prompt through the head alone
     (runtime/score.py) without every prompt paying for [B, S, V] logits."""
-    head = next(n for n in g.node if "logits" in n.output)
+    head = _lm_head(g)
     old = head.input[0]
     for n in g.node:  # the value is renamed where it is made and read
         n.input[:] = [HIDDEN_OUTPUT if i == old else i for i in n.input]

@@ -204,10 +204,11 @@ class _SharedRows:
         kept prefix, where `reuse`)."""
         staging = self.lm.take_cache(1, len(ids))
         staging.clear()
-        found = self.prefixes.match(ids) if reuse and self.prefixes is not None else None
-        if found is None:
+        store = self.prefixes if reuse else None
+        found = None if store is None else store.match(ids)
+        if store is None or found is None:
             return staging, 0
-        self.prefixes.fill(staging, *found)
+        store.fill(staging, *found)
         return staging, found[1]
 
     def fill(self, staging: SharedCache, piece: list[int]) -> np.ndarray:
