@@ -507,8 +507,8 @@ def check(w: Worker, texts: list[str], ref: np.ndarray, queries: int, tmp: Path)
     recall = recall_at_k(top_k(ref[:queries], ref[queries:], RECALL_K),
                          top_k(got[:queries], got[queries:], RECALL_K))
     return {"cosine_min": float(cos.min()), "cosine_mean": float(cos.mean()),
-            f"recall_at_{RECALL_K}": float(recall.mean()),
-            f"recall_at_{RECALL_K}_worst_query": float(recall.min()),
+            f"recall_at_{RECALL_K}": int(recall.sum()) / (RECALL_K * queries),
+            f"recall_at_{RECALL_K}_worst_query": int(recall.min()) / RECALL_K,
             "must_match": w.engine.exact,
             "matches": bool(cos.min() >= EXACT_COSINE) if w.engine.exact else None}
 

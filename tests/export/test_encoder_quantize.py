@@ -153,8 +153,8 @@ def test_top_k_and_recall_by_hand():
     p = np.array([[1, 0], [0.9, 0.1], [0, 1], [-1, 0]], np.float32)
     q = np.array([[1, 0], [0, 2]], np.float32)  # the length does not matter: cosine
     assert top_k(q, p, 2).tolist() == [[0, 1], [2, 1]]
-    assert recall_at_k(np.array([[0, 1], [2, 1]]), np.array([[1, 0], [3, 0]])).tolist() == \
-        [1.0, 0.0]
+    assert recall_at_k(np.array([[0, 1], [2, 1]]), np.array([[1, 0], [3, 1]])).tolist() == \
+        [2, 1]  # hits: divided by k where reported (49 of 50 is 0.98, not 0.97999...)
 
 
 def test_search_budgets_an_encoders_recall(encoder, tmp_path):
