@@ -30,7 +30,7 @@ ACCEPTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens"
             "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "user",
             "min_tokens", "repetition_penalty", "store", "metadata", "service_tier",
             "n", "best_of", "logprobs", "top_logprobs", "echo", "response_format", "tools",
-            "tool_choice", "parallel_tool_calls"}
+            "tool_choice", "parallel_tool_calls", "ignore_eos"}
 MAX_CHOICES = 16  # n and best_of at most: each is a row of the running batch
 COMPLETION_LOGPROBS = 5  # /v1/completions' logprobs at most (OpenAI's legacy limit is 5; so
 # is tinyt's by default, as vLLM's max_logprobs bounds its own)
@@ -211,10 +211,14 @@ def sampling(body: dict, prompt_len: int, context: int, default_max: int, *,
         raise ApiError(400, f"'stop' must be a non-empty string or a list of at most "
                             f"{MAX_STOPS} of them", param="stop")
     number = (int, float)
+    most = min(default_max if max_tokens is None else max_tokens, room)
+    least_new = field(body, "min_tokens", (int,), 0, check=lambda v: v >= 0,
+                      allowed="an integer >= 0")
+    if field(body, "ignore_eos", (bool,), False, allowed="true or false"):
+        least_new = most  # vLLM's: end-of-text is never chosen (a benchmark's exact length)
     return SamplingParams(
-        max_new_tokens=min(default_max if max_tokens is None else max_tokens, room),
-        min_new_tokens=field(body, "min_tokens", (int,), 0, check=lambda v: v >= 0,
-                             allowed="an integer >= 0"),
+        max_new_tokens=most,
+        min_new_tokens=least_new,
         temperature=float(field(body, "temperature", number, 1.0, check=lambda v: 0 <= v <= 2,
                                 allowed="a number in [0, 2]")),
         top_p=field(body, "top_p", number, None, check=lambda v: 0 < v <= 1,

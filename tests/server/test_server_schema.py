@@ -138,3 +138,13 @@ def test_max_tokens_zero_only_with_echo():
     e = refused(schema.sampling, {"max_tokens": 0}, 5, 32, 16)
     assert e.param == "max_tokens" and "0 only with echo" in e.message
     assert schema.sampling({}, 5, 32, 16, echo=True).max_new_tokens == 16
+
+
+def test_ignore_eos_asks_for_exactly_max_tokens():
+    """vLLM's ignore_eos (guidellm and vLLM's own benchmark send it): end-of-text is never
+    chosen, so a request makes max_tokens tokens."""
+    p = schema.sampling({"max_tokens": 7, "ignore_eos": True}, 5, 32, 16)
+    assert (p.min_new_tokens, p.max_new_tokens) == (7, 7)
+    assert schema.sampling({"max_tokens": 7, "ignore_eos": False}, 5, 32, 16).min_new_tokens == 0
+    e = refused(schema.sampling, {"ignore_eos": "yes"}, 5, 32, 16)
+    assert e.param == "ignore_eos" and "true or false" in e.message
