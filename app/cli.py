@@ -5,6 +5,7 @@ Torch and the other heavy modules are imported inside the verb that needs them, 
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -502,6 +503,14 @@ def generate_cmd(
     max_context: Annotated[Optional[int], typer.Option(
         min=2, help="Tokens the sequence may hold, prompt + generated (default: the model's "
                     "context); the KV buffers hold what this call reaches either way.")] = None,
+    logprobs: Annotated[Optional[int], typer.Option(
+        min=0, max=20, help="Print one JSON object instead of the text: the continuation, its "
+                            "finish reason and each token with its log-probability and the N "
+                            "most likely tokens there.")] = None,
+    json_schema: Annotated[Optional[Path], typer.Option(
+        help="A JSON Schema file: the continuation is compact JSON valid under it "
+             "(constrained decoding; needs llguidance, the serve or structured extra).")]
+        = None,
 ) -> None:
     """Stream a continuation of PROMPT with ONNX Runtime (no torch needed)."""
     import tinyt.runtime as rt
@@ -518,9 +527,27 @@ def generate_cmd(
         typer.echo(f"provider: {lm.provider}", err=True)
     if verbose and lm.plan is not None:
         typer.echo(f"plan: {lm.plan.describe()}; measured ms: {lm.plan.measured_ms}", err=True)
-    pieces = lm.stream(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-                       stop=stop or (), seed=seed)
+    schema = None
+    if json_schema is not None:
+        try:
+            schema = json.loads(json_schema.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise TinytError(f"--json-schema {json_schema}: not a readable JSON file ({e})") \
+                from None
+    settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                    top_p=top_p, repetition_penalty=repetition_penalty, stop=stop or (),
+                    seed=seed, **({} if schema is None else {"json_schema": schema}))
+    if logprobs is not None:
+        (r,) = lm.generate_details([prompt], logprobs=logprobs, **settings)
+        text = lm.tokenizer.decode
+
+        def one(token: int, value: float) -> dict:
+            return {"id": token, "text": text([token]), "logprob": value}
+        typer.echo(json.dumps({"text": r.text, "finish_reason": r.finish_reason, "tokens": [
+            {**one(lp.token, lp.logprob), "top": [one(t, v) for t, v in lp.top]}
+            for lp in r.logprobs or []]}, ensure_ascii=False))
+        return
+    pieces = lm.stream(prompt, **settings)
     typer.echo(prompt, nl=False)
     for piece in pieces:
         typer.echo(piece, nl=False)

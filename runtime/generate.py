@@ -39,6 +39,8 @@ class GenerationResult:
     text: str  # the generated text only (the prompt is not repeated)
     token_ids: list[int]
     finish_reason: str  # eos | stop | length | context
+    # with logprobs=N: each token's log-probability and the N most likely there
+    logprobs: list[Logprob] | None = None
 
 
 def prompt_text(prompt) -> str:
@@ -138,25 +140,34 @@ class LanguageModel:
                 yield piece
 
     def generate_ids(self, token_ids, **kwargs) -> list[GenerationResult]:
-        """Generation from token ids: a list of ints, or a list / 2-D array of rows."""
+        """Generation from token ids: a list of ints, or a list / 2-D array of rows.
+        logprobs=N (0..MAX_TOP): each result carries its tokens' log-probabilities (the
+        model's distribution, before sampling settings) and the N most likely tokens there."""
         schema = kwargs.pop("json_schema", None)
+        top = kwargs.pop("logprobs", None)
+        if top is not None:
+            check_top(top, "logprobs")
         params = SamplingParams(**_params(kwargs))
         rows = self.check_ids(token_ids)
         constraints = self._constrained(schema, params, len(rows))
-        if (constraints is None and self.artifact.kind == SHARED_CACHE_KIND and len(rows) == 1
+        scores: list[list[Logprob]] | None = None if top is None else [[] for _ in rows]
+        if (constraints is None and scores is None and self.artifact.kind == SHARED_CACHE_KIND
+                and len(rows) == 1
                 and params.temperature == 0
                 and params.repetition_penalty == 1.0 and not params.stop
                 and self._recompute_at(rows, params) is None):
             out, reasons = self._greedy_one(rows[0], params)
         else:
             for out, reasons in self._loop(rows, params,  # noqa: B007 (the last one counts)
-                                           constraints=constraints):
+                                           constraints=constraints, scores=scores,
+                                           top=top or 0):
                 pass
         results = []
-        for row, reason in zip(out, reasons):
+        for r, (row, reason) in enumerate(zip(out, reasons)):
             assert reason is not None  # both loops end only when every row has its reason
             text = self.tokenizer.decode(row)
-            results.append(GenerationResult(text[:stop_cut(text, params.stop)], row, reason))
+            results.append(GenerationResult(text[:stop_cut(text, params.stop)], row, reason,
+                                            None if scores is None else scores[r]))
         return results
 
     def _constrained(self, schema, params: SamplingParams, rows: int
@@ -352,13 +363,15 @@ class LanguageModel:
         return original
 
     def _loop(self, rows: list[list[int]], params: SamplingParams, texts: list | None = None,
-              constraints: list[Constraint] | None = None
+              constraints: list[Constraint] | None = None,
+              scores: list[list[Logprob]] | None = None, top: int = 0
               ) -> Iterator[tuple[list[list[int]], list[str | None]]]:
         """After every step: the tokens generated so far per row, and each row's finish
         reason (None while it runs). Finished rows are fed padding that nobody reads. texts:
         a TextStream per row that the tokens are added to (and stop strings found in); with
         stop strings and none given, the loop makes its own. constraints: each row's
-        Constraint (_choose)."""
+        Constraint (_choose). scores: each row's list that its tokens' Logprobs (with `top`
+        alternatives) are appended to."""
         if texts is None and params.stop:
             texts = [TextStream(self.tokenizer, params.stop) for _ in rows]
         B = len(rows)
@@ -382,8 +395,11 @@ class LanguageModel:
                 if reasons[r] is None:
                     row = logits[r, -1] if self._choosable is None else \
                         logits[r, -1, :self._choosable]
+                    raw = None if scores is None else row.copy()  # _choose masks the row
                     reasons[r] = self._choose(r, row, params, rngs[r], rows, out, texts,
                                               constraints)
+                    if scores is not None and raw is not None and reasons[r] != "eos":
+                        scores[r] += logprobs_of(raw[None], out[r][-1:], top)
                     nxt[r] = out[r][-1] if out[r] and reasons[r] != "eos" else self._pad
                 else:
                     nxt[r] = self._pad

@@ -80,6 +80,27 @@ def test_import_nanogpt_from_the_cli(tmp_path):
 
 
 @pytest.mark.slow
+def test_generate_logprobs_and_json_schema(lm_onnx, tmp_path):
+    import tinyt.runtime as rt
+
+    proc = tinyt("generate", lm_onnx, "def alpha", "--max-new-tokens", "5", "--temperature",
+                 "0", "--logprobs", "2")
+    out = json.loads(proc.stdout)
+    lm = rt.load(lm_onnx, threads=1)
+    want = lm.generate_details(["def alpha"], max_new_tokens=5, logprobs=2)[0]
+    assert [t["id"] for t in out["tokens"]] == want.token_ids and out["text"] == want.text
+    for t, lp in zip(out["tokens"], want.logprobs):
+        assert abs(t["logprob"] - lp.logprob) <= 1e-4 and len(t["top"]) == 2
+        assert t["text"] == lm.tokenizer.decode([t["id"]])
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "boolean"}))
+    proc = tinyt("generate", lm_onnx, "x = ", "--json-schema", schema, "--max-new-tokens", "8")
+    assert json.loads(proc.stdout[len("x = "):]) in (True, False)
+    schema.write_text("{not json")
+    proc = tinyt("generate", lm_onnx, "x", "--json-schema", schema, ok=False)
+    assert proc.returncode == 2 and "not a readable JSON file" in proc.stderr
+
+
 def test_generate_classify_and_info(lm_onnx, tiny_clf, tmp_path):
     proc = tinyt("generate", lm_onnx, "def alpha", "--max-new-tokens", "6", "--temperature", "0")
     assert proc.stdout.startswith("def alpha") and len(proc.stdout.strip()) > len("def alpha")

@@ -209,3 +209,26 @@ def test_stream_and_stop_decode_once_per_generation(artifacts, monkeypatch):
         calls.append(len(ids)), decode(self, ids))[1])
     assert "".join(lm.stream("def ", max_new_tokens=40, stop=["\n\n\n"])) == want
     assert len(calls) == 1  # not once a token
+
+
+@pytest.mark.parametrize("name", ["onnx", "fp32-gqa"])
+def test_generate_gives_each_token_s_logprob(artifacts, ids, name):
+    """rt.load(...).generate_details(..., logprobs=N): each token's logprob is the prompt
+    so far scored, and greedy's token is its own top alternative."""
+    lm = rt.load(artifacts[name], threads=1, tune=False)
+    prompt = ids[:8]
+    (r,) = lm.generate_ids([prompt], max_new_tokens=6, logprobs=2)
+    assert [lp.token for lp in r.logprobs] == r.token_ids
+    for k, lp in enumerate(r.logprobs):
+        want = lm.prompt_logprobs(prompt + r.token_ids[:k + 1])[-1]
+        assert abs(lp.logprob - want.logprob) <= SAME_GRAPH_TOL
+        assert lp.top[0] == (lp.token, lp.logprob) and len(lp.top) == 2
+    sampled = lm.generate_details([lm.tokenizer.decode(prompt)], max_new_tokens=6,
+                                  temperature=1.0, seed=5, logprobs=0)[0]
+    assert sampled.token_ids == lm.generate_details([lm.tokenizer.decode(prompt)],
+                                                    max_new_tokens=6, temperature=1.0,
+                                                    seed=5)[0].token_ids  # the same draws
+    assert len(sampled.logprobs) == len(sampled.token_ids)
+    assert lm.generate_ids([prompt], max_new_tokens=3)[0].logprobs is None
+    with pytest.raises(ConfigError, match="logprobs"):
+        lm.generate_ids([prompt], max_new_tokens=3, logprobs=99)
