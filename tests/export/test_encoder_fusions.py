@@ -194,6 +194,7 @@ def test_quantize_refuses_the_fused_embedding_by_name(exported, tmp_path):
         quantize(out, tmp_path / "int8")
 
 
+@pytest.mark.slow
 def test_the_cli_flag_fuses(exported, tmp_path, monkeypatch, capsys):
     from cli_run import run_cli
 
