@@ -137,13 +137,28 @@ def run(out: Path, *, checkpoint: Path | None = None, count: int = 200,
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# {result['task']}: {result['docs']} questions, one true next line of 4",
-             "", f"CPU: {result['environment']['cpu'].get('model')}, threads: the server's "
-             "default", "",
-             "| artifact | acc | acc_norm | runtime's argmax acc | max abs loglikelihood "
-             "diff (lm-eval vs runtime) | seconds |", "|---|---|---|---|---|---|"]
-    for v, r in result["variants"].items():
+    import numpy as np
+
+    variants = result["variants"]
+    first = next(iter(variants))
+    base = np.array(variants[first]["loglikelihoods"]["runtime"])
+    cpu = result["environment"]["cpu"]
+    flags = ", ".join(k for k in ("avx2", "avx512_vnni", "amx_int8") if cpu.get(k))
+    lines = [f"# {result['task']}: {result['docs']} questions, one true next line of 4 "
+             "(chance 0.25)", "",
+             f"CPU: {cpu.get('model')} ({flags}); the llama-demo preset trained "
+             f"{result.get('train_steps') or 600} steps on the built-in corpus; each artifact "
+             "served by `tinyt serve`, scored by lm-eval's local-completions.", "",
+             "`.venv/bin/python -m benchmarks.lm_eval_quant --out OUT --count "
+             f"{result['docs']}`", "",
+             "| artifact | acc | acc_norm | runtime's argmax acc | same choice as "
+             f"{first} | mean abs loglikelihood change vs {first} | max abs diff lm-eval vs "
+             "runtime | seconds |", "|---|---|---|---|---|---|---|---|"]
+    for v, r in variants.items():
+        ll = np.array(r["loglikelihoods"]["runtime"])
+        same = float((ll.argmax(1) == base.argmax(1)).mean())
         lines.append(f"| {v} | {r['acc']:.3f} | {r['acc_norm']:.3f} | {r['runtime_acc']:.3f} "
+                     f"| {same:.3f} | {np.abs(ll - base).mean():.3f} "
                      f"| {r['max_loglikelihood_diff']:.1e} | {r['seconds']} |")
     return "\n".join(lines) + "\n"
 
