@@ -14,29 +14,19 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 openai = pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
 
+from chat_model import chat_gqa  # noqa: E402
 from live_server import KEY, Server  # noqa: E402
 
 import tinyt.runtime as rt  # noqa: E402
-
-TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}a:{% endif %}")  # short: the tiny model reads 31
 
 
 @pytest.fixture(scope="module")
 def artifacts(tiny_ckpt, tmp_path_factory):
     """The tiny model with a chat template: its shared-cache graph, and a contract graph."""
-    from tinyt.checkpoint import load_checkpoint, save_checkpoint
     from tinyt.export import export_onnx
-    from tinyt.export.optimize import optimize
-    from tinyt.tokenizer import Tokenizer
 
     root = tmp_path_factory.mktemp("serve")
-    ck = load_checkpoint(tiny_ckpt)
-    chat_ck = save_checkpoint(root / "ck", ck.model,
-                              Tokenizer(ck.tokenizer.hf, chat_template=TEMPLATE))
-    opt = optimize(export_onnx(chat_ck, root / "onnx"), root / "opt")
-    return {"gqa": optimize(opt, root / "tiny-gqa", target="gqa"),
-            "contract": export_onnx(tiny_ckpt, root / "plain")}
+    return {"gqa": chat_gqa(tiny_ckpt, root), "contract": export_onnx(tiny_ckpt, root / "plain")}
 
 
 @pytest.fixture(scope="module")

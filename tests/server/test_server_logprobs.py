@@ -9,12 +9,11 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 openai = pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
 
+from chat_model import TEMPLATE, chat_gqa  # noqa: E402
 from live_server import KEY, Server  # noqa: E402
 
 import tinyt.runtime as rt  # noqa: E402
 
-TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}a:{% endif %}")
 # The server and the test's own runtime run the same graph on the same tokens; the prompt runs
 # in other batch shapes there (a staging cache of its own), so fp32 GEMMs may sum in another
 # order: a few ulps of logits of size ~10, as tests/runtime/test_logprobs.py's SAME_GRAPH_TOL.
@@ -23,17 +22,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def artifact(tiny_ckpt, tmp_path_factory):
-    from tinyt.checkpoint import load_checkpoint, save_checkpoint
-    from tinyt.export import export_onnx
-    from tinyt.export.optimize import optimize
-    from tinyt.tokenizer import Tokenizer
-
-    root = tmp_path_factory.mktemp("serve-logprobs")
-    ck = load_checkpoint(tiny_ckpt)
-    chat_ck = save_checkpoint(root / "ck", ck.model,
-                              Tokenizer(ck.tokenizer.hf, chat_template=TEMPLATE))
-    opt = optimize(export_onnx(chat_ck, root / "onnx"), root / "opt")
-    return optimize(opt, root / "tiny-gqa", target="gqa")
+    return chat_gqa(tiny_ckpt, tmp_path_factory.mktemp("serve-logprobs"))
 
 
 @pytest.fixture(scope="module")
