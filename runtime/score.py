@@ -113,9 +113,8 @@ class HeadGraph:
                 load_external_data_for_tensor(t, str(path.parent))
                 del t.external_data[:]
                 t.data_location = onnx.TensorProto.DEFAULT
-        hidden = next((v for v in g.value_info if v.name == HEAD_INPUT), None)
-        inp = hidden or onnx.helper.make_tensor_value_info(HEAD_INPUT, onnx.TensorProto.FLOAT,
-                                                           ["rows", 1, None])
+        inp = onnx.helper.make_tensor_value_info(HEAD_INPUT, onnx.TensorProto.FLOAT,
+                                                 ["rows", 1, None])
         out = next(o for o in g.output if o.name == "logits")
         head = onnx.helper.make_graph(nodes, "lm_head", [inp], [out], inits)
         model = onnx.helper.make_model(head, opset_imports=list(proto.opset_import),
