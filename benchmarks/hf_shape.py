@@ -97,6 +97,10 @@ SHAPES["gemma-3-test"] = ("Gemma3TextConfig", "Gemma3ForCausalLM", {
 
 # Phi-4-mini's settings (LongRoPE from 4,096 to 131,072 with its factors, 96 of 128 dims
 # rotating, tie) at a test's size: heads of 128 as the real model's, two layers
+# tokenizer_config.json's class where the real model's is not PreTrainedTokenizerFast and a
+# consumer reads it: llama.cpp's converter takes a Phi-3 directory's vocabulary from
+# tokenizer.model (SentencePiece, Phi-3's) unless the class is GPT2Tokenizer (Phi-4-mini's)
+TOKENIZER_CLASS = {"phi-4-mini": "GPT2Tokenizer", "phi-4-mini-test": "GPT2Tokenizer"}
 SHAPES["phi-4-mini-test"] = ("Phi3Config", "Phi3ForCausalLM", {
     **SHAPES["phi-4-mini"][2], "vocab_size": 512, "hidden_size": 256, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1})
@@ -136,7 +140,8 @@ def save(name: str, out: Path, seed: int = 0, layers: int | None = None) -> Path
     model.save_pretrained(out, safe_serialization=True)
     tok.hf.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "tokenizer_class": TOKENIZER_CLASS.get(name, "PreTrainedTokenizerFast"),
+        "eos_token": "<|endoftext|>",
         "model_max_length": settings["max_position_embeddings"]}))
     return out
 

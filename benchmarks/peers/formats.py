@@ -159,9 +159,13 @@ def gguf(hf: Path, out: Path, option: str) -> None:
     if conv is None:
         raise BenchError(llama_cpp_missing(True))
     first = model if option == "q8_0" else model.with_suffix(".f32.gguf")
-    subprocess.run([sys.executable, "-c", _CONVERT, str(conv.parent), str(hf), "--outfile",
-                    str(first), "--outtype", "q8_0" if option == "q8_0" else "f32"],
-                   check=True, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", _CONVERT, str(conv.parent), str(hf),
+                          "--outfile", str(first), "--outtype",
+                          "q8_0" if option == "q8_0" else "f32"], capture_output=True, text=True)
+    if run.returncode != 0:  # the converter's own last words name what it refused
+        said = [line for line in run.stderr.splitlines() if line.strip()]
+        raise BenchError(f"llama.cpp's convert_hf_to_gguf.py exited {run.returncode}: "
+                         + (said[-1] if said else "(nothing on stderr)"))
     if option == "q4_0":
         import llama_cpp
 

@@ -116,6 +116,26 @@ def test_each_goes_back_to_its_class_bit_identically(case, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_phi_export_names_its_byte_level_tokenizer_as_llama_cpp_reads_it(tmp_path):
+    """A Phi-3 export's byte-level BPE is GPT2Tokenizer (Phi-4-mini's class: without it
+    llama.cpp's converter asks for Phi-3-mini's SentencePiece tokenizer.model), and
+    transformers' tokenizer of that class reads the exported tokenizer.json to tinyt's ids."""
+    from transformers import AutoTokenizer
+
+    _, src = _imported("phi4-mini", tmp_path)
+    out = to_hf(src, tmp_path / "out")
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert saved["tokenizer_class"] == "GPT2Tokenizer"
+    ours = load_checkpoint(src).tokenizer
+    theirs = AutoTokenizer.from_pretrained(out)
+    assert type(theirs).__name__ == "GPT2TokenizerFast"
+    for text in ("def f(x):\n    return x  # ok", " leading space, ünïcödé and 数字 42"):
+        assert theirs(text)["input_ids"] == ours.encode(text)
+    llama = to_hf(_imported("llama3.2", tmp_path / "l")[1], tmp_path / "llama-out")
+    assert json.loads((llama / "tokenizer_config.json").read_text())["tokenizer_class"] == \
+        "PreTrainedTokenizerFast"  # other families keep the generic class
+
+
 @pytest.mark.parametrize("case", ["phi3.5", "phi4-mini"])
 def test_longrope_switches_and_recomputes_as_transformers(case, tmp_path):
     """LongRoPE at Phi's real 4,096-token original context: a sequence within it turns at the

@@ -38,6 +38,7 @@ from tinyt.hf.family import Family, Head, Spelling, Weight, hf_config, misfit, w
 from tinyt.hf.tokens import (
     encoder_special_tokens,
     gpt2_special_tokens,
+    phi3_special_tokens,
     read_encoder_tokenizer,
     read_gpt2_tokenizer,
     read_tokenizer,
@@ -579,7 +580,7 @@ PHI3 = Family(  # Phi-3 / 3.5 / Phi-4-mini: fused projections, LongRoPE, partial
            window_reader(None, lambda hf, i: True)),  # its window covers every layer
     holds=frozenset({"rope_scaling", "head_size", "sliding_window", "rotary_dim"}),
     misfit=phi3_misfit, written=phi3_written,
-    **{**_LLAMA_LIKE, "weights": PHI3_WEIGHTS},
+    **{**_LLAMA_LIKE, "weights": PHI3_WEIGHTS, "special_tokens": phi3_special_tokens},
 )
 def bert_weights(prefix: str) -> tuple[Weight, ...]:
     """BertModel's tensors (RoBERTa's and XLM-R's the same under their prefix)."""

@@ -105,6 +105,19 @@ def special_tokens(tok: Tokenizer) -> dict[str, Any]:
             "bos_token": tok.bos_token or tok.eos_token}
 
 
+def phi3_special_tokens(tok: Tokenizer) -> dict[str, Any]:
+    """special_tokens, and GPT2Tokenizer as the class of a byte-level BPE tokenizer (Phi-4-mini's
+    own): llama.cpp's converter reads a Phi-3 directory's vocabulary from the SentencePiece
+    tokenizer.model (Phi-3-mini's kind, which tinyt does not keep) unless the class is that one.
+    transformers' GPT2TokenizerFast reads tokenizer.json as it is (no prefix space, no BOS)."""
+    data = tok.to_json_dict()
+    pre = data.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    byte_level = (data.get("model") or {}).get("type") == "BPE" and \
+        any(p.get("type") == "ByteLevel" for p in parts if isinstance(p, dict))
+    return {**special_tokens(tok), **({"tokenizer_class": "GPT2Tokenizer"} if byte_level else {})}
+
+
 # -- encoders: tokenizer.json as it is (WordPiece, Unigram, BPE), its [CLS] / [SEP] post-processor
 def read_encoder_tokenizer(directory: Path, hf_cfg: dict[str, Any],
                            log: Callable[[str], None]) -> Tokenizer:
