@@ -32,10 +32,11 @@ row's sampling draws only from its own generator.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,6 +139,7 @@ class _SharedRows:
         self.lm = lm
         self.cache = lm.new_cache(rows, lower=ENGINE_LOWER)
         self.prefixes = PrefixStore(lm, prefix_bytes) if prefix_bytes else None
+        self.shared_prompt_tokens = 0  # admit's copies of an identical prompt's row
         # Prompts run together only where no activation scale is shared between rows
         # (quantize --kernel qgemm-rows or nbits, one graph for prompts and steps): the pair's
         # per-tensor qgemm prompt graph would let prompts that arrive together move each
@@ -151,9 +153,17 @@ class _SharedRows:
         (the prefix store) copies those rows and runs the rest; every prompt is kept."""
         out: dict[int, np.ndarray] = {}
         scored: dict[int, list[Logprob | None]] = {}
-        rest = dict(new)
+        # the same prompt in several rows (a request's n samples) runs once: the others copy
+        # its row and logits after the run
+        first: dict[tuple[int, ...], int] = {}
+        twins: dict[int, int] = {}
+        for row, ids in new.items():
+            if row not in score:
+                twins[row] = first.setdefault(tuple(ids), row)
+        twins = {row: of for row, of in twins.items() if of != row}
+        rest = {row: ids for row, ids in new.items() if row not in twins}
         if self.prefixes is not None:
-            for row, ids in new.items():
+            for row, ids in list(rest.items()):
                 found = None if row in score else self.prefixes.match(ids)
                 if found is None:
                     continue
@@ -179,6 +189,10 @@ class _SharedRows:
                                 hidden[j, :len(ids) - 1], ids[1:], score[row])]
             finally:
                 self._keep_or_give(staging, list(group.values()))
+        for row, of in twins.items():
+            self.cache.copy_in(row, self.cache, of)
+            out[row] = out[of].copy()
+        self.shared_prompt_tokens += sum(len(new[row]) for row in twins)
         return out, scored
 
     def _keep_or_give(self, staging: SharedCache, rows: list[list[int]]) -> None:
@@ -378,6 +392,12 @@ class Engine:
         store = getattr(self.rows, "prefixes", None)
         return 0 if store is None else store.reused_tokens
 
+    @property
+    def shared_prompt_tokens(self) -> int:
+        """Prompt tokens copied from an identical prompt admitted in the same step (a
+        request's n samples) instead of computed (for /metrics)."""
+        return getattr(self.rows, "shared_prompt_tokens", 0)
+
     # -- the caller's side ------------------------------------------------------------------
     def start(self) -> Engine:
         self._thread = threading.Thread(target=self._run, name="tinyt-engine", daemon=True)
@@ -412,6 +432,14 @@ class Engine:
             self._cond.notify()
         return req
 
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Requests submitted inside wait for the engine's next step together, so one step
+        admits them all where rows and its prompt budget allow: a request's n samples, whose
+        prompt then runs once (the engine's lock, re-entrant, is held meanwhile)."""
+        with self._cond:
+            yield
+
     def stop(self, *, cancel: bool = False, timeout: float | None = 30.0) -> None:
         """Take no new requests; finish what runs and waits (cancel=True: cancel it), then
         end the thread."""
@@ -444,15 +472,21 @@ class Engine:
                     return
                 new: dict[int, Request] = {}
                 budget = self.prefill_tokens
+                runs: set[tuple[int, ...]] = set()  # prompts this step computes (admit's twins)
                 while self._waiting and self._free and (
                         self.prefill_chunk or not new
-                        or len(self._waiting[0].prompt_ids) <= budget):
+                        or len(self._waiting[0].prompt_ids) <= budget
+                        or tuple(self._waiting[0].prompt_ids) in runs):  # a copy: no budget
                     req = self._waiting.popleft()
                     if req.cancelled:
                         req._emit(Done("cancelled", ""))
                         continue
                     new[heapq.heappop(self._free)] = req
-                    budget -= len(req.prompt_ids)
+                    key = tuple(req.prompt_ids)
+                    if key not in runs or req.prompt_logprobs is not None:
+                        budget -= len(req.prompt_ids)
+                    if req.prompt_logprobs is None:
+                        runs.add(key)
             try:
                 self._iterate(new)
             except Exception as e:  # a broken model: every request learns it, none hangs

@@ -359,13 +359,14 @@ class OpenAIServer:
         queue cancels those already in and is a 429 with Retry-After."""
         reqs: list[Request] = []
         try:
-            for i, job in enumerate(jobs):
-                reqs.append(self.engine.submit(
-                    job.ids, job.params, logprobs=job.logprobs,
-                    prompt_logprobs=job.prompt_logprobs,
-                    listener=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait,
-                                                                       (i, ev)),
-                    **({} if job.constraint is None else {"constraint": job.constraint})))
+            with self.engine.together():  # one step admits them: a shared prompt runs once
+                for i, job in enumerate(jobs):
+                    reqs.append(self.engine.submit(
+                        job.ids, job.params, logprobs=job.logprobs,
+                        prompt_logprobs=job.prompt_logprobs,
+                        listener=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait,
+                                                                           (i, ev)),
+                        **({} if job.constraint is None else {"constraint": job.constraint})))
         except QueueFull as e:
             for r in reqs:
                 r.cancel()

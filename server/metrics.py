@@ -45,6 +45,9 @@ class Metrics:
         Gauge("tinyt_prefix_reused_tokens", "prompt tokens copied from kept prefixes instead "
               "of computed", registry=r).set_function(
                   lambda: getattr(engine, "prefix_reused_tokens", 0))
+        Gauge("tinyt_shared_prompt_tokens", "prompt tokens copied from an identical prompt "
+              "admitted with them (a request's n samples) instead of computed",
+              registry=r).set_function(lambda: getattr(engine, "shared_prompt_tokens", 0))
 
     def answered(self, endpoint: str, status: int) -> None:
         """One request of `endpoint` answered with `status`."""

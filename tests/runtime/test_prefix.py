@@ -154,3 +154,27 @@ def test_where_reuse_is_not_exact_it_is_off_and_refused_by_name(artifacts, lm_on
         with pytest.raises(ConfigError, match="prefix_cache_bytes"):
             Engine(lm, max_batch=1, prefix_cache_bytes=bad)
     assert np.isscalar(Engine(lm, max_batch=1).prefix_cache_bytes)
+
+
+@pytest.mark.parametrize("name", ["int4-gqa", "pair"])
+def test_a_request_s_samples_run_their_prompt_once(artifacts, name):
+    """A prompt admitted in several rows at once (a request's n samples, as the server submits
+    them) runs once, the other rows copying its keys, values and logits: each sample is still
+    what it alone gives, and a different prompt admitted with them is computed as its own."""
+    lm = rt.load(artifacts[name], threads=1, tune=False)
+    ids, other = _prompts(lm)[1], _prompts(lm)[2]
+    asks = [(ids, 3), (ids, 4), (other, 3), (ids, 5)]
+    alone = [lm.generate_ids([p], max_new_tokens=6, temperature=0.8, seed=s)[0].token_ids
+             for p, s in asks]
+    engine = Engine(lm, max_batch=4, prefix_cache_bytes=0)
+    reqs = [engine.submit(p, SamplingParams(max_new_tokens=6, temperature=0.8, seed=s))
+            for p, s in asks]  # all waiting when the engine starts: admitted in one step
+    engine.start()
+    try:
+        for r in reqs:
+            r.wait(60)
+    finally:
+        engine.stop()
+    assert [r.out for r in reqs] == alone
+    assert len({tuple(a) for a in alone}) > 1  # the seeds drew different samples
+    assert engine.shared_prompt_tokens == 2 * len(ids)

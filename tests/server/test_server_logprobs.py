@@ -37,6 +37,12 @@ def lm(artifact):
     return rt.load(artifact, threads=1, tune=False)
 
 
+def _metric(server, name: str) -> float:
+    text = server.request("GET", "/metrics")[1]
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith(name + " ")))
+
+
 def test_echo_scores_the_prompt_as_the_runtime_does(server, lm):
     """lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs 1, max_tokens
     1 (and 0), temperature 0."""
@@ -85,7 +91,9 @@ def test_generated_logprobs_n_and_best_of(server, lm):
         assert abs(lp.token_logprobs[k] - w.logprob) <= TOL
         assert len(lp.top_logprobs[k]) <= 3  # two tokens may share a text
         assert abs(max(lp.top_logprobs[k].values()) - lp.token_logprobs[k]) <= TOL  # greedy
-    # n samples of one prompt, seeded: sample k draws from seed + k
+    # n samples of one prompt, seeded: sample k draws from seed + k; admitted together, the
+    # prompt runs once and the other samples copy its rows (4 rows: "def "'s 3 samples first)
+    before = _metric(server, "tinyt_shared_prompt_tokens")
     r = c.completions.create(model="tiny-gqa", prompt=["def ", "x = "], max_tokens=6,
                              temperature=1.0, seed=11, n=3)
     assert [ch.index for ch in r.choices] == list(range(6))
@@ -94,6 +102,7 @@ def test_generated_logprobs_n_and_best_of(server, lm):
             assert r.choices[3 * p + k].text == lm.generate(prompt, max_new_tokens=6,
                                                             temperature=1.0, seed=11 + k)
     assert r.usage.prompt_tokens == len(ids) + len(lm.tokenizer.encode_prompt("x = "))
+    assert _metric(server, "tinyt_shared_prompt_tokens") - before >= 2 * len(ids)
     # best_of: the n of best_of samples with the highest total logprob
     r = c.completions.create(model="tiny-gqa", prompt="def ", max_tokens=6, temperature=1.0,
                              seed=3, n=2, best_of=4, logprobs=0)
@@ -166,9 +175,7 @@ def test_a_held_prefix_is_reused_and_counted(server, lm):
     head = lm.tokenizer.encode("def parse_args(argv):\n    result = argv * 2 + 7\n" * 3)[:18]
 
     def reused() -> float:
-        text = server.request("GET", "/metrics")[1]
-        return float(next(line.split()[-1] for line in text.splitlines()
-                          if line.startswith("tinyt_prefix_reused_tokens ")))
+        return _metric(server, "tinyt_prefix_reused_tokens")
     before = reused()
     for tail in ("x", "import os"):
         ids = head + lm.tokenizer.encode(tail)
