@@ -19,9 +19,9 @@ sweep; its own report is kept beside a short summary.
     bash scripts/setup-guidellm.sh
     .venv/bin/python -m benchmarks.guidellm_sweep ARTIFACT --out benchmarks/results/guidellm-<cpu>
 
-Exactly NEW tokens through min_tokens, not guidellm's own way: given an output length in its
-data it sends vLLM's `ignore_eos`, which tinyt serve refuses as an unknown field, so the
-length goes in the backend's max_tokens and the body's min_tokens instead.
+Exactly NEW tokens through min_tokens: given an output length in its data guidellm sends vLLM's
+`ignore_eos`, which tinyt serve takes too (since this script was written); the length goes in
+the backend's max_tokens and the body's min_tokens, which asks the same of any server.
 
 guidellm runs WORKERS worker processes (1 by default, each an asyncio loop holding many
 requests in flight): on a machine of few cores the load generator shares them with the server.

@@ -120,6 +120,16 @@ def test_encoder_through_export_optimize_verify_and_embed(minilm, tmp_path, monk
     lines = [json.loads(line) for line in out.splitlines()]
     assert code in (0, None) and [x["text"] for x in lines] == TEXTS[:2]
     assert np.abs(np.array([x["embedding"] for x in lines]) - got[:2]).max() <= 1e-6
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS[1:3]) + "\n", encoding="utf-8")
+    code, out, err = _cli(monkeypatch, capsys, "embed", tmp_path / "opt", TEXTS[0],
+                          "--file", tmp_path / "texts.txt")  # each line after the arguments
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code in (0, None) and [x["text"] for x in lines] == TEXTS[:3]
+    assert np.abs(np.array([x["embedding"] for x in lines]) - got[:3]).max() <= 1e-6
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not utf-8")
+    code, out, err = _cli(monkeypatch, capsys, "embed", tmp_path / "opt", "--file",
+                          tmp_path / "bad.txt")
+    assert code == 2 and "cannot read it as UTF-8 text" in err
     code, out, err = _cli(monkeypatch, capsys, "generate", tmp_path / "opt", "hi")
     assert code == 2 and "is an encoder; use 'tinyt embed'" in err
     code, out, err = _cli(monkeypatch, capsys, "export-hf", ckpt, tmp_path / "hf-out")
