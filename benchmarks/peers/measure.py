@@ -81,7 +81,7 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                if a.get("must_equal") and a["identical_to"] is False]
         # 2. time, rounds interleaved (and the read bandwidth of 1..threads cores between them)
         raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes,
-                               threads)
+                               threads, skipped)
         # resident memory: after the load (with the load's own peak), and the peak over the
         # calls since it (the longest context's included), before the loop probe loads a
         # second runtime
@@ -270,11 +270,15 @@ def _logprobs(workers: list[Worker], threads: int, prompts: list[list[int]],
 
 
 def _time(workers: list[Worker], bad: list[str], calls: list[dict], rounds: int,
-          settle: int, block: int, nbytes: int,
-          threads: list[int]) -> tuple[dict, dict[int, float]]:
+          settle: int, block: int, nbytes: int, threads: list[int],
+          skipped: dict[str, str] | None = None) -> tuple[dict, dict[int, float]]:
     """Seconds per call per worker, rounds interleaved (each round starting at the next
     worker), and per thread count the median of the read bandwidth of that many cores,
-    measured once a round."""
+    measured once a round. A worker that dies meanwhile (the kernel's out-of-memory killer,
+    as the long context's call grows an engine past what its start left room for) is that
+    engine's result: recorded in `skipped`, its times dropped and it removed from `workers`;
+    the others go on."""
+    skipped = {} if skipped is None else skipped
     raw: dict[str, list[list[float]]] = {w.label: [[] for _ in calls] for w in workers
                                          if w.name not in bad and rounds}  # 0: nothing timed
     bandwidth: dict[int, list[float]] = {n: [] for n in threads}
@@ -283,7 +287,17 @@ def _time(workers: list[Worker], bad: list[str], calls: list[dict], rounds: int,
         for w in order:
             if w.name in bad:
                 continue
-            times = w.ask(op="time", calls=calls, settle=settle, block=block)["times"]
+            try:
+                times = w.ask(op="time", calls=calls, settle=settle, block=block)["times"]
+            except BenchError as e:
+                if w.proc.poll() is None:  # alive: a real failure of the run
+                    raise
+                skipped[w.label] = f"died while timed in round {r + 1}: {e}" + (
+                    " (SIGKILL: most likely the out-of-memory killer)"
+                    if w.proc.returncode == -9 else "")
+                workers.remove(w)
+                raw.pop(w.label, None)
+                continue
             for i, ts in enumerate(times):
                 raw[w.label][i] += ts
             time.sleep(REST_S)

@@ -285,6 +285,50 @@ def test_an_engine_that_fails_the_greedy_check_is_skipped_with_its_error():
     assert all(w.closed for w in gone)
 
 
+def test_a_worker_killed_while_timed_is_that_engine_s_result(monkeypatch):
+    """GenAI's builder int8 at Phi-4-mini's shape grew past the machine at an 8,192-token
+    context and the kernel killed it in the middle of the rounds: recorded with its signal,
+    its times dropped, the other engines timed to the end; a live worker's error still ends
+    the run."""
+    from tinyt.benchmarks.peers import analysis, measure
+    from tinyt.errors import BenchError
+
+    monkeypatch.setattr(measure, "REST_S", 0)
+    monkeypatch.setattr(analysis, "read_bandwidth", lambda nbytes, n: 1e9)
+
+    class Proc:
+        def __init__(self):
+            self.returncode = None
+
+        def poll(self):
+            return self.returncode
+
+    class Fake:
+        def __init__(self, name, dies_at=None, alive_error=False):
+            self.name, self.threads, self.label = name, 2, f"{name}@2t"
+            self.proc, self.calls, self.dies_at = Proc(), 0, dies_at
+            self.alive_error = alive_error
+
+        def ask(self, **req):
+            self.calls += 1
+            if self.alive_error:
+                raise BenchError(f"{self.label}: a bad request")
+            if self.calls == self.dies_at:
+                self.proc.returncode = -9
+                raise BenchError(f"{self.label}: worker exited with status -9")
+            return {"times": [[0.5] for _ in req["calls"]]}
+    workers = [Fake("tinyt-int8-gqa"), Fake("genai-builder-int8", dies_at=2)]
+    skipped: dict[str, str] = {}
+    raw, _ = measure._time(workers, [], [{}, {}], 3, 0, 1, 1, [2], skipped)
+    assert list(raw) == ["tinyt-int8-gqa@2t"] and raw["tinyt-int8-gqa@2t"][0] == [0.5] * 3
+    assert [w.name for w in workers] == ["tinyt-int8-gqa"]
+    assert skipped == {"genai-builder-int8@2t": "died while timed in round 2: genai-builder-"
+                       "int8@2t: worker exited with status -9 (SIGKILL: most likely the "
+                       "out-of-memory killer)"}
+    with pytest.raises(BenchError, match="a bad request"):
+        measure._time([Fake("ct2-int8", alive_error=True)], [], [{}], 1, 0, 1, 1, [2], {})
+
+
 def test_the_decode_floor_counts_the_query_width():
     """Qwen3's head_dim makes q and the output projection C x (heads x head_dim), not C x C."""
     from tinyt.config import ModelConfig
