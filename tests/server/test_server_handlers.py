@@ -2,6 +2,7 @@
 stub engine that answers at once, so each route's answer, error and count is checked alone
 (tests/server/test_server.py runs the whole server through the openai client)."""
 import asyncio
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -30,7 +31,7 @@ class StubEngine:
     def __init__(self, script=(("a", "b"), "eos"), capacity=10, fail=None):
         self.script, self.capacity, self.fail = script, capacity, fail
         self.submitted, self.cancelled, self.started, self.stopped = [], 0, False, False
-        self.queue_depth = self.running = 0
+        self.queue_depth = self.running = self.held = 0
 
     def submit(self, ids, params, *, listener, logprobs=None, prompt_logprobs=None):
         if self.fail:
@@ -45,6 +46,11 @@ class StubEngine:
             listener(Token(n, text, 0.01 * (n + 1)))
         listener(Done(reason, "".join(texts), "boom" if reason == "error" else None))
         return req
+
+    @contextlib.contextmanager
+    def together(self):  # the real engine holds its lock: the jobs are admitted in one step
+        self.held += 1
+        yield
 
     def start(self):
         self.started = True
@@ -103,6 +109,7 @@ def test_a_completion_answers_with_choices_usage_and_counts():
         [(0, "ab", "stop"), (1, "ab", "stop")]  # eos is OpenAI's "stop"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     assert [ids for ids, _ in s.engine.submitted] == [[97, 98], [99]]
+    assert s.engine.held == 1  # a request's jobs submitted together (Engine.together)
     assert s.engine.submitted[0][1].max_new_tokens == 4
     assert requests_counted(s, "completions", 200) == 1
     assert s.metrics.registry.get_sample_value("tinyt_generated_tokens_total") == 4
