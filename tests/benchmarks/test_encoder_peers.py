@@ -41,6 +41,7 @@ def result(st_dir, tmp_path_factory):
                           latency_tokens=8)
 
 
+@pytest.mark.slow  # the module's run: worker processes, ~25 s
 def test_every_fp32_engine_computes_the_reference_and_int8_reports(result):
     _, r = result
     for label in ("tinyt-fp32@1t", "tinyt-opt@1t", "optimum@1t"):
@@ -53,6 +54,7 @@ def test_every_fp32_engine_computes_the_reference_and_int8_reports(result):
     assert r["method"]["check_texts"] == 220  # tinyt's retrieval set: 20 queries, 200 passages
 
 
+@pytest.mark.slow  # the module's run: worker processes, ~25 s
 def test_an_engine_pooling_otherwise_is_refused_before_timing(result):
     out, r = result
     a = r["refused"]["optimum-cls@1t"]
@@ -61,6 +63,7 @@ def test_an_engine_pooling_otherwise_is_refused_before_timing(result):
     assert "**refused**" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow  # the module's run: worker processes, ~25 s
 def test_the_others_are_timed_and_written_with_ratios_to_tinyt(result):
     out, r = result
     assert set(r["rows"]) == {f"{e}@1t" for e in (*OURS, "optimum")}
@@ -80,6 +83,7 @@ def test_the_others_are_timed_and_written_with_ratios_to_tinyt(result):
         assert f"| {name} | 1 |" in md
 
 
+@pytest.mark.slow  # the module's run: worker processes, ~25 s
 def test_absent_peers_are_named_with_their_install_command(result):
     out, r = result
     absent = {e: m for e, m in ABSENT.items() if importlib.util.find_spec(m) is None}

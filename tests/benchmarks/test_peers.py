@@ -134,6 +134,7 @@ def test_held_out_prompts(lm_onnx, corpus_dir):
         held_out_prompts(tok, val, 10_000, 12)
 
 
+@pytest.mark.slow  # a whole run with worker processes: ~15 s
 def test_peer_benchmark_proves_then_times(tiny_ckpt, lm_opt, lm_int8, tmp_path, monkeypatch):
     (tmp_path / "art").mkdir()  # the layout tinyt pipeline writes
     for name, src in (("checkpoint", tiny_ckpt), ("onnx-opt", lm_opt), ("onnx-int8", lm_int8)):

@@ -136,6 +136,7 @@ def test_a_phi_export_names_its_byte_level_tokenizer_as_llama_cpp_reads_it(tmp_p
         "PreTrainedTokenizerFast"  # other families keep the generic class
 
 
+@pytest.mark.slow  # 4,102-token forwards in transformers and tinyt: ~20-30 s each
 @pytest.mark.parametrize("case", ["phi3.5", "phi4-mini"])
 def test_longrope_switches_and_recomputes_as_transformers(case, tmp_path):
     """LongRoPE at Phi's real 4,096-token original context: a sequence within it turns at the
