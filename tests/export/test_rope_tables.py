@@ -10,13 +10,14 @@ import pytest
 from onnx import TensorProto, helper
 
 from tinyt.config import ModelConfig
-from tinyt.export.gqa_graph import ROPE_CACHES, _rope_caches, rope_cache
+from tinyt.export.gqa_graph import LONGROPE_POSITIONS, ROPE_CACHES, _rope_caches, rope_cache
 from tinyt.rope import is_longrope
 
 # cos / sin in float32 by ONNX Runtime against numpy: one ulp (1.2e-7 at |x| <= 1) apart at
 # most, times LongRoPE's attention factor (~1.2) where it scales the table
 TABLE_TOL = 2.5e-7
 LONG = [1.0 + 0.05 * i for i in range(24)]
+POSITIONS = np.array([[0, 4095, 4097]], np.int64)
 CONFIGS = {
     "llama3-131k": dict(n_embd=256, n_head=4, block_size=131072, rope_theta=500000.0,
                         rope_scaling={"rope_type": "llama3", "factor": 32.0,
@@ -39,11 +40,16 @@ def _cfg(name):
 
 def _folded(cfg) -> dict[str, np.ndarray]:
     """The graph's tables as ONNX Runtime computes them (each table an output)."""
-    g = helper.make_graph([], "tables", [helper.make_tensor_value_info(
-        "total_sequence_length", TensorProto.INT32, [])], [])
+    g = helper.make_graph([], "tables", [
+        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        *([helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, 3])]
+          if is_longrope(cfg) else [])], [])
     caches = _rope_caches(g, cfg)
-    names = sorted({n for pair in caches.values() for n in pair})
-    g.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
+    names = sorted({n for pair in caches.values() for n in pair}) + \
+        ([LONGROPE_POSITIONS] if is_longrope(cfg) else [])
+    g.output.extend(helper.make_tensor_value_info(
+        n, TensorProto.INT64 if n == LONGROPE_POSITIONS else TensorProto.FLOAT, None)
+        for n in names)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     assert sum(np.prod(t.dims) for t in g.initializer) < 1000  # no table in the file
     opts = ort.SessionOptions()
@@ -51,7 +57,8 @@ def _folded(cfg) -> dict[str, np.ndarray]:
     s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     out = {}
     for total in (1, cfg.block_size):  # LongRoPE: short tables, then long ones
-        feeds = {"total_sequence_length": np.array(total, np.int32)}
+        feeds = {"total_sequence_length": np.array(total, np.int32),
+                 **({"position_ids": POSITIONS} if is_longrope(cfg) else {})}
         out.update({f"{n}@{total}": v for n, v in zip(names, s.run(names, feeds))})
     return out
 
@@ -61,10 +68,14 @@ def test_the_folded_tables_are_rope_cache(name):
     cfg = _cfg(name)
     got = _folded(cfg)
     want = {}
-    if is_longrope(cfg):
-        for total, long in ((1, False), (cfg.block_size, True)):
-            for n, table in zip(ROPE_CACHES[False], rope_cache(cfg, long=long)):
+    if is_longrope(cfg):  # one table, the short above the long; the positions pick the half
+        both = [np.concatenate(pair) for pair in zip(rope_cache(cfg), rope_cache(cfg, long=True))]
+        for total in (1, cfg.block_size):
+            for n, table in zip(ROPE_CACHES[False], both):
                 want[f"{n}@{total}"] = table
+            np.testing.assert_array_equal(  # past the original context: the long half
+                got.pop(f"{LONGROPE_POSITIONS}@{total}"),
+                POSITIONS + (cfg.block_size if total > 4096 else 0))
     else:
         for local in sorted({cfg.rope_local_theta is not None and cfg.windowed(i)
                              for i in range(cfg.n_layer)}):
@@ -73,7 +84,8 @@ def test_the_folded_tables_are_rope_cache(name):
                     want[f"{n}@{total}"] = table
     assert set(got) == set(want)
     for k in want:
-        assert got[k].shape == want[k].shape == (cfg.block_size, cfg.rotary_dims // 2), k
+        rows = cfg.block_size * (2 if is_longrope(cfg) else 1)
+        assert got[k].shape == want[k].shape == (rows, cfg.rotary_dims // 2), k
         assert np.abs(got[k] - want[k]).max() <= TABLE_TOL, k
 
 
