@@ -159,6 +159,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
         "--out peers-phi4-agree-results --threads 1",
     "--out benchmarks/results/peers-phi-4-mini-2layers-2t-epyc-vnni --threads 2 --rounds 1":
         "--out peers-phi4-2t-results --threads 2 --rounds 1",
+    "--out benchmarks/results/peers-phi-4-mini-2layers-2t-int4-epyc-vnni --threads 2 --rounds 2":
+        "--out peers-phi4-2t-int4-results --threads 2 --rounds 1",
+    "--out benchmarks/results/peers-llama-demo-int4-timed20-epyc-vnni --threads 1 --threads 2 "
+    "--rounds 20": "--out peers-ld-timed20-results --threads 1 --threads 2 --rounds 1",
     # the 4-bit schemes side by side -> two of them, one block, a few timed steps
     "int4_schemes artifacts-ld/onnx-opt --rounds 0 --out "
     "benchmarks/results/int4-schemes-llama-demo-epyc-vnni":
