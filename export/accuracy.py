@@ -2,10 +2,11 @@
 
 Causal LM: validation loss (nats per token and per byte) of both, its relative change, next-token
 top-1 agreement, mean KL divergence, and greedy-generation agreement. Classifier: accuracy of
-both and its change. Encoder: on the built-in queries and passages (export/retrieval_set.py),
-each text's cosine similarity to the reference's sentence embedding, and retrieval recall@10:
+both and its change. Encoder: on the standard library's docstrings (export/retrieval_set.py
+docstring_set: 50 queries, 500 passages), each text's cosine similarity to the reference's
+sentence embedding, and retrieval recall@10:
 
-    queries [20], passages [200] ──ref.embed──▶ ranking of passages per query ──top 10──┐
+    queries [50], passages [500] ──ref.embed──▶ ranking of passages per query ──top 10──┐
                                  ──cand.embed─▶ ranking of passages per query ──top 10──┴─▶ overlap
 """
 from __future__ import annotations
@@ -33,10 +34,11 @@ EVAL_BATCH = 8  # windows (classifier: examples) per batch, at most
 EVAL_LOGITS = 1 << 24  # logits per LM batch (64 MB): 8 windows of the demo, 1 at GPT-2's size
 RECALL_K = 10  # an encoder's retrieval: passages per query compared between the two rankings
 EMBED_BATCH = 32  # texts per encoder batch: the runtime's own embed() default
-# The issue's targets for an INT8 encoder on real weights (all-MiniLM-L6-v2's kind): recorded
-# beside the figures with whether they were met, not enforced (random weights rank passages
-# by differences as small as the quantization's own; the search's budget is the gate).
-ENCODER_TARGETS = {"cosine_mean": 0.99, f"recall_at_{RECALL_K}": 0.98}
+# The targets for an INT8 encoder on real weights (issue 48, measured on all-MiniLM-L6-v2 and
+# the docstring set): recorded beside the figures with whether they were met, not enforced
+# (random weights rank passages by differences as small as the quantization's own; the
+# search's budget is the gate). One lost hit of the 500 moves recall@10 by 0.002.
+ENCODER_TARGETS = {"cosine_mean": 0.999, f"recall_at_{RECALL_K}": 0.99}
 
 
 def _logits(sess: ort.InferenceSession, cfg: ModelConfig, kind: str, x: np.ndarray) -> np.ndarray:
@@ -238,38 +240,58 @@ def recall_at_k(ref_top: np.ndarray, cand_top: np.ndarray) -> np.ndarray:
     return np.array([len(set(a) & set(b)) for a, b in zip(ref_top, cand_top)])
 
 
+def hits(top: np.ndarray, relevant: tuple[tuple[int, ...], ...]) -> float:
+    """The fraction of queries with one of their own passages among their top k [q, k]."""
+    return float(np.mean([bool(set(t) & set(r)) for t, r in zip(top, relevant)]))
+
+
 def encoder_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, source: Artifact,
-                     tokenizer: Tokenizer, *, rows_independent: bool = True) -> dict[str, Any]:
-    """`cand` against `ref` on the built-in queries and passages (export/retrieval_set.py),
-    both run through the runtime's Encoder (its tokenization, cut and batching): each text's
-    cosine similarity to the reference's sentence embedding (min, mean), and recall@10 — per
-    query, the fraction of the reference's 10 best passages among the candidate's 10 best
-    (mean, and the worst query). The reference runs in batches; the candidate too where
-    `rows_independent` says no activation scale spans two texts, else each text alone (a
-    per-tensor scale would make a text's embedding depend on its batch). An encoder without a
-    pooling (hidden states only) is compared token by token on last_hidden_state, without
-    recall."""
-    queries, passages = retrieval_set.QUERIES, retrieval_set.PASSAGES
-    texts = [*queries, *passages]
+                     tokenizer: Tokenizer, *, rows_independent: bool = True,
+                     texts: retrieval_set.RetrievalSet | None = None) -> dict[str, Any]:
+    """`cand` against `ref` on the retrieval set `texts` (default: the standard library's
+    docstrings, export/retrieval_set.py), both run through the runtime's Encoder (its
+    tokenization, cut and batching). The report's keys:
+
+    data, set_digest, texts, queries, passages: the set (its sha256 digest, to compare runs);
+    max_length, longest_text_tokens: the cut, and the longest text before it;
+    cosine_min, cosine_mean: each text's cosine similarity to the reference's embedding;
+    recall_at_10 (whole hits over all queries, divided once) and recall_at_10_worst_query:
+        per query, how many of the reference's 10 best passages are among the candidate's;
+    hit_rate_at_10_reference, hit_rate_at_10: the fraction of queries with a passage of their
+        own docstring in the top 10 (retrieval quality, of each graph: high on a trained model,
+        near 10 / passages on random weights);
+    targets, meets_targets: ENCODER_TARGETS and whether both were met; batched.
+
+    The reference runs in batches; the candidate too where `rows_independent` says no
+    activation scale spans two texts, else each text alone (a per-tensor scale would make a
+    text's embedding depend on its batch). An encoder without a pooling (hidden states only)
+    is compared token by token on last_hidden_state, without recall."""
+    rs = retrieval_set.docstring_set() if texts is None else texts
+    queries, passages = rs.queries, rs.passages
+    all_texts = [*queries, *passages]
     a, b = Encoder(source, ref, tokenizer), Encoder(source, cand, tokenizer)
-    lengths = [len(ids) for ids, _ in a.encode(texts)]
+    lengths = [len(ids) for ids, _ in a.encode(all_texts)]
     report: dict[str, Any] = {
-        "data": "built-in retrieval set (tinyt.export.retrieval_set)", "texts": len(texts),
+        "data": rs.source, "set_digest": rs.digest, "texts": len(all_texts),
         "queries": len(queries), "passages": len(passages), "max_length": a.max_length,
         "longest_text_tokens": max(lengths), "batched": rows_independent}
     if "sentence_embedding" not in [o.name for o in ref.get_outputs()]:
         # [tokens, C] per text, each alone: padding's hidden states are unspecified
-        cos = np.concatenate([cosines(a.hidden_states(t), b.hidden_states(t)) for t in texts])
+        cos = np.concatenate([cosines(a.hidden_states(t), b.hidden_states(t))
+                              for t in all_texts])
         return {**report, "output": "last_hidden_state", "tokens": int(cos.size),
                 "cosine_min": float(cos.min()), "cosine_mean": float(cos.mean())}
-    x = a.embed(texts, batch_size=EMBED_BATCH)  # [texts, C]
-    y = b.embed(texts, batch_size=EMBED_BATCH if rows_independent else 1)
+    x = a.embed(all_texts, batch_size=EMBED_BATCH)  # [texts, C]
+    y = b.embed(all_texts, batch_size=EMBED_BATCH if rows_independent else 1)
     cos = cosines(x, y)
     n, k = len(queries), RECALL_K
-    recall = recall_at_k(top_k(x[:n], x[n:], k), top_k(y[:n], y[n:], k))
+    top_x, top_y = top_k(x[:n], x[n:], k), top_k(y[:n], y[n:], k)
+    recall = recall_at_k(top_x, top_y)
     figures = {"cosine_min": float(cos.min()), "cosine_mean": float(cos.mean()),
                f"recall_at_{k}": int(recall.sum()) / (k * n),  # whole hits, divided once
                f"recall_at_{k}_worst_query": int(recall.min()) / k}
     return {**report, "output": "sentence_embedding", "k": k, **figures,
+            f"hit_rate_at_{k}_reference": hits(top_x, rs.relevant),
+            f"hit_rate_at_{k}": hits(top_y, rs.relevant),
             "targets": ENCODER_TARGETS,
             "meets_targets": all(figures[m] >= t for m, t in ENCODER_TARGETS.items())}

@@ -11,10 +11,10 @@ windows, or an encoder's or classifier's texts fed as the runtime feeds them); s
 ops, from the plain export; settings from the CPU's INT8 preset (tinyt.hardware).
 
 An encoder (sentence embeddings) takes every mode and kernel; its accuracy report is cosine
-similarity to the source's embeddings and retrieval recall@10 on the built-in queries and
-passages (accuracy.encoder_accuracy), not held-out corpus text. A classifier's (sequence or
-token) is label agreement with the source on built-in text, which needs no labels, with
-accuracy beside it where labelled data applies (accuracy.classifier_report).
+similarity to the source's embeddings and retrieval recall@10 on queries and passages drawn
+from the standard library's docstrings (accuracy.encoder_accuracy), not held-out corpus text.
+A classifier's (sequence or token) is label agreement with the source on built-in text, which
+needs no labels, with accuracy beside it where labelled data applies (accuracy.classifier_report).
 """
 from __future__ import annotations
 
@@ -120,8 +120,9 @@ def _check_request(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
                             "the source on built-in text, and no labelled data format holds a "
                             f"label per token, so data={data!r} does not apply; leave it out")
     if data is not None and kind == ENCODER:
-        raise QuantizeError(f"{src} is an encoder: its accuracy report reads the built-in "
-                            "queries and passages (tinyt.export.retrieval_set), so data="
+        raise QuantizeError(f"{src} is an encoder: its accuracy report reads queries and "
+                            "passages drawn from the standard library's docstrings "
+                            "(tinyt.export.retrieval_set), so data="
                             f"{data!r} (a corpus or classification directory) does not apply; "
                             "leave it out")
 
