@@ -59,7 +59,10 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
 
     ckpt = Path(skip_train) if skip_train else out / "checkpoint"
     if skip_train:
-        read_config(ckpt)  # a clear error now if it is not a checkpoint
+        cfg, _ = read_config(ckpt)  # a clear error now if it is not a checkpoint
+        if cfg.task != "causal_lm":  # an encoder's rows and report (app/encoder_pipeline.py)
+            from tinyt.app.encoder_pipeline import encoder_pipeline
+            return encoder_pipeline(out, ckpt, cfg, data=data, bench=bench, log=log)
         timings["train"] = "skipped (--skip-train)"
     else:
         from tinyt.train import train

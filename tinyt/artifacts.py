@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, KINDS, SHARED_CACHE_KIND
+from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, KINDS, SHARED_CACHE_KIND
 
 CHECKPOINT = "checkpoint"  # the trained language model: ARTIFACTS/checkpoint
 CLASSIFIER_CHECKPOINT = "clf"  # a classifier checkpoint, when one is trained beside it
@@ -131,6 +131,20 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("clf-int8", "clf-opt", "quantize", "quantize-clf", CLASSIFIER, made_by="hand",
             bench="ort-clf-int8", timed=True),
 )
+# An encoder checkpoint's rows (a sentence-transformers or BERT-family import), which the
+# pipeline makes instead of the decoder rows above (rows_for): no KV cache, no pair, no static
+# INT8 (on all-MiniLM-L6-v2 static QDQ keeps recall@10 at 0.74 of fp32's; docs/encoders.md).
+#   checkpoint ─export─▶ onnx ─optimize─▶ onnx-opt ─quantize ENCODER_INT8─▶ onnx-int8
+# ENCODER_INT8: the recipe measured on the real all-MiniLM-L6-v2 (docs/quantization.md).
+ENCODER_INT8: Mapping[str, str | int | tuple[str, ...]] = MappingProxyType({})
+ENCODER_VARIANTS: tuple[Variant, ...] = (
+    Variant("onnx", CHECKPOINT, "export", "export", ENCODER, verify=True, bench="ort-fp32",
+            timed=True),
+    Variant("onnx-opt", "onnx", "optimize", "optimize", ENCODER, verify=True,
+            bench="ort-optimized", timed=True),
+    Variant("onnx-int8", "onnx-opt", "quantize", "quantize", ENCODER, ENCODER_INT8,
+            bench="ort-int8", timed=True),
+)
 BY_DIR: Mapping[str, Variant] = MappingProxyType({v.dir: v for v in VARIANTS})
 
 
@@ -146,6 +160,18 @@ def made_by(maker: str) -> tuple[Variant, ...]:
     if maker not in MAKERS:
         raise ValueError(f"maker {maker!r} is not one of {', '.join(MAKERS)}")
     return tuple(v for v in VARIANTS if v.made_by == maker)
+
+
+def rows_for(kind: str) -> tuple[Variant, ...]:
+    """The rows the pipeline makes for a checkpoint whose graph is `kind` (tinyt.contract), in
+    making order."""
+    if kind == ENCODER:
+        return ENCODER_VARIANTS
+    if kind == DECODER_WITH_PAST:
+        return made_by("pipeline")
+    raise ValueError(f"the pipeline takes a language model ({DECODER_WITH_PAST}) or a sentence "
+                     f"encoder ({ENCODER}) checkpoint, not a {kind}; run export, optimize and "
+                     "quantize on it one by one (docs/encoders.md)")
 
 
 def with_engine() -> Mapping[str, Variant]:
