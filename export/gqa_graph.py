@@ -421,32 +421,82 @@ def _unfuse_skip_layernorm(g: onnx.GraphProto) -> None:
     g.node.extend(nodes)
 
 
-def _lm_head(g: onnx.GraphProto) -> onnx.NodeProto:
-    """The matmul that makes the logits: from the node that outputs them, back through what
-    follows the head elementwise (Gemma 2's soft cap: Div, Tanh, Mul by constants)."""
+def _head_input(g: onnx.GraphProto) -> str:
+    """The hidden states the lm_head reads: the input of the matmul that makes the logits,
+    found from the node that outputs them back through what follows the head elementwise
+    (Gemma 2's soft cap: Div, Tanh, Mul by constants). An untied head quantized with a scale
+    per row (`quantize --kernel qgemm-rows`, export/blockquant.py) is no single matmul; its
+    input is what the rows' quantization divides:
+
+        x ─Abs─ReduceMax─Max─Mul─ row scale ───────────────────────────────┐
+        x ─Div(row scale)─Round─Add─Cast─MatMulInteger─Cast─ products ─Mul_rows─Mul_channels─▶
+    """
     prod = producers(g)
-    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant"
-                                                for o in n.output}
+    consts = _constants(g)
     node = prod["logits"]
     while "MatMul" not in node.op_type and node.op_type != "Gemm":
         ahead = [i for i in node.input if i and i not in consts]
+        x = _row_quantized_input(node, ahead, prod)
+        if x is not None:
+            return x
         if node.op_type not in ELEMENTWISE or len(ahead) != 1 or ahead[0] not in prod:
             raise SharedCacheError(f"the logits come from {node.op_type} {node.name!r}, not "
                                    "from a matmul followed by elementwise ops")
         node = prod[ahead[0]]
-    return node
+    return node.input[0]
 
 
 ELEMENTWISE = ("Mul", "Div", "Tanh", "Add", "Sub", "Cast")
+
+
+def _constants(g: onnx.GraphProto) -> set[str]:
+    return {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant"
+                                              for o in n.output}
+
+
+def _row_quantized_input(node: onnx.NodeProto, ahead: list[str], prod: dict) -> str | None:
+    """x of a row-quantized matmul whose products' row scaling `node` is (the sketch in
+    _head_input), or None."""
+    if node.op_type != "Mul" or len(ahead) != 2:
+        return None
+    for products in ahead:
+        cast = prod.get(products)
+        gemm = prod.get(cast.input[0]) if cast is not None and cast.op_type == "Cast" else None
+        if gemm is None or gemm.op_type != "MatMulInteger":
+            continue
+        div = _upstream(gemm.input[0], prod, lambda n: n.op_type == "Div")
+        if div is not None and div.input[1] in ahead:  # divided by the scale it multiplies
+            return div.input[0]
+    return None
+
+
+def _head_nodes(g: onnx.GraphProto, x: str) -> list[onnx.NodeProto]:
+    """The nodes between the hidden states x and the logits, in graph order; they must read
+    nothing else but constants (the last-position rewrite feeds them one row per sequence)."""
+    prod, consts = producers(g), _constants(g)
+    keep, stack = set(), ["logits"]
+    while stack:
+        name = stack.pop()
+        node = prod.get(name)
+        if name == x or name in consts or id(node) in keep:
+            continue
+        if node is None or node.op_type in ("MultiHeadAttention", "GroupQueryAttention"):
+            raise SharedCacheError(f"the lm_head reads {name!r} besides the hidden states "
+                                   f"{x!r}; only graphs from `tinyt optimize --target cpu`")
+        keep.add(id(node))
+        stack.extend(i for i in node.input if i)
+    return [n for n in g.node if id(n) in keep]
 
 
 def _last_position_logits(g: onnx.GraphProto, width: int) -> None:
     """The lm_head reads each row's last query position only (logits [B, 1, V]); the hidden
     states it reads from ([B, S, C], the last norm's output) become the output `hidden_states`,
     so that a caller can score every position of a prompt through the head alone
-    (runtime/score.py) without every prompt paying for [B, S, V] logits."""
-    head = _lm_head(g)
-    old = head.input[0]
+    (runtime/score.py) without every prompt paying for [B, S, V] logits. Every node of the
+    head that reads the hidden states reads the picked rows instead (a row-quantized head's
+    two: its scale and its division), so each row's logits are those of the full graph's."""
+    old = _head_input(g)
+    head = _head_nodes(g, old)
     for n in g.node:  # the value is renamed where it is made and read
         n.input[:] = [HIDDEN_OUTPUT if i == old else i for i in n.input]
         n.output[:] = [HIDDEN_OUTPUT if o == old else o for o in n.output]
@@ -470,8 +520,10 @@ def _last_position_logits(g: onnx.GraphProto, width: int) -> None:
     g.initializer.extend([onnx.numpy_helper.from_array(np.array(1, np.int64), "/lm_head/last/one"),
                           onnx.numpy_helper.from_array(np.array([1], np.int64),
                                                        "/lm_head/last/axis1")])
-    head.input[0] = HEAD_INPUT
-    at = list(g.node).index(head)
+    readers = [n for n in head if hidden in n.input]
+    for n in readers:
+        n.input[:] = [HEAD_INPUT if i == hidden else i for i in n.input]
+    at = list(g.node).index(readers[0])  # x is made by then; a weight's Transpose may not be
     for i, n in enumerate(new):
         g.node.insert(at + i, n)
 
