@@ -87,7 +87,7 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
     tokens = D.encode_documents(tokenizer, corpus.val)
     W = check_tokens(cfg)
     D.check_lm_tokens(tokens, W, "validation")
-    x, y = D.lm_eval_windows(tokens, W, max(4, EVAL_TOKENS // W))
+    x, y = D.lm_eval_windows(tokens, W, max(4, EVAL_TOKENS // W), start=tokenizer.start_id)
     byte_len = tokenizer.token_byte_lengths()
     nats = {"reference": 0.0, "candidate": 0.0}
     agree, kl = 0, 0.0

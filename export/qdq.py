@@ -75,7 +75,8 @@ def calibration_windows(tokenizer: Tokenizer, cfg: ModelConfig, data: str | None
         D.check_lm_tokens(tokens, W, "calibration")
     except DataError as e:
         raise DataError(f"calibration set from {corpus.source}: {e}") from None
-    return D.lm_eval_windows(tokens, W, count)[0]
+    # each begins as the model's sequences do (its BOS, where its tokenizer puts one first)
+    return D.lm_eval_windows(tokens, W, count, start=tokenizer.start_id)[0]
 
 
 def calibration_texts(kind: str, data: str | None,

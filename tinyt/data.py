@@ -140,13 +140,22 @@ def lm_batch(tokens: np.ndarray, block_size: int, batch_size: int, seed: int, st
     return x, y  # (B, T), (B, T)
 
 
-def lm_eval_windows(tokens: np.ndarray, block_size: int, count: int):
-    """`count` fixed windows spread evenly over `tokens` (the same every evaluation)."""
+def lm_eval_windows(tokens: np.ndarray, block_size: int, count: int, *,
+                    start: int | None = None):
+    """`count` fixed windows spread evenly over `tokens` (the same every evaluation).
+    start: an id each window begins with (Tokenizer.start_id: the BOS that began every
+    sequence a model like Gemma was trained on, without which its first positions are not
+    the model's); block_size - 1 tokens of the stream follow it, and every target is still a
+    token of the stream (the first is predicted from the BOS alone)."""
     span = len(tokens) - block_size - 1
     starts = np.linspace(0, span, num=count).astype(np.int64)
-    x = np.stack([tokens[s : s + block_size] for s in starts]).astype(np.int64)
-    y = np.stack([tokens[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64)
-    return x, y
+    if start is None:
+        x = np.stack([tokens[s : s + block_size] for s in starts]).astype(np.int64)
+        y = np.stack([tokens[s + 1 : s + 1 + block_size] for s in starts]).astype(np.int64)
+        return x, y
+    body = np.stack([tokens[s : s + block_size] for s in starts]).astype(np.int64)
+    x = np.concatenate([np.full((count, 1), start, np.int64), body[:, :-1]], axis=1)
+    return x, body  # (count, block_size) each
 
 
 def held_out_prompts(tokenizer, texts: list[str], count: int, length: int, *,
@@ -182,7 +191,11 @@ def agreement_prompts(tokenizer, texts: list[str], block_size: int,
     after each (prompt and new tokens fit the context)."""
     length = min(AGREEMENT_PROMPT_TOKENS, block_size // 4)
     steps = min(AGREEMENT_TOKENS, block_size - length - 1)
-    return held_out_prompts(tokenizer, texts, count, length, minimum=1), steps
+    prompts = held_out_prompts(tokenizer, texts, count, length, minimum=1)
+    start = tokenizer.start_id  # each begins as the runtime begins a prompt (encode_prompt)
+    if start is not None:
+        prompts = [[start, *p[:-1]] for p in prompts]
+    return prompts, steps
 
 
 def check_lm_tokens(tokens: np.ndarray, block_size: int, split: str) -> None:

@@ -68,6 +68,7 @@ class Tokenizer:
     def __init__(self, hf: HFTokenizer, *, eos_token: str = EOS_TOKEN,
                  bos_token: str | None = None, chat_template: str | list | None = None):
         self.hf = hf
+        self._size: tuple[int | None, int] = (None, 0)  # (distinct pieces, vocab_size) of hf
         self.eos_token, self.bos_token = eos_token, bos_token
         self.eos_id: int | None = hf.token_to_id(eos_token)
         self.bos_id: int | None = None if bos_token is None else hf.token_to_id(bos_token)
@@ -145,7 +146,25 @@ class Tokenizer:
     # -- use -------------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return self.hf.get_vocab_size(with_added_tokens=True)
+        """The ids the tokenizer gives and reads: its largest id + 1. Not the count of distinct
+        pieces (the library's get_vocab_size): a valid tokenizer.json may hold one piece at two
+        ids (Gemma 3's tab at 247 and 255968), which the library's piece -> id map keeps once,
+        leaving a hole in the ids below the largest."""
+        distinct = self.hf.get_vocab_size(with_added_tokens=True)
+        if self._size[0] != distinct:  # first asked, or tokens were added since: count again
+            ids = [*self.hf.get_vocab(with_added_tokens=True).values(),
+                   *self.hf.get_added_tokens_decoder()]
+            self._size = (distinct, max(ids, default=-1) + 1)
+        return self._size[1]
+
+    @property
+    def start_id(self) -> int | None:
+        """The id the post-processor puts before every text (Llama's, Gemma's BOS): what each
+        sequence the model was trained on begins with and encode_prompt begins a prompt with;
+        None where it puts none (GPT-2's, tinyt's own)."""
+        plain = self.hf.encode("a", add_special_tokens=False).ids
+        full = self.hf.encode("a", add_special_tokens=True).ids
+        return full[0] if len(full) > len(plain) and full[1:1 + len(plain)] == plain else None
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
@@ -165,7 +184,7 @@ class Tokenizer:
         """UTF-8 bytes each token stands for (0 for special tokens); for nats-per-byte."""
         inverse = {c: b for b, c in bytes_to_unicode().items()}
         special = {t.content for t in self.hf.get_added_tokens_decoder().values()}
-        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)  # a hole in the ids: 0, never given
         for token, idx in self.hf.get_vocab(with_added_tokens=True).items():
             if token in special:
                 continue
