@@ -529,9 +529,21 @@ def _last_position_logits(g: onnx.GraphProto, width: int) -> None:
 
 
 def _drop_unused(g: onnx.GraphProto) -> None:
-    """Remove what nothing reads any more (the mask subgraph, the Splits, attention_mask)."""
+    """Remove what nothing reads any more (the mask subgraph, the Splits, attention_mask).
+    The exporter may take the batch size from attention_mask's shape (Shape, start 0, end 1:
+    a one-layer Phi-3.5 export's attention output Reshape does); input_ids has the same first
+    axis, and the shared-cache graph has no attention_mask."""
+    for n in g.node:
+        span = {a.name: a.i for a in n.attribute}
+        if n.op_type == "Shape" and list(n.input) == ["attention_mask"] \
+                and span.get("start", 0) == 0 and span.get("end") == 1:
+            n.input[0] = "input_ids"
     drop_dead(g)
     used = {i for n in g.node for i in n.input if i}
+    if "attention_mask" in used:
+        raise SharedCacheError("the graph reads attention_mask beyond its attention (" + ", ".join(
+            n.name for n in g.node if "attention_mask" in n.input) + "), which the shared-cache "
+            "graph has no input for; only graphs from `tinyt optimize --target cpu`")
     # position_ids stays an input when GroupQueryAttention places the rotary positions itself
     inputs = [i for i in g.input if i.name in used or i.name == "position_ids"]
     del g.input[:]

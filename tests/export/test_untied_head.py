@@ -28,10 +28,10 @@ def test_untied_head_through_the_row_quantized_shared_cache_stage(family, tmp_pa
     from tinyt.export.quantize import quantize
     from tinyt.hf import import_hf
 
-    # one layer for Mistral; Phi-3.5 keeps two (a one-layer LongRoPE export reads the batch
-    # size from attention_mask's shape, which the shared-cache graph no longer has)
-    save_hf(family, tmp_path / "hf", **({"num_hidden_layers": 1, "sliding_window": 12}
-                                        if family == "mistral" else {}))
+    # one layer (Phi-3.5's export then reads the batch size from attention_mask's shape, which
+    # the shared-cache graph has no input for: gqa_graph reads it from input_ids)
+    save_hf(family, tmp_path / "hf", num_hidden_layers=1,
+            **({"sliding_window": 12} if family == "mistral" else {}))
     ck = import_hf(tmp_path / "hf", tmp_path / "ck", log=lambda s: None)
     stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
     root = tmp_path / "artifacts"
