@@ -330,13 +330,15 @@ def package(
             from tinyt.export.web.serve import serve_dir
             serve_dir(path, port)
         return
-    worst = max(manifest["equivalence"]["worst"].values())
+    eq = manifest["equivalence"]
+    worst = max(w["max_abs"] for w in eq["worst"].values())
+    bound = min(w["bound"] for w in eq["worst"].values())
     typer.echo(f"files: {', '.join(manifest['files'])}")
     if manifest.get("fixed_shape"):
         typer.echo(f"pinned: {manifest['fixed_shape']} (at most "
                    f"{manifest['capacity_tokens']} tokens per sequence)")
     typer.echo(f"max abs diff vs source graph: {worst:.2e} "
-               f"(tolerance {manifest['equivalence']['tolerance']})")
+               f"(fp32 rounding bound {bound:.2e} at the smallest output)")
     typer.echo(f"package: {path}")
 
 

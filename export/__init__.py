@@ -14,8 +14,7 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {"export_onnx": "exporter", "ExportError": "exporter", "DEFAULT_OPSET": "exporter",
-         "verify": "verifier", "VerificationError": "verifier", "FP32_LOGITS_ATOL": "verifier",
-         "FP32_KV_ATOL": "verifier"}
+         "verify": "verifier", "VerificationError": "verifier", "reorder_bound": "compare"}
 
 __all__ = sorted(_LAZY)
 

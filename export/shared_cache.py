@@ -1,7 +1,8 @@
 """`tinyt optimize SRC OUT --target gqa`: the shared-cache variant of a cpu-optimized decoder
 artifact (fp32 or quantized) as an artifact of graph kind 'decoder_gqa', written after it is
 checked against its source (export/shared_cache_checks.py): logits of ragged prompts and of
-decode steps within OPT_ATOL, and the same greedy tokens from the runtime. The graph rewrite is
+decode steps within fp32 rounding (compare.reorder_bound), and the same greedy tokens from
+the runtime. The graph rewrite is
 export/gqa_graph.py; runtime/cache.py runs it.
 
     SRC (decoder_with_past) ──gqa_graph.to_gqa──▶ model.onnx ─┐

@@ -14,7 +14,7 @@ from tinyt.runtime.cache import window_capacity
 from tinyt.runtime.feeds import check_tokens, prefill_feeds, window_tokens
 from tinyt.runtime.session import UNFUSED
 
-from .compare import OPT_ATOL, first_difference
+from .compare import first_difference, reorder_bound
 
 # A quantized source quantizes activations to int8 at run time (MatMulNBits accuracy_level 4,
 # DynamicQuantizeMatMul): the two layouts' fp32 rounding differs in the last bits (attention
@@ -22,13 +22,14 @@ from .compare import OPT_ATOL, first_difference
 # step, which the layers after it carry on. Those moves are a few of the roundings the
 # quantization makes anyway, each of the same size, so together they move the logits less
 # than the quantization itself does: the bound is the quantized source's own distance from the
-# fp32 graph it was quantized from, on the same prompts and tokens, and at least QUANT_ATOL
-# (where that graph is gone, QUANT_ATOL alone). A wrong rewrite (a mask, a rotary, a window)
-# moves them by the model's whole logit range and fails either bound; in fp32 the rewrite is
-# held to OPT_ATOL. Measured: the demo INT8 graph 0.017 at worst, against INT8's own distance
-# from fp32 of ~1; Qwen3-0.6B's shape with random weights (28 layers, logits' spread 0.64)
-# 0.117, its source 0.278 from fp32 on the same steps (its qgemm form: 0.088 and 0.331).
-QUANT_ATOL = 0.1
+# fp32 graph it was quantized from, on the same prompts and tokens, and at least one int8 level
+# of the largest logit (QUANT_LEVEL x its |value|: where that graph is gone, the level alone).
+# A wrong rewrite (a mask, a rotary, a window) moves them by the model's whole logit range and
+# fails either bound; in fp32 the rewrite is held to compare.reorder_bound. Measured: the demo
+# INT8 graph 0.017 at worst, against INT8's own distance from fp32 of ~1; Qwen3-0.6B's shape
+# with random weights (28 layers, logits' spread 0.64) 0.117, its source 0.278 from fp32 on the
+# same steps (its qgemm form: 0.088 and 0.331).
+QUANT_LEVEL = 1 / 127
 
 
 def fp32_lineage(src_dir: Path) -> Path | None:
@@ -62,6 +63,7 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
     fp32 = None if fp32_dir is None else load(fp32_dir, threads=1)
     rng = np.random.default_rng(0)
     worst, quant = 0.0, 0.0  # the rewrite's difference; the quantization's own, from fp32
+    size = 0.0  # the source's largest |logit|
     # DynamicQuantizeMatMul quantizes activations with one scale per tensor, so the padding of
     # a batch moves its rows' results (left padding in the source, right padding here): such
     # a graph is compared on single prompts only.
@@ -84,6 +86,7 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
         active, last = np.ones(B, bool), min(6, cfg.block_size - T - 1)  # steps of this case
         for step in range(last + 1):
             worst = max(worst, float(np.abs(la[active] - lb[active]).max()))
+            size = max(size, float(np.abs(la[active]).max()))
             if lf is not None:
                 quant = max(quant, float(np.abs(la[active] - lf[active]).max()))
             if step == last:
@@ -95,13 +98,16 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
             lb = b.send((nxt, active.copy()))[:, -1].copy()
             if f is not None:
                 lf = f.send((nxt, active.copy()))[:, -1].copy()
-    atol = max(QUANT_ATOL, quant) if quantized else OPT_ATOL
+    level = QUANT_LEVEL * size
+    atol = max(level, quant) if quantized else reorder_bound(cfg, size)
     if not worst <= atol:
-        why = "" if not quantized else (
-            f": the larger of {QUANT_ATOL} and the quantization's own distance from "
-            f"{fp32_dir} on the same steps, {quant:.3g}" if fp32_dir is not None else
-            f": {QUANT_ATOL}; the fp32 artifact it was quantized from is not where its "
-            "manifest says, so the quantization's own distance could not widen it")
+        why = f": fp32 rounding at logits up to {size:.3g}" if not quantized else (
+            f": the larger of an int8 level of the largest logit ({level:.3g}) and the "
+            f"quantization's own distance from {fp32_dir} on the same steps, {quant:.3g}"
+            if fp32_dir is not None else
+            f": an int8 level of the largest logit ({size:.3g} / 127); the fp32 artifact it "
+            "was quantized from is not where its manifest says, so the quantization's own "
+            "distance could not widen it")
         raise SharedCacheError(f"the shared-cache graph's logits differ from its source's by "
                                f"{worst:.3g} (allowed {atol:.3g}{why})")
     prompts = [[1 + i % (cfg.vocab_size - 1) for i in range(n)] for n in (1, 5, 9)]
@@ -119,13 +125,14 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
         feeds = prefill_feeds(cfg, DECODER_WITH_PAST, np.array([prompt + w[:first]]),
                               np.ones((1, len(prompt) + first), np.int64))
         z = next(ref.steps(feeds))[0, -1]
-        if not z[w[first]] - z[g[first]] <= 2 * OPT_ATOL:
+        if not z[w[first]] - z[g[first]] <= 2 * reorder_bound(cfg, float(np.abs(z).max())):
             raise SharedCacheError(
                 "the shared-cache graph generates other greedy tokens than its source: "
                 f"{g} vs {w} (at token {first} the source prefers its own by "
                 f"{z[w[first]] - z[g[first]]:.3g}, more than a tie at fp32 precision)")
         ties += 1
-    return {"tolerance": atol, "logits_max_abs": worst, "greedy_agreement": same / total,
+    return {"tolerance": atol, "logits_max_abs": worst, "logits_magnitude": size,
+            "greedy_agreement": same / total,
             **({"quantization_vs_fp32_max_abs": quant, "fp32_source": str(fp32_dir)}
                if fp32_dir is not None else {}),
             "greedy_ties": ties,

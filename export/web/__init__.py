@@ -97,17 +97,17 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
     the same, but where a row first differs the runtime's own logits there must make the two
     tokens a tie at the graph's precision — ONNX Runtime Web's WebAssembly kernels and the
     native ones sum in other orders (and, for an int8 graph, now and then round an activation
-    to the neighbouring int8 step: QUANT_ATOL, as for the shared-cache conversion). Returns
+    to the neighbouring int8 step: an int8 level of the largest logit, as for the shared-cache
+    conversion). Returns
     how many rows ended at such a tie; raises WebPackageError for a real difference."""
     import numpy as np
 
     from tinyt.runtime.feeds import prefill_feeds
 
-    from ..compare import OPT_ATOL, first_difference
-    from ..shared_cache_checks import QUANT_ATOL
+    from ..compare import first_difference, reorder_bound
+    from ..shared_cache_checks import QUANT_LEVEL
 
     quantized = bool(lm.artifact.manifest.get("quantization"))
-    atol = QUANT_ATOL if quantized else 2 * OPT_ATOL
     ties = 0
     for prompt, g, w in zip(prompts, got, want):
         first = first_difference(g, w)
@@ -123,11 +123,13 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
         feeds = prefill_feeds(lm.config, DECODER_WITH_PAST, np.array([row], dtype=np.int64),
                               np.ones((1, len(row)), np.int64))
         z = next(lm.steps(feeds))[0, -1]
+        size = float(np.abs(z).max())
+        atol = QUANT_LEVEL * size if quantized else 2 * reorder_bound(lm.config, size)
         if not z[ours] - z[page] <= atol:
             raise WebPackageError(
                 f"greedy tokens under onnxruntime-web differ from tinyt.runtime's: {g} vs {w} "
                 f"(at token {first} the runtime prefers its own by {z[ours] - z[page]:.3g}, "
-                f"more than a tie at this graph's precision, {atol})")
+                f"more than a tie at this graph's precision, {atol:.3g})")
         ties += 1
     return ties
 

@@ -42,8 +42,8 @@ TEXT_KINDS = (ENCODER, CLASSIFIER, TOKEN_CLASSIFIER)
 METHOD = {ENCODER: "embed", CLASSIFIER: "classify", TOKEN_CLASSIFIER: "tag"}
 # The same fp32 graph on ONNX Runtime Web's WebAssembly kernels and on the native CPU ones:
 # the same arithmetic summed in other orders (128-bit SIMD against AVX2 / AVX-512 and their
-# FMA), a few float32 ulps per layer on values of order 1 -- the bound export/compare.py's
-# OPT_ATOL gives two graphs of one model. Embeddings and probabilities; measured on the
+# FMA), a few float32 ulps per layer on values of order 1 -- the order export/compare.py's
+# reorder_bound gives two graphs of one model. Embeddings and probabilities; measured on the
 # imported BERT, DistilBERT, RoBERTa and XLM-R fixtures: at most 7e-7.
 WEB_ATOL = 1e-4
 # An INT8 graph quantizes its activations as it runs (MatMulNBits' int8 blocks); where the two

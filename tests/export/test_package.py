@@ -9,7 +9,7 @@ from conftest import run_tinyt
 import tinyt.runtime as rt
 from tinyt.export import export_onnx, verify
 from tinyt.export.optimize import optimize
-from tinyt.export.package import PACKAGE_ATOL, PackageError, package
+from tinyt.export.package import PackageError, package
 from tinyt.export.triton import TritonError, check_config
 from tinyt.manifest import ManifestError, check_manifest
 
@@ -47,7 +47,8 @@ def test_ort_format_loads_in_the_runtime_and_matches_the_onnx(lm_opt, tmp_path):
                                       "tokenizer.json", "generation_config.json",
                                       "genai_config.json"}
     assert manifest["model_file"] == "model.ort" and manifest["package_format"] == "ort"
-    assert max(manifest["equivalence"]["ort_vs_onnx"].values()) <= PACKAGE_ATOL
+    worst = manifest["equivalence"]["ort_vs_onnx"].values()
+    assert all(w["max_abs"] <= w["bound"] < 1e-3 for w in worst)
     # the tied matrix still stored once: the .ort grows by less than one more copy of it
     cfg = json.loads((lm_opt / "config.json").read_text())["tinyt"]["model"]
     tied_bytes = 4 * cfg["vocab_size"] * cfg["n_embd"]
