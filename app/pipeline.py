@@ -21,13 +21,15 @@ interrupted run and is skipped when finished.
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tinyt.artifacts import arguments, made_by
+from tinyt.artifacts import INT8_PERPLEXITY_BUDGET, arguments, made_by
 from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.fsutil import write_text
 from tinyt.manifest import fresh, manifest_of
@@ -46,8 +48,9 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
     out = Path(out)
     timings: dict[str, Any] = {}
 
-    def stage(name: str, target: Path, src: Path | None, run: Callable[[], Any]) -> None:
-        if src is not None and fresh(target, src):
+    def stage(name: str, target: Path, src: Path | None, run: Callable[[], Any],
+              prefill: Path | None = None) -> None:
+        if src is not None and fresh(target, src) and _same_prefill(target, prefill):
             log(f"[{name}] up to date: {target}")
             timings[name] = "skipped"
             return
@@ -80,9 +83,33 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
             train(model_cfg, train_cfg, ckpt, data=data, resume=resume, log=log)
             timings["train"] = round(time.perf_counter() - t, 1)
     stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
+    dropped: dict[str, str] = {}  # row -> why the pipeline did not keep it
     for v in made_by("pipeline"):  # the catalogue's rows, in making order
         source, target, options = arguments(v, out, checkpoint=ckpt, data=data)
-        stage(v.step, target, source, partial(stages[v.stage], source, target, **options))
+        if v.source in dropped:
+            dropped[v.dir] = f"made from {v.source}, which was not kept"
+            _set_aside(out, v.dir)
+            log(f"[{v.step}] not made: {dropped[v.dir]}")
+            continue
+        if v.prefill_from in dropped:  # the pair then runs prompts on its step graph
+            options.pop("prefill_from")
+            log(f"[{v.step}] without a prompt graph: {v.prefill_from} was not kept")
+        rejected = out / REJECTED / v.dir
+        if v.gated and fresh(rejected, source):
+            if why := beyond_budget(rejected):
+                dropped[v.dir] = why
+                log(f"[{v.step}] up to date, not kept: {why}")
+                timings[v.step] = "skipped"
+                continue
+            if target.exists():  # within the budget now (another budget): back in its place
+                shutil.rmtree(target)
+            rejected.rename(target)
+        stage(v.step, target, source, partial(stages[v.stage], source, target, **options),
+              prefill=options.get("prefill_from"))
+        if v.gated and (why := beyond_budget(target)):
+            dropped[v.dir] = why
+            _set_aside(out, v.dir)
+            log(f"[{v.step}] not kept: {why} (set aside in {rejected})")
     checks = {}
     for name in (v.dir for v in made_by("pipeline") if v.verify):
         report = verify(ckpt, out / name, report_path=out / f"{name}-verify.json")
@@ -97,7 +124,47 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
         result = run(_bench_view(out, ckpt), out / "bench", mode="quick")
         log("[bench] peers: tinyt against CTranslate2, ONNX Runtime GenAI, PyTorch")
         peers = run_peers(out, out / "peers", rounds=3, engines=list(PIPELINE_ENGINES))
-    return write_report(out, ckpt, checks, result, timings, peers)
+    return write_report(out, ckpt, checks, result, timings, peers, dropped)
+
+
+REJECTED = "rejected"  # OUT/rejected/<row>: a gated row beyond the budget, kept for a look
+
+
+def _same_prefill(target: Path, prefill: Path | None) -> bool:
+    """Whether the pair at `target` was made with the prompt graph of `prefill` as it is now
+    (or, both None, with none): a prompt graph that was set aside or remade remakes the pair."""
+    made = manifest_of(target) or {}
+    had = made.get("prefill_source")
+    if prefill is None or had is None:
+        return prefill is None and had is None
+    now = manifest_of(prefill)
+    return now is not None and had.get("manifest", {}).get("files") == now["files"]
+
+
+def beyond_budget(path: Path) -> str | None:
+    """Why the artifact at `path` is beyond INT8_PERPLEXITY_BUDGET (its accuracy report's
+    perplexity change), or None when within it."""
+    report = (manifest_of(path) or {}).get("accuracy") or {}
+    if "val_loss" not in report:
+        return "its manifest has no accuracy report to hold to the budget"
+    change = report.get("perplexity_change",
+                        math.expm1(report["val_loss"] - report["val_loss_reference"]))
+    if change <= INT8_PERPLEXITY_BUDGET:
+        return None
+    return (f"perplexity {100 * change:+.2f}% over its source on held-out text, beyond the "
+            f"+{100 * INT8_PERPLEXITY_BUDGET:.1f}% an INT8 artifact may cost (greedy agreement "
+            f"{100 * report.get('greedy_agreement', float('nan')):.1f}%, KL "
+            f"{report.get('kl_divergence', float('nan')):.2g})")
+
+
+def _set_aside(out: Path, name: str) -> None:
+    """Move OUT/name (a row not kept) under OUT/rejected, replacing an older one."""
+    target, aside = out / name, out / REJECTED / name
+    if aside.exists() and target.exists():
+        shutil.rmtree(aside)
+    if target.exists():
+        aside.parent.mkdir(exist_ok=True)
+        target.rename(aside)
 
 
 def _bench_view(out: Path, ckpt: Path) -> Path:
@@ -110,20 +177,26 @@ def _bench_view(out: Path, ckpt: Path) -> Path:
 
 
 def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
-                 timings: dict, peers: dict | None = None) -> Path:
+                 timings: dict, peers: dict | None = None,
+                 dropped: dict[str, str] | None = None) -> Path:
     from tinyt.footprint import edge_footprint, summary
 
     meta = json.loads((ckpt / "config.json").read_text())
-    rows = ["| variant | bytes | val loss change | decode tokens/s | prefill ms | equivalence |",
+    rows = ["| variant | bytes | perplexity change | decode tokens/s | prefill ms | "
+            "equivalence |",
             "|---|---|---|---|---|---|"]
     for v in made_by("pipeline"):
         if v.bench is None:  # not reported (onnx-int8-rows: only the source of its pair)
             continue
         sub, name = v.dir, v.bench
+        if dropped and sub in dropped:
+            rows.append(f"| {sub} | — | — | — | — | not kept: {dropped[sub]} |")
+            continue
         manifest = manifest_of(out / sub) or {}
         size = sum((out / sub / f).stat().st_size for f in ("model.onnx", "prefill.onnx")
                    if (out / sub / f).is_file())  # a shared-cache pair holds two graphs
-        change = manifest.get("accuracy", {}).get("val_loss_change", 0.0)
+        report = manifest.get("accuracy", {})
+        change = report.get("perplexity_change", report.get("val_loss_change", 0.0))
         decode = prefill = "—"
         if bench:
             for r in bench["rows"]:

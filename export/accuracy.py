@@ -115,6 +115,9 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
         "val_nats_per_byte_reference": nats["reference"] / n_bytes,
         "val_nats_per_byte": nats["candidate"] / n_bytes,
         "val_loss_change": loss_cand / loss_ref - 1.0,
+        # perplexity's relative change, exp(loss change in nats) - 1: the measure of the
+        # real-model targets (INT8 within +0.5%)
+        "perplexity_change": float(np.expm1(loss_cand - loss_ref)),
         "top1_agreement": agree / n_tokens,
         # mean KL(reference || candidate), nats per token: how far the whole next-token
         # distribution moved, where greedy agreement only sees the near-ties that flip
@@ -122,6 +125,51 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
         "greedy_agreement": same / max(total, 1),
         "greedy_prompts": len(prompts), "greedy_prompt_tokens": len(prompts[0]),
         "greedy_tokens": steps, "greedy_batched": rows_independent,
+    }
+
+
+def runtime_lm_accuracy(ref: ort.InferenceSession, lm, cfg: ModelConfig, kind: str,
+                        tokenizer: Tokenizer, data: str | None = None) -> dict[str, Any]:
+    """lm_accuracy's report of a runtime LanguageModel `lm` as it runs (a shared-cache pair:
+    every window through its prompt graph, the greedy tokens prompt graph then step graph)
+    against the contract graph `ref` (of graph kind `kind`), on the same windows and prompts:
+    a pair's report is its own, not its sources'."""
+    corpus = D.load_corpus(data)
+    tokens = D.encode_documents(tokenizer, corpus.val)
+    W = check_tokens(cfg)
+    D.check_lm_tokens(tokens, W, "validation")
+    x, y = D.lm_eval_windows(tokens, W, max(4, EVAL_TOKENS // W), start=tokenizer.start_id)
+    byte_len = tokenizer.token_byte_lengths()
+    nll_a = nll_b = kl = 0.0
+    agree = 0
+    batch = max(1, min(EVAL_BATCH, EVAL_LOGITS // (W * cfg.vocab_size)))
+    for i in range(0, len(x), batch):
+        xb, yb = x[i:i + batch], y[i:i + batch]
+        a = _logits(ref, cfg, kind, xb)
+        b = np.stack([lm.prompt_logits(row.tolist()) for row in xb])
+        na, nb, k = _window_sums(a, b, yb)
+        nll_a, nll_b, kl = nll_a + na, nll_b + nb, kl + k
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+    n_tokens, n_bytes = y.size, int(byte_len[y].sum())
+    prompts, steps = D.agreement_prompts(tokenizer, corpus.val, W)
+    limit = tokenizer.vocab_size if tokenizer.vocab_size < cfg.vocab_size else None
+    ours = ort_greedy_rows(ref, cfg, kind, prompts, steps, limit)
+    theirs = [r.token_ids for r in lm.generate_ids(prompts, max_new_tokens=steps,
+                                                   min_new_tokens=steps)]
+    same = sum(p == q for ga, gb in zip(ours, theirs) for p, q in zip(ga, gb))
+    loss_ref, loss_cand = nll_a / n_tokens, nll_b / n_tokens
+    return {
+        "data": corpus.source, "tokens": n_tokens, "window": W, "context": cfg.block_size,
+        "measured_on": "this artifact through tinyt.runtime (prompts and windows through its "
+                       "prompt graph, greedy steps through its step graph)",
+        "val_loss_reference": loss_ref, "val_loss": loss_cand,
+        "val_nats_per_byte_reference": nll_a / n_bytes, "val_nats_per_byte": nll_b / n_bytes,
+        "val_loss_change": loss_cand / loss_ref - 1.0,
+        "perplexity_change": float(np.expm1(loss_cand - loss_ref)),
+        "top1_agreement": agree / n_tokens, "kl_divergence": kl / n_tokens,
+        "greedy_agreement": same / max(steps * len(prompts), 1),
+        "greedy_prompts": len(prompts), "greedy_prompt_tokens": len(prompts[0]),
+        "greedy_tokens": steps, "greedy_batched": True,
     }
 
 

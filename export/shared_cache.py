@@ -21,7 +21,7 @@ from tinyt.errors import SharedCacheError
 from tinyt.graphio import save_graph
 
 from .gqa_graph import to_gqa
-from .shared_cache_checks import check_against_source, check_pair
+from .shared_cache_checks import _gqa_model, check_against_source, check_pair, fp32_lineage
 from .stage import Built, Source, open_source, write_artifact
 
 PREFILL_FILE = "prefill.onnx"
@@ -62,7 +62,8 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         graphs = [path]
         extra = {"graph": SHARED_CACHE_KIND, "opset": manifest.get("opset"), "layers": cfg.n_layer,
                  "equivalence": worst,
-                 **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
+                 **{k: manifest[k] for k in ("quantization",) if k in manifest},
+                 **({"source_accuracy": manifest["accuracy"]} if "accuracy" in manifest else {}),
                  "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
         if prefill_from is not None:
             prefill_from = Path(prefill_from)
@@ -83,10 +84,29 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 **({"prefill_accuracy": prefill.manifest["accuracy"]}
                    if "accuracy" in prefill.manifest else {}),
                 pair=check_pair(src_dir, path, p_path, cfg))
+        if "accuracy" in manifest:  # a quantized source: this artifact's own report
+            extra["accuracy"] = _own_accuracy(src, path, graphs[1] if len(graphs) > 1 else None)
         return write_artifact(out_dir, src, graphs, stage="shared-cache", options={
             "level": manifest.get("options", {}).get("level"),
             "prefill_from": None if prefill_from is None else str(prefill_from)},
             extra=extra, genai=False)
+
+
+def _own_accuracy(src: Source, path: Path, prefill: Path | None) -> dict:
+    """The accuracy report of the converted artifact itself (export/accuracy.py
+    runtime_lm_accuracy) against the fp32 graph its source was quantized from, on the text its
+    source's report read: a pair's prompts run through its prompt graph, so its figures are
+    not its step graph's."""
+    from tinyt.runtime.session import graph_session
+
+    from .accuracy import runtime_lm_accuracy
+
+    fp32 = fp32_lineage(src.path) or src.path
+    data = src.manifest.get("options", {}).get("data")
+    lm = _gqa_model(src.path, path, src.config, prefill)
+    ref = graph_session(fp32 / ONNX_FILE, level="all")
+    report = runtime_lm_accuracy(ref, lm, src.config, DECODER_WITH_PAST, lm.tokenizer, data)
+    return {**report, "reference": str(fp32)}
 
 
 def origin(manifest: dict) -> dict | None:

@@ -194,10 +194,11 @@ class LanguageModel:
         """The KV cache's element type, as the graph's past inputs declare it."""
         return self._kv_dtype
 
-    def check_ids(self, token_ids) -> list[list[int]]:
+    def check_ids(self, token_ids, *, room: int = 1) -> list[list[int]]:
         """Prompt rows as lists of ints (from a list of ints, a list of rows or a 1-D / 2-D
-        array), each inside the vocabulary and leaving room for one new token in the
-        context; ConfigError naming the row and the limit otherwise."""
+        array), each inside the vocabulary and leaving room for `room` new tokens in the
+        context (0: a text scored whole); ConfigError naming the row and the limit
+        otherwise."""
         rows = token_ids.tolist() if isinstance(token_ids, np.ndarray) else token_ids
         if isinstance(token_ids, np.ndarray) and (
                 token_ids.ndim not in (1, 2) or not np.issubdtype(token_ids.dtype, np.integer)):
@@ -218,10 +219,11 @@ class LanguageModel:
             if bad:
                 raise ConfigError(f"token ids {bad[:5]} (row {i}) are outside the vocabulary "
                                   f"0..{V - 1}")
-            if len(row) >= block:
+            if len(row) > block - room:
                 raise ConfigError(f"prompt {i} is {len(row)} tokens; this model reads at most "
-                                  f"{block - 1} (its context {block}, less one so that a token "
-                                  "can follow)")
+                                  f"{block - room} (its context {block}" + (
+                                      ", less one so that a token can follow)" if room == 1
+                                      else f", less {room} new tokens)" if room else ")"))
         return [[int(t) for t in row] for row in rows]
 
     def choose_next(self, logits: np.ndarray, params: SamplingParams,
@@ -323,6 +325,30 @@ class LanguageModel:
         finally:
             steps.close()
         return [None, *self.logprobs_of(logits[:-1], ids[1:], top)]
+
+    def prompt_logits(self, token_ids) -> np.ndarray:
+        """Logits [S, vocab] of every position of one prompt, from one run of it (a
+        shared-cache artifact: its prompt graph's hidden states through its head graph)."""
+        (ids,) = self.check_ids([token_ids], room=0)
+        self.check_scoring()
+        if self.artifact.kind == SHARED_CACHE_KIND:
+            cache = self.take_cache(1, len(ids))
+            try:
+                cache.clear()
+                cache.prefill([ids], self._pad)
+                hidden = cache.prompt_hidden()[0, :len(ids)].copy()
+            finally:
+                self.give_cache(cache)
+            head = self._heads.get()
+            return np.concatenate([head.logits(hidden[i:i + HEAD_ROWS])
+                                   for i in range(0, len(hidden), HEAD_ROWS)])
+        steps = self.steps(prefill_feeds(self.config, self.artifact.kind,
+                                         np.array([ids], dtype=np.int64),
+                                         kv_dtype=self._kv_dtype))
+        try:
+            return next(steps)[0]
+        finally:
+            steps.close()
 
     def new_cache(self, rows: int, capacity: int | None = None, *,
                   lower: str | None = None) -> SharedCache:

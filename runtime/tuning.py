@@ -99,7 +99,9 @@ def decode_accuracy_refusal(artifact: Artifact) -> str | None:
     accuracy reports (KL divergence from fp32 over the same text), an unquantized step graph
     counting as exact."""
     manifest, step, prompt = artifact.manifest, artifact.model_file, artifact.prefill_file
-    step_report = manifest.get("accuracy")
+    # a shared-cache artifact's "accuracy" is its own (runtime_lm_accuracy); its step graph's
+    # quantization report is kept as "source_accuracy"
+    step_report = manifest.get("source_accuracy") or manifest.get("accuracy")
     prompt_report = manifest.get("prefill_accuracy") or manifest.get(
         "prefill_source", {}).get("manifest", {}).get("accuracy")
     if step_report is None and "quantization" not in manifest:

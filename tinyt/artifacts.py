@@ -36,6 +36,13 @@ STAGES = ("export", "optimize", "quantize")  # export_onnx, optimize, quantize (
 MAKERS = ("pipeline", "peers", "hand")  # every `tinyt pipeline`; the peer benchmark when asked;
 #                                         the commands of docs/benchmarks.md
 INT4_BLOCK = 32  # the GenAI model builder's default block for int4, so the two compare
+# What an INT8 artifact may cost the model it quantizes: perplexity on held-out text at most
+# +0.5% over the graph it was quantized from (issue 48's target on real SmolLM2-135M, where
+# CTranslate2's int8 costs +15.5% and the GenAI builder's +1.0%). A row marked `gated` is kept
+# by the pipeline only within it: int8 GEMMs with one activation scale per tensor cost real
+# SmolLM2 +59.5% (an outlier channel sets every row's scale), while on tinyt's demo model
+# they hold; which holds is measured per model, on the CPU that runs the pipeline.
+INT8_PERPLEXITY_BUDGET = 0.005
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,8 @@ class Variant:
     kind: str  # the graph kind it holds (tinyt.contract)
     options: Mapping[str, str | int | tuple[str, ...]] = field(default_factory=dict)  # keywords
     prefill_from: str | None = None  # a shared-cache pair's prompt graph: the row it comes from
+    #   (the pipeline leaves it out, the pair one graph, when that row was not kept)
+    gated: bool = False  # kept only within INT8_PERPLEXITY_BUDGET (its accuracy report's)
     data: bool = False  # takes the pipeline's --data (calibration and the accuracy report)
     made_by: str = "pipeline"  # one of MAKERS
     verify: bool = False  # the pipeline checks it against PyTorch (OUT/<dir>-verify.json)
@@ -86,7 +95,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("onnx-int8-static", "onnx", "quantize", "quantize-static", DECODER_WITH_PAST,
             {"mode": "static"}, data=True, bench="ort-int8-static", timed=True),
     Variant("onnx-int8-qgemm", "onnx-opt", "quantize", "quantize-qgemm", DECODER_WITH_PAST,
-            {"kernel": "qgemm"}, data=True, bench="ort-int8-qgemm"),
+            {"kernel": "qgemm"}, data=True, bench="ort-int8-qgemm", gated=True),
     Variant("onnx-int8-gqa", "onnx-int8", "optimize", "shared-cache", SHARED_CACHE_KIND,
             {"target": "gqa"}, prefill_from="onnx-int8-qgemm", bench="ort-int8-gqa",
             engine="tinyt-int8-gqa", note=_PAIR.format("MatMulNBits")),
@@ -133,10 +142,16 @@ VARIANTS: tuple[Variant, ...] = (
 )
 # An encoder checkpoint's rows (a sentence-transformers or BERT-family import), which the
 # pipeline makes instead of the decoder rows above (rows_for): no KV cache, no pair, no static
-# INT8 (on all-MiniLM-L6-v2 static QDQ keeps recall@10 at 0.74 of fp32's; docs/encoders.md).
+# INT8 (on all-MiniLM-L6-v2 static QDQ keeps recall@10 at 0.79 of fp32's; docs/encoders.md).
 #   checkpoint ─export─▶ onnx ─optimize─▶ onnx-opt ─quantize ENCODER_INT8─▶ onnx-int8
-# ENCODER_INT8: the recipe measured on the real all-MiniLM-L6-v2 (docs/quantization.md).
-ENCODER_INT8: Mapping[str, str | int | tuple[str, ...]] = MappingProxyType({})
+# ENCODER_INT8: the word, position and token-type tables at 8 bits, the layers' matmuls kept
+# fp32. Measured on the real all-MiniLM-L6-v2, AMD EPYC AVX2 without VNNI, against fp32 on the
+# docstring set (docs/quantization.md): recall@10 0.996, cosine 0.99998 mean / 0.9999 min,
+# 61% of fp32's bytes, fp32's speed. 8-bit weights in every matmul (quantize's default) give
+# 27% of the bytes but move each query-passage score by 3.7e-3 rms (weight-only: 1.9e-3),
+# where fp32's 10th and 11th passages sit 6.7e-3 apart (median): recall@10 0.988 (0.992).
+ENCODER_INT8: Mapping[str, str | int | tuple[str, ...]] = MappingProxyType(
+    {"exclude": ("transformer.h",)})
 ENCODER_VARIANTS: tuple[Variant, ...] = (
     Variant("onnx", CHECKPOINT, "export", "export", ENCODER, verify=True, bench="ort-fp32",
             timed=True),

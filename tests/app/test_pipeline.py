@@ -90,3 +90,37 @@ def test_the_catalogue_names_each_variant_once_after_its_sources():
     assert all(v.source != "clf" for v in made_by("pipeline"))
     with pytest.raises(ValueError, match="no artifact variant 'onnx-fp8'; known: onnx, "):
         variant("onnx-fp8")
+
+
+@pytest.mark.slow
+def test_a_gated_row_beyond_the_budget_is_set_aside(corpus_dir, tmp_path, tiny_ckpt,
+                                                     monkeypatch):
+    """A row marked gated (the int8-GEMM graph with one activation scale per tensor) is kept
+    only when its own accuracy report is within the budget; otherwise it moves under
+    OUT/rejected, the pair runs prompts on its step graph, and the report says why."""
+    import tinyt.app.pipeline as P
+
+    monkeypatch.setattr(P, "INT8_PERPLEXITY_BUDGET", -1.0)  # nothing can be within it
+    out, logs = tmp_path / "run", []
+    report = pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False,
+                      log=logs.append)
+    assert not (out / "onnx-int8-qgemm").exists()
+    assert (out / "rejected" / "onnx-int8-qgemm" / "manifest.json").is_file()
+    pair = json.loads((out / "onnx-int8-gqa" / "manifest.json").read_text())
+    assert "prefill_model_file" not in pair and not (out / "onnx-int8-gqa" / "prefill.onnx").exists()
+    # the pair's report is its own (through the runtime), its step graph's kept beside it
+    assert pair["accuracy"]["measured_on"].startswith("this artifact")
+    assert pair["source_accuracy"] == json.loads(
+        (out / "onnx-int8" / "manifest.json").read_text())["accuracy"]
+    text = report.read_text()
+    assert "| onnx-int8-qgemm | — | — | — | — | not kept: perplexity " in text
+    assert "beyond the +-100.0% an INT8 artifact may cost" in text
+    logs.clear()
+    pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=logs.append)
+    assert any("[quantize-qgemm] up to date, not kept" in line for line in logs), logs
+    assert not any("running" in line for line in logs), logs
+    monkeypatch.setattr(P, "INT8_PERPLEXITY_BUDGET", 10.0)  # now within: made and kept again
+    logs.clear()
+    pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=logs.append)
+    assert (out / "onnx-int8-qgemm" / "manifest.json").is_file()
+    assert (out / "onnx-int8-gqa" / "prefill.onnx").is_file()
