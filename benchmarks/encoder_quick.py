@@ -47,5 +47,6 @@ def run(root: Path, dirs: list[str], out: Path, *, rounds: int = ROUNDS,
              "one_text_ms": 1e3 * statistics.median(t["one"])} for d, t in times.items()]
     result = {"batch": batch_n, "tokens": tokens, "latency_tokens": min(LATENCY_TOKENS, tokens),
               "rounds": rounds, "threads": threads, "rows": rows, "raw_s": times}
+    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "encoder.json", result)
     return result
