@@ -84,6 +84,7 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
             timings["train"] = round(time.perf_counter() - t, 1)
     stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
     dropped: dict[str, str] = {}  # row -> why the pipeline did not keep it
+    fell_back: dict[str, str] = {}  # row -> why it was made with its fallback options
     for v in made_by("pipeline"):  # the catalogue's rows, in making order
         source, target, options = arguments(v, out, checkpoint=ckpt, data=data)
         if v.source in dropped:
@@ -104,9 +105,21 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
             if target.exists():  # within the budget now (another budget): back in its place
                 shutil.rmtree(target)
             rejected.rename(target)
-        stage(v.step, target, source, partial(stages[v.stage], source, target, **options),
-              prefill=options.get("prefill_from"))
-        if v.gated and (why := beyond_budget(target)):
+        if v.fallback is not None and _made_with(target, v.fallback):
+            why = None  # the fallback made it: kept, up to date or not
+            stage(v.step, target, source, partial(stages[v.stage], source, target,
+                                                   **{**options, **v.fallback}))
+        else:
+            stage(v.step, target, source, partial(stages[v.stage], source, target, **options),
+                  prefill=options.get("prefill_from"))
+            why = beyond_budget(target) if v.gated else None
+        if why and v.fallback is not None:
+            log(f"[{v.step}] beyond the budget: {why}; made again with {dict(v.fallback)}")
+            fell_back[v.dir] = why
+            shutil.rmtree(target)
+            stage(v.step, target, None, partial(stages[v.stage], source, target,
+                                                **{**options, **v.fallback}))
+        elif why:
             dropped[v.dir] = why
             _set_aside(out, v.dir)
             log(f"[{v.step}] not kept: {why} (set aside in {rejected})")
@@ -124,10 +137,18 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
         result = run(_bench_view(out, ckpt), out / "bench", mode="quick")
         log("[bench] peers: tinyt against CTranslate2, ONNX Runtime GenAI, PyTorch")
         peers = run_peers(out, out / "peers", rounds=3, engines=list(PIPELINE_ENGINES))
-    return write_report(out, ckpt, checks, result, timings, peers, dropped)
+    notes = [f"{d}: made with {dict(v.fallback or {})} — with its first options it was {why}"
+             for v in made_by("pipeline") for d, why in fell_back.items() if v.dir == d]
+    return write_report(out, ckpt, checks, result, timings, peers, dropped, notes)
 
 
 REJECTED = "rejected"  # OUT/rejected/<row>: a gated row beyond the budget, kept for a look
+
+
+def _made_with(target: Path, options) -> bool:
+    """Whether the artifact at `target` was made with these options (its manifest's)."""
+    made = (manifest_of(target) or {}).get("options", {})
+    return bool(made) and all(made.get(k) == v for k, v in options.items())
 
 
 def _same_prefill(target: Path, prefill: Path | None) -> bool:
@@ -178,7 +199,7 @@ def _bench_view(out: Path, ckpt: Path) -> Path:
 
 def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
                  timings: dict, peers: dict | None = None,
-                 dropped: dict[str, str] | None = None) -> Path:
+                 dropped: dict[str, str] | None = None, notes: list[str] | None = None) -> Path:
     from tinyt.footprint import edge_footprint, summary
 
     meta = json.loads((ckpt / "config.json").read_text())
@@ -219,6 +240,7 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
              f"{said('val_loss', '.3f', 'nats/token')}, "
              f"{said('val_nats_per_byte', '.3f', 'nats/byte')}, "
              f"{said('tokens_per_s', ',.0f', 'tokens/s')} in training.", "", *rows, "",
+             *(f"- {n}" for n in notes or ()), *([""] if notes else []),
              "Stage times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), "",
              summary(edge_footprint()) + " (tinyt.footprint; a wheel-install test checks it)",
              ""]

@@ -105,6 +105,9 @@ def test_a_gated_row_beyond_the_budget_is_set_aside(corpus_dir, tmp_path, tiny_c
     report = pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False,
                       log=logs.append)
     assert not (out / "onnx-int8-qgemm").exists()
+    # onnx-int8 has a fallback: made again with fp32 products, and kept
+    made = json.loads((out / "onnx-int8" / "manifest.json").read_text())
+    assert made["options"]["mode"] == "weight-only"
     assert (out / "rejected" / "onnx-int8-qgemm" / "manifest.json").is_file()
     pair = json.loads((out / "onnx-int8-gqa" / "manifest.json").read_text())
     assert "prefill_model_file" not in pair and not (out / "onnx-int8-gqa" / "prefill.onnx").exists()
@@ -115,6 +118,8 @@ def test_a_gated_row_beyond_the_budget_is_set_aside(corpus_dir, tmp_path, tiny_c
     text = report.read_text()
     assert "| onnx-int8-qgemm | — | — | — | — | not kept: perplexity " in text
     assert "beyond the +-100.0% an INT8 artifact may cost" in text
+    assert "- onnx-int8: made with {'mode': 'weight-only'} — with its first options it was " \
+        "perplexity" in text
     logs.clear()
     pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=logs.append)
     assert any("[quantize-qgemm] up to date, not kept" in line for line in logs), logs
