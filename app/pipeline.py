@@ -1,8 +1,7 @@
 """The main job: every stage, one output directory, re-runs skip what has not changed.
 
     OUT/checkpoint ──export──▶ OUT/onnx ──optimize──▶ OUT/onnx-opt ──quantize──▶ OUT/onnx-int8
-         (train)                  │                                               │
-                                  └──quantize --mode static──▶ OUT/onnx-int8-static
+         (train)                                                                  │
       OUT/onnx-opt ──quantize --kernel qgemm──▶ OUT/onnx-int8-qgemm ─┐ (prompts)
       OUT/onnx-int8 ──optimize --target gqa --prefill-from ─────────┴─▶ OUT/onnx-int8-gqa
                  (the shared-KV-cache pair: the fastest to generate with)
@@ -12,7 +11,11 @@
     verify (onnx, onnx-opt) ─▶ OUT/*-verify.json      bench --quick ─▶ OUT/bench/
     report ─▶ OUT/report.md (summary table per variant, plots)
 
-The stages are tinyt.artifacts' rows made by the pipeline, in that catalogue's order. A stage
+The stages are tinyt.artifacts' rows made by the pipeline, in that catalogue's order. A row
+marked gated is held to INT8_PERPLEXITY_BUDGET by its own accuracy report: beyond it, it is made
+again with its fallback options (onnx-int8: fp32 products) or set aside under OUT/rejected (the
+per-tensor int8-GEMM graph; the pair then runs prompts on its step graph). Static INT8 is not
+built (its catalogue row says why; the report repeats it). A stage
 is skipped when its output's manifest records exactly the input it would read now
 (sha256 of the checkpoint's files, or the input artifact's manifest) and the same tinyt code
 (manifest "toolkit"); training resumes an
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyt.artifacts import INT8_PERPLEXITY_BUDGET, arguments, made_by
-from tinyt.contract import SHARED_CACHE_KIND
+from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
 from tinyt.fsutil import write_text
 from tinyt.manifest import fresh, manifest_of
 
@@ -240,7 +243,9 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
              f"{said('val_loss', '.3f', 'nats/token')}, "
              f"{said('val_nats_per_byte', '.3f', 'nats/byte')}, "
              f"{said('tokens_per_s', ',.0f', 'tokens/s')} in training.", "", *rows, "",
-             *(f"- {n}" for n in notes or ()), *([""] if notes else []),
+             *(f"- {n}" for n in notes or ()),
+             *(f"- {v.dir}: {v.note}" for v in made_by("hand") if v.kind == DECODER_WITH_PAST),
+             "",
              "Stage times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), "",
              summary(edge_footprint()) + " (tinyt.footprint; a wheel-install test checks it)",
              ""]

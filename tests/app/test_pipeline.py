@@ -14,8 +14,7 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     logs: list[str] = []
     # bench=False: the README test runs the main job with its benchmark and checks the report
     report = pipeline(out, preset="test", data=str(corpus_dir), bench=False, log=logs.append)
-    for sub in ("checkpoint", "onnx", "onnx-opt", "onnx-int8", "onnx-int8-static",
-                "onnx-int8-qgemm", "onnx-int8-gqa", "onnx-int8-rows", "onnx-int8-rows-gqa"):
+    for sub in ("checkpoint", "onnx", "onnx-opt", "onnx-int8", "onnx-int8-qgemm", "onnx-int8-gqa", "onnx-int8-rows", "onnx-int8-rows-gqa"):
         assert (out / sub).is_dir(), sub
     made = {p.name for p in out.iterdir() if (p / "manifest.json").is_file()}
     assert made == {v.dir for v in made_by("pipeline")}  # exactly the catalogue's rows
@@ -28,13 +27,15 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     assert json.loads((out / "onnx-int8-gqa" / "manifest.json").read_text())["graph"] == \
         "decoder_gqa"
     assert "edge install (tinyt[cpu], no torch):" in text and "onnxruntime" in text
+    assert "- onnx-int8-static: not built by `tinyt pipeline`: static (QDQ) INT8" in text
+    assert not (out / "onnx-int8-static").exists()
     assert fresh(out / "onnx", out / "checkpoint") and fresh(out / "onnx-opt", out / "onnx")
 
     logs.clear()
     pipeline(out, preset="test", data=str(corpus_dir), bench=False, log=logs.append)
     assert "[train] finished run" in logs[0]
-    # export, optimize, 4 × quantize, 2 × shared-cache
-    assert sum("up to date" in line for line in logs) == 8
+    # export, optimize, 3 × quantize, 2 × shared-cache
+    assert sum("up to date" in line for line in logs) == 7
     assert not any("running" in line for line in logs)
 
 
