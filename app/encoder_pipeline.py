@@ -8,10 +8,11 @@ app/pipeline.py hands it here by the checkpoint's task):
     report ─▶ OUT/report.md
 
 The rows are tinyt.artifacts.ENCODER_VARIANTS (rows_for); a stage is skipped when its output's
-manifest records exactly the input it would read now, as for the decoder. No static INT8: on
-all-MiniLM-L6-v2 it keeps recall@10 at 0.74 of fp32's where the default keeps 0.99
-(STATIC_NOTE; docs/encoders.md), so it is not built; `tinyt quantize --mode static` still makes
-it by hand.
+manifest records exactly the input it would read now, as for the decoder. onnx-int8 is
+ENCODER_INT8: the tables at 8 bits, the layers' matmuls fp32, the recipe that holds recall@10
+on the real all-MiniLM-L6-v2 (docs/quantization.md). No static INT8: it keeps recall@10 at
+0.79 of fp32's there (STATIC_NOTE), so it is not built; `tinyt quantize --mode static` still
+makes it by hand.
 """
 from __future__ import annotations
 
@@ -29,10 +30,15 @@ from tinyt.fsutil import write_text
 from tinyt.manifest import fresh, manifest_of
 
 TASK_KINDS = {"encoder": ENCODER}  # a checkpoint's task -> the graph kind its rows make
-STATIC_NOTE = ("static INT8 (QDQ, activations per tensor) is not built for encoders: on the real "
-               "all-MiniLM-L6-v2 it kept cosine 0.93 mean and recall@10 0.74 of fp32's on the "
-               "docstring set (dynamic: 0.9995, 0.99); make it by hand with `tinyt quantize "
-               "OUT/onnx OUT/onnx-int8-static --mode static` (docs/encoders.md)")
+INT8_RECIPE = ("the word, position and token-type tables at 8 bits, the layers' matmuls fp32 "
+               "(8-bit weights there moved query-passage scores by 2-4e-3 on the real "
+               "all-MiniLM-L6-v2, and its 10th and 11th passages sit 6.7e-3 apart: recall@10 "
+               "0.988; docs/quantization.md)")
+STATIC_NOTE = ("static INT8 (QDQ, activations and tables per tensor) is not built for encoders: "
+               "on the real all-MiniLM-L6-v2 it kept cosine 0.93 mean / 0.86 min and recall@10 "
+               "0.79 of fp32's on the docstring set (minmax, entropy and percentile "
+               "calibration alike; onnx-int8: 0.99998 / 0.99994, 0.996); make it by hand with "
+               "`tinyt quantize OUT/onnx OUT/onnx-int8-static --mode static` (docs/encoders.md)")
 
 
 def encoder_pipeline(out: Path, ckpt: Path, cfg: ModelConfig, *, data: str | None = None,
@@ -80,6 +86,12 @@ def encoder_pipeline(out: Path, ckpt: Path, cfg: ModelConfig, *, data: str | Non
     return write_report(out, ckpt, rows, checks, timed, timings)
 
 
+def flags(options) -> str:
+    """Stage keywords as `tinyt quantize` flags (a tuple: the flag once per value)."""
+    return " ".join(f"--{k.replace('_', '-')} {x}" for k, v in options.items()
+                    for x in (v if isinstance(v, tuple) else (v,)))
+
+
 def write_report(out: Path, ckpt: Path, rows, checks: dict, timed: dict | None,
                  timings: dict) -> Path:
     """OUT/report.md: a line per row (bytes, the INT8 report's cosine and recall@10, speed,
@@ -104,7 +116,8 @@ def write_report(out: Path, ckpt: Path, rows, checks: dict, timed: dict | None,
             targets = a
     lines += [""]
     if targets:
-        lines += [f"INT8 recipe {dict(ENCODER_INT8) or 'quantize defaults'}, measured on "
+        lines += [f"INT8 recipe (`tinyt quantize {flags(ENCODER_INT8)}`): {INT8_RECIPE}. "
+                  "Measured on "
                   f"{targets['texts']} texts ({targets['data']}, digest {targets['set_digest']}): "
                   "targets " + ", ".join(f"{k} >= {t}" for k, t in targets["targets"].items())
                   + f" {'met' if targets['meets_targets'] else 'NOT met'}; fp32 finds a "
@@ -113,8 +126,8 @@ def write_report(out: Path, ckpt: Path, rows, checks: dict, timed: dict | None,
     if timed:
         lines += [f"Speed: {timed['batch']} texts of {timed['tokens']} tokens in one batch, one "
                   f"text of {timed['latency_tokens']} tokens; medians of {timed['rounds']} "
-                  "interleaved rounds (bench/encoder.json; against the peers: "
-                  "benchmarks/encoders.py).", ""]
+                  "interleaved rounds, the runtime's default threads (bench/encoder.json; "
+                  "against the peers: benchmarks/encoders.py).", ""]
     else:
         lines += ["Speed: not measured (--no-bench).", ""]
     lines += [f"Not built: {STATIC_NOTE}.", "",
