@@ -40,6 +40,7 @@ with, so generations may differ between CPU kinds as INT8 graphs differ from eac
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -79,11 +80,35 @@ class Plan:
 
 
 def prompt_graph_allowed(artifact: Artifact, features: dict | None = None) -> str | None:
-    """None if this CPU may run the pair's prompt graph, else why not (int8_refusal)."""
+    """None if this CPU may run the pair's prompt graph, else why not: its int8 GEMMs would
+    saturate here (int8_refusal), or its quantization costs more perplexity than the INT8
+    budget and than the step graph's (its report against the step graph's: a prompt's
+    tokens would be scored and continued by a worse model)."""
     if artifact.prefill_file is None:
         return None
-    why = int8_refusal(artifact.manifest, artifact.prefill_file, features)
+    why = int8_refusal(artifact.manifest, artifact.prefill_file, features) or \
+        _beyond_budget(artifact)
     return why and f"{why}; prompts and steps run through the step graph instead"
+
+
+def _perplexity_change(report: dict | None) -> float | None:
+    if not report or "val_loss" not in report:
+        return None
+    return report.get("perplexity_change",
+                      math.expm1(report["val_loss"] - report["val_loss_reference"]))
+
+
+def _beyond_budget(artifact: Artifact) -> str | None:
+    from tinyt.artifacts import INT8_PERPLEXITY_BUDGET
+
+    manifest = artifact.manifest
+    prompt = _perplexity_change(manifest.get("prefill_accuracy"))
+    step = _perplexity_change(manifest.get("source_accuracy") or manifest.get("accuracy")) or 0.0
+    if prompt is None or prompt <= max(INT8_PERPLEXITY_BUDGET, step):
+        return None
+    return (f"prompts: {artifact.prefill_file} not run: its quantization costs perplexity "
+            f"{100 * prompt:+.2f}%, beyond the +{100 * INT8_PERPLEXITY_BUDGET:.1f}% budget and "
+            f"the step graph's {100 * step:+.2f}%")
 
 
 def check_tune(tune) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve,web,eval);
 # with `peers`, also .venv-genai-builder (scripts/setup-genai-builder.sh); with `web`,
-# onnxruntime-web, @huggingface/tokenizers and the system Chromium (scripts/setup-web.sh).
+# onnxruntime-web, @huggingface/tokenizers and the system Chromium (scripts/setup-web.sh);
+# with `dev`, the real models of the `real` tests (scripts/setup-real.sh).
 # torch==2.13.0 goes in first: its CPU wheel lies on the project's machines, while a bare
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
@@ -27,5 +28,8 @@ case ",$extras," in  # an emulated AVX2-only CPU for the int8 tests (docs/testin
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user \
         >/dev/null || echo "setup: qemu-user not installed; the emulated-CPU test skips" >&2
     fi ;;
+esac
+case ",$extras," in  # the real models of the `real` tests (scripts/setup-real.sh): ~180 MB
+  *,dev,*) bash scripts/setup-real.sh ;;
 esac
 .venv/bin/python -c "import tinyt; print('tinyt', tinyt.__version__, 'installed in .venv')"

@@ -538,3 +538,19 @@ def test_the_single_greedy_loop_stops_on_non_finite_logits(opt_gqa, tmp_path):
             lm.generate_ids([[7, 8]], max_new_tokens=9, min_new_tokens=9, temperature=0, **extra)
         messages.append(str(e.value))
     assert messages[0] == messages[1]
+
+
+def test_a_prompt_graph_beyond_the_budget_is_not_run(pair):
+    """The plan never runs prompts through a prompt graph whose own accuracy report costs more
+    perplexity than the INT8 budget and than the step graph's (real SmolLM2's per-tensor
+    int8-GEMM graph: +59.5%): prompts and steps then run on the step graph."""
+    artifact = open_artifact(pair[2])
+    m = artifact.manifest
+    worse = {**m["prefill_accuracy"], "perplexity_change": 0.595}
+    bad = dataclasses.replace(artifact, manifest={**m, "prefill_accuracy": worse})
+    assert "costs perplexity +59.50%, beyond the +0.5% budget" in \
+        tuning.prompt_graph_allowed(bad, VNNI)
+    assert tuning.prompt_graph_allowed(artifact, VNNI) is None  # the demo's holds
+    plan, step, prompt = tuning.plan_sessions(bad, threads=1, spinning=None, level=None,
+                                              tune=False, features=VNNI)
+    assert plan.prompt_graph == "model.onnx" and prompt is step
