@@ -119,8 +119,12 @@ VARIANTS: tuple[Variant, ...] = (
             {"target": "gqa"}, prefill_from="onnx-int8-qgemm", bench="ort-int8-gqa",
             engine="tinyt-int8-gqa", note=_PAIR.format("MatMulNBits")),
     # one graph, every row as if alone: the one `tinyt serve` batches prompts and steps with
+    # int8 GEMMs with an activation scale per row where they hold; else the MatMulNBits
+    # weights with fp32 products (rows as independent): on real SmolLM2-135M the first costs
+    # +3.7% perplexity, the second +0.04% (docs/quantization.md)
     Variant("onnx-int8-rows", "onnx-opt", "quantize", "quantize-rows", DECODER_WITH_PAST,
-            {"kernel": "qgemm-rows"}, data=True),
+            {"kernel": "qgemm-rows"}, data=True, gated=True,
+            fallback={"kernel": "nbits", "mode": "weight-only"}),
     Variant("onnx-int8-rows-gqa", "onnx-int8-rows", "optimize", "shared-cache-rows",
             SHARED_CACHE_KIND, {"target": "gqa"}, bench="ort-int8-rows-gqa"),
     Variant("onnx-int4", "onnx-opt", "quantize", "quantize-int4", DECODER_WITH_PAST,

@@ -14,7 +14,8 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     logs: list[str] = []
     # bench=False: the README test runs the main job with its benchmark and checks the report
     report = pipeline(out, preset="test", data=str(corpus_dir), bench=False, log=logs.append)
-    for sub in ("checkpoint", "onnx", "onnx-opt", "onnx-int8", "onnx-int8-qgemm", "onnx-int8-gqa", "onnx-int8-rows", "onnx-int8-rows-gqa"):
+    for sub in ("checkpoint", "onnx", "onnx-opt", "onnx-int8", "onnx-int8-qgemm",
+                "onnx-int8-gqa", "onnx-int8-rows", "onnx-int8-rows-gqa"):
         assert (out / sub).is_dir(), sub
     made = {p.name for p in out.iterdir() if (p / "manifest.json").is_file()}
     assert made == {v.dir for v in made_by("pipeline")}  # exactly the catalogue's rows
@@ -121,6 +122,8 @@ def test_a_gated_row_beyond_the_budget_is_set_aside(corpus_dir, tmp_path, tiny_c
     assert "beyond the +-100.0% an INT8 artifact may cost" in text
     assert "- onnx-int8: made with {'mode': 'weight-only'} — with its first options it was " \
         "perplexity" in text
+    rows = json.loads((out / "onnx-int8-rows" / "manifest.json").read_text())["options"]
+    assert (rows["kernel"], rows["mode"]) == ("nbits", "weight-only")  # its fallback
     logs.clear()
     pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=logs.append)
     assert any("[quantize-qgemm] up to date, not kept" in line for line in logs), logs
