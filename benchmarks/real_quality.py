@@ -5,10 +5,14 @@ runs it (docs/quantization.md's real-model table):
     windows' last positions ──steps──▶ KL(fp32 || artifact) of the next-token distribution
     prompts ──greedy 64 tokens──▶ agreement with the fp32 artifact's tokens
 
-    python -m benchmarks.real_quality REF_DIR DIR [DIR ...] [--out results.json]
+    python -m benchmarks.real_quality REF_DIR DIR [DIR ...] [--ct2 CT2_DIR] [--out results.json]
 
-REF_DIR is the fp32 artifact (onnx-opt). A shared-cache pair is measured as loaded with
-tune=False: prompts (and so perplexity) through its prompt graph, steps through its step graph.
+REF_DIR is the fp32 artifact (onnx-opt). --ct2: a CTranslate2 model of the same weights (its
+own converter, e.g. `ct2-transformers-converter --model HF_DIR --output_dir CT2_DIR
+--quantization int8`), scored on the same windows and positions through its forward pass, for
+scale (no greedy agreement: its generate loop is its own). A shared-cache pair is measured as
+loaded with tune=False: prompts (and perplexity) through its prompt graph, steps through its
+step graph.
 """
 from __future__ import annotations
 
@@ -69,6 +73,36 @@ def measure(ref_lm, lm, wins: list[list[int]], prompts: list[list[int]],
     return out
 
 
+def measure_ct2(ref_lm, path: str, wins: list[list[int]]) -> dict:
+    """Perplexity and KL of a CTranslate2 generator on the same windows and positions."""
+    import ctranslate2
+
+    from tinyt.contract import DECODER_WITH_PAST
+    from tinyt.runtime.feeds import prefill_feeds
+
+    gen = ctranslate2.Generator(path, device="cpu", intra_threads=1)
+    names = ref_lm.tokenizer.hf  # the tokenizers library object: ids to CTranslate2 tokens
+
+    def logits(ids: list[int]) -> np.ndarray:
+        out = gen.forward_batch([[names.id_to_token(i) for i in ids]])
+        return np.asarray(out, dtype=np.float64)[0]
+
+    nll, count, kls = 0.0, 0, []
+    for w in wins:
+        z = logits(w)
+        lz = z - np.logaddexp.reduce(z, axis=-1, keepdims=True)
+        nll -= float(lz[np.arange(len(w) - 1), w[1:]].sum())
+        count += len(w) - 1
+        for end in range(64, len(w) + 1, 64):
+            feeds = prefill_feeds(ref_lm.config, DECODER_WITH_PAST, np.array([w[:end]]),
+                                  np.ones((1, end), np.int64))
+            a = next(ref_lm.steps(dict(feeds)))[0, -1].astype(np.float64)
+            la = a - np.logaddexp.reduce(a)
+            kls.append(float((np.exp(la) * (la - lz[end - 1])).sum()))
+    return {"perplexity": math.exp(nll / count), "scored_tokens": count,
+            "kl_mean": float(np.mean(kls)), "kl_positions": len(kls)}
+
+
 def main() -> None:
     from tinyt.hardware import cpu_features
     from tinyt.runtime import load
@@ -76,6 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ref")
     ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--ct2")
     ap.add_argument("--out")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
@@ -96,6 +131,12 @@ def main() -> None:
         print(f"{d}: perplexity {r['perplexity']:.4f} ({100 * r['perplexity_change']:+.2f}%), "
               f"KL {r['kl_mean']:.2e}, greedy agreement {100 * r['greedy_agreement']:.1f}%",
               flush=True)
+    if a.ct2:
+        r = measure_ct2(ref, a.ct2, wins)
+        r["perplexity_change"] = r["perplexity"] / base["perplexity"] - 1
+        rows[f"ctranslate2:{a.ct2}"] = r
+        print(f"CTranslate2 {a.ct2}: perplexity {r['perplexity']:.4f} "
+              f"({100 * r['perplexity_change']:+.2f}%), KL {r['kl_mean']:.2e}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps({"cpu": cpu_features(),
                                            "machine": platform.processor(), "rows": rows},

@@ -187,3 +187,23 @@ def test_refold_keeps_a_tensor_over_2_gib():
     assert refold_transposed_copies(model) == 1
     assert [i.name for i in model.graph.initializer] == ["w", "table"]
     assert len(model.graph.initializer[1].raw_data) == 4 * 512 * (2 ** 20 + 1)
+
+
+def test_the_fp32_bound_follows_the_arithmetic():
+    """compare.reorder_bound: relative to the output's size (never below MAGNITUDE_FLOOR),
+    linear in depth, sqrt in the widest reduction; at real SmolLM2-135M's shape (30 layers,
+    MLP 1,536, logits up to 35.8) it is 0.041 where its optimized graph measured 3.3e-3, and
+    a wrong rewrite (a logit moved by a tenth of its size) is far beyond it."""
+    from tinyt.config import ModelConfig
+    from tinyt.export.compare import FP32_U, MAGNITUDE_FLOOR, reorder_bound
+
+    smol = ModelConfig(block_size=8192, vocab_size=49152, n_layer=30, n_head=9, n_kv_head=3,
+                       n_embd=576, n_inner=1536, norm="rmsnorm", pos_encoding="rotary",
+                       bias=False, activation="swiglu", rope_theta=1e5)
+    b = reorder_bound(smol, 35.8)
+    assert 0.03 < b < 0.05 and 3.3e-3 < b / 10 and b < 35.8 / 10
+    assert reorder_bound(smol, 71.6) == 2 * b  # relative to the size
+    assert reorder_bound(smol, 1e-3) == reorder_bound(smol, MAGNITUDE_FLOOR)
+    half = ModelConfig.from_dict({**smol.to_dict(), "n_layer": 15})
+    assert abs(reorder_bound(half, 35.8) / b - 16 / 31) < 1e-12  # depth: layers + head
+    assert reorder_bound(smol, 1.0) > 16 * FP32_U * 31 * 1536 ** 0.5 * (1 - 1e-12)
