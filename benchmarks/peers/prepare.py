@@ -123,8 +123,14 @@ def make_on_demand(artifacts: Path, engines: list[str], skipped: dict[str, str])
         source, out, options = arguments(v, artifacts)
         if fresh(out, source):
             continue
-        why = next((blocked[d] for d in v.inputs if d in blocked), None) or next(
-            (f"{artifacts / d} is missing" for d in v.inputs
+        if v.prefill_from is not None and v.prefill_from not in blocked and not (
+                artifacts / v.prefill_from / "manifest.json").is_file():
+            options.pop("prefill_from")  # not kept by the pipeline (its accuracy budget): the
+            inputs = (v.source,)  # pair runs prompts on its step graph
+        else:
+            inputs = v.inputs
+        why = next((blocked[d] for d in inputs if d in blocked), None) or next(
+            (f"{artifacts / d} is missing" for d in inputs
              if not (artifacts / d / "manifest.json").is_file()), None)
         if why:
             blocked[v.dir] = why

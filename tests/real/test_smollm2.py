@@ -124,3 +124,29 @@ def test_generate_from_the_pair(smol_run):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Paris" in done.stdout, done.stdout
+
+
+def test_serve_and_package_the_pair(smol_run, tmp_path):
+    """`tinyt serve` answers a completion with the pair's own greedy tokens; `tinyt package
+    --format ort` packages it and the package generates the same tokens."""
+    from live_server import Server
+
+    import tinyt.runtime as rt
+
+    out = smol_run[0] / "out"
+    want = rt.load(out / "onnx-int8-gqa", threads=1, tune=False).generate(
+        "The capital of France is", max_new_tokens=6)
+    s = Server(out / "onnx-int8-gqa")
+    try:
+        status, text, _ = s.post("/v1/completions", {"prompt": "The capital of France is",
+                                                     "max_tokens": 6, "temperature": 0})
+        assert status == 200, text
+        assert json.loads(text)["choices"][0]["text"] == want
+    finally:
+        assert s.stop() in (0, -15)
+    done = subprocess.run([sys.executable, "-m", "tinyt", "package", out / "onnx-int8-gqa",
+                           tmp_path / "ort", "--format", "ort"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = rt.load(tmp_path / "ort", threads=1, tune=False).generate(
+        "The capital of France is", max_new_tokens=6)
+    assert got == want
