@@ -178,7 +178,7 @@ def test_what_does_not_apply_to_an_encoder_is_refused(encoder, tmp_path):
     opt = encoder[2]
     for src, kw, said in (
             (opt, dict(mode="static"), "static .QDQ. quantization takes the plain export"),
-            (opt, dict(data=str(tmp_path)), "reads the built-in queries and passages"),
+            (opt, dict(data=str(tmp_path)), "passages drawn from the standard library"),
             (opt, dict(bits=4, keep_8bit=["lm_head"]), "names no module with weights")):
         with pytest.raises(QuantizeError, match=said):
             quantize(src, tmp_path / "q", **kw)

@@ -306,7 +306,7 @@ def test_bad_requests_are_refused_by_name(models, tmp_path, monkeypatch):
             (opt, dict(mode="static"), "takes the plain export.*rotary"),
             (enc, dict(mode="static", kernel="qgemm"), "kernel='qgemm' with mode='static'"),
             (enc, dict(mode="static", calibration="kl"), "calibration='kl' is not one of"),
-            (enc, dict(mode="static", data=str(tmp_path)), "reads the built-in queries"),
+            (enc, dict(mode="static", data=str(tmp_path)), "reads queries and passages drawn"),
             (tok, dict(mode="static", data=str(tmp_path)), "is a token classifier")):
         with pytest.raises(QuantizeError, match=said):
             quantize(src, tmp_path / "q", **kw)
