@@ -83,49 +83,13 @@ def lm_accuracy(ref: ort.InferenceSession, cand: ort.InferenceSession, cfg: Mode
     cannot affect each other, through the candidate: each step then reads the weights once for
     every prompt (at Qwen3-0.6B's shape, 32 prompts x 64 tokens one at a time were the stage's
     largest cost after the windows themselves: docs/benchmarks.md); else each prompt alone."""
-    corpus = D.load_corpus(data)
-    tokens = D.encode_documents(tokenizer, corpus.val)
-    W = check_tokens(cfg)
-    D.check_lm_tokens(tokens, W, "validation")
-    x, y = D.lm_eval_windows(tokens, W, max(4, EVAL_TOKENS // W), start=tokenizer.start_id)
-    byte_len = tokenizer.token_byte_lengths()
-    nats = {"reference": 0.0, "candidate": 0.0}
-    agree, kl = 0, 0.0
-    batch = max(1, min(EVAL_BATCH, EVAL_LOGITS // (W * cfg.vocab_size)))
-    for i in range(0, len(x), batch):
-        xb, yb = x[i:i + batch], y[i:i + batch]
-        a, b = _logits(ref, cfg, kind, xb), _logits(cand, cfg, kind, xb)
-        nll_a, nll_b, kl_b = _window_sums(a, b, yb)
-        nats["reference"] += nll_a
-        nats["candidate"] += nll_b
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-        kl += kl_b
-    n_tokens, n_bytes = y.size, int(byte_len[y].sum())
-    prompts, steps = D.agreement_prompts(tokenizer, corpus.val, W)
-    limit = tokenizer.vocab_size if tokenizer.vocab_size < cfg.vocab_size else None
-    ours = ort_greedy_rows(ref, cfg, kind, prompts, steps, limit)
-    theirs = (ort_greedy_rows(cand, cfg, kind, prompts, steps, limit) if rows_independent
-              else [ort_greedy(cand, cfg, kind, p, steps, vocab_limit=limit) for p in prompts])
-    same = sum(p == q for ga, gb in zip(ours, theirs) for p, q in zip(ga, gb))
-    total = steps * len(prompts)
-    loss_ref, loss_cand = nats["reference"] / n_tokens, nats["candidate"] / n_tokens
-    return {
-        "data": corpus.source, "tokens": n_tokens, "window": W, "context": cfg.block_size,
-        "val_loss_reference": loss_ref, "val_loss": loss_cand,
-        "val_nats_per_byte_reference": nats["reference"] / n_bytes,
-        "val_nats_per_byte": nats["candidate"] / n_bytes,
-        "val_loss_change": loss_cand / loss_ref - 1.0,
-        # perplexity's relative change, exp(loss change in nats) - 1: the measure of the
-        # real-model targets (INT8 within +0.5%)
-        "perplexity_change": float(np.expm1(loss_cand - loss_ref)),
-        "top1_agreement": agree / n_tokens,
-        # mean KL(reference || candidate), nats per token: how far the whole next-token
-        # distribution moved, where greedy agreement only sees the near-ties that flip
-        "kl_divergence": kl / n_tokens,
-        "greedy_agreement": same / max(total, 1),
-        "greedy_prompts": len(prompts), "greedy_prompt_tokens": len(prompts[0]),
-        "greedy_tokens": steps, "greedy_batched": rows_independent,
-    }
+    def greedy(prompts: list[list[int]], steps: int, limit: int | None) -> list[list[int]]:
+        if rows_independent:
+            return ort_greedy_rows(cand, cfg, kind, prompts, steps, limit)
+        return [ort_greedy(cand, cfg, kind, p, steps, vocab_limit=limit) for p in prompts]
+
+    return _lm_report(ref, cfg, kind, tokenizer, data, lambda xb: _logits(cand, cfg, kind, xb),
+                      greedy, rows_independent)
 
 
 def runtime_lm_accuracy(ref: ort.InferenceSession, lm, cfg: ModelConfig, kind: str,
@@ -134,6 +98,22 @@ def runtime_lm_accuracy(ref: ort.InferenceSession, lm, cfg: ModelConfig, kind: s
     every window through its prompt graph, the greedy tokens prompt graph then step graph)
     against the contract graph `ref` (of graph kind `kind`), on the same windows and prompts:
     a pair's report is its own, not its sources'."""
+    def greedy(prompts: list[list[int]], steps: int, limit: int | None) -> list[list[int]]:
+        # the runtime limits itself to the tokenizer's ids, as `limit` does for the reference
+        return [r.token_ids for r in lm.generate_ids(prompts, max_new_tokens=steps,
+                                                     min_new_tokens=steps)]
+
+    report = _lm_report(ref, cfg, kind, tokenizer, data,
+                        lambda xb: np.stack([lm.prompt_logits(row.tolist()) for row in xb]),
+                        greedy, True)
+    return {**report, "measured_on": "this artifact through tinyt.runtime (windows through "
+                                     "its prompt path, greedy tokens through its steps)"}
+
+
+def _lm_report(ref: ort.InferenceSession, cfg: ModelConfig, kind: str, tokenizer: Tokenizer,
+               data: str | None, cand_logits, cand_greedy, batched: bool) -> dict[str, Any]:
+    """The causal-LM report: `cand_logits(windows [B, W]) -> [B, W, vocab]` and
+    `cand_greedy(prompts, steps, vocab limit) -> token lists` against the graph `ref`."""
     corpus = D.load_corpus(data)
     tokens = D.encode_documents(tokenizer, corpus.val)
     W = check_tokens(cfg)
@@ -145,8 +125,7 @@ def runtime_lm_accuracy(ref: ort.InferenceSession, lm, cfg: ModelConfig, kind: s
     batch = max(1, min(EVAL_BATCH, EVAL_LOGITS // (W * cfg.vocab_size)))
     for i in range(0, len(x), batch):
         xb, yb = x[i:i + batch], y[i:i + batch]
-        a = _logits(ref, cfg, kind, xb)
-        b = np.stack([lm.prompt_logits(row.tolist()) for row in xb])
+        a, b = _logits(ref, cfg, kind, xb), cand_logits(xb)
         na, nb, k = _window_sums(a, b, yb)
         nll_a, nll_b, kl = nll_a + na, nll_b + nb, kl + k
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
@@ -154,22 +133,24 @@ def runtime_lm_accuracy(ref: ort.InferenceSession, lm, cfg: ModelConfig, kind: s
     prompts, steps = D.agreement_prompts(tokenizer, corpus.val, W)
     limit = tokenizer.vocab_size if tokenizer.vocab_size < cfg.vocab_size else None
     ours = ort_greedy_rows(ref, cfg, kind, prompts, steps, limit)
-    theirs = [r.token_ids for r in lm.generate_ids(prompts, max_new_tokens=steps,
-                                                   min_new_tokens=steps)]
+    theirs = cand_greedy(prompts, steps, limit)
     same = sum(p == q for ga, gb in zip(ours, theirs) for p, q in zip(ga, gb))
     loss_ref, loss_cand = nll_a / n_tokens, nll_b / n_tokens
     return {
         "data": corpus.source, "tokens": n_tokens, "window": W, "context": cfg.block_size,
-        "measured_on": "this artifact through tinyt.runtime (prompts and windows through its "
-                       "prompt graph, greedy steps through its step graph)",
         "val_loss_reference": loss_ref, "val_loss": loss_cand,
         "val_nats_per_byte_reference": nll_a / n_bytes, "val_nats_per_byte": nll_b / n_bytes,
         "val_loss_change": loss_cand / loss_ref - 1.0,
+        # perplexity's relative change, exp(loss change in nats) - 1: the measure of the
+        # real-model targets (INT8 within +0.5%)
         "perplexity_change": float(np.expm1(loss_cand - loss_ref)),
-        "top1_agreement": agree / n_tokens, "kl_divergence": kl / n_tokens,
+        "top1_agreement": agree / n_tokens,
+        # mean KL(reference || candidate), nats per token: how far the whole next-token
+        # distribution moved, where greedy agreement only sees the near-ties that flip
+        "kl_divergence": kl / n_tokens,
         "greedy_agreement": same / max(steps * len(prompts), 1),
         "greedy_prompts": len(prompts), "greedy_prompt_tokens": len(prompts[0]),
-        "greedy_tokens": steps, "greedy_batched": True,
+        "greedy_tokens": steps, "greedy_batched": batched,
     }
 
 

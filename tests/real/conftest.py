@@ -5,6 +5,8 @@ here are marked `real`; without the directories they skip, naming the command th
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,23 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.real)
+
+
+def _main_job(model_dir: Path, work: Path) -> subprocess.CompletedProcess:
+    """`tinyt import-hf MODEL WORK/checkpoint`, then `tinyt pipeline --skip-train
+    WORK/checkpoint --out WORK/out --no-bench`, each as a user runs it: the pipeline's run."""
+    tinyt = [sys.executable, "-m", "tinyt"]
+    done = subprocess.run([*tinyt, "import-hf", model_dir, work / "checkpoint"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return subprocess.run([*tinyt, "pipeline", "--skip-train", work / "checkpoint", "--out",
+                           work / "out", "--no-bench"], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def main_job():
+    """The function that runs import-hf and the main job on a model directory."""
+    return _main_job
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,6 @@ Bounds:
   (independent rows) too, so embeddings agree to float summation order (~1e-7) and a ranking
   flips only between two scores that close: at most one passage of one query (ONE_PASSAGE).
 """
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -34,17 +31,10 @@ ONE_PASSAGE = 1 / (RECALL_K * len(docstring_set().queries))
 
 
 @pytest.fixture(scope="module")
-def minilm_run(minilm_dir, tmp_path_factory):
-    """`tinyt import-hf`, then `tinyt pipeline --skip-train CKPT --out OUT --no-bench`, each
-    as a user runs it: (OUT's parent, the pipeline's CompletedProcess)."""
+def minilm_run(minilm_dir, tmp_path_factory, main_job):
+    """(the work folder, the main job's CompletedProcess) on the real MiniLM."""
     work = tmp_path_factory.mktemp("minilm")
-    tinyt = [sys.executable, "-m", "tinyt"]
-    done = subprocess.run([*tinyt, "import-hf", minilm_dir, work / "checkpoint"],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = subprocess.run([*tinyt, "pipeline", "--skip-train", work / "checkpoint", "--out",
-                          work / "out", "--no-bench"], capture_output=True, text=True)
-    return work, run
+    return work, main_job(minilm_dir, work)
 
 
 def _embed(path, texts):

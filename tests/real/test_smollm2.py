@@ -56,16 +56,10 @@ def test_import_matches_transformers(smollm2_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smol_run(smollm2_dir, tmp_path_factory):
-    """`tinyt import-hf`, then `tinyt pipeline --skip-train CKPT --out OUT --no-bench`."""
+def smol_run(smollm2_dir, tmp_path_factory, main_job):
+    """(the work folder, the main job's CompletedProcess) on the real SmolLM2."""
     work = tmp_path_factory.mktemp("smollm2")
-    tinyt = [sys.executable, "-m", "tinyt"]
-    done = subprocess.run([*tinyt, "import-hf", smollm2_dir, work / "checkpoint"],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = subprocess.run([*tinyt, "pipeline", "--skip-train", work / "checkpoint", "--out",
-                          work / "out", "--no-bench"], capture_output=True, text=True)
-    return work, run
+    return work, main_job(smollm2_dir, work)
 
 
 def _perplexity(path, windows) -> float:
