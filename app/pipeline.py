@@ -32,10 +32,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tinyt.artifacts import INT8_PERPLEXITY_BUDGET, arguments, made_by
+from tinyt.artifacts import INT8_PERPLEXITY_BUDGET, REJECTED, arguments, made_by
 from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
 from tinyt.fsutil import write_text
-from tinyt.manifest import fresh, manifest_of
+from tinyt.manifest import fresh, manifest_of, same_prefill
 
 
 def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
@@ -53,7 +53,7 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
 
     def stage(name: str, target: Path, src: Path | None, run: Callable[[], Any],
               prefill: Path | None = None) -> None:
-        if src is not None and fresh(target, src) and _same_prefill(target, prefill):
+        if src is not None and fresh(target, src) and same_prefill(target, prefill):
             log(f"[{name}] up to date: {target}")
             timings[name] = "skipped"
             return
@@ -98,34 +98,37 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
         if v.prefill_from in dropped:  # the pair then runs prompts on its step graph
             options.pop("prefill_from")
             log(f"[{v.step}] without a prompt graph: {v.prefill_from} was not kept")
-        rejected = out / REJECTED / v.dir
+        rejected = out / REJECTED / v.dir  # a gated row's first options, beyond the budget
+        first = partial(stages[v.stage], source, target, **options)
         if v.gated and fresh(rejected, source):
-            if why := beyond_budget(rejected):
+            why = beyond_budget(rejected)
+            if why and v.fallback is None:
                 dropped[v.dir] = why
                 log(f"[{v.step}] up to date, not kept: {why}")
                 timings[v.step] = "skipped"
                 continue
+            if why:  # the fallback is what is kept: made now unless it is there, up to date
+                fell_back[v.dir] = why
+                if target.exists() and not _made_with(target, v.fallback):
+                    shutil.rmtree(target)
+                stage(v.step, target, source, partial(stages[v.stage], source, target,
+                                                      **{**options, **v.fallback}))
+                continue
             if target.exists():  # within the budget now (another budget): back in its place
                 shutil.rmtree(target)
             rejected.rename(target)
-        if v.fallback is not None and _made_with(target, v.fallback):
-            why = None  # the fallback made it: kept, up to date or not
-            stage(v.step, target, source, partial(stages[v.stage], source, target,
-                                                   **{**options, **v.fallback}))
-        else:
-            stage(v.step, target, source, partial(stages[v.stage], source, target, **options),
-                  prefill=options.get("prefill_from"))
-            why = beyond_budget(target) if v.gated else None
-        if why and v.fallback is not None:
+        stage(v.step, target, source, first, prefill=options.get("prefill_from"))
+        why = beyond_budget(target) if v.gated else None
+        if why:
+            _set_aside(out, v.dir)  # kept under OUT/rejected: its report says why, next time too
+            if v.fallback is None:
+                dropped[v.dir] = why
+                log(f"[{v.step}] not kept: {why} (set aside in {rejected})")
+                continue
             log(f"[{v.step}] beyond the budget: {why}; made again with {dict(v.fallback)}")
             fell_back[v.dir] = why
-            shutil.rmtree(target)
             stage(v.step, target, None, partial(stages[v.stage], source, target,
                                                 **{**options, **v.fallback}))
-        elif why:
-            dropped[v.dir] = why
-            _set_aside(out, v.dir)
-            log(f"[{v.step}] not kept: {why} (set aside in {rejected})")
     checks = {}
     for name in (v.dir for v in made_by("pipeline") if v.verify):
         report = verify(ckpt, out / name, report_path=out / f"{name}-verify.json")
@@ -145,7 +148,6 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
     return write_report(out, ckpt, checks, result, timings, peers, dropped, notes)
 
 
-REJECTED = "rejected"  # OUT/rejected/<row>: a gated row beyond the budget, kept for a look
 
 
 def _made_with(target: Path, options) -> bool:
@@ -154,15 +156,11 @@ def _made_with(target: Path, options) -> bool:
     return bool(made) and all(made.get(k) == v for k, v in options.items())
 
 
-def _same_prefill(target: Path, prefill: Path | None) -> bool:
-    """Whether the pair at `target` was made with the prompt graph of `prefill` as it is now
-    (or, both None, with none): a prompt graph that was set aside or remade remakes the pair."""
-    made = manifest_of(target) or {}
-    had = made.get("prefill_source")
-    if prefill is None or had is None:
-        return prefill is None and had is None
-    now = manifest_of(prefill)
-    return now is not None and had.get("manifest", {}).get("files") == now["files"]
+def perplexity_change(report: dict) -> float:
+    """exp(loss change) - 1 of a causal-LM accuracy report (older reports lack the key)."""
+    if "perplexity_change" in report:
+        return report["perplexity_change"]
+    return math.expm1(report["val_loss"] - report["val_loss_reference"])
 
 
 def beyond_budget(path: Path) -> str | None:
@@ -171,8 +169,7 @@ def beyond_budget(path: Path) -> str | None:
     report = (manifest_of(path) or {}).get("accuracy") or {}
     if "val_loss" not in report:
         return "its manifest has no accuracy report to hold to the budget"
-    change = report.get("perplexity_change",
-                        math.expm1(report["val_loss"] - report["val_loss_reference"]))
+    change = perplexity_change(report)
     if change <= INT8_PERPLEXITY_BUDGET:
         return None
     return (f"perplexity {100 * change:+.2f}% over its source on held-out text, beyond the "
@@ -220,7 +217,7 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
         size = sum((out / sub / f).stat().st_size for f in ("model.onnx", "prefill.onnx")
                    if (out / sub / f).is_file())  # a shared-cache pair holds two graphs
         report = manifest.get("accuracy", {})
-        change = report.get("perplexity_change", report.get("val_loss_change", 0.0))
+        change = perplexity_change(report) if "val_loss" in report else 0.0
         decode = prefill = "—"
         if bench:
             for r in bench["rows"]:

@@ -207,7 +207,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
         worst = _check_same(src_dir / ONNX_FILE, graph_path, cfg, kind, pins)
         extra = {"graph": kind, "package_format": format, "fixed_shape": pins or None,
                  "opset": manifest.get("opset"), "io": manifest.get("io"),
-                 "equivalence": {"tolerance": "reorder_bound", "worst": worst,
+                 "equivalence": {"worst": worst,
                                  "sizes": grid_sizes(cfg, check_cases(cfg, kind, pins))},
                  "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
         if pins:
@@ -263,7 +263,8 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
         (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*\n?", "", text).replace(
             "# Generated from model/s:\n", "# Generated from model/s: "
             + ", ".join(ort_names.values()) + "\n"))
-        extra = {k: manifest[k] for k in ("quantization", "accuracy", "prefill_quantization",
+        extra = {k: manifest[k] for k in ("quantization", "accuracy", "source_accuracy",
+                                          "prefill_quantization",
                                           "prefill_accuracy", "prefill_equivalence", "pair",
                                           "layers")
                  if k in manifest}
@@ -284,14 +285,16 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
         pairs = [(a, b) for row in ids
                  for a, b in zip(_step_logits(ref, row, 4), _step_logits(cand, row, 4))]
         worst = max(float(np.abs(a - b).max()) for a, b in pairs)
-        tolerance = reorder_bound(ref.config, max(float(np.abs(a).max()) for a, _ in pairs))
+        size = max(float(np.abs(a).max()) for a, _ in pairs)
+        tolerance = reorder_bound(ref.config, size)
         want = [r.token_ids for r in ref.generate_ids(ids, max_new_tokens=8)]
         got = [r.token_ids for r in cand.generate_ids(ids, max_new_tokens=8)]
         if not worst <= tolerance or got != want:
             raise PackageError(f"the ORT-format package differs from {src_dir}: logits max abs "
                                f"{worst:.2e} (fp32 rounding: {tolerance:.2e}), greedy tokens "
                                f"{'equal' if got == want else f'{got} vs {want}'}")
-        written = write({"tolerance": tolerance, "worst": {"logits": worst},
+        written = write({"tolerance": tolerance, "worst": {"logits": {
+                             "max_abs": worst, "bound": tolerance, "magnitude": size}},
                          "greedy_equal": True})
     return built(out_dir, written)
 

@@ -83,16 +83,18 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 prefill_quantization=prefill.manifest.get("quantization"),
                 **({"prefill_accuracy": prefill.manifest["accuracy"]}
                    if "accuracy" in prefill.manifest else {}),
-                pair=check_pair(src_dir, path, p_path, cfg))
+                pair=check_pair(src_dir, path, p_path, cfg, prefill.manifest.get("quantization")))
         if "accuracy" in manifest:  # a quantized source: this artifact's own report
-            extra["accuracy"] = _own_accuracy(src, path, graphs[1] if len(graphs) > 1 else None)
+            extra["accuracy"] = _own_accuracy(src, path, graphs[1] if len(graphs) > 1 else None,
+                                              extra.get("prefill_quantization"))
         return write_artifact(out_dir, src, graphs, stage="shared-cache", options={
             "level": manifest.get("options", {}).get("level"),
             "prefill_from": None if prefill_from is None else str(prefill_from)},
             extra=extra, genai=False)
 
 
-def _own_accuracy(src: Source, path: Path, prefill: Path | None) -> dict:
+def _own_accuracy(src: Source, path: Path, prefill: Path | None,
+                  prefill_quantization: dict | None) -> dict:
     """The accuracy report of the converted artifact itself (export/accuracy.py
     runtime_lm_accuracy) against the fp32 graph its source was quantized from, on the text its
     source's report read: a pair's prompts run through its prompt graph, so its figures are
@@ -101,12 +103,14 @@ def _own_accuracy(src: Source, path: Path, prefill: Path | None) -> dict:
 
     from .accuracy import runtime_lm_accuracy
 
-    fp32 = fp32_lineage(src.path) or src.path
+    fp32 = fp32_lineage(src.path)
     data = src.manifest.get("options", {}).get("data")
-    lm = _gqa_model(src.path, path, src.config, prefill)
-    ref = graph_session(fp32 / ONNX_FILE, level="all")
+    lm = _gqa_model(src.path, path, src.config, prefill, prefill_quantization)
+    ref = graph_session((fp32 or src.path) / ONNX_FILE, level="all")
     report = runtime_lm_accuracy(ref, lm, src.config, DECODER_WITH_PAST, lm.tokenizer, data)
-    return {**report, "reference": str(fp32)}
+    # where the fp32 graph is gone, the change is from the quantized source, and says so
+    return {**report, "reference": str(fp32 or src.path),
+            "reference_kind": "fp32" if fp32 else "the quantized source (its fp32 graph is gone)"}
 
 
 def origin(manifest: dict) -> dict | None:

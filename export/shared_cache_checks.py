@@ -14,7 +14,7 @@ from tinyt.runtime.cache import window_capacity
 from tinyt.runtime.feeds import check_tokens, prefill_feeds, window_tokens
 from tinyt.runtime.session import UNFUSED
 
-from .compare import first_difference, reorder_bound
+from .compare import MAGNITUDE_FLOOR, first_difference, reorder_bound
 
 # A quantized source quantizes activations to int8 at run time (MatMulNBits accuracy_level 4,
 # DynamicQuantizeMatMul): the two layouts' fp32 rounding differs in the last bits (attention
@@ -98,8 +98,8 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
             lb = b.send((nxt, active.copy()))[:, -1].copy()
             if f is not None:
                 lf = f.send((nxt, active.copy()))[:, -1].copy()
-    level = QUANT_LEVEL * size
-    atol = max(level, quant) if quantized else reorder_bound(cfg, size)
+    level = QUANT_LEVEL * max(size, MAGNITUDE_FLOOR)
+    atol = max(level, quant, reorder_bound(cfg, size)) if quantized else reorder_bound(cfg, size)
     if not worst <= atol:
         why = f": fp32 rounding at logits up to {size:.3g}" if not quantized else (
             f": the larger of an int8 level of the largest logit ({level:.3g}) and the "
@@ -141,14 +141,20 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
                       "greedy_tokens": n}}
 
 
-def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None):
-    """A runtime LanguageModel on a converted graph (and a pair's prompt graph), one thread."""
+def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None,
+               prefill_quantization: dict | None = None):
+    """A runtime LanguageModel on a converted graph (and a pair's prompt graph, beside it,
+    with its quantization record), one thread: as rt.load opens the pair (prompts and the
+    prompt positions' head through the prompt graph)."""
     from tinyt.runtime.generate import LanguageModel
     from tinyt.runtime.session import open_artifact
     from tinyt.tokenizer import Tokenizer
 
     art = open_artifact(src_dir)
-    art = art.__class__(path.parent, cfg, SHARED_CACHE_KIND, art.labels, art.manifest)
+    manifest = {**art.manifest, **({"prefill_quantization": prefill_quantization}
+                                   if prefill_quantization else {})}
+    art = art.__class__(path.parent, cfg, SHARED_CACHE_KIND, art.labels, manifest,
+                        prefill_file=None if prefill is None else prefill.name)
     opts = ort.SessionOptions()
     opts.log_severity_level, opts.intra_op_num_threads = 3, 1
     sessions = [None if p is None else ort.InferenceSession(
@@ -158,7 +164,8 @@ def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None):
                          prefill_session=sessions[1])
 
 
-def check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
+def check_pair(src_dir: Path, path: Path, prefill: Path, cfg,
+               prefill_quantization: dict | None = None) -> dict:
     """The pair (prompt graph + step graph on one cache) against the step graph's source, on
     held-out-like prompts: greedy agreement and the worst logits difference. The two graphs
     are two quantizations of one checkpoint (the lineage check above), each checked against
@@ -166,7 +173,8 @@ def check_pair(src_dir: Path, path: Path, prefill: Path, cfg) -> dict:
     0.085; an INT4 step graph with INT8 prompts, more), not bounded here."""
     from tinyt.runtime import load
 
-    ref, pair = load(src_dir, threads=1), _gqa_model(src_dir, path, cfg, prefill)
+    ref, pair = load(src_dir, threads=1), _gqa_model(src_dir, path, cfg, prefill,
+                                                      prefill_quantization)
     rng = np.random.default_rng(1)
     worst, same, total = 0.0, 0, 0
     C = check_tokens(cfg)

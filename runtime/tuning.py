@@ -94,8 +94,9 @@ def prompt_graph_allowed(artifact: Artifact, features: dict | None = None) -> st
 def _perplexity_change(report: dict | None) -> float | None:
     if not report or "val_loss" not in report:
         return None
-    return report.get("perplexity_change",
-                      math.expm1(report["val_loss"] - report["val_loss_reference"]))
+    if "perplexity_change" in report:
+        return report["perplexity_change"]
+    return math.expm1(report["val_loss"] - report["val_loss_reference"])
 
 
 def _beyond_budget(artifact: Artifact) -> str | None:

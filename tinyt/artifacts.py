@@ -43,6 +43,7 @@ INT4_BLOCK = 32  # the GenAI model builder's default block for int4, so the two 
 # SmolLM2 +59.5% (an outlier channel sets every row's scale), while on tinyt's demo model
 # they hold; which holds is measured per model, on the CPU that runs the pipeline.
 INT8_PERPLEXITY_BUDGET = 0.005
+REJECTED = "rejected"  # ARTIFACTS/rejected/<row>: a gated row beyond the budget, kept for a look
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,17 @@ def fresh(out: Path, src: Path) -> bool:
     return current is not None and source.get("manifest", {}).get("files") == current["files"]
 
 
+def same_prefill(target: Path, prefill: Path | None) -> bool:
+    """Whether the shared-cache pair at `target` was made with the prompt graph of `prefill`
+    as it is now (or, both None, with none): a prompt graph set aside or remade remakes it."""
+    made = manifest_of(target) or {}
+    had = made.get("prefill_source")
+    if prefill is None or had is None:
+        return prefill is None and had is None
+    now = manifest_of(prefill)
+    return now is not None and had.get("manifest", {}).get("files") == now["files"]
+
+
 def artifact_source(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """The `source` record of an artifact made from the artifact at `path` (its lineage)."""
     return {"kind": "artifact", "path": str(Path(path).resolve()), "manifest": manifest}

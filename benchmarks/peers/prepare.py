@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tinyt.artifacts import BY_DIR, VARIANTS, arguments, with_engine
+from tinyt.artifacts import BY_DIR, REJECTED, VARIANTS, arguments, with_engine
 from tinyt.errors import BenchError
 
 from . import formats
@@ -114,21 +114,22 @@ def make_on_demand(artifacts: Path, engines: list[str], skipped: dict[str, str])
         need(v.dir)
     if not todo:
         return
-    from tinyt.manifest import fresh
+    from tinyt.manifest import fresh, same_prefill
 
     blocked: dict[str, str] = {}  # dir -> why it could not be made
     for v in VARIANTS:  # in making order: a source before what is made from it
         if v.dir not in todo:
             continue
         source, out, options = arguments(v, artifacts)
-        if fresh(out, source):
-            continue
-        if v.prefill_from is not None and v.prefill_from not in blocked and not (
+        if v.prefill_from is not None and v.prefill_from not in blocked and (
+                artifacts / REJECTED / v.prefill_from / "manifest.json").is_file() and not (
                 artifacts / v.prefill_from / "manifest.json").is_file():
-            options.pop("prefill_from")  # not kept by the pipeline (its accuracy budget): the
+            options.pop("prefill_from")  # set aside by the pipeline (its accuracy budget): the
             inputs = (v.source,)  # pair runs prompts on its step graph
         else:
             inputs = v.inputs
+        if fresh(out, source) and same_prefill(out, options.get("prefill_from")):
+            continue
         why = next((blocked[d] for d in inputs if d in blocked), None) or next(
             (f"{artifacts / d} is missing" for d in inputs
              if not (artifacts / d / "manifest.json").is_file()), None)

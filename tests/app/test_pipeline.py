@@ -125,11 +125,16 @@ def test_a_gated_row_beyond_the_budget_is_set_aside(corpus_dir, tmp_path, tiny_c
     rows = json.loads((out / "onnx-int8-rows" / "manifest.json").read_text())["options"]
     assert (rows["kernel"], rows["mode"]) == ("nbits", "weight-only")  # its fallback
     logs.clear()
-    pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=logs.append)
+    report = pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False,
+                      log=logs.append)
     assert any("[quantize-qgemm] up to date, not kept" in line for line in logs), logs
     assert not any("running" in line for line in logs), logs
+    assert "- onnx-int8: made with {'mode': 'weight-only'}" in report.read_text()  # again
     monkeypatch.setattr(P, "INT8_PERPLEXITY_BUDGET", 10.0)  # now within: made and kept again
     logs.clear()
     pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=logs.append)
     assert (out / "onnx-int8-qgemm" / "manifest.json").is_file()
-    assert (out / "onnx-int8-gqa" / "prefill.onnx").is_file()
+    assert (out / "onnx-int8-gqa" / "prefill.onnx").is_file()  # the pair made again with it
+    made = json.loads((out / "onnx-int8" / "manifest.json").read_text())
+    assert made["options"]["mode"] == "dynamic"  # its first options back in their place
+    assert not (out / "rejected" / "onnx-int8").exists()
