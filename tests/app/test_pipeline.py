@@ -30,6 +30,10 @@ def test_pipeline_runs_every_stage_then_skips_them(corpus_dir, tmp_path):
     assert "edge install (tinyt[cpu], no torch):" in text and "onnxruntime" in text
     assert "- onnx-int8-static: not built by `tinyt pipeline`: static (QDQ) INT8" in text
     assert not (out / "onnx-int8-static").exists()
+    # tinyt's own trained model has no outlier channels: every gated row's first options hold
+    assert not (out / "rejected").exists() and "not kept" not in text and "made with" not in text
+    assert json.loads((out / "onnx-int8" / "manifest.json").read_text())["options"]["mode"] == \
+        "dynamic"
     assert fresh(out / "onnx", out / "checkpoint") and fresh(out / "onnx-opt", out / "onnx")
 
     logs.clear()
