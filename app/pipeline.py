@@ -111,8 +111,9 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
                 fell_back[v.dir] = why
                 if target.exists() and not _made_with(target, v.fallback):
                     shutil.rmtree(target)
-                stage(v.step, target, source, partial(stages[v.stage], source, target,
-                                                      **{**options, **v.fallback}))
+                stage(v.step, target, source, partial(
+                    _made_or_copied, stages[v.stage], source, target, {**options, **v.fallback},
+                    out, v.dir, log))
                 continue
             if target.exists():  # within the budget now (another budget): back in its place
                 shutil.rmtree(target)
@@ -127,8 +128,9 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
                 continue
             log(f"[{v.step}] beyond the budget: {why}; made again with {dict(v.fallback)}")
             fell_back[v.dir] = why
-            stage(v.step, target, None, partial(stages[v.stage], source, target,
-                                                **{**options, **v.fallback}))
+            stage(v.step, target, None, partial(
+                _made_or_copied, stages[v.stage], source, target, {**options, **v.fallback},
+                out, v.dir, log))
     checks = {}
     for name in (v.dir for v in made_by("pipeline") if v.verify):
         report = verify(ckpt, out / name, report_path=out / f"{name}-verify.json")
@@ -148,6 +150,20 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
     return write_report(out, ckpt, checks, result, timings, peers, dropped, notes)
 
 
+
+
+def _made_or_copied(run: Callable[..., Any], source: Path, target: Path, options: dict,
+                    out: Path, name: str, log: Callable[[str], None]) -> None:
+    """Make `target` from `source` with `options`, or copy a row of this run made from the
+    same source with the same options (onnx-int8-rows' fallback is onnx-int8's: MatMulNBits
+    weights with fp32 products; on real SmolLM2 a quantize stage is minutes)."""
+    for v in made_by("pipeline"):
+        twin = out / v.dir
+        if v.dir != name and fresh(twin, source) and _made_with(twin, options):
+            shutil.copytree(twin, target)
+            log(f"[{name}] the same stage as {v.dir}: copied")
+            return
+    run(source, target, **options)
 
 
 def _made_with(target: Path, options) -> bool:

@@ -127,7 +127,8 @@ def test_a_gated_row_beyond_the_budget_is_set_aside(corpus_dir, tmp_path, tiny_c
     assert "- onnx-int8: made with {'mode': 'weight-only'} — with its first options it was " \
         "perplexity" in text
     rows = json.loads((out / "onnx-int8-rows" / "manifest.json").read_text())["options"]
-    assert (rows["kernel"], rows["mode"]) == ("nbits", "weight-only")  # its fallback
+    assert (rows["kernel"], rows["mode"]) == ("nbits", "weight-only")  # its fallback,
+    assert "[onnx-int8-rows] the same stage as onnx-int8: copied" in logs  # onnx-int8's own
     logs.clear()
     report = pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False,
                       log=logs.append)
