@@ -445,10 +445,12 @@ def test_full_range_int8_gemms_are_not_run_where_they_saturate(pair):
 def _with_kl(artifact, step: float | None, prompt: float | None, **prompt_report) -> Artifact:
     """The pair as if its graphs' accuracy reports had these KL divergences (None: no report)."""
     manifest = {k: v for k, v in artifact.manifest.items()
-                if k not in ("accuracy", "prefill_accuracy", "prefill_source")}
-    for key, kl, extra in (("accuracy", step, {}), ("prefill_accuracy", prompt, prompt_report)):
+                if k not in ("accuracy", "source_accuracy", "prefill_accuracy", "prefill_source")}
+    for key, kl, extra in (("source_accuracy", step, {}),
+                           ("prefill_accuracy", prompt, prompt_report)):
         if kl is not None:
-            manifest[key] = {**artifact.manifest["accuracy"], "kl_divergence": kl, **extra}
+            manifest[key] = {**artifact.manifest["source_accuracy"], "kl_divergence": kl,
+                             **extra}
     return dataclasses.replace(artifact, manifest=manifest)
 
 
@@ -457,8 +459,9 @@ def test_the_tuner_decodes_only_through_a_graph_at_least_as_accurate(pair):
     is a decode candidate only when its accuracy report's KL from fp32 is at most the step
     graph's (an INT4 pair's int8 prompt graph), unless tune="speed"."""
     int8, qgemm, pair = pair
-    manifest = check_manifest(pair)  # the pair keeps both graphs' reports
-    assert manifest["accuracy"] == check_manifest(int8)["accuracy"]
+    manifest = check_manifest(pair)  # the pair keeps both graphs' reports, and its own
+    assert manifest["source_accuracy"] == check_manifest(int8)["accuracy"]
+    assert manifest["accuracy"]["measured_on"].startswith("this artifact")
     assert manifest["prefill_accuracy"] == check_manifest(qgemm)["accuracy"]
     artifact = open_artifact(pair)
     refusal = tuning.decode_accuracy_refusal
@@ -474,7 +477,7 @@ def test_the_tuner_decodes_only_through_a_graph_at_least_as_accurate(pair):
     # the same rule on what the demo pair's own reports say, and where the plan records it
     worse = refusal(artifact)
     assert (worse is None) == (manifest["prefill_accuracy"]["kl_divergence"]
-                               <= manifest["accuracy"]["kl_divergence"])
+                               <= manifest["source_accuracy"]["kl_divergence"])
     for tune, case in (("speed", _with_kl(artifact, 1e-3, 1.1e-3)),
                        (True, _with_kl(artifact, 1e-3, 1.1e-3)),
                        (True, _with_kl(artifact, 1e-3, 1e-4))):
