@@ -34,6 +34,23 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
         "hosts the page until Ctrl-C: tests/export/test_web.py serves packages the same way "
         "(export/web/serve.start) and stops them",
     "bash scripts/setup.sh": "installs the environment: CI runs it, from a fresh clone",
+    # the real models (issue 48): tests/real/ runs these commands on them, as a user does
+    "bash scripts/setup-real.sh": "downloads and builds the real models: scripts/setup.sh runs "
+                                  "it (CI runs that from a fresh clone)",
+    "tinyt import-hf ~/.cache/tinyt/real/": "a real model: tests/real/ imports it (conftest's "
+                                            "main_job)",
+    "tinyt pipeline --skip-train smol/": "the main job on real SmolLM2: "
+                                        "tests/real/test_smollm2.py runs it",
+    "tinyt pipeline --skip-train mini/": "the main job on real all-MiniLM-L6-v2: "
+                                        "tests/real/test_minilm.py runs it",
+    "tinyt quantize smol/": "a quantization of real SmolLM2 (minutes): its rows are the "
+                            "pipeline's, which tests/real/test_smollm2.py builds and checks",
+    "tinyt quantize mini/": "a quantization of real MiniLM: tests/real/test_minilm.py checks "
+                            "the pipeline's",
+    "ct2-transformers-converter --model ~/.cache/tinyt/real/": "CTranslate2's conversion of a "
+        "real model, for scale: tests/benchmarks/test_peers.py runs its converter",
+    ".venv/bin/python -m benchmarks.real_quality smol/": "scores real SmolLM2's artifacts: "
+        "tests/real/test_smollm2.py recomputes their perplexity the same way",
     ".venv/bin/python -m pytest": "the test suite itself: CI runs it",
     "pip install": "tests/test_packaging.py installs the wheel with the cpu extra in a fresh "
                    "venv",
