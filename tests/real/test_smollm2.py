@@ -10,6 +10,11 @@ Bounds:
   (issue 48's target, tinyt.artifacts.INT8_PERPLEXITY_BUDGET), in its own report and
   recomputed here through tinyt.runtime on prose no tinyt corpus holds (Python's pydoc
   topics). A real-model figure, not tuned: CTranslate2's int8 costs +15.5% on these weights.
+- The web package of the pair against tinyt.runtime: greedy tokens equal, or where a row first
+  differs a tie of the runtime's own logits at the graph's precision (export/web's
+  greedy_ties: WebAssembly's kernels and the native ones round in other orders); the package
+  stage checks two prompts' ids under Node, the page in Chromium a text here. Measured: the
+  stage's check equal, no ties, on this AVX2 machine.
 """
 import json
 import subprocess
@@ -144,3 +149,43 @@ def test_serve_and_package_the_pair(smol_run, tmp_path):
     got = rt.load(tmp_path / "ort", threads=1, tune=False).generate(
         "The capital of France is", max_new_tokens=6)
     assert got == want
+
+
+def test_web_package_of_the_pair(smol_run, tmp_path):
+    """`tinyt package OUT/onnx-int8-gqa WEB --format web` takes the pair (on SmolLM2 its step
+    graph alone: the pipeline keeps no qgemm prompt graph, beyond the perplexity budget) and
+    records its own check under Node: token ids, and greedy tokens equal tinyt.runtime's (on
+    prompt ids). Then the page in headless Chromium, given a text, generates what
+    tinyt.runtime generates from that text. Measured on this loaded 2-core machine: the
+    package 16-43 s (135M parameters, MatMulNBits int8), the page 6 s (load 1.8 s, 0.36 s a
+    token on one WebAssembly thread)."""
+    import tinyt.runtime as rt
+    from tinyt.contract import SHARED_CACHE_KIND
+    from tinyt.export.web import greedy_ties
+
+    from .web_page import page_result
+
+    pair, web = smol_run[0] / "out" / "onnx-int8-gqa", tmp_path / "web"
+    done = subprocess.run([sys.executable, "-m", "tinyt", "package", pair, web, "--format",
+                           "web"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tokenizer ids and greedy tokens equal tinyt's" in done.stdout, done.stdout
+    m = json.loads((web / "manifest.json").read_text())
+    assert (m["package_format"], m["graph"]) == ("web", SHARED_CACHE_KIND), m["graph"]
+    checked = m["web"]["checked"]
+    assert checked["runtime"].startswith("node ") and checked["greedy_equal"], checked
+    assert (checked["prompts"], checked["greedy_tokens"]) == (2, 8), checked
+    assert checked["greedy_ties"] <= checked["prompts"], checked  # rows ending at a tie
+    # onnxruntime-web's GroupQueryAttention predates query_seqlens: dropped from the step graph
+    assert "model.onnx" in m["web"]["gqa_query_seqlens_dropped"], m["web"]
+    # A user's text, as `tinyt generate` and `tinyt serve` take it: tokenizer.json's
+    # post-processor adds SmolLM2's BOS (<|im_start|>, as transformers' tokenizer(text) does)
+    text = "The capital of France is"
+    lm = rt.load(pair, threads=1, tune=False)
+    want = lm.generate_details([text], max_new_tokens=6)[0]
+    prompt = lm.tokenizer.encode_prompt(text)
+    got = page_result(web, {"prompt": text, "max_new_tokens": 6, "threads": 1})
+    assert got["prompt_tokens"] == len(prompt), (
+        "the page encodes a text prompt otherwise than tinyt.runtime (tokenizer.json's "
+        "post-processor adds SmolLM2's BOS)", got, prompt)
+    greedy_ties(lm, [prompt], [got["token_ids"]], [want.token_ids])  # raises on a difference
