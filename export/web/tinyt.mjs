@@ -78,12 +78,24 @@ function truncate(a, b, max) {
   return [a.slice(0, n1), b.slice(0, n2)];
 }
 
+const lowerEach = (text) => Array.from(text, (c) => c.toLowerCase()).join("");
+
 function conformNorm(n, json) {
   if (!n || !json) return;
   if (json.type === "Sequence") {
     json.normalizers.forEach((j, i) => conformNorm(n.normalizers[i], j));
   } else if (n instanceof hf.BertNormalizer) {  // CJK spaced by code point, as the Rust library
     n.tokenize_chinese_chars = (text) => Array.from(text, (c) => (isCjk(c) ? ` ${c} ` : c)).join("");
+    const cfg = n.config;
+    n.normalize = (text) => {
+      if (cfg.clean_text) text = n.clean_text(text);
+      if (cfg.handle_chinese_chars) text = n.tokenize_chinese_chars(text);
+      if (cfg.lowercase) text = lowerEach(text);
+      if (cfg.lowercase ? cfg.strip_accents !== false : cfg.strip_accents) text = n.strip_accents(text);
+      return text;
+    };
+  } else if (n instanceof hf.LowercaseNormalizer) {
+    n.normalize = lowerEach;
   }
 }
 
@@ -300,7 +312,7 @@ export class LanguageModel {
       if (typeof v !== "number" || !Number.isFinite(v) || v < 0) throw new TinytWebError(`${k}=${v} must be a finite number >= 0`);
     }
     if (o.topP > 1) throw new TinytWebError(`topP=${o.topP} must be at most 1`);
-    const ids = typeof prompt === "string" ? this.tokenizer.encode(prompt) : Array.from(prompt);
+    const ids = typeof prompt === "string" ? this.tokenizer.hf.encode(prompt, { add_special_tokens: true }).ids : Array.from(prompt);
     if (!ids.length) throw new TinytWebError("the prompt is empty: give at least one token");
     if (ids.length >= this.context) {
       throw new TinytWebError(`the prompt is ${ids.length} tokens; the model's context is ${this.context}, which leaves no room for a token (at most ${this.context - 1} prompt tokens)`);
