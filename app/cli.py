@@ -321,8 +321,10 @@ def package(
     if format == "web":
         web = manifest["web"]
         typer.echo(f"files: {', '.join(manifest['files'])}")
+        decoders = ("decoder_with_past", "decoder", "decoder_gqa")
+        what = "greedy tokens" if manifest.get("graph") in decoders else "outputs"
         typer.echo(f"checked under {web['checked']['runtime']} with onnxruntime-web "
-                   f"{web['onnxruntime_web']}: tokenizer ids and greedy tokens equal tinyt's")
+                   f"{web['onnxruntime_web']}: tokenizer ids and {what} equal tinyt's")
         for note in web["notes"]:
             typer.echo(f"note: {note}")
         typer.echo(f"package: {path}")
