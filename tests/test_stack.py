@@ -89,9 +89,10 @@ def test_no_two_modules_share_a_name():
 
 def test_the_tests_mirror_the_code_folders():
     """tests/<floor>/ holds the tests of that floor's folder; the whole house's checks (lint,
-    the stack, packaging, the README, reliability, faults, int8 exactness) sit at the top."""
+    the stack, packaging, the README, reliability, faults, int8 exactness) sit at the top, and
+    tests/real/ takes the real models through every floor (the `real` marker)."""
     floors = {Path(folder).name if name != "tinyt" else "core"
-              for name, folder in stack.package_dirs().items()}
+              for name, folder in stack.package_dirs().items()} | {"real"}
     here = {p.name for p in (ROOT / "tests").iterdir()
             if p.is_dir() and not p.name.startswith((".", "__"))}
     assert here == floors, (here, floors)
