@@ -43,8 +43,10 @@ def test_import_matches_transformers(smollm2_dir, tmp_path):
 
     ck = load_checkpoint(import_hf(smollm2_dir, tmp_path / "ck", log=lambda s: None))
     text = TEXT + held_out_prose()[:1500]
-    want_ids = AutoTokenizer.from_pretrained(smollm2_dir).encode(text)
-    assert ck.tokenizer.encode(text) == want_ids
+    theirs = AutoTokenizer.from_pretrained(smollm2_dir)
+    want_ids = theirs.encode(text)  # with the special tokens the tokenizer adds (its BOS)
+    assert ck.tokenizer.encode_prompt(text) == want_ids
+    assert ck.tokenizer.encode(text) == theirs.encode(text, add_special_tokens=False)
     cfg = ck.config
     assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.block_size,
             cfg.vocab_size, cfg.tie_weights) == (30, 576, 9, 3, 8192, 49152, True)
