@@ -139,8 +139,10 @@ def test_serve_and_package_the_pair(smol_run, tmp_path):
         "The capital of France is", max_new_tokens=6)
     s = Server(out / "onnx-int8-gqa")
     try:
-        status, text, _ = s.post("/v1/completions", {"prompt": "The capital of France is",
-                                                     "max_tokens": 6, "temperature": 0})
+        model = json.loads(s.get("/v1/models")[1])["data"][0]["id"]
+        status, text, _ = s.post("/v1/completions", {"model": model, "max_tokens": 6,
+                                                     "prompt": "The capital of France is",
+                                                     "temperature": 0})
         assert status == 200, text
         assert json.loads(text)["choices"][0]["text"] == want
     finally:
