@@ -17,6 +17,7 @@ Bounds:
   stage's check equal, no ties, on this AVX2 machine.
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -62,9 +63,21 @@ def test_import_matches_transformers(smollm2_dir, tmp_path):
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
+# The main job on real SmolLM2 took 26.6 min on 2 shared cores (AMD EPYC, AVX2 only; 26 min of
+# CPU time: six quantize / shared-cache stages with their reports at 135 M parameters),
+# beyond what CI's 90 minutes leave beside the rest of the suite (~60 min with its setup on
+# this CPU). CI (CI=true) runs the import test above and the MiniLM main job; these run
+# wherever CI is not set (README's test command on a developer's machine), or with
+# TINYT_REAL_MAIN_JOB=1.
+IN_CI = os.environ.get("CI") == "true" and os.environ.get("TINYT_REAL_MAIN_JOB") != "1"
+
+
 @pytest.fixture(scope="module")
 def smol_run(smollm2_dir, tmp_path_factory, main_job):
     """(the work folder, the main job's CompletedProcess) on the real SmolLM2."""
+    if IN_CI:
+        pytest.skip("the main job on real SmolLM2 (~27 min on 2 cores) does not fit CI's 90 "
+                    "minutes beside the suite: TINYT_REAL_MAIN_JOB=1 runs it (docs/testing.md)")
     work = tmp_path_factory.mktemp("smollm2")
     return work, main_job(smollm2_dir, work)
 
