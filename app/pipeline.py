@@ -169,8 +169,7 @@ def _made_or_copied(run: Callable[..., Any], source: Path, target: Path, options
 def _made_with(target: Path, options) -> bool:
     """Whether the artifact at `target` was made with these options (its manifest's)."""
     made = (manifest_of(target) or {}).get("options", {})
-    return bool(made) and all(made.get(k) == (list(v) if isinstance(v, tuple) else v)
-                              for k, v in options.items())
+    return bool(made) and all(made.get(k) == v for k, v in options.items())
 
 
 def perplexity_change(report: dict) -> float:

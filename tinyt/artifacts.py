@@ -99,13 +99,11 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("onnx-opt", "onnx", "optimize", "optimize", DECODER_WITH_PAST, verify=True,
             bench="ort-optimized", timed=True, engine="tinyt-fp32"),
     # int8 activations (MatMulNBits blocks of 64, accuracy_level 4) where they hold; else the
-    # lm_head (the tied table, for both its readers) left fp32: on real SmolLM2-135M the first
-    # costs +0.82% perplexity, the second +0.39% at 21 ms a token (fp32 38; fp32 products for
-    # every matmul, +0.04%, decode at 322 ms: ONNX Runtime's 8-bit MatMulNBits has no fast
-    # fp32 path on this CPU; docs/quantization.md)
+    # same weights with fp32 products: on real SmolLM2-135M the first costs +0.82% perplexity,
+    # the second +0.04% (docs/quantization.md)
     Variant("onnx-int8", "onnx-opt", "quantize", "quantize", DECODER_WITH_PAST, data=True,
             bench="ort-int8-dynamic", timed=True, engine="tinyt-int8", gated=True,
-            fallback={"exclude": ("lm_head",)}),
+            fallback={"mode": "weight-only"}),
     # static (QDQ) INT8 is not the main job's: one calibrated scale per activation tensor
     # cannot hold a real model's outlier channels (real SmolLM2-135M: greedy agreement with
     # fp32 2.6%; all-MiniLM-L6-v2: recall@10 0.74), far from dynamic INT8's quality
@@ -122,12 +120,12 @@ VARIANTS: tuple[Variant, ...] = (
             {"target": "gqa"}, prefill_from="onnx-int8-qgemm", bench="ort-int8-gqa",
             engine="tinyt-int8-gqa", note=_PAIR.format("MatMulNBits")),
     # one graph, every row as if alone: the one `tinyt serve` batches prompts and steps with
-    # int8 GEMMs with an activation scale per row where they hold; else onnx-int8's fallback
-    # (MatMulNBits blocks, rows as independent, the lm_head fp32): on real SmolLM2-135M the
-    # first costs +3.7% perplexity, the second +0.39% (docs/quantization.md)
+    # int8 GEMMs with an activation scale per row where they hold; else the MatMulNBits
+    # weights with fp32 products (rows as independent): on real SmolLM2-135M the first costs
+    # +3.7% perplexity, the second +0.04% (docs/quantization.md)
     Variant("onnx-int8-rows", "onnx-opt", "quantize", "quantize-rows", DECODER_WITH_PAST,
             {"kernel": "qgemm-rows"}, data=True, gated=True,
-            fallback={"kernel": "nbits", "exclude": ("lm_head",)}),
+            fallback={"kernel": "nbits", "mode": "weight-only"}),
     Variant("onnx-int8-rows-gqa", "onnx-int8-rows", "optimize", "shared-cache-rows",
             SHARED_CACHE_KIND, {"target": "gqa"}, bench="ort-int8-rows-gqa"),
     Variant("onnx-int4", "onnx-opt", "quantize", "quantize-int4", DECODER_WITH_PAST,

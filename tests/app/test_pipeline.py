@@ -111,9 +111,9 @@ def test_a_gated_row_beyond_the_budget_is_set_aside(corpus_dir, tmp_path, tiny_c
     report = pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False,
                       log=logs.append)
     assert not (out / "onnx-int8-qgemm").exists()
-    # onnx-int8 has a fallback: made again with its lm_head fp32, and kept
+    # onnx-int8 has a fallback: made again with fp32 products, and kept
     made = json.loads((out / "onnx-int8" / "manifest.json").read_text())
-    assert made["options"]["exclude"] == ["lm_head"]
+    assert made["options"]["mode"] == "weight-only"
     assert (out / "rejected" / "onnx-int8-qgemm" / "manifest.json").is_file()
     pair = json.loads((out / "onnx-int8-gqa" / "manifest.json").read_text())
     assert "prefill_model_file" not in pair and not (out / "onnx-int8-gqa" / "prefill.onnx").exists()
@@ -124,22 +124,22 @@ def test_a_gated_row_beyond_the_budget_is_set_aside(corpus_dir, tmp_path, tiny_c
     text = report.read_text()
     assert "| onnx-int8-qgemm | — | — | — | — | not kept: perplexity " in text
     assert "beyond the +-100.0% an INT8 artifact may cost" in text
-    assert "- onnx-int8: made with {'exclude': ('lm_head',)} — with its first options it " \
-        "was perplexity" in text
+    assert "- onnx-int8: made with {'mode': 'weight-only'} — with its first options it was " \
+        "perplexity" in text
     rows = json.loads((out / "onnx-int8-rows" / "manifest.json").read_text())["options"]
-    assert (rows["kernel"], rows["exclude"]) == ("nbits", ["lm_head"])  # its fallback,
+    assert (rows["kernel"], rows["mode"]) == ("nbits", "weight-only")  # its fallback,
     assert "[onnx-int8-rows] the same stage as onnx-int8: copied" in logs  # onnx-int8's own
     logs.clear()
     report = pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False,
                       log=logs.append)
     assert any("[quantize-qgemm] up to date, not kept" in line for line in logs), logs
     assert not any("running" in line for line in logs), logs
-    assert "- onnx-int8: made with {'exclude': ('lm_head',)}" in report.read_text()  # again
+    assert "- onnx-int8: made with {'mode': 'weight-only'}" in report.read_text()  # again
     monkeypatch.setattr(P, "INT8_PERPLEXITY_BUDGET", 10.0)  # now within: made and kept again
     logs.clear()
     pipeline(out, skip_train=tiny_ckpt, data=str(corpus_dir), bench=False, log=logs.append)
     assert (out / "onnx-int8-qgemm" / "manifest.json").is_file()
     assert (out / "onnx-int8-gqa" / "prefill.onnx").is_file()  # the pair made again with it
     made = json.loads((out / "onnx-int8" / "manifest.json").read_text())
-    assert made["options"]["exclude"] == []  # its first options back in their place
+    assert made["options"]["mode"] == "dynamic"  # its first options back in their place
     assert not (out / "rejected" / "onnx-int8").exists()
