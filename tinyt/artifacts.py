@@ -100,7 +100,11 @@ VARIANTS: tuple[Variant, ...] = (
             bench="ort-optimized", timed=True, engine="tinyt-fp32"),
     # int8 activations (MatMulNBits blocks of 64, accuracy_level 4) where they hold; else the
     # same weights with fp32 products: on real SmolLM2-135M the first costs +0.82% perplexity,
-    # the second +0.04% (docs/quantization.md)
+    # the second +0.04% — but decodes at 322 ms a token against fp32's 38 (ONNX Runtime's
+    # 8-bit MatMulNBits has no fast fp32 path on an AVX2 CPU). The fast recipes between them
+    # straddle the budget (the lm_head fp32: +0.39% on the report's text, +0.53% on held-out
+    # prose; with blocks of 32, +0.55% and +0.35%), so the one that holds is kept
+    # (docs/quantization.md)
     Variant("onnx-int8", "onnx-opt", "quantize", "quantize", DECODER_WITH_PAST, data=True,
             bench="ort-int8-dynamic", timed=True, engine="tinyt-int8", gated=True,
             fallback={"mode": "weight-only"}),
