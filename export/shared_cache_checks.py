@@ -22,14 +22,23 @@ from .compare import MAGNITUDE_FLOOR, first_difference, reorder_bound
 # step, which the layers after it carry on. Those moves are a few of the roundings the
 # quantization makes anyway, each of the same size, so together they move the logits less
 # than the quantization itself does: the bound is the quantized source's own distance from the
-# fp32 graph it was quantized from, on the same prompts and tokens, and at least one int8 level
-# of the largest logit (QUANT_LEVEL x its |value|: where that graph is gone, the level alone).
+# fp32 graph it was quantized from, on the same prompts and tokens, and at least quant_floor: an
+# int8 level of the largest logit per block (where that graph is gone, the floor alone).
 # A wrong rewrite (a mask, a rotary, a window) moves them by the model's whole logit range and
 # fails either bound; in fp32 the rewrite is held to compare.reorder_bound. Measured: the demo
 # INT8 graph 0.017 at worst, against INT8's own distance from fp32 of ~1; Qwen3-0.6B's shape
 # with random weights (28 layers, logits' spread 0.64) 0.117, its source 0.278 from fp32 on the
 # same steps (its qgemm form: 0.088 and 0.331).
 QUANT_LEVEL = 1 / 127
+
+
+def quant_floor(cfg, size: float) -> float:
+    """The least a quantized rewrite may move logits of largest |value| `size`: every block
+    (and the head) quantizes its activations, and a last-bit difference may flip one of its
+    roundings, each moving the logits by about one int8 level of their size (at least 1: a
+    random model's small logits come from hidden states of size ~1). The CPU's int8 path
+    (AVX2 7-bit weights, VNNI, AMX) decides which roundings flip, not how many."""
+    return (cfg.n_layer + 1) * QUANT_LEVEL * max(size, MAGNITUDE_FLOOR)
 
 
 def fp32_lineage(src_dir: Path) -> Path | None:
@@ -98,14 +107,14 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
             lb = b.send((nxt, active.copy()))[:, -1].copy()
             if f is not None:
                 lf = f.send((nxt, active.copy()))[:, -1].copy()
-    level = QUANT_LEVEL * max(size, MAGNITUDE_FLOOR)
+    level = quant_floor(cfg, size)
     atol = max(level, quant, reorder_bound(cfg, size)) if quantized else reorder_bound(cfg, size)
     if not worst <= atol:
         why = f": fp32 rounding at logits up to {size:.3g}" if not quantized else (
-            f": the larger of an int8 level of the largest logit ({level:.3g}) and the "
+            f": the larger of an int8 level of the largest logit per block ({level:.3g}) and the "
             f"quantization's own distance from {fp32_dir} on the same steps, {quant:.3g}"
             if fp32_dir is not None else
-            f": an int8 level of the largest logit ({size:.3g} / 127); the fp32 artifact it "
+            f": an int8 level of the largest logit per block ({level:.3g}); the fp32 artifact it "
             "was quantized from is not where its manifest says, so the quantization's own "
             "distance could not widen it")
         raise SharedCacheError(f"the shared-cache graph's logits differ from its source's by "

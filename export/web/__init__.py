@@ -104,8 +104,8 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
 
     from tinyt.runtime.feeds import prefill_feeds
 
-    from ..compare import MAGNITUDE_FLOOR, first_difference, reorder_bound
-    from ..shared_cache_checks import QUANT_LEVEL
+    from ..compare import first_difference, reorder_bound
+    from ..shared_cache_checks import quant_floor
 
     quantized = bool(lm.artifact.manifest.get("quantization"))
     ties = 0
@@ -124,8 +124,7 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
                               np.ones((1, len(row)), np.int64))
         z = next(lm.steps(feeds))[0, -1]
         size = float(np.abs(z).max())
-        atol = QUANT_LEVEL * max(size, MAGNITUDE_FLOOR) if quantized else \
-            2 * reorder_bound(lm.config, size)
+        atol = quant_floor(lm.config, size) if quantized else 2 * reorder_bound(lm.config, size)
         if not z[ours] - z[page] <= atol:
             raise WebPackageError(
                 f"greedy tokens under onnxruntime-web differ from tinyt.runtime's: {g} vs {w} "

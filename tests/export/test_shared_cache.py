@@ -15,7 +15,7 @@ from tinyt.export.gqa_graph import to_gqa
 from tinyt.export.optimize import op_counts, optimize
 from tinyt.export.package import package
 from tinyt.export.quantize import quantize
-from tinyt.export.shared_cache_checks import QUANT_LEVEL, fp32_lineage
+from tinyt.export.shared_cache_checks import fp32_lineage, quant_floor
 from tinyt.hardware import saturates_here
 from tinyt.manifest import check_manifest
 from tinyt.runtime import tuning
@@ -80,7 +80,7 @@ def test_quantized_source(opt, corpus_dir, tmp_path, monkeypatch):
     cfg = rt.load(opt).config
     # bounded by the quantization's own distance from the fp32 graph it came from (same steps)
     assert eq["fp32_source"] == str(opt.resolve()) and eq["quantization_vs_fp32_max_abs"] > 0
-    assert eq["tolerance"] == max(QUANT_LEVEL * max(eq["logits_magnitude"], 1.0),
+    assert eq["tolerance"] == max(quant_floor(cfg, eq["logits_magnitude"]),
                                   eq["quantization_vs_fp32_max_abs"],
                                   reorder_bound(cfg, eq["logits_magnitude"]))
     assert eq["logits_max_abs"] <= eq["tolerance"], eq
@@ -99,7 +99,7 @@ def test_quantized_source(opt, corpus_dir, tmp_path, monkeypatch):
         return done
     monkeypatch.setattr(S, "to_gqa", wrong)
     with pytest.raises(SharedCacheError, match=r"differ from its source's by .* \(allowed .*: the "
-                       r"larger of an int8 level of the largest logit \(.*\) and the "
+                       r"larger of an int8 level of the largest logit per block \(.*\) and the "
                        r"quantization's own distance from .* on the same steps, "):
         optimize(int8, tmp_path / "wrong", target="gqa")
     assert not (tmp_path / "wrong").exists()
