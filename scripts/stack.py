@@ -14,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOOR = "tinyt.__main__"  # the one module allowed to import the top floor from the core folder
+LAB = "lab"  # one-off scripts run from the checkout: outside the package, on no floor
 
 
 def setuptools_table(root: Path = ROOT) -> dict:
@@ -54,6 +55,23 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
                 parts = parts[:-1]
             found[".".join([package, *parts])] = path
     return found
+
+
+def lab_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for the lab's scripts (lab/*.py, not installed)."""
+    return {LAB if p.stem == "__init__" else f"{LAB}.{p.stem}": p
+            for p in sorted((root / LAB).glob("*.py"))}
+
+
+def absolute_imports(path: Path) -> set[str]:
+    """The dotted names a file imports absolutely (relative imports stay in their package)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
+    return out
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:

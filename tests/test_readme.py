@@ -59,8 +59,8 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
     "python3 -m venv .venv-ray": "installs Ray Serve, heavy: the replicas script's recorded "
                                  "output is committed",
     ".venv-ray/bin/pip install": "installs Ray Serve (see the line before)",
-    ".venv-ray/bin/python -m benchmarks.replicas_ray": "needs Ray Serve and starts a cluster; "
-                                                       "its recorded output is committed",
+    ".venv-ray/bin/python -m lab.replicas_ray": "needs Ray Serve and starts a cluster; "
+                                                "its recorded output is committed",
     "apt-get install": "installs a Debian package: scripts/setup.sh installs qemu-user (CI "
                        "runs it, from a fresh clone)",
     "qemu-x86_64 -cpu Haswell": "the int8 tests under an emulated AVX2-only CPU, ~10x slower: "
@@ -244,12 +244,12 @@ def small(command: str, work: Path) -> list[str]:
     argv = [str(work / a[len("/tmp/"):]) if a.startswith("/tmp/") else a for a in argv]
     if argv[0] == "python":  # a benchmark script runs from the checkout; its outputs stay
         argv[0] = sys.executable  # in the work directory, never in the checkout
-        if argv[1].startswith("benchmarks/") and argv[1].endswith(".py"):
+        if argv[1].startswith(("benchmarks/", "lab/")) and argv[1].endswith(".py"):
             argv[1] = str(ROOT / argv[1])
     if argv[0] == "bash" and argv[1] == "benchmarks/gpu.sh":
         return ["bash", str(ROOT / argv[1]), str(work / "artifacts"), sys.executable,
                 str(work / "gpu-results")]
-    if argv[0] == "bash" and argv[1].startswith("benchmarks/"):
+    if argv[0] == "bash" and argv[1].startswith(("benchmarks/", "lab/")):
         return ["bash", str(ROOT / argv[1]), *argv[2:]]  # from the checkout, into `work`
     if argv[0] == "torchrun":
         argv[0] = str(BIN / "torchrun")
@@ -403,7 +403,7 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
     ("tinyt train --out artifacts/clf --task classifier", "--preset test"),
     ("tinyt quantize a b", "--data"),
     ("tinyt bench artifacts --mode full", "--rounds 2"),
-    (".venv/bin/python benchmarks/quick_latency.py x", str(ROOT / "benchmarks")),
+    (".venv/bin/python lab/quick_latency.py x", str(ROOT / "lab")),
 ])
 def test_commands_are_made_small(command, expected, tmp_path):
     assert expected in " ".join(small(command, tmp_path))

@@ -3,7 +3,8 @@
     app (CLI, pipeline) -> server | benchmarks -> export -> runtime -> core (tinyt/)
 
 Every import counts, lazy ones too; `tinyt/__main__.py` is the one door from the core folder to
-the top floor (scripts/stack.py prints the floors).
+the top floor (scripts/stack.py prints the floors). The lab (lab/: one-off measurements run from
+the checkout) stands outside the house: it may import every floor, and nothing installed imports it.
 """
 import sys
 from pathlib import Path
@@ -76,12 +77,31 @@ def test_every_package_is_installed():
     assert found == listed, f"unlisted: {sorted(found - listed)}; not packages: {sorted(listed - found)}"
 
 
+def test_nothing_installed_imports_the_lab():
+    """The lab is not installed: a floor that imported it would break in the wheel."""
+    wrong = {name: sorted(n for n in stack.absolute_imports(path)
+                          if n == stack.LAB or n.startswith(stack.LAB + "."))
+             for name, path in stack.modules().items()}
+    assert not {k: v for k, v in wrong.items() if v}, wrong
+
+
+def test_the_lab_imports_the_floors_by_their_installed_names():
+    """`tinyt.benchmarks.peers`, never the folder `benchmarks.peers`: the folder name loads the
+    same file a second time as another module (two copies of its tables and classes)."""
+    folders = {path.name for path in stack.package_dirs().values()} - {"tinyt"}
+    lab = stack.lab_modules()
+    assert lab, "no lab/*.py found"
+    wrong = {name: sorted(n for n in stack.absolute_imports(path) if n.split(".")[0] in folders)
+             for name, path in lab.items()}
+    assert not {k: v for k, v in wrong.items() if v}, wrong
+
+
 def test_no_two_modules_share_a_name():
     """One name per idea: two `gqa.py` or two `web.py` make a reader open the wrong one."""
     from collections import defaultdict
 
     by_name = defaultdict(list)
-    for module in stack.modules():
+    for module in [*stack.modules(), *stack.lab_modules()]:
         by_name[module.rpartition(".")[2]].append(module)
     twice = {k: v for k, v in by_name.items() if len(v) > 1 and k != "__main__"}
     assert not twice, twice
@@ -90,9 +110,10 @@ def test_no_two_modules_share_a_name():
 def test_the_tests_mirror_the_code_folders():
     """tests/<floor>/ holds the tests of that floor's folder; the whole house's checks (lint,
     the stack, packaging, the README, reliability, faults, int8 exactness) sit at the top, and
-    tests/real/ takes the real models through every floor (the `real` marker)."""
+    tests/real/ takes the real models through every floor (the `real` marker); tests/lab/ holds
+    the lab's."""
     floors = {Path(folder).name if name != "tinyt" else "core"
-              for name, folder in stack.package_dirs().items()} | {"real"}
+              for name, folder in stack.package_dirs().items()} | {"real", stack.LAB}
     here = {p.name for p in (ROOT / "tests").iterdir()
             if p.is_dir() and not p.name.startswith((".", "__"))}
     assert here == floors, (here, floors)

@@ -39,12 +39,62 @@ from tinyt.errors import BenchError
 from .engines import engine
 
 
+def outside_run(lm, ids: list[int], n: int, *, flush_mb: float = 0.0,
+                generations: int = 8) -> dict:
+    """A loaded LanguageModel's time outside ONNX Runtime's run calls: generate's wall time
+    minus the time inside session.run / run_with_iobinding (and the flush, if any), per
+    generated token, best of `generations` - 1 after a warm-up. Its sessions are wrapped
+    for the measurement and handed back after it."""
+    junk = np.ones(int(flush_mb * 2**20) // 8) if flush_mb else None
+    inside = [0.0]
+
+    def timed(fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                if junk is not None:
+                    junk.sum()  # stream flush_mb through the caches, as a large step does
+                inside[0] += time.perf_counter() - t
+        return call
+
+    class Timed:  # a session, with its run calls timed
+        def __init__(self, session):
+            self.session = session
+            self.run = timed(session.run)
+            self.run_with_iobinding = timed(session.run_with_iobinding)
+
+        def __getattr__(self, attr):
+            return getattr(self.session, attr)
+
+    session, prefill = lm.session, lm.prefill_session
+    lm.session = Timed(session)
+    if prefill is not None:  # a shared-cache pair: its prompt graph's runs too
+        lm.prefill_session = Timed(prefill)
+    if hasattr(lm, "_caches"):
+        lm._caches.free.clear()  # caches bound to the unwrapped sessions
+    runs = []
+    try:
+        for _ in range(generations):
+            inside[0] = 0.0
+            t = time.perf_counter()
+            lm.generate_ids([ids], max_new_tokens=n, min_new_tokens=n, temperature=0)
+            total = time.perf_counter() - t
+            runs.append((total - inside[0], total, inside[0]))
+    finally:  # the model as it was: its own sessions, no cache bound to the wrappers
+        lm.session, lm.prefill_session = session, prefill
+        if hasattr(lm, "_caches"):
+            lm._caches.free.clear()
+    outside, total, inside_s = min(runs[1:])
+    return {"outside_run_us_per_token": 1e6 * outside / n, "total_ms": 1e3 * total,
+            "inside_run_ms": 1e3 * inside_s, "tokens": n}
+
+
 def _outside_run(gen, ids: list[int], n: int) -> dict:
-    """tinyt's per-token time outside ONNX Runtime's run calls (benchmarks/loop_cost.py),
+    """tinyt's per-token time outside ONNX Runtime's run calls (lab/loop_cost.py),
     best of 5 generations, on the model the worker loaded (a second load would hold the
     weights twice: 11.6 GB for an fp32 1.2B model)."""
-    from ..loop_cost import outside_run
-
     if getattr(gen, "lm", None) is None:
         raise BenchError("outside_run measures tinyt's runtime; this worker's engine is not it")
     return outside_run(gen.lm, ids, n, generations=6)

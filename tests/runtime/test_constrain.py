@@ -109,7 +109,7 @@ def test_random_logits_always_give_valid_json(tok, con, schema):
 
 def test_a_gpt2_sized_vocabulary():
     """50,257 tokens (merges of merges, built in a second): the same guarantees."""
-    from tinyt.benchmarks.constrain_cost import synthetic_tokenizer
+    from lab.constrain_cost import synthetic_tokenizer
 
     big = synthetic_tokenizer(50257)
     assert big.vocab_size == 50257

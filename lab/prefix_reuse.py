@@ -10,7 +10,7 @@ engine's prefix store (runtime/prefix.py) at the GPT-2-small shape.
     ──▶ the same first token from both (checked every round), medians, the ratio
     ──▶ OUT/prefix-reuse.json, OUT/prefix-reuse.md
 
-    .venv/bin/python -m benchmarks.prefix_reuse --build gpt2-small --work /tmp/gpt2s \\
+    .venv/bin/python -m lab.prefix_reuse --build gpt2-small --work /tmp/gpt2s \\
         --out benchmarks/results/prefix-reuse-gpt2-small-<cpu>
 """
 from __future__ import annotations
@@ -76,9 +76,8 @@ def measure(artifact: Path, *, prefix: int = PREFIX, suffix: int = SUFFIX,
             rounds: int = ROUNDS, threads: int | None = None) -> dict:
     import tinyt.runtime as rt
     from tinyt import data as D
+    from tinyt.benchmarks.environment import environment
     from tinyt.runtime.engine import Engine
-
-    from .environment import environment
 
     lm = rt.load(artifact, threads=threads)
     texts = D.load_corpus(None).val

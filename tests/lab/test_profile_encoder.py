@@ -1,4 +1,4 @@
-"""benchmarks/profile_encoder.py on two small graphs: every op type of each is reported in its
+"""lab/profile_encoder.py on two small graphs: every op type of each is reported in its
 column, the feeds follow each graph's own inputs, and a bad request is refused by name."""
 import sys
 
@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks import profile_encoder
+from lab import profile_encoder
 
 
 def _graph(path, ops: list[str], int32: bool = False) -> str:

@@ -8,7 +8,7 @@ same requests with the same outputs as one process does.
     replica (process id) that made it; the same N run by tinyt.runtime in this process
     ──▶ identical texts, both replicas used ──▶ OUT/replicas.md, OUT/replicas.json
 
-    python -m benchmarks.replicas_ray ARTIFACT --out benchmarks/results/replicas-ray
+    python -m lab.replicas_ray ARTIFACT --out benchmarks/results/replicas-ray
 
 Ray is not a dependency of tinyt (nor of its tests: it is heavy, and starts a cluster): this
 runs in an environment with `ray[serve]` and `tinyt[cpu,serve]` installed
@@ -66,8 +66,7 @@ def run(artifact: Path, out: Path, *, requests: int = 24, max_tokens: int = 16) 
     from ray import serve
 
     import tinyt.runtime as rt
-
-    from .environment import environment
+    from tinyt.benchmarks.environment import environment
 
     lm = rt.load(artifact, threads=1)
     prompts = [["def ", "import os\n", "class ", "    return ", "x = "][i % 5] * (1 + i % 3)
@@ -114,7 +113,7 @@ def run(artifact: Path, out: Path, *, requests: int = 24, max_tokens: int = 16) 
         f"{len(replicas)} replicas "
         f"({', '.join(f'{n} by pid {r}' for r, n in result['served_by'].items())}) in "
         f"{wall:.1f} s; every text identical to tinyt.runtime's in one process: "
-        f"{result['identical_to_one_process']}.\n\nCommand: `python -m benchmarks.replicas_ray "
+        f"{result['identical_to_one_process']}.\n\nCommand: `python -m lab.replicas_ray "
         f"{artifact} --out {out}`\n")
     return result
 

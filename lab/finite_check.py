@@ -10,7 +10,7 @@ medians, with the CPU flags printed beside them:
 3. decode ms/token of a real artifact through rt.load(...).generate, with next_token swapped
    for the unchecked version of before.
 
-    .venv/bin/python benchmarks/finite_check.py artifacts/onnx-int8-gqa
+    .venv/bin/python lab/finite_check.py artifacts/onnx-int8-gqa
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the same loop on the same built-in corpus, tokenizer, batches and seed.
         history read at the shorter run's total, linearly between evaluations); KV-cache
         bytes per token; parameters ──▶ OUT/llama-demo.json, OUT/llama-demo.md
 
-    .venv/bin/python -m benchmarks.llama_demo --out benchmarks/results/llama-demo-xeon-amx
+    .venv/bin/python -m lab.llama_demo --out benchmarks/results/llama-demo-xeon-amx
 
 The runs are sequential, so one does not slow the other; each records its own seconds.
 """
@@ -76,7 +76,7 @@ def markdown(table: dict, env: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from .environment import environment
+    from tinyt.benchmarks.environment import environment
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = {name: _train(name, args.steps, args.eval_interval, Path(tmp), args.data)
                 for name in PRESETS}
     env = environment(("tinyt", "torch"), threads=torch.get_num_threads(),
-                      command=f".venv/bin/python -m benchmarks.llama_demo --out {args.out} "
+                      command=f".venv/bin/python -m lab.llama_demo --out {args.out} "
                               f"--steps {args.steps} --eval-interval {args.eval_interval}")
     table = compare(runs)
     args.out.mkdir(parents=True, exist_ok=True)

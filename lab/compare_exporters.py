@@ -6,7 +6,7 @@ size against 4 bytes x unique parameters, node count, which fusions onnxscript's
 `optimize_for_ort` applies, and ONNX Runtime decode latency (batch 1, one new token, past 64,
 rounds interleaved). Run:
 
-    .venv/bin/python benchmarks/compare_exporters.py artifacts/checkpoint
+    .venv/bin/python lab/compare_exporters.py artifacts/checkpoint
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 at 1 and 2 threads, eager and under torch.compile, so the README can say per CPU kind how long
 the demo trains.
 
-    .venv/bin/python -m benchmarks.train_speed --preset demo \
+    .venv/bin/python -m lab.train_speed --preset demo \
         --out benchmarks/results/train-speed-epyc-avx2
 
 One step is what tinyt.train runs (forward, cross-entropy, backward, gradient clipping, AdamW)
@@ -23,11 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tinyt.benchmarks.environment import environment
 from tinyt.config import PRESETS, ModelConfig, TrainConfig
 from tinyt.model import build_model
 from tinyt.train import make_optimizer
-
-from .environment import environment
 
 
 def variant(preset: str, compiled: bool):

@@ -1,7 +1,7 @@
 """What ONNX Runtime's executor costs per node, apart from any kernel's work: a chain of N
 `Add`s on 128 floats (nothing to compute), 1 thread, I/O bound once, median of 2000 runs.
 
-    .venv/bin/python -m benchmarks.dispatch_cost
+    .venv/bin/python -m lab.dispatch_cost
 
 The slope is the cost of one more node in a decode step; the intercept, of one run call.
 """

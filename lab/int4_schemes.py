@@ -1,7 +1,7 @@
 """INT4 side by side: schemes, the scale search, block sizes and the tied table at 4 or 8 bits,
 each with `tinyt quantize`'s own accuracy report against the source graph.
 
-    .venv/bin/python -m benchmarks.int4_schemes artifacts-llama/onnx-opt \
+    .venv/bin/python -m lab.int4_schemes artifacts-llama/onnx-opt \
         --out benchmarks/results/int4-schemes-llama-demo-epyc-vnni
 
 For every combination asked (default: the three schemes of export/blockquant.py, scale search
@@ -11,7 +11,7 @@ next token's distribution from the source's, top-1 agreement, the validation los
 greedy agreement over the report's held-out prompts (export/accuracy.py), and (unless --rounds
 0) one decode step's median time, all candidates timed interleaved in one process
 (export/search.py latency_ms; at a demo size this is mostly ONNX Runtime's dispatch, so it
-says little about the kernels: benchmarks/step_kernels.py times the 4-bit kernels at a real
+says little about the kernels: lab/step_kernels.py times the 4-bit kernels at a real
 shape).
 """
 from __future__ import annotations
@@ -22,12 +22,11 @@ import json
 import tempfile
 from pathlib import Path
 
+from tinyt.benchmarks.environment import environment
 from tinyt.export.blockquant import SCHEMES
 from tinyt.export.quantize import quantize
 from tinyt.export.search import latency_ms
 from tinyt.manifest import check_manifest, read_model_config
-
-from .environment import environment
 
 
 def variant_name(scheme: str, search: bool, block: int, table_bits: int) -> str:

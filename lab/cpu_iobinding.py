@@ -5,7 +5,7 @@ Greedy decode of 100 tokens after a 20-token prompt (both capped by the model's 
 plain run() vs run_with_iobinding() with ORT-allocated outputs fed back as the next step's
 past, interleaved, 15 rounds, medians:
 
-    .venv/bin/python -m benchmarks.cpu_iobinding artifacts/onnx-int8
+    .venv/bin/python -m lab.cpu_iobinding artifacts/onnx-int8
 """
 import statistics
 import sys

@@ -4,7 +4,7 @@ Decode: one new token with a past of 64 (batch 1); prefill: 128 tokens (batch 1)
 by the model's block_size. 2 intra-op
 threads, spinning off, rounds interleaved across the graphs, medians after a 10% warm-up.
 
-    .venv/bin/python -m benchmarks.quick_latency artifacts/onnx artifacts/onnx-opt \
+    .venv/bin/python -m lab.quick_latency artifacts/onnx artifacts/onnx-opt \
         artifacts/onnx-int8
 """
 from __future__ import annotations

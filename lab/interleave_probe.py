@@ -4,7 +4,7 @@ ORT INT8 decode (batch 1, past block_size - 1, 2 threads) timed as the 1st, 2nd,
 right after one PyTorch eager KV-cache step, 200 repetitions, and alone (a run of calls with no
 PyTorch in between, in the same period); medians in ms.
 
-    .venv/bin/python -m benchmarks.interleave_probe artifacts
+    .venv/bin/python -m lab.interleave_probe artifacts
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from tinyt.benchmarks.variants import OrtVariant, torch_variants
 from tinyt.manifest import read_model_config
-
-from .variants import OrtVariant, torch_variants
 
 
 def main() -> None:

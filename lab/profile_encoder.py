@@ -3,7 +3,7 @@ side by side, from ONNX Runtime's profiler: tinyt's optimized graph against Opti
 the same weights, say (each graph as tinyt's runtime loads it: ONNX Runtime's level 'all',
 without the fusions the runtime turns off, runtime/session.py UNFUSED).
 
-    .venv/bin/python -m benchmarks.profile_encoder tinyt=artifacts-st/onnx-opt/model.onnx \
+    .venv/bin/python -m lab.profile_encoder tinyt=artifacts-st/onnx-opt/model.onnx \
         --optimum path/to/all-MiniLM-L6-v2 --batch 32 --tokens 128 --threads 1
 
 (`--optimum DIR`: Optimum's own export of the transformers model in DIR, made into a temporary
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from benchmarks.profile_step import _shape_key
+from lab.profile_step import _shape_key
 from tinyt.runtime.session import UNFUSED
 
 

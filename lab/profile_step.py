@@ -7,7 +7,7 @@ one buffer of `--capacity` tokens (tinyt's runtime allocates the next power of t
 prompt and new tokens, GenAI its max_length), so that the kernel writes the new token in place
 instead of copying the past every step; another graph gets its past and makes its present.
 
-    .venv/bin/python -m benchmarks.profile_step artifacts-smollm/onnx-int4-gqa/model.onnx \
+    .venv/bin/python -m lab.profile_step artifacts-smollm/onnx-int4-gqa/model.onnx \
         artifacts-smollm/peers/genai-builder-int4/model.onnx --past 94
 
 Batch 1, one new token after `past` tokens, THREADS threads, 200 runs after 20 warm-ups,

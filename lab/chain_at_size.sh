@@ -2,8 +2,8 @@
 # The deployment chain at a preset's size: each stage's wall time and peak memory (GNU time's
 # maximum resident set size), one stage at a time on an otherwise idle machine.
 #
-#   bash benchmarks/chain_at_size.sh PRESET WORK_DIR RESULTS_DIR [CORPUS]
-#   bash benchmarks/chain_at_size.sh hf:SHAPE WORK_DIR RESULTS_DIR [CORPUS]
+#   bash lab/chain_at_size.sh PRESET WORK_DIR RESULTS_DIR [CORPUS]
+#   bash lab/chain_at_size.sh hf:SHAPE WORK_DIR RESULTS_DIR [CORPUS]
 #
 # hf:SHAPE (qwen3-0.6b, llama-3.2-1b: benchmarks/hf_shape.py) starts from a random-weight
 # Hugging Face directory at a real model's shape, context and rope settings, imported with

@@ -11,10 +11,10 @@ reports each as ms per step, GB/s of weight bytes and its ratio to the floor:
     floor = bytes read per step / the cores' read bandwidth (numpy summing a buffer larger than
             the last-level cache, one part per thread, interleaved with the rest)
 
-    .venv/bin/python -m benchmarks.step_kernels --n-layer 12 --n-embd 768 --vocab 8192 \
+    .venv/bin/python -m lab.step_kernels --n-layer 12 --n-embd 768 --vocab 8192 \
         --out benchmarks/results/step-kernels-xeon-amx
     # Llama-3.2-1B's matmuls, the 4-bit kernel's block sizes and zero points, 2 threads:
-    .venv/bin/python -m benchmarks.step_kernels --n-layer 16 --n-embd 2048 --kv-width 512 \
+    .venv/bin/python -m lab.step_kernels --n-layer 16 --n-embd 2048 --kv-width 512 \
         --n-inner 8192 --gated --vocab 128256 --threads 2 --kinds nbits-b4-k32-a4,...
 
 Candidates: MatMulNBits 8-bit at several block sizes (accuracy_level 4: int8 activations,
@@ -37,9 +37,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from tinyt.benchmarks.environment import environment
 from tinyt.export.blockquant import block_quantize, channel_quantize, pick_block
-
-from .environment import environment
 
 MS = "com.microsoft"
 

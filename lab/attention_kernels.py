@@ -18,7 +18,7 @@ largest value; the fp32 forms within fp32 summation over `past` terms). Then the
 take turns, round by round, with a numpy read of the fp32 cache's bytes (the read floor), and
 each prints ms per layer-step, × the floor and ms for all `--n-layer` layers.
 
-    .venv/bin/python -m benchmarks.attention_kernels --heads 16 --kv-heads 8 --head-dim 128 \
+    .venv/bin/python -m lab.attention_kernels --heads 16 --kv-heads 8 --head-dim 128 \
         --past 4096 --n-layer 28 --threads 2 \
         --out benchmarks/results/attention-kernels-qwen3-2t-epyc-vnni
 
@@ -37,8 +37,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from .environment import environment
-from .step_kernels import read_bandwidth_probe
+from lab.step_kernels import read_bandwidth_probe
+from tinyt.benchmarks.environment import environment
 
 MS = "com.microsoft"
 KINDS = ("gqa-fp32", "gqa-fp16", "matmul-fp32")

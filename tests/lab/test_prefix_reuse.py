@@ -1,7 +1,7 @@
-"""benchmarks/prefix_reuse.py at the tiny model's size: both engines give the same first token
+"""lab/prefix_reuse.py at the tiny model's size: both engines give the same first token
 every round (it raises otherwise), the held prefix is copied, and the report has the medians
 and their ratio (a timing: reported, never asserted)."""
-from benchmarks.prefix_reuse import markdown, measure
+from lab.prefix_reuse import markdown, measure
 
 
 def test_prefix_reuse_benchmark_runs_and_checks_its_tokens(lm_onnx, tmp_path):

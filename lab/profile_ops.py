@@ -1,8 +1,8 @@
 """Where a decode step's (or a prompt pass's) time goes, per operator type, from ONNX Runtime's
 profiler.
 
-    .venv/bin/python -m benchmarks.profile_ops artifacts/onnx-int8 artifacts/onnx-opt
-    .venv/bin/python -m benchmarks.profile_ops artifacts/onnx-opt --prefill 128
+    .venv/bin/python -m lab.profile_ops artifacts/onnx-int8 artifacts/onnx-opt
+    .venv/bin/python -m lab.profile_ops artifacts/onnx-opt --prefill 128
 
 Batch 1; decode: one new token after a past of block_size - 1; --prefill N: N tokens, no
 past. 2 threads, 300 runs after 30 warm-ups; prints each op type's share of the summed kernel

@@ -2,7 +2,7 @@
 the runtime plans it (prompts through its prompt graph, steps as the tuner chose), and its step
 graph alone (the prompts through it too), on the peer benchmark's agreement prompts.
 
-    .venv/bin/python -m benchmarks.pair_agreement ARTIFACTS --pair onnx-int8-gqa --prompts 8 \
+    .venv/bin/python -m lab.pair_agreement ARTIFACTS --pair onnx-int8-gqa --prompts 8 \
         --out results.json
 
 ARTIFACTS holds onnx-opt (the fp32 reference) and onnx-int8 (whose --data the prompts come
@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 
 import tinyt.runtime as rt
+from tinyt.benchmarks.peers.measure import _inputs
 from tinyt.runtime.cache import SharedCache
-
-from .peers.measure import _inputs
 
 
 def step_graph_greedy(lm, ids: list[int], n: int) -> list[int]:

@@ -3,7 +3,7 @@ compiling a schema, and the mask per token at batch rows, on the tiny model's vo
 and GPT-2's; with --xgrammar, the same for xgrammar (the library compared against it: `pip
 install xgrammar` first, which requires torch and transformers).
 
-    .venv/bin/python -m benchmarks.constrain_cost [--vocab 320 50257] [--tokenizer PATH ...]
+    .venv/bin/python -m lab.constrain_cost [--vocab 320 50257] [--tokenizer PATH ...]
                                               [--rows 8] [--steps 200] [--xgrammar]
 
 Vocabularies: byte-level BPE trained on the Python standard library's sources (the corpus
