@@ -144,13 +144,15 @@ def import_hf(
              "cost what a call uses either way (tinyt serve / generate --max-context bound "
              "what they hold).")] = None,
 ) -> None:
-    """Import a GPT-2 (GPT-2, DistilGPT-2, fine-tunes) or Llama-family model from a Hugging
-    Face directory: Llama (SmolLM2, TinyLlama, Llama 3.x with rope_scaling llama3 / linear /
-    dynamic / yarn), Qwen2 / Qwen2.5 (windowed layers too), Mistral (sliding window), Qwen3
-    (head_dim, q/k norms), SmolLM3 (layers without rotary), Granite (its multipliers), Gemma 3
-    and Gemma 2 text (norms of gain 1 + w, soft caps, local and global layers), Phi-3 / 3.5 /
-    Phi-4-mini (LongRoPE, partial rotary). Anything else tinyt's model does not implement is
-    refused by name."""
+    """Import a Hugging Face directory (safetensors) of one of the families tinyt runs:
+    GPT2LMHeadModel; LlamaForCausalLM (SmolLM2, TinyLlama, Llama 3.x with rope_scaling llama3 /
+    linear / dynamic / yarn), Qwen2ForCausalLM (windowed layers too), MistralForCausalLM,
+    Qwen3ForCausalLM, SmolLM3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM,
+    Gemma2ForCausalLM, Phi3ForCausalLM (Phi-3 / 3.5 / Phi-4-mini), Olmo2ForCausalLM; the
+    encoders BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (a
+    sentence-transformers directory too) and their classification heads. Anything else tinyt's
+    model does not implement is refused by name (tests/core/test_family_lists.py keeps this
+    list the catalogue's)."""
     from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))
@@ -166,7 +168,8 @@ def export_hf(
     """Write a checkpoint as a Hugging Face directory (safetensors): the class it was
     imported as, else GPT2LMHeadModel or the first of LlamaForCausalLM, Qwen2ForCausalLM,
     MistralForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM, GraniteForCausalLM,
-    Gemma3ForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM that holds it exactly; encoders as
+    Gemma3ForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM that holds it
+    exactly; encoders as
     BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (in
     sentence-transformers' layout when they pool) or their classification heads. For
     transformers, CTranslate2, llama.cpp's converter, vLLM. Its outputs are checked first."""

@@ -267,7 +267,7 @@ def _cache_outside_attention_to_gqa(proto: onnx.ModelProto, cfg) -> int:
         turn = i in caches
         qkv, before = [split.input[0], "", ""], []
         if cfg.qk_norm:  # q and k after their norms, v as it is: three inputs, not one packed
-            qkv, before = _normed_qkv(g, split, i)
+            qkv, before = _normed_qkv(g, split, i, whole=cfg.qk_norm == "projection")
         inputs = [*qkv, *past, *_lengths(cfg, i)]
         inputs += caches[i] if turn else ["", ""]
         if turn and is_longrope(cfg):  # the positions pick the short or the long table
@@ -355,13 +355,16 @@ def _attention_attrs(cfg, scale: float | None, layer: int) -> dict:
     return attrs
 
 
-def _normed_qkv(g: onnx.GraphProto, split: onnx.NodeProto, layer: int
+def _normed_qkv(g: onnx.GraphProto, split: onnx.NodeProto, layer: int, *, whole: bool
                 ) -> tuple[list[str], list[onnx.NodeProto]]:
-    """Qwen3's q and k come out of their RMSNorms as [B, S, heads, head_dim]: reshaped to
-    [B, S, heads * head_dim] for GroupQueryAttention, which rotates them itself; v is the
-    Split's third output. Each norm is found from the Split down (Reshape, then the norm),
-    not by its weight's name: norms with equal weights (a fresh model's ones) share one
-    initializer after optimization."""
+    """q and k after their RMSNorms, for GroupQueryAttention (which rotates them itself); v
+    is the Split's third output. The config says which norm the model has:
+
+        per head (Qwen3, Gemma 3)    Split ─Reshape [B, S, heads, hd]─Norm─▶ Reshape [B, S, -1]
+        whole projection (OLMo-2)    Split ─Norm [B, S, heads * hd]──────▶ as it is
+
+    Each norm is found from the Split down, not by its weight's name: norms with equal
+    weights (a fresh model's ones) share one initializer after optimization."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in g.node:
         for name in n.input:
@@ -369,7 +372,7 @@ def _normed_qkv(g: onnx.GraphProto, split: onnx.NodeProto, layer: int
     out, nodes = [], []
     for which, source in (("q_norm", split.output[0]), ("k_norm", split.output[1])):
         norm, name = None, source
-        for _ in range(4):  # Split -> Reshape -> SimplifiedLayerNormalization
+        for _ in range(1 if whole else 4):  # Split (-> Reshape) -> SimplifiedLayerNorm
             nxt = readers.get(name, [])
             norm = next((n for n in nxt if n.op_type == "SimplifiedLayerNormalization"), None)
             if norm is not None or len(nxt) != 1:
@@ -377,13 +380,17 @@ def _normed_qkv(g: onnx.GraphProto, split: onnx.NodeProto, layer: int
             name = nxt[0].output[0]
         if norm is None:
             raise SharedCacheError(f"layer {layer}: no SimplifiedLayerNormalization of its "
-                                   f"{which} found after its projection; only graphs from "
-                                   "`tinyt optimize --target cpu`")
+                                   f"{which} ({'whole projection' if whole else 'per head'}, "
+                                   "as its config says) found after its projection; only "
+                                   "graphs from `tinyt optimize --target cpu`")
+        if whole:
+            out.append(norm.output[0])
+            continue
         flat = f"/transformer/h.{layer}/attn/{which}/flat"
         nodes.append(helper.make_node("Reshape", [norm.output[0], "/gqa/bs_flat"], [flat],
                                       name=f"{flat}/Reshape"))
         out.append(flat)
-    if not any(i.name == "/gqa/bs_flat" for i in g.initializer):
+    if nodes and not any(i.name == "/gqa/bs_flat" for i in g.initializer):
         g.initializer.append(onnx.numpy_helper.from_array(np.array([0, 0, -1], np.int64),
                                                           "/gqa/bs_flat"))
     return [*out, split.output[2]], nodes

@@ -104,10 +104,12 @@ def expected_fusions(cfg, kind: str, fuse_embedding: bool = False
         out.append(("embedding sum + LayerNorm", (EMBED_LAYER_NORM,), 1))
     if cfg.norm == "rmsnorm":  # ln_1, ln_2 per layer and ln_f; ORT fuses the residual Adds in
         norms = ("SimplifiedLayerNormalization", f"{CONTRIB}.SkipSimplifiedLayerNormalization")
-        # Qwen3's q and k norms too: one SimplifiedLayerNormalization over head_dim each
-        per_block = 4 if cfg.post_norms else 2  # Gemma's: after attention and the MLP too
-        out.append(("RMSNorm" + (" (with q/k norms)" if cfg.qk_norm else ""), norms,
-                    per_block * cfg.n_layer + 1 + (2 * cfg.n_layer if cfg.qk_norm else 0)))
+        # the block's norms as the config declares them (Gemma's 4, OLMo-2's 2 after the
+        # branches), and q's and k's: one SimplifiedLayerNormalization each (over head_dim or
+        # over the whole projection)
+        qk = 2 * cfg.n_layer if cfg.qk_norm else 0
+        out.append(("RMSNorm" + (f" (with {cfg.qk_norm} q/k norms)" if cfg.qk_norm else ""),
+                    norms, cfg.norms_per_block * cfg.n_layer + 1 + qk))
     if cfg.norm_placement == "post":  # BERT's LayerNorm(x + branch): two a layer
         out.append(("post-norm residual + LayerNorm", (f"{CONTRIB}.SkipLayerNormalization",)
                     if kind not in ENCODER_KINDS else (RESIDUAL_SUM,), 2 * cfg.n_layer))

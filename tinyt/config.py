@@ -73,131 +73,215 @@ class _JsonMixin:
         return cls.from_dict(data)
 
 
+# The groups ModelConfig's fields fall in (`ModelConfig.group(name)` reads one at a time).
+GROUPS = ("shape", "attention", "positions", "norms", "mlp", "embeddings", "head")
+QK_NORMS = ("head", "projection")  # q/k RMSNorm over each head (Qwen3) or the whole (OLMo-2)
+
+
+def _opt(default: Any, group: str) -> Any:
+    """A field of ModelConfig in its group: its default, stated once (family_options and the
+    catalogue's checks read the defaults from here)."""
+    return dataclasses.field(default=default, metadata={"group": group})
+
+
 @dataclass(frozen=True)
 class ModelConfig(_JsonMixin):
-    """Shape of a TinyTransformer. Validated on construction; errors name the bad field."""
+    """Shape of a TinyTransformer, its fields grouped by what they describe. Validated on
+    construction; errors name the bad field. Every option beyond the first ones (GPT-2's and
+    Llama's) defaults to "off": a family turns on what it has (tinyt/hf/families/)."""
 
-    block_size: int = 128  # longest sequence (positions) the model handles
-    vocab_size: int = 4096
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
-    pos_encoding: str = "learned"
-    tie_weights: bool = True  # lm_head shares the token-embedding matrix
-    task: str = "causal_lm"
-    num_labels: int = 0  # classifier only
-    activation: str = "gelu"  # the MLP's: gelu (exact, nanoGPT) or gelu_tanh (GPT-2's gelu_new)
-    norm_eps: float = 1e-5  # the norm's epsilon (GPT-2's layer_norm_epsilon, Llama's rms_norm_eps)
-    n_inner: int | None = None  # MLP width (Llama's intermediate_size); None = 4 * n_embd
-    # Llama-family options (the defaults are GPT-2's)
-    norm: str = "layernorm"  # or rmsnorm (no mean, no bias)
-    n_kv_head: int | None = None  # key/value heads; None = n_head, 1 = multi-query
-    rope_theta: float = 10000.0  # rotary positions' base (pos_encoding='rotary')
-    qkv_bias: bool | None = None  # biases of q, k, v; None = `bias` (Qwen2: bias=False, True)
-    # Options of the families beyond Llama (docs/model.md); each default is "off"
-    head_size: int | None = None  # per-head width; None = n_embd / n_head (Qwen3: 128 at 1024/16)
-    qk_norm: bool = False  # RMSNorm of each head's q and k before rotary (Qwen3)
-    rope_scaling: dict | None = None  # transformers' rope_scaling: linear, dynamic, llama3, yarn
-    sliding_window: int | None = None  # a query sees the last `sliding_window` keys (Mistral);
-    #                                    in an encoder those within sliding_window // 2 either
-    #                                    side (ModernBERT's local_attention)
-    full_attention_layers: tuple[int, ...] = ()  # layers the window leaves out (Qwen2's lower)
-    nope_layers: tuple[int, ...] = ()  # layers without rotary positions (SmolLM3's every 4th)
-    embedding_multiplier: float = 1.0  # token embeddings times this (Granite)
-    residual_multiplier: float = 1.0  # each block's attention and MLP outputs times this
-    attention_multiplier: float | None = None  # q.k scale; None = 1 / sqrt(head_dim)
-    logits_scaling: float = 1.0  # logits divided by this (Granite)
-    norm_offset: float = 0.0  # an RMSNorm's gain is norm_offset + weight (Gemma's 1: zero-init)
-    post_norms: bool = False  # norms of the attention's and the MLP's outputs (Gemma's 4 a block)
-    attn_softcap: float | None = None  # q.k logits -> cap * tanh(logits / cap) (Gemma 2)
-    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2 / 3)
-    rope_local_theta: float | None = None  # the windowed layers' rotary base, unscaled (Gemma 3)
-    rotary_dim: int | None = None  # each head's rotated dims, the first ones; None = head_dim
-    #                                (Phi-4-mini's partial_rotary_factor 0.75: 96 of 128)
-    # Encoders (BERT and its kin, docs/model.md); each default is "off"
-    norm_placement: str = "pre"  # "post": x = ln_1(x + attn(x)), x = ln_2(x + mlp(x)), no ln_f
-    embedding_norm: bool = False  # a norm of the embeddings' sum before the blocks (BERT's)
-    type_vocab_size: int = 0  # rows of a token-type (segment) table added to the embeddings
-    position_offset: int = 0  # the learned table's row of position 0 (RoBERTa's pad id + 1)
-    pooling: str | None = "mean"  # the classifier's / encoder's sentence from its tokens;
-    #                               None: an encoder with hidden states only
-    normalize: bool = False  # the encoder's sentence embedding scaled to unit L2 norm
-    pooler_activation: str | None = None  # a classifier's dense + activation before its head
-    #                                       (BERT's pooler: tanh; DistilBERT's: relu)
-    pooler_norm: bool = False  # a norm after the pooler's activation (ModernBERT's head)
-    first_block_norm: bool = True  # false: block 0 has no ln_1 (ModernBERT: the embeddings'
-    #                                norm is the first)
+    # -- shape: the sizes, the task and the biases --------------------------------------------
+    block_size: int = _opt(128, "shape")  # longest sequence (positions) the model handles
+    vocab_size: int = _opt(4096, "shape")
+    n_layer: int = _opt(4, "shape")
+    n_head: int = _opt(4, "shape")
+    n_embd: int = _opt(128, "shape")
+    dropout: float = _opt(0.0, "shape")
+    bias: bool = _opt(True, "shape")  # biases in Linear and LayerNorm, as GPT-2
+    task: str = _opt("causal_lm", "shape")
+    num_labels: int = _opt(0, "shape")  # classifier only
+    residual_multiplier: float = _opt(1.0, "shape")  # each branch's output times this (Granite)
+    # -- attention ------------------------------------------------------------------------------
+    n_kv_head: int | None = _opt(None, "attention")  # key/value heads; None = n_head, 1 = MQA
+    qkv_bias: bool | None = _opt(None, "attention")  # None = `bias` (Qwen2: bias=False, True)
+    head_size: int | None = _opt(None, "attention")  # None = n_embd / n_head (Qwen3: 128)
+    qk_norm: str | None = _opt(None, "attention")  # RMSNorm of q and k before rotary: over
+    #                   each head ("head", Qwen3, Gemma 3) or the whole projection ("projection",
+    #                   OLMo-2); older configs' true is "head"
+    attention_multiplier: float | None = _opt(None, "attention")  # q.k scale; None: 1/sqrt(hd)
+    attn_softcap: float | None = _opt(None, "attention")  # logits -> cap*tanh(./cap) (Gemma 2)
+    sliding_window: int | None = _opt(None, "attention")  # a query sees the last
+    #                   `sliding_window` keys (Mistral); in an encoder those within
+    #                   sliding_window // 2 either side (ModernBERT's local_attention)
+    full_attention_layers: tuple[int, ...] = _opt((), "attention")  # layers the window leaves
+    # -- positions ------------------------------------------------------------------------------
+    pos_encoding: str = _opt("learned", "positions")
+    rope_theta: float = _opt(10000.0, "positions")  # rotary positions' base
+    rope_scaling: dict | None = _opt(None, "positions")  # transformers' rope_scaling: linear,
+    #                   dynamic, llama3, yarn, longrope
+    rope_local_theta: float | None = _opt(None, "positions")  # windowed layers' base (Gemma 3)
+    rotary_dim: int | None = _opt(None, "positions")  # each head's rotated dims, the first
+    #                   ones; None = head_dim (Phi-4-mini's partial_rotary_factor 0.75)
+    nope_layers: tuple[int, ...] = _opt((), "positions")  # layers without rotary (SmolLM3)
+    position_offset: int = _opt(0, "positions")  # the learned table's row of position 0
+    #                   (RoBERTa's pad id + 1)
+    # -- norms ----------------------------------------------------------------------------------
+    norm: str = _opt("layernorm", "norms")  # or rmsnorm (no mean, no bias)
+    norm_eps: float = _opt(1e-5, "norms")  # GPT-2's layer_norm_epsilon, Llama's rms_norm_eps
+    norm_offset: float = _opt(0.0, "norms")  # an RMSNorm's gain is offset + weight (Gemma: 1)
+    norm_placement: str = _opt("pre", "norms")  # "post": x = ln_1(x + attn(x)), BERT's
+    pre_norms: bool = _opt(True, "norms")  # norms of each branch's input (ln_1, ln_2);
+    #                   false: OLMo-2's, only the branches' outputs normalised (post_norms)
+    post_norms: bool = _opt(False, "norms")  # norms of each branch's output (Gemma's 4 a
+    #                   block with the pre-norms; OLMo-2's 2 without them)
+    first_block_norm: bool = _opt(True, "norms")  # false: block 0 has no ln_1 (ModernBERT)
+    embedding_norm: bool = _opt(False, "norms")  # a norm of the embeddings' sum (BERT's)
+    # -- mlp ------------------------------------------------------------------------------------
+    activation: str = _opt("gelu", "mlp")  # gelu (exact), gelu_tanh, swiglu, geglu(_tanh)
+    n_inner: int | None = _opt(None, "mlp")  # MLP width (intermediate_size); None = 4 * n_embd
+    # -- embeddings -----------------------------------------------------------------------------
+    tie_weights: bool = _opt(True, "embeddings")  # lm_head shares the token-embedding matrix
+    embedding_multiplier: float = _opt(1.0, "embeddings")  # token embeddings times this
+    type_vocab_size: int = _opt(0, "embeddings")  # rows of a token-type (segment) table
+    # -- head: the logits, or the sentence / label an encoder makes -------------------------------
+    logits_scaling: float = _opt(1.0, "head")  # logits divided by this (Granite)
+    final_softcap: float | None = _opt(None, "head")  # logits -> cap*tanh(./cap) (Gemma 2 / 3)
+    pooling: str | None = _opt("mean", "head")  # the classifier's / encoder's sentence from
+    #                   its tokens; None: an encoder with hidden states only
+    normalize: bool = _opt(False, "head")  # the encoder's sentence embedding at unit L2 norm
+    pooler_activation: str | None = _opt(None, "head")  # a classifier's dense + activation
+    #                   before its head (BERT's pooler: tanh; DistilBERT's: relu)
+    pooler_norm: bool = _opt(False, "head")  # a norm after the pooler's activation (ModernBERT)
+
+    def group(self, name: str) -> dict[str, Any]:
+        """The fields of one group (GROUPS) and their values."""
+        if name not in GROUPS:
+            raise ConfigError(f"group {name!r} is not one of ModelConfig's: {', '.join(GROUPS)}")
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata["group"] == name}
 
     def __post_init__(self) -> None:
+        for name in ("full_attention_layers", "nope_layers"):
+            if isinstance(getattr(self, name), list):  # JSON's spelling of a tuple
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if isinstance(self.rope_scaling, dict):  # a copy: the caller's dict may change after
+            object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+        if self.qk_norm is True or self.qk_norm is False:  # the older spelling
+            object.__setattr__(self, "qk_norm", "head" if self.qk_norm else None)
+        self._check_shape()
+        self._check_attention()
+        self._check_positions()
+        self._check_norms()
+        self._check_mlp_and_embeddings()
+        self._check_head()
+
+    def _check_shape(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             v = getattr(self, name)
             _require(_is_int(v) and v >= 1, name, v, "must be an integer >= 1")
         _require(self.vocab_size >= 2, "vocab_size", self.vocab_size, "must be >= 2")
-        _require(self.head_size is None or (_is_int(self.head_size) and self.head_size >= 1),
-                 "head_size", self.head_size, "must be null (n_embd / n_head) or an integer >= 1")
-        _require(
-            self.head_size is not None or self.n_embd % self.n_head == 0,
-            "n_embd",
-            self.n_embd,
-            f"must be divisible by n_head={self.n_head} (head_dim = n_embd / n_head), or "
-            "head_size set",
-        )
-        if self.pos_encoding == "sinusoidal":
-            _require(
-                self.n_embd % 2 == 0, "n_embd", self.n_embd, "must be even for sinusoidal positions"
-            )
-        _require(
-            _is_number(self.dropout) and 0.0 <= self.dropout < 1.0,
-            "dropout",
-            self.dropout,
-            "must be a finite number in [0, 1)",
-        )
+        _require(_is_number(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", self.dropout,
+                 "must be a finite number in [0, 1)")
         _require(isinstance(self.bias, bool), "bias", self.bias, "must be true or false")
-        _require(
-            self.pos_encoding in POS_ENCODINGS, "pos_encoding", self.pos_encoding,
-            f"allowed: {', '.join(POS_ENCODINGS)}",
-        )
-        _require(
-            isinstance(self.tie_weights, bool), "tie_weights", self.tie_weights,
-            "must be true or false",
-        )
         _require(self.task in TASKS, "task", self.task, f"allowed: {', '.join(TASKS)}")
         if self.task in ("classifier", "token_classifier"):
-            _require(
-                _is_int(self.num_labels) and self.num_labels >= 2, "num_labels", self.num_labels,
-                f"a {self.task} needs an integer >= 2",
-            )
+            _require(_is_int(self.num_labels) and self.num_labels >= 2, "num_labels",
+                     self.num_labels, f"a {self.task} needs an integer >= 2")
         else:
-            _require(
-                self.num_labels == 0, "num_labels", self.num_labels,
-                f"must be 0 for task={self.task!r} (labels belong to the classifier)",
-            )
-        self._check_encoder_options()
+            _require(self.num_labels == 0, "num_labels", self.num_labels,
+                     f"must be 0 for task={self.task!r} (labels belong to the classifier)")
+        v = self.residual_multiplier
+        _require(_is_number(v) and v != 0, "residual_multiplier", v,
+                 "must be a finite number other than 0")
 
-        _require(self.activation in ACTIVATIONS, "activation", self.activation,
-                 f"allowed: {', '.join(ACTIVATIONS)}")
-        _require(_is_number(self.norm_eps) and 0 < self.norm_eps < 1, "norm_eps", self.norm_eps,
-                 "must be a finite number in (0, 1)")
-        _require(self.n_inner is None or (_is_int(self.n_inner) and self.n_inner >= 1),
-                 "n_inner", self.n_inner, "must be null (4 * n_embd) or an integer >= 1")
-        _require(self.norm in NORMS, "norm", self.norm, f"allowed: {', '.join(NORMS)}")
+    def _check_attention(self) -> None:
+        _require(self.head_size is None or (_is_int(self.head_size) and self.head_size >= 1),
+                 "head_size", self.head_size, "must be null (n_embd / n_head) or an integer >= 1")
+        _require(self.head_size is not None or self.n_embd % self.n_head == 0, "n_embd",
+                 self.n_embd, f"must be divisible by n_head={self.n_head} (head_dim = n_embd / "
+                 "n_head), or head_size set")
         _require(self.n_kv_head is None or (_is_int(self.n_kv_head) and self.n_kv_head >= 1
                                             and self.n_head % self.n_kv_head == 0),
                  "n_kv_head", self.n_kv_head,
                  f"must be null (= n_head) or an integer >= 1 that divides n_head={self.n_head}")
+        _require(self.qkv_bias is None or isinstance(self.qkv_bias, bool), "qkv_bias",
+                 self.qkv_bias, "must be null (= bias), true or false")
+        _require(self.qk_norm is None or self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm,
+                 f"must be null (none) or one of {', '.join(QK_NORMS)} (true: 'head')")
+        _require(not self.qk_norm or self.norm == "rmsnorm", "qk_norm", self.qk_norm,
+                 "q/k norms are RMSNorms: they need norm='rmsnorm'")
+        _require(self.attention_multiplier is None or (_is_number(self.attention_multiplier)
+                                                       and self.attention_multiplier > 0),
+                 "attention_multiplier", self.attention_multiplier,
+                 "must be null (1 / sqrt(head_dim)) or a finite number > 0")
+        v = self.attn_softcap
+        _require(v is None or (_is_number(v) and v > 0), "attn_softcap", v,
+                 "must be null (no cap) or a finite number > 0")
+        window = self.sliding_window
+        _require(window is None or (_is_int(window) and window >= 1), "sliding_window", window,
+                 "must be null (the whole context) or an integer >= 1")
+        self._check_layers("full_attention_layers")
+        _require(window is not None or not self.full_attention_layers, "full_attention_layers",
+                 self.full_attention_layers, "only means something with a sliding_window")
+
+    def _check_layers(self, name: str) -> None:
+        v = getattr(self, name)
+        _require(isinstance(v, tuple) and all(_is_int(i) and 0 <= i < self.n_layer for i in v)
+                 and list(v) == sorted(set(v)), name, v,
+                 f"must be increasing layer indices in 0..{self.n_layer - 1}")
+
+    def _check_positions(self) -> None:
+        rotary = self.pos_encoding == "rotary"
+        _require(self.pos_encoding in POS_ENCODINGS, "pos_encoding", self.pos_encoding,
+                 f"allowed: {', '.join(POS_ENCODINGS)}")
+        if self.pos_encoding == "sinusoidal":
+            _require(self.n_embd % 2 == 0, "n_embd", self.n_embd,
+                     "must be even for sinusoidal positions")
         _require(_is_number(self.rope_theta) and self.rope_theta > 0, "rope_theta",
                  self.rope_theta, "must be a finite number > 0")
-        if self.pos_encoding == "rotary":
+        if rotary:
             _require(self.head_dim % 2 == 0, "n_embd", self.n_embd,
                      f"must give an even head_dim for rotary positions (n_embd / n_head = "
                      f"{self.n_embd / self.n_head:g})")
-        _require(self.qkv_bias is None or isinstance(self.qkv_bias, bool), "qkv_bias",
-                 self.qkv_bias, "must be null (= bias), true or false")
-        self._check_family_options()
+        if self.rope_scaling is not None:
+            _require(rotary, "rope_scaling", self.rope_scaling,
+                     "scales rotary positions: it needs pos_encoding='rotary'")
+            rope_parameters(self)  # validates the dict, naming the key
+        self._check_layers("nope_layers")
+        _require(rotary or not self.nope_layers, "nope_layers", self.nope_layers,
+                 "only means something with pos_encoding='rotary'")
+        yarn = self.rope_scaling is not None and rope_parameters(self)[0] == "yarn"
+        local = self.rope_local_theta
+        _require(local is None or (_is_number(local) and local > 0), "rope_local_theta", local,
+                 "must be null (the rope_theta of every layer) or a finite number > 0")
+        _require(local is None or (rotary and self.sliding_window is not None),
+                 "rope_local_theta", local, "is the windowed layers' rotary base: it needs "
+                 "pos_encoding='rotary' and a sliding_window")
+        _require(local is None or not yarn, "rope_local_theta", local,
+                 "with yarn's rope_scaling is not implemented: yarn's attention factor would "
+                 "scale the windowed layers' unscaled rotary too")
+        rd = self.rotary_dim
+        _require(rd is None or (rotary and _is_int(rd) and rd >= 2 and rd % 2 == 0
+                                and rd <= self.head_dim), "rotary_dim", rd,
+                 f"must be null (head_dim) or an even integer from 2 to head_dim={self.head_dim}"
+                 ", with pos_encoding='rotary'")
+        _require(rd is None or not yarn, "rotary_dim", rd, "with yarn's rope_scaling is not "
+                 "implemented: tinyt folds yarn's attention factor into q.k's scale, which "
+                 "would scale the dims rotary leaves too")
+        _require(_is_int(self.position_offset) and self.position_offset >= 0,
+                 "position_offset", self.position_offset, "must be an integer >= 0")
+        _require(self.position_offset == 0 or self.pos_encoding == "learned", "position_offset",
+                 self.position_offset, "shifts a learned position table: it needs "
+                 "pos_encoding='learned'")
 
-    def _check_encoder_options(self) -> None:
+    def _check_norms(self) -> None:
+        _require(self.norm in NORMS, "norm", self.norm, f"allowed: {', '.join(NORMS)}")
+        _require(_is_number(self.norm_eps) and 0 < self.norm_eps < 1, "norm_eps", self.norm_eps,
+                 "must be a finite number in (0, 1)")
+        _require(_is_number(self.norm_offset), "norm_offset", self.norm_offset,
+                 "must be a finite number")
+        _require(self.norm_offset == 0 or self.norm == "rmsnorm", "norm_offset",
+                 self.norm_offset, "offsets an RMSNorm's gain: it needs norm='rmsnorm'")
         _require(self.norm_placement in NORM_PLACEMENTS, "norm_placement", self.norm_placement,
                  f"allowed: {', '.join(NORM_PLACEMENTS)}")
         _require(self.norm_placement == "pre" or (not self.post_norms
@@ -205,17 +289,40 @@ class ModelConfig(_JsonMixin):
                  "norm_placement", self.norm_placement,
                  "'post' normalises each sum itself: it takes neither post_norms nor a "
                  "residual_multiplier")
-        _require(isinstance(self.embedding_norm, bool), "embedding_norm", self.embedding_norm,
+        for name in ("pre_norms", "post_norms", "embedding_norm", "first_block_norm"):
+            _require(isinstance(getattr(self, name), bool), name, getattr(self, name),
+                     "must be true or false")
+        _require(self.pre_norms or (self.post_norms and self.norm_placement == "pre"),
+                 "pre_norms", self.pre_norms, "false leaves each branch's input unnormalised: "
+                 "it needs post_norms (the branches' outputs normalised, OLMo-2's) and "
+                 "norm_placement='pre'")
+        _require(self.first_block_norm or (self.norm_placement == "pre" and self.embedding_norm
+                                           and self.pre_norms),
+                 "first_block_norm", self.first_block_norm,
+                 "false leaves block 0 without its first norm, which the embeddings' norm takes "
+                 "over: it needs norm_placement='pre' and embedding_norm")
+
+    def _check_mlp_and_embeddings(self) -> None:
+        _require(self.activation in ACTIVATIONS, "activation", self.activation,
+                 f"allowed: {', '.join(ACTIVATIONS)}")
+        _require(self.n_inner is None or (_is_int(self.n_inner) and self.n_inner >= 1),
+                 "n_inner", self.n_inner, "must be null (4 * n_embd) or an integer >= 1")
+        _require(isinstance(self.tie_weights, bool), "tie_weights", self.tie_weights,
                  "must be true or false")
+        v = self.embedding_multiplier
+        _require(_is_number(v) and v != 0, "embedding_multiplier", v,
+                 "must be a finite number other than 0")
         _require(_is_int(self.type_vocab_size) and self.type_vocab_size >= 0, "type_vocab_size",
                  self.type_vocab_size, "must be an integer >= 0 (0: no token-type table)")
-        _require(_is_int(self.position_offset) and self.position_offset >= 0,
-                 "position_offset", self.position_offset, "must be an integer >= 0")
-        _require(self.position_offset == 0 or self.pos_encoding == "learned", "position_offset",
-                 self.position_offset, "shifts a learned position table: it needs "
-                 "pos_encoding='learned'")
-        encoder = self.task == "encoder"
-        per_token = self.task == "token_classifier"
+
+    def _check_head(self) -> None:
+        v = self.logits_scaling
+        _require(_is_number(v) and v != 0, "logits_scaling", v,
+                 "must be a finite number other than 0")
+        v = self.final_softcap
+        _require(v is None or (_is_number(v) and v > 0), "final_softcap", v,
+                 "must be null (no cap) or a finite number > 0")
+        encoder, per_token = self.task == "encoder", self.task == "token_classifier"
         _require(self.pooling in POOLINGS or (self.task in ("encoder", "token_classifier")
                                               and self.pooling is None), "pooling",
                  self.pooling, f"allowed: {', '.join(POOLINGS)}"
@@ -232,11 +339,6 @@ class ModelConfig(_JsonMixin):
                                                          or self.pooler_activation is not None),
                  "pooler_norm", self.pooler_norm,
                  "normalises the pooler's output: it needs a pooler_activation")
-        _require(isinstance(self.first_block_norm, bool) and (
-            self.first_block_norm or (self.norm_placement == "pre" and self.embedding_norm)),
-            "first_block_norm", self.first_block_norm,
-            "false leaves block 0 without its first norm, which the embeddings' norm takes "
-            "over: it needs norm_placement='pre' and embedding_norm")
         _require(not per_token or self.pooling is None, "pooling", self.pooling,
                  "a token_classifier labels each token: it pools nothing (null)")
         _require(self.task != "causal_lm" or self.pooling == "mean", "pooling", self.pooling,
@@ -247,73 +349,18 @@ class ModelConfig(_JsonMixin):
                  self.normalize, "scales an encoder's sentence embedding: it needs "
                  "task='encoder' and a pooling")
 
-    def _check_family_options(self) -> None:
-        rotary = self.pos_encoding == "rotary"
-        _require(isinstance(self.qk_norm, bool), "qk_norm", self.qk_norm, "must be true or false")
-        _require(not self.qk_norm or self.norm == "rmsnorm", "qk_norm", self.qk_norm,
-                 "q/k norms are RMSNorms: they need norm='rmsnorm'")
-        if isinstance(self.rope_scaling, dict):  # a copy: the caller's dict may change after
-            object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
-        if self.rope_scaling is not None:
-            _require(rotary, "rope_scaling", self.rope_scaling,
-                     "scales rotary positions: it needs pos_encoding='rotary'")
-            rope_parameters(self)  # validates the dict, naming the key
-        window = self.sliding_window
-        _require(window is None or (_is_int(window) and window >= 1), "sliding_window", window,
-                 "must be null (the whole context) or an integer >= 1")
-        for name in ("full_attention_layers", "nope_layers"):
-            v = getattr(self, name)
-            if isinstance(v, list):  # JSON's spelling of a tuple
-                object.__setattr__(self, name, v := tuple(v))
-            _require(isinstance(v, tuple) and all(_is_int(i) and 0 <= i < self.n_layer for i in v)
-                     and list(v) == sorted(set(v)), name, v,
-                     f"must be increasing layer indices in 0..{self.n_layer - 1}")
-        _require(window is not None or not self.full_attention_layers, "full_attention_layers",
-                 self.full_attention_layers, "only means something with a sliding_window")
-        _require(rotary or not self.nope_layers, "nope_layers", self.nope_layers,
-                 "only means something with pos_encoding='rotary'")
-        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
-            v = getattr(self, name)
-            _require(_is_number(v) and v != 0, name, v, "must be a finite number other than 0")
-        _require(self.attention_multiplier is None or (_is_number(self.attention_multiplier)
-                                                       and self.attention_multiplier > 0),
-                 "attention_multiplier", self.attention_multiplier,
-                 "must be null (1 / sqrt(head_dim)) or a finite number > 0")
-        _require(_is_number(self.norm_offset), "norm_offset", self.norm_offset,
-                 "must be a finite number")
-        _require(self.norm_offset == 0 or self.norm == "rmsnorm", "norm_offset",
-                 self.norm_offset, "offsets an RMSNorm's gain: it needs norm='rmsnorm'")
-        _require(isinstance(self.post_norms, bool), "post_norms", self.post_norms,
-                 "must be true or false")
-        for name in ("attn_softcap", "final_softcap"):
-            v = getattr(self, name)
-            _require(v is None or (_is_number(v) and v > 0), name, v,
-                     "must be null (no cap) or a finite number > 0")
-        local = self.rope_local_theta
-        _require(local is None or (_is_number(local) and local > 0), "rope_local_theta", local,
-                 "must be null (the rope_theta of every layer) or a finite number > 0")
-        _require(local is None or (rotary and window is not None), "rope_local_theta", local,
-                 "is the windowed layers' rotary base: it needs pos_encoding='rotary' and a "
-                 "sliding_window")
-        _require(local is None or self.rope_scaling is None
-                 or rope_parameters(self)[0] != "yarn", "rope_local_theta", local,
-                 "with yarn's rope_scaling is not implemented: yarn's attention factor would "
-                 "scale the windowed layers' unscaled rotary too")
-
-        rd = self.rotary_dim
-        _require(rd is None or (rotary and _is_int(rd) and rd >= 2 and rd % 2 == 0
-                                and rd <= self.head_dim), "rotary_dim", rd,
-                 f"must be null (head_dim) or an even integer from 2 to head_dim={self.head_dim}"
-                 ", with pos_encoding='rotary'")
-        _require(rd is None or self.rope_scaling is None or rope_parameters(self)[0] != "yarn",
-                 "rotary_dim", rd, "with yarn's rope_scaling is not implemented: tinyt folds "
-                 "yarn's attention factor into q.k's scale, which would scale the dims rotary "
-                 "leaves too")
-
     @property
     def rotary_dims(self) -> int:
         """The dims of each head that rotary turns (the first ones)."""
         return self.rotary_dim or self.head_dim
+
+    @property
+    def norms_per_block(self) -> int:
+        """The norms of the residual stream in a block: ln_1 and ln_2 (pre_norms), the
+        branches' outputs' (post_norms), or BERT's two sums'; q/k norms not counted."""
+        if self.norm_placement == "post":
+            return 2
+        return 2 * self.pre_norms + 2 * self.post_norms
 
     @property
     def head_dim(self) -> int:
@@ -373,15 +420,15 @@ class ModelConfig(_JsonMixin):
         return self.n_layer * 2 * self.kv_heads * self.head_dim * dtype_bytes
 
 
-FAMILY_OPTIONS = {"head_size": None, "qk_norm": False, "rope_scaling": None,
-                  "sliding_window": None, "full_attention_layers": (), "nope_layers": (),
-                  "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
-                  "attention_multiplier": None, "logits_scaling": 1.0, "norm_offset": 0.0,
-                  "post_norms": False, "attn_softcap": None, "final_softcap": None,
-                  "rope_local_theta": None, "rotary_dim": None, "norm_placement": "pre",
-                  "embedding_norm": False, "type_vocab_size": 0, "position_offset": 0,
-                  "normalize": False, "pooler_activation": None, "pooler_norm": False,
-                  "first_block_norm": True}  # name -> its "off"
+# GPT-2's and Llama's options (llama_options names Llama's) and the task's own: every other
+# field is an option of the families beyond them, "off" at its default, and a catalogue entry
+# writes a model using one only where it says it holds it (a new field is refused until then)
+BASE_OPTIONS = frozenset({"block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout",
+                          "bias", "pos_encoding", "tie_weights", "task", "num_labels",
+                          "activation", "norm_eps", "n_inner", "norm", "n_kv_head", "rope_theta",
+                          "qkv_bias", "pooling"})
+FAMILY_OPTIONS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                  if f.name not in BASE_OPTIONS}  # name -> its "off"
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's
 # required and optional keys. `dynamic` changes nothing within max_position_embeddings, the

@@ -52,9 +52,13 @@ class SelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * self.n_kv) * self.hs,
                                 bias=qkv_bias)  # fused q, k, v
         self.c_proj = nn.Linear(cfg.q_width, cfg.n_embd, bias=cfg.bias)
-        # Qwen3, Gemma 3: each head's q and k RMS-normalised over head_dim before rotary
-        self.q_norm = rms_norm(cfg, self.hs) if cfg.qk_norm else None
-        self.k_norm = rms_norm(cfg, self.hs) if cfg.qk_norm else None
+        # q and k RMS-normalised before rotary: each head's over head_dim (Qwen3, Gemma 3), or
+        # the whole projection's (OLMo-2: q over n_head * head_dim, k over n_kv * head_dim)
+        self.qk_norm = cfg.qk_norm
+        whole = cfg.qk_norm == "projection"
+        self.q_norm = rms_norm(cfg, cfg.q_width if whole else self.hs) if cfg.qk_norm else None
+        self.k_norm = rms_norm(cfg, self.n_kv * self.hs if whole else self.hs) \
+            if cfg.qk_norm else None
         self.scale = attention_scale(cfg)  # None: SDPA's 1 / sqrt(head_dim)
         self.softcap = cfg.attn_softcap
         self.dropout = cfg.dropout
@@ -64,9 +68,11 @@ class SelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.n_head * self.hs, self.n_kv * self.hs,
                                         self.n_kv * self.hs], dim=2)
+        if self.qk_norm == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_head, self.hs)
         k = k.view(B, T, self.n_kv, self.hs)
-        if self.q_norm is not None:
+        if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.transpose(1, 2)  # (B, nh, T, hs)
         k = k.transpose(1, 2)  # (B, nkv, T, hs)
@@ -156,15 +162,17 @@ def norm(cfg: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x)) (each branch times
     residual_multiplier, Granite's; with post_norms each branch's output normalised before
-    it is added, Gemma's four norms a block: ln_1, ln_1_out, ln_2, ln_2_out). With
+    it is added, Gemma's four norms a block: ln_1, ln_1_out, ln_2, ln_2_out; without
+    pre_norms only the outputs', OLMo-2's: x + ln_1_out(attn(x))). With
     norm_placement='post' (BERT's): ln_1(x + attn(x)), then ln_2(x + mlp(x))."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         # ModernBERT's block 0 takes the embeddings' norm as its first
-        self.ln_1 = norm(cfg) if layer or cfg.first_block_norm else nn.Identity()
+        pre = cfg.pre_norms  # OLMo-2 has none: only the branches' outputs are normalised
+        self.ln_1 = norm(cfg) if pre and (layer or cfg.first_block_norm) else nn.Identity()
         self.attn = SelfAttention(cfg)
-        self.ln_2 = norm(cfg)
+        self.ln_2 = norm(cfg) if pre else nn.Identity()
         self.mlp = MLP(cfg)
         self.ln_1_out = norm(cfg) if cfg.post_norms else None
         self.ln_2_out = norm(cfg) if cfg.post_norms else None

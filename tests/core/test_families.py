@@ -282,7 +282,7 @@ def test_a_model_no_class_holds_is_refused_with_each_reason(tmp_path):
     src = save_checkpoint(tmp_path / "src", build_model(cfg), Tokenizer.byte_level())
     with pytest.raises(ConversionError) as e:
         to_hf(src, tmp_path / "out")
-    assert "a LlamaForCausalLM has no qk_norm=True, nope_layers=(1,)" in str(e.value)
+    assert "a LlamaForCausalLM has no qk_norm='head', nope_layers=(1,)" in str(e.value)
     assert "Qwen3ForCausalLM" in str(e.value) and not (tmp_path / "out").exists()
     cfg = small_llama(vocab_size=300, sliding_window=8, full_attention_layers=(0,))
     assert "MistralForCausalLM's window covers every layer; this one leaves out [0]" in \

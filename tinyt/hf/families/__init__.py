@@ -1,0 +1,14 @@
+"""One file a Hugging Face family: its config.json keys and refusals, its tensors' names
+(tinyt/hf/tensors.py's roles), what export-hf writes, its tokenizer kind, and the ModelConfig
+traits it turns on (`features`), which the model and the graph stages read.
+
+    gpt2.py        GPT2LMHeadModel
+    llama.py       Llama, Qwen2, Qwen3, Mistral, SmolLM3, Granite (the Llama layout)
+    gemma.py       Gemma 3 (text), Gemma 2
+    phi3.py        Phi-3 / 3.5 / Phi-4-mini
+    olmo2.py       OLMo-2
+    bert.py        BERT, RoBERTa, XLM-RoBERTa, DistilBERT
+    modernbert.py  ModernBERT
+
+tinyt.hf.catalogue assembles them, in the order export-hf tries them.
+"""
