@@ -114,6 +114,11 @@ REAL: dict[str, tuple[str, dict]] = {
                                              "long_factor": LONG[:24]},
                                sliding_window=262144, rms_norm_eps=1e-5,
                                tie_word_embeddings=True, pad_token_id=None)),
+    # allenai/OLMo-2-0425-1B: 16 layers, 2048 wide, 16 / 16 heads, 4,096 context, untied; norms
+    # after each branch, q/k norms over the whole projection
+    "olmo2": ("olmo2", dict(num_attention_heads=4, num_key_value_heads=4,
+                            max_position_embeddings=4096, rope_theta=500000.0,
+                            rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=None)),
 }
 CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
@@ -123,7 +128,8 @@ CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
            "granite": ("GraniteConfig", "GraniteForCausalLM"),
            "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
            "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
-           "phi3": ("Phi3Config", "Phi3ForCausalLM")}
+           "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+           "olmo2": ("Olmo2Config", "Olmo2ForCausalLM")}
 
 
 @functools.lru_cache(maxsize=1)

@@ -67,6 +67,10 @@ CASES = {  # name: (fixture, overrides, the options tinyt reads)
     "phi4-mini": ("phi4-mini", {}, {"rope_scaling", "sliding_window", "rotary_dim"}),
     "phi3-window": ("phi3.5", dict(rope_scaling=None, max_position_embeddings=4096,
                                    sliding_window=12), {"sliding_window"}),
+    # OLMo-2: norms after the branches only, q/k norms over the whole projection (with fewer
+    # key/value heads too: k's norm is then over n_kv * head_dim)
+    "olmo2": ("olmo2", {}, {"qk_norm", "pre_norms", "post_norms"}),
+    "olmo2-gqa": ("olmo2", dict(num_key_value_heads=2), {"qk_norm", "pre_norms", "post_norms"}),
 }
 
 
@@ -102,7 +106,7 @@ def test_import_equals_transformers_full_cached_and_greedy(case, tmp_path):
 
 @pytest.mark.parametrize("case", ["llama3.2", "qwen3", "mistral", "smollm3-window", "granite",
                                   "qwen2.5-window", "llama-yarn", "gemma3", "gemma2",
-                                  "phi3.5", "phi4-mini"])
+                                  "phi3.5", "phi4-mini", "olmo2-gqa"])
 def test_each_goes_back_to_its_class_bit_identically(case, tmp_path):
     _, src = _imported(case, tmp_path)
     out = to_hf(src, tmp_path / "out")

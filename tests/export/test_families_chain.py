@@ -259,6 +259,7 @@ FAMILIES = {  # test id: (fixture, overrides)
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})),
     "gemma3": ("gemma3", dict(sliding_window=12)), "gemma2": ("gemma2", dict(sliding_window=12)),
     "phi3.5": ("phi3.5", {}), "phi4-mini": ("phi4-mini", {}),
+    "olmo2": ("olmo2", dict(num_key_value_heads=2)),
 }
 
 
