@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinyt.recipe import QuantRecipe
+
 EXACT_EVERYWHERE = "every CPU"
 EXACT_32BIT = ("CPUs that add u8 x s8 products in 32 bits: x86 with AVX-512 VNNI, AVX-VNNI or "
                "AMX, ARM with dot product; not x86 with AVX2 only, which adds pairs of products "
                "in 16 bits and saturates")
-U8S8_KERNELS = ("qgemm", "qgemm-rows")  # quantize --kernel values with u8 x s8 GEMMs
 
 
 def _entry(u8s8: bool, bits: int | None = None) -> dict[str, Any]:
@@ -37,15 +38,15 @@ def _entry(u8s8: bool, bits: int | None = None) -> dict[str, Any]:
             "exact_on": EXACT_EVERYWHERE if bits == 7 else EXACT_32BIT}
 
 
+def recipe_entry(recipe: QuantRecipe) -> dict[str, Any]:
+    """The record of a graph the quantize stage made with this recipe."""
+    return _entry(recipe.u8s8_products, recipe.u8s8_weight_bits)
+
+
 def quantized_entry(options: dict[str, Any]) -> dict[str, Any]:
-    """The record of a graph the quantize stage made with these options."""
-    u8s8 = options.get("kernel") in U8S8_KERNELS or options.get("mode") == "static"
-    if not u8s8:
-        return _entry(False)
-    reduce = options.get("reduce_range")
-    if reduce is None:  # static mode before the option was recorded beside the preset
-        reduce = (options.get("hardware_preset") or {}).get("reduce_range")
-    return _entry(True, 7 if reduce is True else 8)
+    """The record of a graph the quantize stage made with these manifest options (any form
+    written so far: QuantRecipe.from_manifest)."""
+    return recipe_entry(QuantRecipe.from_manifest(options))
 
 
 def _file(manifest: dict[str, Any], role: str) -> str | None:
