@@ -19,9 +19,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .kvfuse import drop_dead
+from tinyt.graphio import CONTRIB_DOMAIN
+from tinyt.recipe import SCHEMES, QuantRecipe
 
-MS = "com.microsoft"
+from .kvfuse import drop_dead
 
 
 @dataclass
@@ -36,8 +37,8 @@ class QuantReport:
     modules: set[str] = field(default_factory=set)  # every module holding a weight node
 
 
-# How a block's values map to 2^bits levels (one fp32 scale per block; `zero point` = the level
-# of 0.0):
+# How a block's values map to 2^bits levels (tinyt.recipe.SCHEMES; one fp32 scale per block;
+# `zero point` = the level of 0.0):
 #   symmetric       scale = absmax / (2^(bits-1) - 1): 2^bits - 1 levels, the extremes of both
 #                   signs exact, the zero point 2^(bits-1) implied (the ops' default)
 #   symmetric-full  scale = -(the block's largest-magnitude value) / 2^(bits-1): that value at
@@ -50,7 +51,6 @@ class QuantReport:
 # Weight error at llama-demo (relative squared error, 4 bits, blocks of 32 / 128):
 #   symmetric 0.0093 / 0.0139, symmetric-full 0.0073 / 0.0108, asymmetric 0.0064 / 0.0100;
 #   with the search 0.0065 / 0.0094 (symmetric-full) and 0.0060 / 0.0089 (asymmetric).
-SCHEMES = ("symmetric", "symmetric-full", "asymmetric")
 SEARCH_FACTORS = np.linspace(0.6, 1.15, 23)
 _CHUNK = 1 << 22  # values quantized at a time: the temporaries stay ~100 MB for any table
 
@@ -171,11 +171,9 @@ def channel_quantize(w: np.ndarray, qmax: int = 127) -> tuple[np.ndarray, np.nda
     return q, scales.astype(np.float32)
 
 
-def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_level: int,
-                     exclude: list[str] = (), kernel: str = "nbits",
-                     reduce_range: bool = False, keep_8bit: list[str] = (),
-                     scheme: str = "symmetric", scale_search: bool = False) -> QuantReport:
-    """Rewrite `proto` in place; see the module docstring. Returns what was done.
+def quantize_weights(proto: onnx.ModelProto, recipe: QuantRecipe) -> QuantReport:
+    """Rewrite `proto` in place as the (dynamic or weight-only) recipe says; see the module
+    docstring. Returns what was done. The recipe's fields:
 
     keep_8bit (with bits=4): modules whose weights stay at 8 bits ('lm_head', 'h.0', as
     exclude names them), as GenAI's builder keeps its last matmul or shared embeddings at int8.
@@ -198,6 +196,13 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
     scheme / scale_search: how each block's values map to levels (SCHEMES). The scheme shapes
     the 4-bit tables; an 8-bit table (kept by keep_8bit) stays symmetric, the form whose
     products tinyt/int8.py records exact on every CPU; the scale search applies to both."""
+    level = recipe.accuracy_level  # dynamic 4, weight-only 0, static None
+    if level is None or recipe.block_size is None:
+        raise ValueError("quantize_weights makes MatMulNBits and int8 GEMM graphs; a static "
+                         "recipe is export/qdq.py's")
+    bits, block, scheme, scale_search = (recipe.bits, recipe.block_size, recipe.scheme,
+                                         recipe.scale_search)
+    exclude, keep_8bit = list(recipe.exclude), list(recipe.keep_8bit)
     graph = proto.graph
     report = QuantReport()
     inits = {i.name: i for i in graph.initializer}
@@ -226,7 +231,7 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
     for node in graph.node:
         weight, _ = _weight_of(node, inits, transposed)
         if weight is not None:
-            keep = excluded_by(module_of(node, weight), list(keep_8bit))
+            keep = excluded_by(module_of(node, weight), keep_8bit)
             if keep:
                 report.keep_8bit_used.add(keep)
             width[weight] = max(width.get(weight, bits), 8 if keep else bits)
@@ -239,7 +244,7 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
         # 2) excluded by the caller?
         module = module_of(node, weight)
         report.modules.add(module)
-        why = excluded_by(module, list(exclude))
+        why = excluded_by(module, exclude)
         if why:
             report.excluded.append(f"{module} ({node.op_type}, by '{why}')")
             report.exclusions_used.add(why)
@@ -256,16 +261,17 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
             continue
         rows, K = layout
         # 4) the replacement: int8 per channel (qgemm), or a block-quantized table
-        if kernel in ("qgemm", "qgemm-rows") and node.op_type == "MatMul" \
+        if recipe.int8_gemm and node.op_type == "MatMul" \
                 and not through_transpose and weight not in tables:
-            per_row = kernel == "qgemm-rows" or module.endswith(ROW_SCALED)
-            new_nodes.extend(_qgemm_nodes(node, weight, w, reduce_range, per_row, new_inits))
+            per_row = recipe.row_scaled or module.endswith(ROW_SCALED)
+            new_nodes.extend(_qgemm_nodes(node, weight, w, recipe.reduce_range, per_row,
+                                          new_inits))
             report.quantized.append(f"{module} (MatMul, int8 per channel, activations per "
                                     f"{'row' if per_row else 'tensor'})")
             continue
         names = table(weight, np.ascontiguousarray(rows), blk)
         new_nodes.extend(_nbits_nodes(node, names, rows.shape[0], K, width[weight], blk,
-                                      accuracy_level, new_inits))
+                                      level, new_inits))
         report.quantized.append(f"{module} ({node.op_type})")
         if width[weight] != bits:
             report.kept_8bit.append(f"{module} ({node.op_type})")
@@ -278,8 +284,8 @@ def quantize_weights(proto: onnx.ModelProto, *, bits: int, block: int, accuracy_
         for name in node.input:
             users[name] = users.get(name, 0) + 1
     report.shared_tables = sorted(q for q, *_ in tables.values() if users.get(q, 0) > 1)
-    if not any(o.domain == MS for o in proto.opset_import):
-        proto.opset_import.append(helper.make_opsetid(MS, 1))
+    if not any(o.domain == CONTRIB_DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return report
 
 
@@ -336,7 +342,7 @@ def _qgemm_nodes(node: onnx.NodeProto, weight: str, w: np.ndarray, reduce_range:
     if not per_row:
         new_inits.append(numpy_helper.from_array(np.zeros(sc.shape, np.int8), zn))
         return [helper.make_node("DynamicQuantizeMatMul", [node.input[0], qn, sn, zn],
-                                 list(node.output), name=name, domain=MS)]
+                                 list(node.output), name=name, domain=CONTRIB_DOMAIN)]
     name, x = node.name.replace("MatMul", "RowQuantizedMatMul"), node.input[0]
     c = {k: f"{name}/{k}" for k in ("axis", "tiny", "inv127", "offset", "zero_point")}
     new_inits.extend([numpy_helper.from_array(np.array([-1], np.int64), c["axis"]),
@@ -371,12 +377,13 @@ def _nbits_nodes(node: onnx.NodeProto, names: tuple[str, str, str | None], N: in
     if node.op_type != "Gather":
         return [helper.make_node(
             "MatMulNBits", [node.input[0], qname, sname, *zero], list(node.output),
-            name=node.name.replace(node.op_type, "MatMulNBits"), domain=MS, K=K, N=N,
-            bits=bits, block_size=blk, accuracy_level=accuracy_level)]
+            name=node.name.replace(node.op_type, "MatMulNBits"), domain=CONTRIB_DOMAIN, K=K,
+            N=N, bits=bits, block_size=blk, accuracy_level=accuracy_level)]
     flat = f"{qname}_2d"
     shape = numpy_helper.from_array(np.array([N, K * bits // 8], dtype=np.int64), f"{flat}_shape")
     new_inits.append(shape)
     return [helper.make_node("Reshape", [qname, shape.name], [flat], name=f"{node.name}/Reshape"),
             helper.make_node("GatherBlockQuantized", [flat, node.input[1], sname, *zero],
-                             list(node.output), name=f"{node.name}BlockQuantized", domain=MS,
-                             bits=bits, block_size=blk, gather_axis=0, quantize_axis=1)]
+                             list(node.output), name=f"{node.name}BlockQuantized",
+                             domain=CONTRIB_DOMAIN, bits=bits, block_size=blk, gather_axis=0,
+                             quantize_axis=1)]

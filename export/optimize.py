@@ -29,7 +29,7 @@ from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
 from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
 from tinyt.errors import OptimizeError
-from tinyt.graphio import save_graph
+from tinyt.graphio import quantized_ops, save_graph
 from tinyt.rope import is_longrope
 from tinyt.runtime.session import graph_session
 
@@ -52,8 +52,6 @@ ENCODER_KINDS = (ENCODER, CLASSIFIER, TOKEN_CLASSIFIER)  # bidirectional, no cac
 # (encoder_fusions.py: ONNX Runtime's fused kernel is 3-5x slower over a batch's rows)
 RESIDUAL_SUM = "Sum"
 EMBED_LAYER_NORM = f"{CONTRIB}.EmbedLayerNormalization"
-QUANTIZED_OPS = {"DequantizeLinear", "QuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
-                 "MatMulNBits", "GatherBlockQuantized", "QLinearMatMul", "DynamicQuantizeLinear"}
 
 
 def op_counts(proto: onnx.ModelProto) -> Counter:
@@ -298,7 +296,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     cfg, kind = src.config, src.kind
     _check_request(src_dir, target, level, src.manifest, cfg, kind, fuse_embedding)
     proto = src.graph()
-    if QUANTIZED_OPS & {n.op_type for n in proto.graph.node}:
+    if quantized_ops(n.op_type for n in proto.graph.node):
         raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
                             "export, then quantize")
     fused, fusions = _fuse(proto, target)

@@ -36,14 +36,16 @@ from tinyt.config import ModelConfig
 from tinyt.contract import CLASSIFIER, ENCODER
 from tinyt.errors import DataError
 from tinyt.graphio import graph_files
+from tinyt.recipe import QuantRecipe
 from tinyt.runtime.feeds import check_tokens, prefill_feeds
 from tinyt.tokenizer import Tokenizer
 
 from .blockquant import QuantReport, excluded_by, module_of
 from .text_batches import TEXT_KINDS, Item, batch_feeds, encode_items
 
-CALIBRATIONS = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-                "percentile": CalibrationMethod.Percentile}
+# tinyt.recipe.CALIBRATIONS -> ONNX Runtime's calibrators
+CALIBRATION_METHODS = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                       "percentile": CalibrationMethod.Percentile}
 CALIBRATION_WINDOWS = 32
 CALIBRATION_BATCH = 4
 CALIBRATION_TEXTS = 32  # an encoder's, a classifier's: 8 batches of 4, as the windows
@@ -152,19 +154,21 @@ def weight_nodes(proto: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
     return out
 
 
-def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: Tokenizer, *,
-                 calibration: str, per_channel: bool, reduce_range: bool, activation_type: str,
-                 exclude: list[str], data: str | None) -> tuple[QuantReport, dict]:
-    """Quantize src's weight matmuls and embedding gathers to QDQ in dst, activation ranges
-    calibrated on the training split (calibration_batches); (the report, what the
-    calibration ran)."""
+def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: Tokenizer,
+                 recipe: QuantRecipe, *, data: str | None) -> tuple[QuantReport, dict]:
+    """Quantize src's weight matmuls and embedding gathers to QDQ in dst as the (static)
+    recipe says, activation ranges calibrated on the training split (calibration_batches);
+    (the report, what the calibration ran)."""
+    scales = recipe.scales
+    if scales is None:
+        raise ValueError(f"quantize_qdq makes static recipes; this one is {recipe.mode!r}")
     proto = onnx.load(str(src))
     report = QuantReport()
     wanted = []
     for node, weight in weight_nodes(proto):
         module = module_of(node, weight)
         report.modules.add(module)
-        why = excluded_by(module, exclude)
+        why = excluded_by(module, list(recipe.exclude))
         if why:
             report.excluded.append(f"{module} ({node.op_type}, by '{why}')")
             report.exclusions_used.add(why)
@@ -181,9 +185,9 @@ def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: T
         quantize_static(
             str(src), str(dst), reader, quant_format=QuantFormat.QDQ,
             op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=skip,
-            per_channel=per_channel, reduce_range=reduce_range,
-            activation_type=_TYPES[activation_type], weight_type=QuantType.QInt8,
-            calibrate_method=CALIBRATIONS[calibration],
+            per_channel=scales.per_channel, reduce_range=recipe.reduce_range,
+            activation_type=_TYPES[scales.activation_type], weight_type=QuantType.QInt8,
+            calibrate_method=CALIBRATION_METHODS[scales.calibration],
             use_external_data_format=len(graph_files(src)) > 1,
         )
     root.setLevel(level)

@@ -22,6 +22,7 @@ import numpy as np
 
 from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE
 from tinyt.manifest import check_manifest, read_model_config
+from tinyt.recipe import INT4_BLOCK, QuantRecipe
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.timing import session_latency_ms
 
@@ -30,12 +31,13 @@ from .compare import random_feeds
 from .quantize import QuantizeError, quantize
 from .stage import Built
 
-# (name, quantize keyword arguments); static variants need the plain export.
+# (name, quantize keyword arguments: the manifest's search record keeps them as written);
+# static variants need the plain export. Each is a valid QuantRecipe (a test makes them).
 DYNAMIC_VARIANTS = [
     ("dynamic-int8", dict(mode="dynamic", bits=8)),
     ("dynamic-int8-block32", dict(mode="dynamic", bits=8, block_size=32)),
-    ("dynamic-int4", dict(mode="dynamic", bits=4, block_size=32)),
-    ("dynamic-int4-lm_head-int8", dict(mode="dynamic", bits=4, block_size=32,
+    ("dynamic-int4", dict(mode="dynamic", bits=4, block_size=INT4_BLOCK)),
+    ("dynamic-int4-lm_head-int8", dict(mode="dynamic", bits=4, block_size=INT4_BLOCK,
                                        keep_8bit=["lm_head"])),
     ("dynamic-int8-lm_head-fp32", dict(mode="dynamic", bits=8, exclude=["lm_head"])),
     ("dynamic-int8-qgemm", dict(mode="dynamic", bits=8, kernel="qgemm")),
@@ -62,7 +64,8 @@ def cost(accuracy: dict[str, Any]) -> float:
     return 1.0 - accuracy["label_agreement"]
 
 
-# The choices the search makes itself: a caller that also fixes one of them is refused.
+# The choices the search makes itself (quantize()'s keywords that make its QuantRecipe): a
+# caller that also fixes one of them is refused.
 CHOICES = ("bits", "block_size", "mode", "calibration", "per_channel", "reduce_range",
            "exclude", "kernel", "keep_8bit", "scheme", "scale_search")
 
@@ -96,8 +99,8 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                             "whose report compares its hidden states")
     variants = list(DYNAMIC_VARIANTS)
     if kind == ENCODER:  # no lm_head to exclude or keep, no corpus windows to calibrate on
-        variants = [(n, kw) for n, kw in variants
-                    if "lm_head" not in [*kw.get("exclude", ()), *kw.get("keep_8bit", ())]]
+        variants = [(n, kw) for n, kw in variants if not _names_lm_head(QuantRecipe.request(
+            **kw))]
     elif manifest.get("stage") == "export" and kind != CLASSIFIER:
         variants += STATIC_VARIANTS
     tried: list[dict[str, Any]] = []
@@ -130,6 +133,10 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
               "objective": objective,
               "tried": tried}
     return quantize(src_dir, out_dir, data=data, search=search, **best["options"])
+
+
+def _names_lm_head(recipe: QuantRecipe) -> bool:
+    return "lm_head" in (*recipe.exclude, *recipe.keep_8bit)
 
 
 def latency_ms(paths: dict[str, str], cfg, kind: str, *, rounds: int = 200,

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, KINDS, SHARED_CACHE_KIND
+from tinyt.recipe import INT4_BLOCK  # the GenAI model builder's int4 block, so the two compare
 
 CHECKPOINT = "checkpoint"  # the trained language model: ARTIFACTS/checkpoint
 CLASSIFIER_CHECKPOINT = "clf"  # a classifier checkpoint, when one is trained beside it
@@ -35,7 +36,6 @@ CHECKPOINTS = (CHECKPOINT, CLASSIFIER_CHECKPOINT)
 STAGES = ("export", "optimize", "quantize")  # export_onnx, optimize, quantize (tinyt.export)
 MAKERS = ("pipeline", "peers", "hand")  # every `tinyt pipeline`; the peer benchmark when asked;
 #                                         the commands of docs/benchmarks.md
-INT4_BLOCK = 32  # the GenAI model builder's default block for int4, so the two compare
 # What an INT8 artifact may cost the model it quantizes: perplexity on held-out text at most
 # +0.5% over the graph it was quantized from (issue 48's target on real SmolLM2-135M, where
 # CTranslate2's int8 costs +15.5% and the GenAI builder's +1.0%). A row marked `gated` is kept

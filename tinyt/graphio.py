@@ -5,6 +5,7 @@ external data), which ONNX Runtime, the manifest and every stage follow."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from tinyt.errors import GraphError
@@ -29,6 +30,22 @@ def load_graph(path: str | Path):
     return proto
 
 
+# ONNX Runtime's contrib-op domain (MatMulNBits, GroupQueryAttention, SkipLayerNormalization...)
+CONTRIB_DOMAIN = "com.microsoft"
+# The ops a quantized graph holds and an fp32 one never does, whichever way it was quantized:
+# QDQ (static), DynamicQuantizeMatMul (kernel qgemm), MatMulInteger (qgemm's row-scaled modules,
+# every matmul of qgemm-rows: export/blockquant.py), MatMulNBits and GatherBlockQuantized
+# (kernel nbits, and the tied table of every kernel), ONNX Runtime's own QLinear forms.
+QUANTIZED_OPS = frozenset({"DequantizeLinear", "QuantizeLinear", "MatMulInteger",
+                           "DynamicQuantizeMatMul", "MatMulNBits", "GatherBlockQuantized",
+                           "QLinearMatMul", "DynamicQuantizeLinear"})
+
+
+def quantized_ops(ops: Iterable[str]) -> list[str]:
+    """The quantized ops among a graph's op types, sorted: empty for an fp32 graph."""
+    return sorted(QUANTIZED_OPS & set(ops))
+
+
 # Contrib ops ONNX Runtime registers in the standard domain (onnxscript's fusion writes them
 # there, as ORT expects): onnx's checker has no schema for them there and refuses the node.
 ORT_OPS_IN_ONNX_DOMAIN = ("SimplifiedLayerNormalization",)
@@ -47,9 +64,9 @@ def check_graph(path: str | Path) -> None:
         onnx.checker.check_model(str(path))  # by path: external data resolves beside it
         return
     for node in moved:
-        node.domain = "com.microsoft"
-    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
-        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+        node.domain = CONTRIB_DOMAIN
+    if not any(o.domain == CONTRIB_DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1))
     probe = path.with_name(f".{path.name}.check")  # beside it, so external data resolves
     try:
         onnx.save(proto, str(probe))

@@ -578,3 +578,57 @@ def test_the_saturation_emulation_is_what_onnx_runtime_computes_here():
                                                        a_zero_point=128))
         assert not np.array_equal(u8s8_products(a, b, saturating=True, a_zero_point=128),
                                   u8s8_products(a, b, saturating=False, a_zero_point=128))
+
+
+def test_the_manifest_records_the_recipe_its_options_read_back_as(int8):
+    """The recipe whole under "quantization", and the options the stage has always written,
+    which read back (QuantRecipe.from_manifest) as the same recipe."""
+    from tinyt.recipe import QuantRecipe, recorded
+
+    manifest = check_manifest(int8)
+    recipe = recorded(manifest["quantization"])
+    assert recipe == QuantRecipe.request() == QuantRecipe.from_manifest(manifest["options"])
+    assert manifest["quantization"]["rows_independent"] is recipe.rows_independent
+
+
+def test_every_search_variant_is_a_valid_recipe():
+    from tinyt.export.search import DYNAMIC_VARIANTS, STATIC_VARIANTS
+    from tinyt.recipe import QuantRecipe
+
+    for name, kw in DYNAMIC_VARIANTS + STATIC_VARIANTS:
+        r = QuantRecipe.request(**kw)
+        assert r.static == name.startswith("static"), name
+
+
+def test_an_int8_gemm_graph_without_matmulnbits_is_a_quantized_graph():
+    """One definition of "quantized graph" (tinyt.graphio.QUANTIZED_OPS). kernel qgemm-rows on
+    an untied head and embedding writes MatMulInteger and GatherBlockQuantized, and no
+    MatMulNBits or DynamicQuantizeMatMul: the shared-cache check's own list (those two) took
+    such a graph for fp32 and held its rewrite to fp32's bound (tests/export/test_untied_head.py
+    shows it end to end)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tinyt.export.blockquant import quantize_weights
+    from tinyt.graphio import QUANTIZED_OPS, quantized_ops
+    from tinyt.recipe import QuantRecipe
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(50, 32)).astype(np.float32),
+                                     "transformer.wte.weight"),
+             numpy_helper.from_array(rng.normal(size=(32, 50)).astype(np.float32),
+                                     "lm_head.weight")]
+    nodes = [helper.make_node("Gather", ["transformer.wte.weight", "ids"], ["h"],
+                              name="/transformer/wte/Gather"),
+             helper.make_node("MatMul", ["h", "lm_head.weight"], ["logits"],
+                              name="/lm_head/MatMul")]
+    graph = helper.make_graph(
+        nodes, "untied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4, 50])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    fp32_ops = {n.op_type for n in proto.graph.node}
+    assert quantized_ops(fp32_ops) == []
+    quantize_weights(proto, QuantRecipe.request(kernel="qgemm-rows"))
+    ops = {n.op_type for n in proto.graph.node}
+    assert quantized_ops(ops) == ["GatherBlockQuantized", "MatMulInteger"]
+    assert not {"MatMulNBits", "DynamicQuantizeMatMul"} & ops  # the check's old list: "fp32"
+    assert {"MatMulNBits", "DynamicQuantizeMatMul"} < QUANTIZED_OPS
