@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tinyt import recipe
 from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.errors import ConfigError, NonFiniteError, QueueFull
 
@@ -260,12 +261,12 @@ class _SharedRows:
 
 def rows_independent(manifest: dict) -> bool:
     """Whether every graph of an artifact computes each row of a batch as if it ran alone:
-    quantized without per-tensor activation scales (its manifest says so), fp32 excepted
-    (float GEMMs may sum in another order for another batch size)."""
+    quantized without per-tensor activation scales (its recipe says so: tinyt.recipe), fp32
+    excepted (float GEMMs may sum in another order for another batch size)."""
     graphs = [manifest.get("quantization")]
     if manifest.get("prefill_model_file"):
         graphs.append(manifest.get("prefill_quantization"))
-    return all(isinstance(q, dict) and q.get("rows_independent") is True for q in graphs)
+    return all(recipe.rows_independent(q) is True for q in graphs)
 
 
 class _SeparateRows:

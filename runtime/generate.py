@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from tinyt import recipe
 from tinyt.contract import DECODER_WITH_PAST, HIDDEN_OUTPUT, SHARED_CACHE_KIND, past_name
 from tinyt.errors import ConfigError, NonFiniteError
 from tinyt.rope import longrope_original
@@ -282,8 +283,7 @@ class LanguageModel:
         the others run with it."""
         graph = self._prompt_graph()
         key = "prefill_quantization" if graph == self.artifact.prefill_file else "quantization"
-        quant = self.artifact.manifest.get(key)
-        return isinstance(quant, dict) and quant.get("rows_independent") is False
+        return recipe.rows_independent(self.artifact.manifest.get(key)) is False
 
     def _make_head(self) -> HeadGraph:
         session = self.prefill_session or self.session

@@ -130,13 +130,25 @@ def graph_session(path: str | os.PathLike, *, level: str = "disabled",
         listed = read_manifest(path.parent)
         if path.name in listed["files"]:
             check_int8(listed, path.name)
+    return ort.InferenceSession(str(path), ort_options(level=level, threads=threads),
+                                providers=["CPUExecutionProvider"])
+
+
+def ort_options(*, level: str, threads: int | None = None, spinning: bool = False,
+                optimized_model: str | os.PathLike | None = None) -> ort.SessionOptions:
+    """The options every ONNX Runtime session of tinyt's starts from: graph optimizations up
+    to `level` (LEVELS), `threads` intra-op threads (None: ONNX Runtime's default), worker
+    threads spinning between runs or not, nothing below errors logged; optimized_model: where
+    ONNX Runtime saves the graph it optimized (an offline optimization)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = LEVELS[level]
     if threads:
         opts.intra_op_num_threads = threads
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if optimized_model is not None:
+        opts.optimized_model_filepath = str(optimized_model)
     opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return opts
 
 
 def check_source(directory: str | os.PathLike) -> Artifact:
@@ -243,18 +255,19 @@ def session_options(artifact: Artifact, *, threads: int, spinning: bool | None,
                     level: str | None, phase: str = "any") -> ort.SessionOptions:
     """ONNX Runtime's options for one of the artifact's sessions; threads as resolve_threads
     gives it."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # Spinning keeps worker threads busy-waiting between runs. A decode step is a few dozen
     # small ops, each too short to pay for waking a sleeping thread: measured on the demo INT8
     # graph, 2 threads decoded at 0.136 ms/token without spinning and 0.104 with it (1 thread:
     # 0.103), and prefilled 127 tokens in 2.62 vs 2.11 ms. The cost is bounded: after a call
     # the workers spin ~40 ms of CPU, then sleep. So spinning is on (None = auto) whenever
     # there is more than one thread; pass spinning=False to give the cores back at once.
-    spin = opts.intra_op_num_threads > 1 if spinning is None else spinning
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    spin = threads > 1 if spinning is None else spinning
+    recorded = artifact.manifest.get("options", {}).get("level")
+    # An optimized artifact was optimized offline at `recorded`; a portable one must not gain
+    # contrib ops at load. Others get ONNX Runtime's extended level.
+    opts = ort_options(level=level or recorded or "extended", threads=threads, spinning=spin)
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     if phase == "prompt":  # spin inside a run, sleep as soon as it ends: the steps run next,
         # on another session
         opts.add_session_config_entry("session.force_spinning_stop", "1")
@@ -268,11 +281,6 @@ def session_options(artifact: Artifact, *, threads: int, spinning: bool | None,
     shared = artifact.kind == contract.SHARED_CACHE_KIND
     opts.enable_mem_pattern = shared and phase != "prompt"
     opts.enable_cpu_mem_arena = not shared
-    recorded = artifact.manifest.get("options", {}).get("level")
-    # An optimized artifact was optimized offline at `recorded`; a portable one must not gain
-    # contrib ops at load. Others get ONNX Runtime's extended level.
-    opts.graph_optimization_level = LEVELS[level or recorded or "extended"]
-    opts.log_severity_level = 3
     return opts
 
 

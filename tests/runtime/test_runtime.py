@@ -314,6 +314,30 @@ def test_spinning_follows_the_thread_count(lm_onnx):
     assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
 
 
+def test_every_session_starts_from_one_set_of_options(lm_onnx, tmp_path):
+    """ort_options: the level, threads, spinning and offline-optimized path each caller
+    differs in; the artifact's sessions (session_options) start from it too."""
+    import onnxruntime as ort
+
+    from tinyt.runtime.session import LEVELS, open_artifact, ort_options, session_options
+
+    opts = ort_options(level="basic", threads=3, spinning=True,
+                       optimized_model=tmp_path / "opt.onnx")
+    assert opts.graph_optimization_level == LEVELS["basic"]
+    assert opts.intra_op_num_threads == 3 and opts.log_severity_level == 3
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert opts.optimized_model_filepath == str(tmp_path / "opt.onnx")
+    plain = ort_options(level="all")
+    assert plain.intra_op_num_threads == ort.SessionOptions().intra_op_num_threads
+    assert plain.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert not plain.optimized_model_filepath
+    art = open_artifact(lm_onnx)  # an export: ONNX Runtime's extended level at load
+    served = session_options(art, threads=2, spinning=None, level=None)
+    assert served.graph_optimization_level == LEVELS["extended"]
+    assert served.intra_op_num_threads == 2 and served.inter_op_num_threads == 1
+    assert served.log_severity_level == 3
+
+
 def test_memory_planning_follows_the_graphs_shapes(lm_onnx, tmp_path):
     """Contract graphs change shape every step: no memory pattern, the arena. A shared-cache
     step has fixed shapes: a planned pattern and no arena (measured faster); its prompt-only
