@@ -10,9 +10,10 @@ import onnxruntime as ort
 
 from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND, compact_window_layers
 from tinyt.errors import SharedCacheError
+from tinyt.graphio import quantized_ops
 from tinyt.runtime.cache import window_capacity
 from tinyt.runtime.feeds import check_tokens, prefill_feeds, window_tokens
-from tinyt.runtime.session import UNFUSED
+from tinyt.runtime.session import UNFUSED, ort_options
 
 from .compare import MAGNITUDE_FLOOR, first_difference, reorder_bound
 
@@ -67,7 +68,9 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
 
     ref = load(src_dir, threads=1)
     cand = _gqa_model(src_dir, path, cfg)
-    quantized = bool({"MatMulNBits", "DynamicQuantizeMatMul"} & ops)
+    # any quantized op (graphio.QUANTIZED_OPS): a qgemm-rows graph whose head is untied (or
+    # left fp32) holds MatMulInteger and GatherBlockQuantized but no MatMulNBits
+    quantized = bool(quantized_ops(ops))
     fp32_dir = fp32_lineage(src_dir) if quantized else None
     fp32 = None if fp32_dir is None else load(fp32_dir, threads=1)
     rng = np.random.default_rng(0)
@@ -164,8 +167,7 @@ def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None,
                                    if prefill_quantization else {})}
     art = art.__class__(path.parent, cfg, SHARED_CACHE_KIND, art.labels, manifest,
                         prefill_file=None if prefill is None else prefill.name)
-    opts = ort.SessionOptions()
-    opts.log_severity_level, opts.intra_op_num_threads = 3, 1
+    opts = ort_options(level="all", threads=1)  # ONNX Runtime's default level: the checks' own
     sessions = [None if p is None else ort.InferenceSession(
         str(p), opts, providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
         for p in (path, prefill)]

@@ -11,7 +11,8 @@ from hf_fixtures import save_hf
 import tinyt.runtime as rt
 from tinyt.artifacts import arguments, variant
 from tinyt.contract import HEAD_INPUT, HIDDEN_OUTPUT
-from tinyt.manifest import check_manifest
+from tinyt.export.shared_cache_checks import quant_floor
+from tinyt.manifest import check_manifest, read_model_config
 
 # The rows graph's shared-cache form computes each row as its source does, but attention in
 # another fp32 order (GroupQueryAttention) can move an activation across an int8 rounding step;
@@ -48,6 +49,12 @@ def test_untied_head_through_the_row_quantized_shared_cache_stage(family, tmp_pa
     assert not any(HIDDEN_OUTPUT in n.input for n in head)
     eq = check_manifest(gqa)["equivalence"]
     assert eq["logits_max_abs"] <= eq["tolerance"], eq
+    # checked as the quantized graph it is (MatMulInteger and GatherBlockQuantized, no
+    # MatMulNBits): the quantization's own distance from fp32 measured, an int8 level per block
+    # the least it allows (not fp32 rounding's bound), greedy tokens not held to fp32 ties
+    cfg, _ = read_model_config(gqa)
+    assert "quantization_vs_fp32_max_abs" in eq, eq
+    assert eq["tolerance"] >= quant_floor(cfg, eq["logits_magnitude"]), eq
     assert eq["greedy_agreement"] == 1.0 or eq["greedy_ties"] > 0, eq
 
     # every position of a prompt, the head alone on the hidden states against the source graph
