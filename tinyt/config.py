@@ -6,39 +6,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from tinyt.config_checks import (  # noqa: F401  (the constants are tinyt.config's API too)
+    ACTIVATIONS,
+    DEVICES,
+    GATED,
+    NORM_PLACEMENTS,
+    NORMS,
+    POOLER_ACTIVATIONS,
+    POOLINGS,
+    POS_ENCODINGS,
+    QK_NORMS,
+    ROPE_KEYS,
+    TASKS,
+    TOKENIZER_KINDS,
+    _is_int,
+    _is_number,
+    _require,
+    check_model,
+    rope_parameters,
+)
 from tinyt.errors import ConfigError
-
-POS_ENCODINGS = ("learned", "sinusoidal", "rotary")  # rotary: Llama's, from position_ids
-# The MLP: exact (erf) GELU; its tanh approximation (GPT-2's); SwiGLU (Llama's gated SiLU)
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh", "geglu")
-# gated MLPs: act(gate) * up (SiLU: Llama's; GELU-tanh: Gemma's; exact GELU: ModernBERT's)
-GATED = ("swiglu", "geglu_tanh", "geglu")
-NORMS = ("layernorm", "rmsnorm")
-# encoder: hidden states and a sentence embedding; token_classifier: a label per token
-TASKS = ("causal_lm", "classifier", "encoder", "token_classifier")
-POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")  # a classifier's dense layer on the pooled token
-NORM_PLACEMENTS = ("pre", "post")  # post: BERT's x = norm(x + branch(x)), no final norm
-POOLINGS = ("mean", "cls", "last")  # a sentence from its tokens: masked mean, first, last real
-TOKENIZER_KINDS = ("bpe", "byte")
-DEVICES = ("cpu", "cuda")
-
-
-def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}={value!r} is invalid: {allowed}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    """A finite int or float: NaN and +-inf are never a valid setting."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 class _JsonMixin:
@@ -75,7 +65,6 @@ class _JsonMixin:
 
 # The groups ModelConfig's fields fall in (`ModelConfig.group(name)` reads one at a time).
 GROUPS = ("shape", "attention", "positions", "norms", "mlp", "embeddings", "head")
-QK_NORMS = ("head", "projection")  # q/k RMSNorm over each head (Qwen3) or the whole (OLMo-2)
 
 
 def _opt(default: Any, group: str) -> Any:
@@ -168,186 +157,7 @@ class ModelConfig(_JsonMixin):
             object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
         if self.qk_norm is True or self.qk_norm is False:  # the older spelling
             object.__setattr__(self, "qk_norm", "head" if self.qk_norm else None)
-        self._check_shape()
-        self._check_attention()
-        self._check_positions()
-        self._check_norms()
-        self._check_mlp_and_embeddings()
-        self._check_head()
-
-    def _check_shape(self) -> None:
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            v = getattr(self, name)
-            _require(_is_int(v) and v >= 1, name, v, "must be an integer >= 1")
-        _require(self.vocab_size >= 2, "vocab_size", self.vocab_size, "must be >= 2")
-        _require(_is_number(self.dropout) and 0.0 <= self.dropout < 1.0, "dropout", self.dropout,
-                 "must be a finite number in [0, 1)")
-        _require(isinstance(self.bias, bool), "bias", self.bias, "must be true or false")
-        _require(self.task in TASKS, "task", self.task, f"allowed: {', '.join(TASKS)}")
-        if self.task in ("classifier", "token_classifier"):
-            _require(_is_int(self.num_labels) and self.num_labels >= 2, "num_labels",
-                     self.num_labels, f"a {self.task} needs an integer >= 2")
-        else:
-            _require(self.num_labels == 0, "num_labels", self.num_labels,
-                     f"must be 0 for task={self.task!r} (labels belong to the classifier)")
-        v = self.residual_multiplier
-        _require(_is_number(v) and v != 0, "residual_multiplier", v,
-                 "must be a finite number other than 0")
-
-    def _check_attention(self) -> None:
-        _require(self.head_size is None or (_is_int(self.head_size) and self.head_size >= 1),
-                 "head_size", self.head_size, "must be null (n_embd / n_head) or an integer >= 1")
-        _require(self.head_size is not None or self.n_embd % self.n_head == 0, "n_embd",
-                 self.n_embd, f"must be divisible by n_head={self.n_head} (head_dim = n_embd / "
-                 "n_head), or head_size set")
-        _require(self.n_kv_head is None or (_is_int(self.n_kv_head) and self.n_kv_head >= 1
-                                            and self.n_head % self.n_kv_head == 0),
-                 "n_kv_head", self.n_kv_head,
-                 f"must be null (= n_head) or an integer >= 1 that divides n_head={self.n_head}")
-        _require(self.qkv_bias is None or isinstance(self.qkv_bias, bool), "qkv_bias",
-                 self.qkv_bias, "must be null (= bias), true or false")
-        _require(self.qk_norm is None or self.qk_norm in QK_NORMS, "qk_norm", self.qk_norm,
-                 f"must be null (none) or one of {', '.join(QK_NORMS)} (true: 'head')")
-        _require(not self.qk_norm or self.norm == "rmsnorm", "qk_norm", self.qk_norm,
-                 "q/k norms are RMSNorms: they need norm='rmsnorm'")
-        _require(self.attention_multiplier is None or (_is_number(self.attention_multiplier)
-                                                       and self.attention_multiplier > 0),
-                 "attention_multiplier", self.attention_multiplier,
-                 "must be null (1 / sqrt(head_dim)) or a finite number > 0")
-        v = self.attn_softcap
-        _require(v is None or (_is_number(v) and v > 0), "attn_softcap", v,
-                 "must be null (no cap) or a finite number > 0")
-        window = self.sliding_window
-        _require(window is None or (_is_int(window) and window >= 1), "sliding_window", window,
-                 "must be null (the whole context) or an integer >= 1")
-        self._check_layers("full_attention_layers")
-        _require(window is not None or not self.full_attention_layers, "full_attention_layers",
-                 self.full_attention_layers, "only means something with a sliding_window")
-
-    def _check_layers(self, name: str) -> None:
-        v = getattr(self, name)
-        _require(isinstance(v, tuple) and all(_is_int(i) and 0 <= i < self.n_layer for i in v)
-                 and list(v) == sorted(set(v)), name, v,
-                 f"must be increasing layer indices in 0..{self.n_layer - 1}")
-
-    def _check_positions(self) -> None:
-        rotary = self.pos_encoding == "rotary"
-        _require(self.pos_encoding in POS_ENCODINGS, "pos_encoding", self.pos_encoding,
-                 f"allowed: {', '.join(POS_ENCODINGS)}")
-        if self.pos_encoding == "sinusoidal":
-            _require(self.n_embd % 2 == 0, "n_embd", self.n_embd,
-                     "must be even for sinusoidal positions")
-        _require(_is_number(self.rope_theta) and self.rope_theta > 0, "rope_theta",
-                 self.rope_theta, "must be a finite number > 0")
-        if rotary:
-            _require(self.head_dim % 2 == 0, "n_embd", self.n_embd,
-                     f"must give an even head_dim for rotary positions (n_embd / n_head = "
-                     f"{self.n_embd / self.n_head:g})")
-        if self.rope_scaling is not None:
-            _require(rotary, "rope_scaling", self.rope_scaling,
-                     "scales rotary positions: it needs pos_encoding='rotary'")
-            rope_parameters(self)  # validates the dict, naming the key
-        self._check_layers("nope_layers")
-        _require(rotary or not self.nope_layers, "nope_layers", self.nope_layers,
-                 "only means something with pos_encoding='rotary'")
-        yarn = self.rope_scaling is not None and rope_parameters(self)[0] == "yarn"
-        local = self.rope_local_theta
-        _require(local is None or (_is_number(local) and local > 0), "rope_local_theta", local,
-                 "must be null (the rope_theta of every layer) or a finite number > 0")
-        _require(local is None or (rotary and self.sliding_window is not None),
-                 "rope_local_theta", local, "is the windowed layers' rotary base: it needs "
-                 "pos_encoding='rotary' and a sliding_window")
-        _require(local is None or not yarn, "rope_local_theta", local,
-                 "with yarn's rope_scaling is not implemented: yarn's attention factor would "
-                 "scale the windowed layers' unscaled rotary too")
-        rd = self.rotary_dim
-        _require(rd is None or (rotary and _is_int(rd) and rd >= 2 and rd % 2 == 0
-                                and rd <= self.head_dim), "rotary_dim", rd,
-                 f"must be null (head_dim) or an even integer from 2 to head_dim={self.head_dim}"
-                 ", with pos_encoding='rotary'")
-        _require(rd is None or not yarn, "rotary_dim", rd, "with yarn's rope_scaling is not "
-                 "implemented: tinyt folds yarn's attention factor into q.k's scale, which "
-                 "would scale the dims rotary leaves too")
-        _require(_is_int(self.position_offset) and self.position_offset >= 0,
-                 "position_offset", self.position_offset, "must be an integer >= 0")
-        _require(self.position_offset == 0 or self.pos_encoding == "learned", "position_offset",
-                 self.position_offset, "shifts a learned position table: it needs "
-                 "pos_encoding='learned'")
-
-    def _check_norms(self) -> None:
-        _require(self.norm in NORMS, "norm", self.norm, f"allowed: {', '.join(NORMS)}")
-        _require(_is_number(self.norm_eps) and 0 < self.norm_eps < 1, "norm_eps", self.norm_eps,
-                 "must be a finite number in (0, 1)")
-        _require(_is_number(self.norm_offset), "norm_offset", self.norm_offset,
-                 "must be a finite number")
-        _require(self.norm_offset == 0 or self.norm == "rmsnorm", "norm_offset",
-                 self.norm_offset, "offsets an RMSNorm's gain: it needs norm='rmsnorm'")
-        _require(self.norm_placement in NORM_PLACEMENTS, "norm_placement", self.norm_placement,
-                 f"allowed: {', '.join(NORM_PLACEMENTS)}")
-        _require(self.norm_placement == "pre" or (not self.post_norms
-                                                   and self.residual_multiplier == 1.0),
-                 "norm_placement", self.norm_placement,
-                 "'post' normalises each sum itself: it takes neither post_norms nor a "
-                 "residual_multiplier")
-        for name in ("pre_norms", "post_norms", "embedding_norm", "first_block_norm"):
-            _require(isinstance(getattr(self, name), bool), name, getattr(self, name),
-                     "must be true or false")
-        _require(self.pre_norms or (self.post_norms and self.norm_placement == "pre"),
-                 "pre_norms", self.pre_norms, "false leaves each branch's input unnormalised: "
-                 "it needs post_norms (the branches' outputs normalised, OLMo-2's) and "
-                 "norm_placement='pre'")
-        _require(self.first_block_norm or (self.norm_placement == "pre" and self.embedding_norm
-                                           and self.pre_norms),
-                 "first_block_norm", self.first_block_norm,
-                 "false leaves block 0 without its first norm, which the embeddings' norm takes "
-                 "over: it needs norm_placement='pre' and embedding_norm")
-
-    def _check_mlp_and_embeddings(self) -> None:
-        _require(self.activation in ACTIVATIONS, "activation", self.activation,
-                 f"allowed: {', '.join(ACTIVATIONS)}")
-        _require(self.n_inner is None or (_is_int(self.n_inner) and self.n_inner >= 1),
-                 "n_inner", self.n_inner, "must be null (4 * n_embd) or an integer >= 1")
-        _require(isinstance(self.tie_weights, bool), "tie_weights", self.tie_weights,
-                 "must be true or false")
-        v = self.embedding_multiplier
-        _require(_is_number(v) and v != 0, "embedding_multiplier", v,
-                 "must be a finite number other than 0")
-        _require(_is_int(self.type_vocab_size) and self.type_vocab_size >= 0, "type_vocab_size",
-                 self.type_vocab_size, "must be an integer >= 0 (0: no token-type table)")
-
-    def _check_head(self) -> None:
-        v = self.logits_scaling
-        _require(_is_number(v) and v != 0, "logits_scaling", v,
-                 "must be a finite number other than 0")
-        v = self.final_softcap
-        _require(v is None or (_is_number(v) and v > 0), "final_softcap", v,
-                 "must be null (no cap) or a finite number > 0")
-        encoder, per_token = self.task == "encoder", self.task == "token_classifier"
-        _require(self.pooling in POOLINGS or (self.task in ("encoder", "token_classifier")
-                                              and self.pooling is None), "pooling",
-                 self.pooling, f"allowed: {', '.join(POOLINGS)}"
-                 + (", or null (hidden states only)" if encoder else
-                    ", or null" if per_token else
-                    " (null only for task='encoder' or 'token_classifier')"))
-        _require(self.pooler_activation is None or (
-            self.pooler_activation in POOLER_ACTIVATIONS
-            and self.task in ("classifier", "token_classifier")),
-            "pooler_activation", self.pooler_activation,
-            f"is a classifier's dense layer before its head: null or one of "
-            f"{', '.join(POOLER_ACTIVATIONS)}, with task='classifier' or 'token_classifier'")
-        _require(isinstance(self.pooler_norm, bool) and (not self.pooler_norm
-                                                         or self.pooler_activation is not None),
-                 "pooler_norm", self.pooler_norm,
-                 "normalises the pooler's output: it needs a pooler_activation")
-        _require(not per_token or self.pooling is None, "pooling", self.pooling,
-                 "a token_classifier labels each token: it pools nothing (null)")
-        _require(self.task != "causal_lm" or self.pooling == "mean", "pooling", self.pooling,
-                 "pools a classifier's or an encoder's tokens: a causal LM keeps the default")
-        _require(isinstance(self.normalize, bool), "normalize", self.normalize,
-                 "must be true or false")
-        _require(not self.normalize or (encoder and self.pooling is not None), "normalize",
-                 self.normalize, "scales an encoder's sentence embedding: it needs "
-                 "task='encoder' and a pooling")
+        check_model(self)  # tinyt/config_checks.py, group by group
 
     @property
     def rotary_dims(self) -> int:
@@ -429,63 +239,6 @@ BASE_OPTIONS = frozenset({"block_size", "vocab_size", "n_layer", "n_head", "n_em
                           "qkv_bias", "pooling"})
 FAMILY_OPTIONS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
                   if f.name not in BASE_OPTIONS}  # name -> its "off"
-
-# rope_scaling's types as transformers computes them (modeling_rope_utils): each type's
-# required and optional keys. `dynamic` changes nothing within max_position_embeddings, the
-# context tinyt runs to: its frequencies are the default ones there.
-ROPE_KEYS = {
-    "linear": ({"factor"}, set()),
-    "dynamic": ({"factor"}, set()),
-    "llama3": ({"factor", "low_freq_factor", "high_freq_factor",
-                "original_max_position_embeddings"}, set()),
-    "yarn": ({"factor"}, {"attention_factor", "beta_fast", "beta_slow", "mscale",
-                          "mscale_all_dim", "original_max_position_embeddings", "truncate"}),
-    # Phi-3 / Phi-4-mini: per-frequency factors, the long ones past the original context;
-    # factor = max_position_embeddings / original as read at import (the attention factor's
-    # source, kept whatever context tinyt keeps)
-    "longrope": ({"long_factor", "short_factor", "original_max_position_embeddings", "factor"},
-                 {"attention_factor"}),
-}
-
-
-def rope_parameters(cfg: ModelConfig) -> tuple[str, dict[str, Any]]:
-    """rope_scaling's type and its other keys, checked: a type transformers has that tinyt does
-    not compute, an unknown key or a bad value is a ConfigError naming it."""
-    scaling = cfg.rope_scaling
-    if not isinstance(scaling, dict):
-        raise ConfigError(f"rope_scaling={scaling!r} is invalid: must be null or an object")
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind not in ROPE_KEYS:
-        raise ConfigError(f"rope_scaling type {kind!r} is not one tinyt computes; allowed: "
-                          f"{', '.join(ROPE_KEYS)}")
-    params = {k: v for k, v in scaling.items() if k not in ("rope_type", "type")}
-    required, optional = ROPE_KEYS[kind]
-    if required - set(params):
-        raise ConfigError(f"rope_scaling {kind!r} lacks {sorted(required - set(params))}")
-    if set(params) - required - optional:
-        raise ConfigError(f"rope_scaling {kind!r} has {sorted(set(params) - required - optional)}"
-                          f"; allowed keys: {sorted(required | optional)}")
-    for key, v in params.items():
-        if key in ("long_factor", "short_factor"):
-            half = cfg.rotary_dims // 2
-            _require(isinstance(v, (list, tuple)) and len(v) == half
-                     and all(_is_number(f) and f > 0 for f in v), f"rope_scaling.{key}",
-                     v, f"must be {half} finite numbers > 0 (one per rotated frequency)")
-        elif key == "truncate":
-            _require(isinstance(v, bool), "rope_scaling.truncate", v, "must be true or false")
-        elif key == "original_max_position_embeddings":
-            _require(_is_int(v) and v >= 1, f"rope_scaling.{key}", v, "must be an integer >= 1")
-        elif v is not None or key not in optional:
-            _require(_is_number(v) and v > 0, f"rope_scaling.{key}", v,
-                     "must be a finite number > 0")
-    if kind in ("linear", "dynamic", "llama3"):
-        _require(params["factor"] >= 1, "rope_scaling.factor", params["factor"], "must be >= 1")
-    if kind == "llama3":
-        _require(params["high_freq_factor"] > params["low_freq_factor"],
-                 "rope_scaling.high_freq_factor", params["high_freq_factor"],
-                 f"must be > low_freq_factor={params['low_freq_factor']}")
-    return kind, params
-
 
 @dataclass(frozen=True)
 class TrainConfig(_JsonMixin):
