@@ -216,7 +216,7 @@ def _bench_view(out: Path, ckpt: Path) -> Path:
 def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
                  timings: dict, peers: dict | None = None,
                  dropped: dict[str, str] | None = None, notes: list[str] | None = None) -> Path:
-    from tinyt.footprint import edge_footprint, summary
+    from tinyt.app.footprint import edge_footprint, summary
 
     meta = json.loads((ckpt / "config.json").read_text())
     rows = ["| variant | bytes | perplexity change | decode tokens/s | prefill ms | "
@@ -260,7 +260,7 @@ def write_report(out: Path, ckpt: Path, checks: dict, bench: dict | None,
              *(f"- {v.dir}: {v.note}" for v in made_by("hand") if v.kind == DECODER_WITH_PAST),
              "",
              "Stage times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()), "",
-             summary(edge_footprint()) + " (tinyt.footprint; a wheel-install test checks it)",
+             summary(edge_footprint()) + " (tinyt.app.footprint; a wheel-install test checks it)",
              ""]
     if peers:
         lines += ["Targets, tinyt against the fastest peer on the same weights (ratio of times, "

@@ -36,8 +36,8 @@ from tinyt.contract import (
     kv_shape,
 )
 from tinyt.errors import ConversionError, ExportError
+from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir, write_json
-from tinyt.genai import write_genai_config
 from tinyt.graphio import save_graph
 from tinyt.hf import encoder_config, gpt2_config, llama_config
 from tinyt.manifest import check_output_dir, checkpoint_source, io_spec, write_manifest

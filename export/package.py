@@ -25,8 +25,8 @@ import onnxruntime as ort
 
 from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SHARED_CACHE_KIND
 from tinyt.errors import PackageError
+from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir
-from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import artifact_source, write_manifest
 from tinyt.runtime.feeds import check_tokens

@@ -19,8 +19,8 @@ import onnxruntime as ort
 
 from tinyt.config import ModelConfig
 from tinyt.contract import ONNX_FILE
+from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir
-from tinyt.genai import write_genai_config
 from tinyt.graphio import copy_graph, load_graph
 from tinyt.manifest import (
     artifact_source,

@@ -87,11 +87,11 @@ print(toolkit_digest())
 @pytest.mark.slow
 def test_edge_install_from_the_wheel_generates_without_torch(wheel, lm_onnx, tmp_path):
     """The built wheel with the 'cpu' extra, in a fresh virtual environment: no torch, the
-    same tokens and the same toolkit digest as here. Its size on disk is what tinyt.footprint reports."""
+    same tokens and the same toolkit digest as here. Its size on disk is what tinyt.app.footprint reports."""
     import json
 
     import tinyt.runtime as rt
-    from tinyt.footprint import edge_footprint
+    from tinyt.app.footprint import edge_footprint
 
     venv = tmp_path / "edge"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

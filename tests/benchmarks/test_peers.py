@@ -15,10 +15,10 @@ from tinyt.benchmarks import peers
 from tinyt.checkpoint import load_checkpoint
 from tinyt.data import DataError, held_out_prompts
 from tinyt.errors import ConversionError
+from tinyt.export.genai_config import GENAI_CONFIG
 from tinyt.export.optimize import optimize
 from tinyt.export.package import package
 from tinyt.export.quantize import quantize
-from tinyt.genai import GENAI_CONFIG
 from tinyt.hf import HF_LOGITS_ATOL, to_hf_gpt2
 from tinyt.manifest import check_manifest
 
