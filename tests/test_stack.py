@@ -1,6 +1,8 @@
 """The folder layout is the architecture: the stack reads top-down with no cycle.
 
     app (CLI, pipeline) -> server | benchmarks -> export -> runtime -> core (tinyt/)
+                                                    export -> importers and training
+                                                              (tinyt.hf, .nanogpt, .train) -> core
 
 Every import counts, lazy ones too; `tinyt/__main__.py` is the one door from the core folder to
 the top floor (scripts/stack.py prints the floors). The lab (lab/: one-off measurements run from
@@ -117,3 +119,29 @@ def test_the_tests_mirror_the_code_folders():
     here = {p.name for p in (ROOT / "tests").iterdir()
             if p.is_dir() and not p.name.startswith((".", "__"))}
     assert here == floors, (here, floors)
+
+
+# Inside the core folder, the importers (Hugging Face, nanoGPT) and the training loop are a
+# floor of their own: they read and write the core's checkpoints; the core and the runtime
+# never need them (export reads tinyt.hf for the config.json its artifacts carry).
+SOURCES = ("tinyt.hf", "tinyt.nanogpt", "tinyt.train")
+
+
+def _in(module: str, names) -> bool:
+    return any(module == n or module.startswith(n + ".") for n in names)
+
+
+def test_the_importers_and_training_sit_above_the_core():
+    edges = stack.graph()
+    core = {m for m in edges if _in(m, ("tinyt",)) and not _in(m, SOURCES)
+            and stack.folder_of(m, stack.package_dirs()) == "tinyt" and m != stack.DOOR}
+    down = {f"{m} -> {d}" for m in core for d in edges[m] if _in(d, SOURCES)}
+    assert not down, f"the core imports the importers' floor: {sorted(down)}"
+    runtime = {f"{m} -> {d}" for m in edges if _in(m, ("tinyt.runtime",))
+               for d in edges[m] if _in(d, SOURCES)}
+    assert not runtime, runtime
+    sources = {m for m in edges if _in(m, SOURCES)}
+    up = {f"{m} -> {d}" for m in sources for d in edges[m]
+          if stack.folder_of(d, stack.package_dirs()) != "tinyt"}
+    assert not up, f"the importers' floor imports above the core: {sorted(up)}"
+    assert {"tinyt.hf.families.olmo2", "tinyt.train", "tinyt.nanogpt"} <= sources
