@@ -8,6 +8,7 @@ Every import counts, lazy ones too; `tinyt/__main__.py` is the one door from the
 the top floor (scripts/stack.py prints the floors). The lab (lab/: one-off measurements run from
 the checkout) stands outside the house: it may import every floor, and nothing installed imports it.
 """
+import re
 import sys
 from pathlib import Path
 
@@ -145,3 +146,15 @@ def test_the_importers_and_training_sit_above_the_core():
           if stack.folder_of(d, stack.package_dirs()) != "tinyt"}
     assert not up, f"the importers' floor imports above the core: {sorted(up)}"
     assert {"tinyt.hf.families.olmo2", "tinyt.train", "tinyt.nanogpt"} <= sources
+
+
+def test_docs_architecture_names_every_module():
+    """docs/architecture.md draws the house module by module: a module missing from it, or
+    one it names that no longer exists, fails here."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    files = {str(p.relative_to(ROOT)) for p in stack.modules().values()}
+    files |= {str(p.relative_to(ROOT)) for p in (ROOT / stack.LAB).glob("*.py")}
+    named = set(re.findall(r"`((?:tinyt|export|runtime|server|benchmarks|app|lab)/[\w/]+\.py)`",
+                           text))
+    assert not files - named, f"docs/architecture.md leaves out {sorted(files - named)}"
+    assert not named - files, f"docs/architecture.md names what is gone: {sorted(named - files)}"
