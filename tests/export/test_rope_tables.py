@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from tinyt.config import ModelConfig
-from tinyt.export.gqa_graph import LONGROPE_POSITIONS, ROPE_CACHES, _rope_caches, rope_cache
+from tinyt.export.gqa_rotary import LONGROPE_POSITIONS, ROPE_CACHES, rope_cache
+from tinyt.export.gqa_rotary import rope_caches as _rope_caches
 from tinyt.rope import is_longrope
 
 # cos / sin in float32 by ONNX Runtime against numpy: one ulp (1.2e-7 at |x| <= 1) apart at
