@@ -19,6 +19,8 @@
     embeddings.py  Embedder: the encoder's thread, running the waiting requests together
     metrics.py  the Prometheus registry of one server
     handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
+    answers.py  a request's Jobs, and OpenAI's choices, chunks, usage, logprobs objects
+    streaming.py  ChunkStream: a streamed answer's server-sent chunks as tokens come
 
 Every failure is an OpenAI-style {"error": {"message", "type", "param", "code"}} with its
 status, never a traceback: malformed JSON and wrong types 400, an unknown model 404, a prompt

@@ -23,13 +23,11 @@ runtime's own checks of what it was given becomes a 400.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
-from dataclasses import field as dataclass_field
+from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -37,15 +35,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tinyt.errors import ApiError, ConfigError, QueueFull
-from tinyt.runtime.constrain import Constrainer, Grammar, GrammarConstraint
+from tinyt.runtime.constrain import Constrainer, Grammar
 from tinyt.runtime.embed import Encoder
 from tinyt.runtime.engine import Done, Engine, Request, Scored, Token
 from tinyt.runtime.generate import LanguageModel
-from tinyt.runtime.sampling import SamplingParams
 
+from .answers import (
+    Event,
+    Job,
+    Sample,
+    choice,
+    finish_reason,
+    grammar_failed,
+    logprobs_of,
+    usage,
+)
 from .chat import compile_template, reads_tools, render_chat, template_source
 from .embeddings import Embedder, embedding_answer
-from .logprobs import Legacy, TokenTexts, chat_entry
+from .logprobs import TokenTexts
 from .metrics import CONTENT_TYPE, Metrics
 from .schema import (
     COMPLETION_MAX_TOKENS,
@@ -63,77 +70,17 @@ from .schema import (
     sampling,
     stream_options,
 )
-from .structured import Structure, ToolStream, structure, tool_message
+from .streaming import ChunkStream
+from .structured import Structure, structure, tool_message
 
 RETRY_AFTER_S = 1
 STOP_TIMEOUT_S = 30.0  # what runs at shutdown gets this long to finish
-# The engine's finish reasons as OpenAI names them (others, 'error', pass as they are).
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
-
-Event = tuple[int, Token | Done | Scored]  # (job index, engine event)
-
-
-@dataclass
-class Job:
-    """One sample of a request: its prompt ids and what it is asked to make."""
-    ids: list[int]
-    params: SamplingParams
-    prompt: int = 0  # which of the request's prompts
-    echo: str = ""  # the prompt's text, where the answer repeats it (completions' echo)
-    logprobs: int | None = None  # the engine's logprobs / prompt_logprobs for it
-    prompt_logprobs: int | None = None
-    constraint: GrammarConstraint | None = None  # what its tokens follow (structured output)
-
-
-@dataclass
-class Sample:
-    """What the engine made for one Job."""
-    tokens: list[Token] = dataclass_field(default_factory=list)
-    prompt: list | None = None  # Scored.prompt
-    done: Done | None = None
-
-    def score(self) -> float:
-        """The sum of its tokens' logprobs: best_of keeps the highest."""
-        return sum(t.logprob.logprob for t in self.tokens if t.logprob is not None)
-
-
-def finish_reason(reason: str) -> str:
-    return FINISH.get(reason, reason)
-
-
-def choice(chat: bool, i: int, text: str, reason: str, logprobs: dict | None = None,
-           message: dict | None = None) -> dict:
-    """One choice of a whole (not streamed) answer (chat: `message` where it is not plain
-    text, e.g. tool calls)."""
-    if chat:
-        return {"index": i, "message": message or {"role": "assistant", "content": text},
-                "logprobs": logprobs, "finish_reason": reason}
-    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
-
-
-def chunk_choice(chat: bool, i: int, text: str, reason: str | None,
-                 logprobs: dict | None = None) -> dict:
-    """One choice of a streamed chunk: a piece of text (reason None) or the choice's end."""
-    if chat:
-        return {"index": i, "delta": {} if reason else {"content": text},
-                "logprobs": logprobs, "finish_reason": reason}
-    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def busy(e: QueueFull) -> ApiError:
     """A full queue as OpenAI's 429, with Retry-After."""
     return ApiError(429, f"the server is busy: {e}; retry after {RETRY_AFTER_S} s",
                     kind="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
-def sse(data: dict) -> str:
-    """One server-sent event."""
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 class OpenAIServer:
@@ -434,27 +381,13 @@ class OpenAIServer:
     def _first_of(jobs: list[Job], prompt: int) -> Job:
         return next(j for j in jobs if j.prompt == prompt)
 
-    def _logprobs(self, chat: bool, job: Job, prompt: list | None, tokens: list[Token]
-                  ) -> dict | None:
-        """A choice's logprobs object (None where none were asked for)."""
-        texts = self.texts
-        assert texts is not None  # a language model's server
-        if chat:
-            return {"content": [chat_entry(texts, t.logprob) for t in tokens
-                                if t.logprob is not None], "refusal": None}
-        legacy = Legacy(texts)  # offsets in the choice's text, the echoed prompt included
-        if prompt is not None:  # echo: the prompt's tokens first, the first without one
-            for token, lp in zip(job.ids, prompt):
-                legacy.add(token, lp)
-        for t in tokens:
-            legacy.add(t.id, t.logprob)
-        return legacy.json()
-
     async def complete(self, jobs: list[Job], head: dict, *, chat: bool, want: Outputs,
                        prompt_tokens: int, calls: bool = False) -> JSONResponse:
         """The whole answer once every sample is done (a failed generation: 500; a grammar
         that failed mid-way: 400); with best_of, each prompt's n samples of the highest total
         logprob. calls: the samples were made under a tools grammar (message.tool_calls)."""
+        texts = self.texts
+        assert texts is not None  # a language model's server
         samples = [Sample() for _ in jobs]
         async for i, ev in self.events(jobs):
             if isinstance(ev, Token):
@@ -477,7 +410,7 @@ class OpenAIServer:
                 job, sample = jobs[i], samples[i]
                 assert sample.done is not None  # events() ends when every job is done
                 lps = None if want.logprobs is None else \
-                    self._logprobs(chat, job, sample.prompt, sample.tokens)
+                    logprobs_of(texts, chat, job, sample.prompt, sample.tokens)
                 reason, message = finish_reason(sample.done.finish_reason), None
                 if calls:
                     message, called = tool_message(sample.done.text)
@@ -501,79 +434,11 @@ class OpenAIServer:
         first = await events.__anext__()
         texts = self.texts
         assert texts is not None  # a language model's server
-
-        def piece(i: int, text: str, lps: dict | None = None) -> str:
-            return sse({**chunk_head, "choices": [chunk_choice(chat, i, text, None, lps)]})
-
-        async def chunks() -> AsyncIterator[str]:
-            made = 0
-            shown = [0] * len(jobs)  # characters of each sample's text sent
-            offsets = [0] * len(jobs)  # completions' text_offset so far
-            tool_streams = [ToolStream() for _ in jobs] if calls else None
-            try:
-                if chat:
-                    for i in range(len(jobs)):
-                        yield sse({**chunk_head, "choices": [{"index": i, "delta": {
-                            "role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None}]})
-                for i, job in enumerate(jobs):  # echo without logprobs: the prompt now
-                    if job.echo and job.prompt_logprobs is None:
-                        yield piece(i, job.echo)
-                        offsets[i] = len(job.echo)
-                pending = [first]
-                while True:
-                    i, ev = pending.pop() if pending else await events.__anext__()
-                    job = jobs[i]
-                    if isinstance(ev, Scored):  # echo with logprobs: the prompt, scored
-                        lps = self._logprobs(False, job, ev.prompt, [])
-                        offsets[i] = len(job.echo)
-                        yield piece(i, job.echo, lps)
-                    elif isinstance(ev, Token):
-                        made += 1
-                        lps = None
-                        if want.logprobs is not None and ev.logprob is not None:
-                            if chat:
-                                lps = {"content": [chat_entry(texts, ev.logprob)],
-                                       "refusal": None}
-                            else:
-                                legacy = Legacy(texts, offsets[i])
-                                legacy.add(ev.id, ev.logprob)
-                                offsets[i] = legacy.offset
-                                lps = legacy.json()
-                        text = ev.text if tool_streams is None else tool_streams[i].add(ev.text)
-                        if text or lps is not None:
-                            shown[i] += len(text)
-                            yield piece(i, text, lps)
-                    else:
-                        reason = finish_reason(ev.finish_reason)
-                        if job.constraint is not None and job.constraint.error is not None:
-                            e = grammar_failed(job.constraint.error, calls)
-                            yield sse({"error": {"message": e.message, "type": e.kind,
-                                                 "param": e.param, "code": None}})
-                        if tool_streams is None:
-                            rest = ev.text[shown[i]:]  # what was held back (a stop's possible
-                            if rest:                   # start) and did not become one
-                                yield piece(i, rest)
-                        else:
-                            rest, tool_calls = tool_streams[i].finish(ev.text)
-                            if rest:
-                                yield piece(i, rest)
-                            if tool_calls:
-                                yield sse({**chunk_head, "choices": [{
-                                    "index": i, "delta": {"tool_calls": tool_calls},
-                                    "logprobs": None, "finish_reason": None}]})
-                                reason = "tool_calls" if reason == "stop" else reason
-                        yield sse({**chunk_head, "choices": [chunk_choice(chat, i, "", reason)]})
-            except StopAsyncIteration:
-                pass
-            finally:
-                await events.aclose()
-            if include_usage:
-                yield sse({**chunk_head, "choices": [], "usage": usage(prompt_tokens, made)})
-            yield "data: [DONE]\n\n"
-
+        answer = ChunkStream(jobs, chunk_head, chat=chat, want=want, texts=texts, calls=calls)
         self.metrics.answered("chat" if chat else "completions", 200)
-        return StreamingResponse(chunks(), media_type="text/event-stream",
+        return StreamingResponse(answer.chunks(events, first, include_usage=include_usage,
+                                               prompt_tokens=prompt_tokens),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     async def embed(self, request: HttpRequest) -> dict:
@@ -600,13 +465,6 @@ class OpenAIServer:
             raise ApiError(500, f"embedding failed: {e}", kind="server_error") from None
         return embedding_answer(vectors, fmt, self.model_id, tokens)
 
-
-def grammar_failed(error: str, calls: bool) -> ApiError:
-    """A grammar that could not be followed to its end (llguidance's per-step limits)."""
-    field = "tools" if calls else "response_format"
-    return ApiError(400, f"{field}: the reply could not follow the schema to its end: {error}; "
-                         "a simpler schema (fewer or shorter patterns, smaller enums) can be "
-                         "followed", param=field)
 
 
 def build_app(lm: LanguageModel | Encoder, engine: Engine | Embedder, *, model_id: str,
