@@ -34,6 +34,7 @@ from pathlib import Path
 
 import onnx
 
+from tinyt.config import ModelConfig
 from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SHARED_CACHE_KIND, kv_axes
 from tinyt.errors import WebPackageError
 from tinyt.fsutil import atomic_dir
@@ -169,16 +170,7 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                               "with a KV cache (decoder_with_past, or a shared-cache "
                               f"decoder_gqa), or one of {', '.join(TEXT_KINDS)}")
     lm = load(src_dir, threads=1, tune=False)
-    # A LongRoPE model's page stops at its original context: past it every token turns at the
-    # long frequencies, the cache made again, which the page's loop does not do
-    context = lm.context if lm.longrope_original is None else \
-        min(lm.context, lm.longrope_original)
-    web = {"name": src_dir.name, "graph": kind, "graphs": files, "tokenizer": "tokenizer.json",
-           "context": context, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
-           "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
-           "kv_axes": list(kv_axes(cfg, "length")),  # the contract's order, read by tinyt.mjs
-           "eos_token_id": lm.tokenizer.eos_id,
-           "onnxruntime_web": ORT_WEB_VERSION, "tokenizers_js": TOKENIZERS_JS_VERSION}
+    web = _web_json(src_dir, kind, files, cfg, lm)
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:
         dropped, ops = [], set()
         for f in files:
@@ -191,29 +183,9 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         copy_artifact_files(src_dir, out)
         runtime = copy_runtime(out)
         (out / "web.json").write_text(json.dumps(web, indent=1) + "\n")
-        # The check: the module, under Node, on the WebAssembly files just copied.
         prompts = check_prompts or [lm.tokenizer.encode(t) for t in ("def ", "import os\n")]
-        texts = CHECK_TEXTS
-        got = run_module(out, {"encode": texts, "generate": [
-            {"prompt_ids": p, "max_new_tokens": check_tokens} for p in prompts]})
-        if "error" in got:
-            raise WebPackageError(f"the packaged graph does not run on onnxruntime-web "
-                                  f"{ORT_WEB_VERSION}: {got['error']}")
-        want_ids = [lm.tokenizer.encode(t) for t in texts]
-        if got["encode"] != want_ids:
-            bad = [t for t, a, b in zip(texts, got["encode"], want_ids) if a != b]
-            raise WebPackageError(f"the web tokenizer's ids differ from tinyt's on {bad}")
-        want = [r.token_ids for r in lm.generate_ids(prompts, max_new_tokens=check_tokens)]
-        ties = greedy_ties(lm, prompts, [g["token_ids"] for g in got["generate"]], want)
-        notes = []
-        if "MatMulNBits" in ops:
-            notes.append("MatMulNBits: ONNX Runtime Web's WebAssembly runs it ~4x slower than "
-                         "fp32 MatMul at GPT-2 width (docs/web.md); in a page the static or "
-                         "qgemm INT8 graphs decode fastest")
-        if kind == SHARED_CACHE_KIND:
-            notes.append("shared cache: the page copies the whole cache into and out of "
-                         "WebAssembly memory every step; contract graphs decode faster in a page "
-                         "at GPT-2 width (docs/web.md)")
+        ties = _check_page(out, lm, prompts, check_tokens)
+        notes = _notes(ops, kind)
         written = write_manifest(
             out, stage="package", source=artifact_source(src_dir, manifest),
             options={"format": "web"}, extra={
@@ -225,8 +197,55 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                             "tokenizers_js": TOKENIZERS_JS_VERSION, "prompts": len(prompts),
                             "greedy_tokens": check_tokens, "greedy_equal": True,
                             "greedy_ties": ties,
-                            "tokenizer_texts": len(texts)}},
+                            "tokenizer_texts": len(CHECK_TEXTS)}},
             **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
             "int8": records(manifest),  # the same files, beside the page
             "versions": manifest.get("versions", {})})
     return built(out_dir, written)
+
+
+def _web_json(src_dir: Path, kind: str, files: list[str], cfg: ModelConfig, lm) -> dict:
+    """web.json: what the page's module (tinyt.mjs) reads of the model (`cfg`, the source's
+    config) and its graphs."""
+    # A LongRoPE model's page stops at its original context: past it every token turns at the
+    # long frequencies, the cache made again, which the page's loop does not do
+    context = lm.context if lm.longrope_original is None else \
+        min(lm.context, lm.longrope_original)
+    return {"name": src_dir.name, "graph": kind, "graphs": files, "tokenizer": "tokenizer.json",
+            "context": context, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
+            "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+            "kv_axes": list(kv_axes(cfg, "length")),  # the contract's order, read by tinyt.mjs
+            "eos_token_id": lm.tokenizer.eos_id,
+            "onnxruntime_web": ORT_WEB_VERSION, "tokenizers_js": TOKENIZERS_JS_VERSION}
+
+
+def _check_page(out: Path, lm, prompts: list[list[int]], check_tokens: int) -> int:
+    """The check: the module, under Node, on the WebAssembly files just copied to `out`; its
+    token ids of CHECK_TEXTS and greedy tokens of `prompts` against tinyt's. Returns how many
+    rows ended at a tie (greedy_ties); raises WebPackageError for a difference."""
+    texts = CHECK_TEXTS
+    got = run_module(out, {"encode": texts, "generate": [
+        {"prompt_ids": p, "max_new_tokens": check_tokens} for p in prompts]})
+    if "error" in got:
+        raise WebPackageError(f"the packaged graph does not run on onnxruntime-web "
+                              f"{ORT_WEB_VERSION}: {got['error']}")
+    want_ids = [lm.tokenizer.encode(t) for t in texts]
+    if got["encode"] != want_ids:
+        bad = [t for t, a, b in zip(texts, got["encode"], want_ids) if a != b]
+        raise WebPackageError(f"the web tokenizer's ids differ from tinyt's on {bad}")
+    want = [r.token_ids for r in lm.generate_ids(prompts, max_new_tokens=check_tokens)]
+    return greedy_ties(lm, prompts, [g["token_ids"] for g in got["generate"]], want)
+
+
+def _notes(ops: set[str], kind: str) -> list[str]:
+    """What the manifest tells of the page's speed, from the graphs' operators and kind."""
+    notes = []
+    if "MatMulNBits" in ops:
+        notes.append("MatMulNBits: ONNX Runtime Web's WebAssembly runs it ~4x slower than "
+                     "fp32 MatMul at GPT-2 width (docs/web.md); in a page the static or "
+                     "qgemm INT8 graphs decode fastest")
+    if kind == SHARED_CACHE_KIND:
+        notes.append("shared cache: the page copies the whole cache into and out of "
+                     "WebAssembly memory every step; contract graphs decode faster in a page "
+                     "at GPT-2 width (docs/web.md)")
+    return notes
