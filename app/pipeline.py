@@ -28,128 +28,157 @@ import math
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tinyt.artifacts import INT8_PERPLEXITY_BUDGET, REJECTED, arguments, made_by
+from tinyt.artifacts import INT8_PERPLEXITY_BUDGET, REJECTED, Variant, arguments, made_by
 from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
 from tinyt.fsutil import write_text
 from tinyt.manifest import fresh, manifest_of, same_prefill
+
+
+@dataclass
+class Record:
+    """What a run did, for its report: each stage's seconds (or why it was skipped), and the
+    rows not kept and the rows made with their fallback options, each with why."""
+    log: Callable[[str], None]
+    timings: dict[str, Any] = field(default_factory=dict)
+    # row -> why the pipeline did not keep it; row -> why it was made with its fallback options
+    dropped: dict[str, str] = field(default_factory=dict)
+    fell_back: dict[str, str] = field(default_factory=dict)
+
+    def stage(self, name: str, target: Path, src: Path | None, run: Callable[[], Any],
+              prefill: Path | None = None) -> None:
+        """Run one stage into `target`, unless its manifest records `src` (and the prompt
+        graph `prefill`) as they are now; src None: run it whatever is there."""
+        if src is not None and fresh(target, src) and same_prefill(target, prefill):
+            self.log(f"[{name}] up to date: {target}")
+            self.timings[name] = "skipped"
+            return
+        self.log(f"[{name}] running -> {target}")
+        t = time.perf_counter()
+        run()
+        self.timings[name] = round(time.perf_counter() - t, 1)
+        self.log(f"[{name}] done in {self.timings[name]} s")
 
 
 def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
              skip_train: str | Path | None = None, bench: bool = True,
              log: Callable[[str], None] = print) -> Path:
     """Run (or bring up to date) every stage into `out`; returns the report's path."""
-    from tinyt.checkpoint import has_train_state, read_config
-    from tinyt.config import preset as get_preset
+    from tinyt.checkpoint import read_config
     from tinyt.export import export_onnx, verify
     from tinyt.export.optimize import optimize
     from tinyt.export.quantize import quantize
 
     out = Path(out)
-    timings: dict[str, Any] = {}
-
-    def stage(name: str, target: Path, src: Path | None, run: Callable[[], Any],
-              prefill: Path | None = None) -> None:
-        if src is not None and fresh(target, src) and same_prefill(target, prefill):
-            log(f"[{name}] up to date: {target}")
-            timings[name] = "skipped"
-            return
-        log(f"[{name}] running -> {target}")
-        t = time.perf_counter()
-        run()
-        timings[name] = round(time.perf_counter() - t, 1)
-        log(f"[{name}] done in {timings[name]} s")
-
+    record = Record(log)
     ckpt = Path(skip_train) if skip_train else out / "checkpoint"
     if skip_train:
         cfg, _ = read_config(ckpt)  # a clear error now if it is not a checkpoint
         if cfg.task != "causal_lm":  # an encoder's rows and report (app/encoder_pipeline.py)
             from tinyt.app.encoder_pipeline import encoder_pipeline
             return encoder_pipeline(out, ckpt, cfg, data=data, bench=bench, log=log)
-        timings["train"] = "skipped (--skip-train)"
+        record.timings["train"] = "skipped (--skip-train)"
     else:
-        from tinyt.train import train
-        model_cfg, train_cfg = get_preset(preset)
-        done = (ckpt / "config.json").is_file() and json.loads(
-            (ckpt / "config.json").read_text()).get("metrics", {}).get("step") == \
-            train_cfg.max_steps
-        if done:
-            log(f"[train] finished run in {ckpt}")
-            timings["train"] = "skipped"
-        else:
-            resume = has_train_state(ckpt)
-            log(f"[train] {'resuming' if resume else 'running'} -> {ckpt}")
-            t = time.perf_counter()
-            train(model_cfg, train_cfg, ckpt, data=data, resume=resume, log=log)
-            timings["train"] = round(time.perf_counter() - t, 1)
+        _train(ckpt, preset, data, record)
     stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
-    dropped: dict[str, str] = {}  # row -> why the pipeline did not keep it
-    fell_back: dict[str, str] = {}  # row -> why it was made with its fallback options
     for v in made_by("pipeline"):  # the catalogue's rows, in making order
-        source, target, options = arguments(v, out, checkpoint=ckpt, data=data)
-        if v.source in dropped:
-            dropped[v.dir] = f"made from {v.source}, which was not kept"
-            _set_aside(out, v.dir)
-            log(f"[{v.step}] not made: {dropped[v.dir]}")
-            continue
-        if v.prefill_from in dropped:  # the pair then runs prompts on its step graph
-            options.pop("prefill_from")
-            log(f"[{v.step}] without a prompt graph: {v.prefill_from} was not kept")
-        rejected = out / REJECTED / v.dir  # a gated row's first options, beyond the budget
-        first = partial(stages[v.stage], source, target, **options)
-        if v.gated and fresh(rejected, source):
-            why = beyond_budget(rejected)
-            if why and v.fallback is None:
-                dropped[v.dir] = why
-                log(f"[{v.step}] up to date, not kept: {why}")
-                timings[v.step] = "skipped"
-                continue
-            if why:  # the fallback is what is kept: made now unless it is there, up to date
-                fell_back[v.dir] = why
-                if target.exists() and not _made_with(target, v.fallback):
-                    shutil.rmtree(target)
-                stage(v.step, target, source, partial(
-                    _made_or_copied, stages[v.stage], source, target, {**options, **v.fallback},
-                    out, v.dir, log))
-                continue
-            if target.exists():  # within the budget now (another budget): back in its place
-                shutil.rmtree(target)
-            rejected.rename(target)
-        stage(v.step, target, source, first, prefill=options.get("prefill_from"))
-        why = beyond_budget(target) if v.gated else None
-        if why:
-            _set_aside(out, v.dir)  # kept under OUT/rejected: its report says why, next time too
-            if v.fallback is None:
-                dropped[v.dir] = why
-                log(f"[{v.step}] not kept: {why} (set aside in {rejected})")
-                continue
-            log(f"[{v.step}] beyond the budget: {why}; made again with {dict(v.fallback)}")
-            fell_back[v.dir] = why
-            stage(v.step, target, None, partial(
-                _made_or_copied, stages[v.stage], source, target, {**options, **v.fallback},
-                out, v.dir, log))
+        _make_row(v, stages[v.stage], out, ckpt, data, record)
     checks = {}
     for name in (v.dir for v in made_by("pipeline") if v.verify):
         report = verify(ckpt, out / name, report_path=out / f"{name}-verify.json")
         checks[name] = report["passed"]
         log(f"[verify] {name}: {'passed' if report['passed'] else 'FAILED'}")
-    result = peers = None
-    if bench:
-        from tinyt.benchmarks.harness import run
-        from tinyt.benchmarks.peers import PIPELINE_ENGINES
-        from tinyt.benchmarks.peers import run as run_peers
-
-        result = run(_bench_view(out, ckpt), out / "bench", mode="quick")
-        log("[bench] peers: tinyt against CTranslate2, ONNX Runtime GenAI, PyTorch")
-        peers = run_peers(out, out / "peers", rounds=3, engines=list(PIPELINE_ENGINES))
+    result, peers = _bench(out, ckpt, log) if bench else (None, None)
     notes = [f"{d}: made with {dict(v.fallback or {})} — with its first options it was {why}"
-             for v in made_by("pipeline") for d, why in fell_back.items() if v.dir == d]
-    return write_report(out, ckpt, checks, result, timings, peers, dropped, notes)
+             for v in made_by("pipeline") for d, why in record.fell_back.items() if v.dir == d]
+    return write_report(out, ckpt, checks, result, record.timings, peers, record.dropped, notes)
 
 
+def _train(ckpt: Path, preset: str, data: str | None, record: Record) -> None:
+    """Train `preset` into `ckpt`: an interrupted run resumed, a finished one skipped."""
+    from tinyt.checkpoint import has_train_state
+    from tinyt.config import preset as get_preset
+    from tinyt.train import train
+
+    model_cfg, train_cfg = get_preset(preset)
+    done = (ckpt / "config.json").is_file() and json.loads(
+        (ckpt / "config.json").read_text()).get("metrics", {}).get("step") == \
+        train_cfg.max_steps
+    if done:
+        record.log(f"[train] finished run in {ckpt}")
+        record.timings["train"] = "skipped"
+        return
+    resume = has_train_state(ckpt)
+    record.log(f"[train] {'resuming' if resume else 'running'} -> {ckpt}")
+    t = time.perf_counter()
+    train(model_cfg, train_cfg, ckpt, data=data, resume=resume, log=record.log)
+    record.timings["train"] = round(time.perf_counter() - t, 1)
+
+
+def _make_row(v: Variant, make: Callable[..., Any], out: Path, ckpt: Path, data: str | None,
+              record: Record) -> None:
+    """Make (or bring up to date) the catalogue's row `v` with the stage function `make`. A
+    gated row beyond the budget is made again with its fallback options, or set aside under
+    OUT/rejected and recorded as not kept."""
+    log, dropped, fell_back = record.log, record.dropped, record.fell_back
+    source, target, options = arguments(v, out, checkpoint=ckpt, data=data)
+    if v.source in dropped:
+        dropped[v.dir] = f"made from {v.source}, which was not kept"
+        _set_aside(out, v.dir)
+        log(f"[{v.step}] not made: {dropped[v.dir]}")
+        return
+    if v.prefill_from in dropped:  # the pair then runs prompts on its step graph
+        options.pop("prefill_from")
+        log(f"[{v.step}] without a prompt graph: {v.prefill_from} was not kept")
+    rejected = out / REJECTED / v.dir  # a gated row's first options, beyond the budget
+    first = partial(make, source, target, **options)
+    if v.gated and fresh(rejected, source):
+        why = beyond_budget(rejected)
+        if why and v.fallback is None:
+            dropped[v.dir] = why
+            log(f"[{v.step}] up to date, not kept: {why}")
+            record.timings[v.step] = "skipped"
+            return
+        if why:  # the fallback is what is kept: made now unless it is there, up to date
+            fell_back[v.dir] = why
+            if target.exists() and not _made_with(target, v.fallback):
+                shutil.rmtree(target)
+            record.stage(v.step, target, source, partial(
+                _made_or_copied, make, source, target, {**options, **v.fallback},
+                out, v.dir, log))
+            return
+        if target.exists():  # within the budget now (another budget): back in its place
+            shutil.rmtree(target)
+        rejected.rename(target)
+    record.stage(v.step, target, source, first, prefill=options.get("prefill_from"))
+    why = beyond_budget(target) if v.gated else None
+    if why:
+        _set_aside(out, v.dir)  # kept under OUT/rejected: its report says why, next time too
+        if v.fallback is None:
+            dropped[v.dir] = why
+            log(f"[{v.step}] not kept: {why} (set aside in {rejected})")
+            return
+        log(f"[{v.step}] beyond the budget: {why}; made again with {dict(v.fallback)}")
+        fell_back[v.dir] = why
+        record.stage(v.step, target, None, partial(
+            _made_or_copied, make, source, target, {**options, **v.fallback},
+            out, v.dir, log))
+
+
+def _bench(out: Path, ckpt: Path, log: Callable[[str], None]) -> tuple[dict, dict]:
+    """The quick benchmark of every row, and tinyt against the peers on the same weights."""
+    from tinyt.benchmarks.harness import run
+    from tinyt.benchmarks.peers import PIPELINE_ENGINES
+    from tinyt.benchmarks.peers import run as run_peers
+
+    result = run(_bench_view(out, ckpt), out / "bench", mode="quick")
+    log("[bench] peers: tinyt against CTranslate2, ONNX Runtime GenAI, PyTorch")
+    peers = run_peers(out, out / "peers", rounds=3, engines=list(PIPELINE_ENGINES))
+    return result, peers
 
 
 def _made_or_copied(run: Callable[..., Any], source: Path, target: Path, options: dict,
