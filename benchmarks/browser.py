@@ -21,7 +21,7 @@ settings, onnx/model.onnx — the directory tinyt writes for Optimum); its greed
 compared with tinyt's before its times count.
 
 --encoder: an encoder's page against transformers.js' feature-extraction pipeline on the same
-weights (benchmarks/browser_encoders.py).
+weights (benchmarks/peers/browser_encoders.py).
 """
 from __future__ import annotations
 
@@ -34,9 +34,11 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
+from tinyt.artifacts import variant
 from tinyt.contract import DECODER_WITH_PAST
 
-VARIANTS = ("onnx", "onnx-int8", "onnx-int8-gqa")
+# the rows of the artifact catalogue (tinyt.artifacts) whose pages it runs by default
+PAGES = tuple(variant(d).dir for d in ("onnx", "onnx-int8", "onnx-int8-gqa"))
 
 
 def runtime_times(artifact: Path, ids: list[int], new: int, threads: int, rounds: int = 3):
@@ -162,7 +164,7 @@ def transformers_js_times(browser, artifact: Path, node_modules: Path, ids: list
 
 
 def run(artifacts: Path, out: Path, *, prompt_tokens: int = 32, new_tokens: int = 32,
-        variants: tuple[str, ...] = VARIANTS, transformers_js: Path | None = None) -> dict:
+        variants: tuple[str, ...] = PAGES, transformers_js: Path | None = None) -> dict:
     from playwright.sync_api import sync_playwright
 
     import tinyt.runtime as rt
@@ -251,13 +253,13 @@ def main(argv: list[str] | None = None) -> None:
                     "at --shape)")
     ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/web "
                     "(--encoder: benchmarks/results/browser-encoders)")
-    ap.add_argument("--variants", default=None, help=f"decoders: default {','.join(VARIANTS)}")
+    ap.add_argument("--variants", default=None, help=f"decoders: default {','.join(PAGES)}")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--transformers-js", type=Path, help="a node_modules with "
                     "@huggingface/transformers (scripts/setup-transformers-js.sh)")
     enc = ap.add_argument_group("--encoder: tinyt's encoder page against transformers.js "
-                                "(benchmarks/browser_encoders.py)")
+                                "(benchmarks/peers/browser_encoders.py)")
     enc.add_argument("--encoder", action="store_true")
     enc.add_argument("--shape", default="minilm", help="minilm, bge-small or test")
     enc.add_argument("--rounds", type=int, default=8, help="0: the same-vectors check only")
@@ -270,11 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.encoder:
         from tinyt.errors import BenchError
 
-        from . import browser_encoders as be
+        from .peers import browser_encoders as be
         out = args.out or Path("benchmarks/results/browser-encoders")
         try:
             be.run(args.artifacts, out, shape=args.shape,
-                   variants=tuple(args.variants.split(",")) if args.variants else be.VARIANTS,
+                   variants=tuple(args.variants.split(",")) if args.variants else be.GRAPHS,
                    transformers_js=args.transformers_js, threads=tuple(args.threads or (1, 2)),
                    rounds=args.rounds, settle=args.settle, block=args.block,
                    check_texts=args.check_texts)
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.artifacts is None:
         ap.error("the artifacts folder is required (or --encoder)")
     args.out = args.out or Path("benchmarks/results/web")
-    args.variants = args.variants or ",".join(VARIANTS)
+    args.variants = args.variants or ",".join(PAGES)
     result = run(args.artifacts, args.out, prompt_tokens=args.prompt_tokens,
                  new_tokens=args.new_tokens, variants=tuple(args.variants.split(",")),
                  transformers_js=args.transformers_js)

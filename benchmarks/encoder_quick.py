@@ -1,5 +1,5 @@
 """The pipeline's quick timing of an encoder's artifacts (tinyt against the peers on the same
-weights is benchmarks/encoders.py): through tinyt.runtime, tokenization included,
+weights is benchmarks/peers/encoders.py): through tinyt.runtime, tokenization included,
 
     texts per second: THROUGHPUT[0] texts of THROUGHPUT[1] tokens in one batch
     latency: one text of LATENCY_TOKENS tokens
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tinyt.fsutil import write_json
 
-THROUGHPUT = (32, 128)  # the peer benchmark's batch (benchmarks/encoders.py)
+THROUGHPUT = (32, 128)  # the peer benchmark's batch (benchmarks/peers/encoders.py)
 LATENCY_TOKENS = 16
 ROUNDS = 5
 
@@ -26,7 +26,7 @@ def run(root: Path, dirs: list[str], out: Path, *, rounds: int = ROUNDS,
     """Time the encoder artifacts root/dir for each of `dirs`; writes and returns the rows."""
     import tinyt.runtime as rt
 
-    from .encoders import texts_of
+    from .peers.encoders import texts_of
 
     encoders = {d: rt.load(root / d, threads=threads) for d in dirs}
     first = encoders[dirs[0]]

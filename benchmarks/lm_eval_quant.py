@@ -25,10 +25,12 @@ from pathlib import Path
 
 from .lm_eval_task import TASK, make_docs, runtime_loglikelihoods, write_task
 
-VARIANTS = ("fp32-gqa", "int8-gqa", "int4-gqa")
+# the shared-cache graphs it builds and serves, under its own root (not the artifact catalogue's
+# rows: tinyt.artifacts)
+SERVED = ("fp32-gqa", "int8-gqa", "int4-gqa")
 
 
-def build(ckpt: Path, root: Path, variants: tuple[str, ...] = VARIANTS,
+def build(ckpt: Path, root: Path, variants: tuple[str, ...] = SERVED,
           data: str | None = None) -> dict[str, Path]:
     """The served artifacts of a checkpoint."""
     from tinyt.export import export_onnx
@@ -98,7 +100,7 @@ def evaluate(artifact: Path, task_dir: Path, docs: list[dict], *,
 
 
 def run(out: Path, *, checkpoint: Path | None = None, count: int = 200,
-        variants: tuple[str, ...] = VARIANTS, threads: int | None = None,
+        variants: tuple[str, ...] = SERVED, threads: int | None = None,
         data: str | None = None, work: Path | None = None, steps: int | None = None) -> dict:
     import tempfile
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The encoder peer benchmark's engines in a venv of their own, .venv-encoder-peers
-# (benchmarks/encoders.py runs each peer's worker with its python when it exists):
+# (benchmarks/peers/encoders.py runs each peer's worker with its python when it exists):
 # sentence-transformers (torch and its ONNX backend), fastembed and Optimum's ONNX Runtime
 # models. Kept out of .venv: sentence-transformers 6.x wants transformers 5.x, which tinyt's
 # `optimum` extra (optimum-onnx pins transformers < 4.58) cannot share, and fastembed brings
 # its own onnxruntime pin. The pins are what pip resolved together (sentence-transformers 5.7.0
 # is the newest whose ONNX backend installs beside optimum-onnx 0.1.0); onnxruntime is .venv's
 # own version, so the ONNX engines run the same library.
-#   bash scripts/setup-encoder-peers.sh && .venv/bin/python -m benchmarks.encoders --rounds 10
+#   bash scripts/setup-encoder-peers.sh && .venv/bin/python -m benchmarks.peers.encoders --rounds 10
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv-encoder-peers}"

@@ -1,8 +1,8 @@
 """The artifact variants, as data (torch-free): one row per directory tinyt makes under an
 artifacts root, naming what it is made from, the stage and options that make it, and the
-names the benchmarks report it under. The pipeline makes its rows in this order, the harness
-times the rows marked timed, and the peer benchmark runs the rows that name an engine (making
-its own on-demand rows when asked).
+label the harness reports it under. The pipeline makes its rows in this order, the harness
+times the rows marked timed, and the peer benchmark's engines run rows named in its own table
+(tinyt.benchmarks.peers.engines), making its on-demand rows when asked.
 
     checkpoint ─export─▶ onnx ─optimize─▶ onnx-opt ─quantize─▶ onnx-int8 ─gqa─▶ onnx-int8-gqa
                           │                  │                                       ▲ (prompts)
@@ -67,8 +67,7 @@ class Variant:
     verify: bool = False  # the pipeline checks it against PyTorch (OUT/<dir>-verify.json)
     bench: str | None = None  # its label in the harness and the pipeline report
     timed: bool = False  # the harness times it when the directory exists
-    engine: str | None = None  # the peer benchmark's engine on it
-    note: str = ""  # what sets it apart, for the peer benchmark's engine list
+    note: str = ""  # what sets it apart (the pipeline's list of hand-made rows, the peers' list)
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("stage", self.stage, STAGES),
@@ -97,7 +96,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("onnx", CHECKPOINT, "export", "export", DECODER_WITH_PAST, verify=True,
             bench="ort-fp32", timed=True),
     Variant("onnx-opt", "onnx", "optimize", "optimize", DECODER_WITH_PAST, verify=True,
-            bench="ort-optimized", timed=True, engine="tinyt-fp32"),
+            bench="ort-optimized", timed=True),
     # int8 activations (MatMulNBits blocks of 64, accuracy_level 4) where they hold; else the
     # same weights with fp32 products: on real SmolLM2-135M the first costs +0.82% perplexity,
     # the second +0.04% — but decodes at 322 ms a token against fp32's 38 (ONNX Runtime's
@@ -106,7 +105,7 @@ VARIANTS: tuple[Variant, ...] = (
     # prose; with blocks of 32, +0.55% and +0.35%), so the one that holds is kept
     # (docs/quantization.md)
     Variant("onnx-int8", "onnx-opt", "quantize", "quantize", DECODER_WITH_PAST, data=True,
-            bench="ort-int8-dynamic", timed=True, engine="tinyt-int8", gated=True,
+            bench="ort-int8-dynamic", timed=True, gated=True,
             fallback={"mode": "weight-only"}),
     # static (QDQ) INT8 is not the main job's: one calibrated scale per activation tensor
     # cannot hold a real model's outlier channels (real SmolLM2-135M: greedy agreement with
@@ -122,7 +121,7 @@ VARIANTS: tuple[Variant, ...] = (
             {"kernel": "qgemm"}, data=True, bench="ort-int8-qgemm", gated=True),
     Variant("onnx-int8-gqa", "onnx-int8", "optimize", "shared-cache", SHARED_CACHE_KIND,
             {"target": "gqa"}, prefill_from="onnx-int8-qgemm", bench="ort-int8-gqa",
-            engine="tinyt-int8-gqa", note=_PAIR.format("MatMulNBits")),
+            note=_PAIR.format("MatMulNBits")),
     # one graph, every row as if alone: the one `tinyt serve` batches prompts and steps with
     # int8 GEMMs with an activation scale per row where they hold; else the MatMulNBits
     # weights with fp32 products (rows as independent): on real SmolLM2-135M the first costs
@@ -134,32 +133,31 @@ VARIANTS: tuple[Variant, ...] = (
             SHARED_CACHE_KIND, {"target": "gqa"}, bench="ort-int8-rows-gqa"),
     Variant("onnx-int4", "onnx-opt", "quantize", "quantize-int4", DECODER_WITH_PAST,
             {"bits": 4, "block_size": INT4_BLOCK}, made_by="peers", bench="ort-int4",
-            timed=True, engine="tinyt-int4",
+            timed=True,
             note=f"MatMulNBits 4-bit, block {INT4_BLOCK}, made from onnx-opt"),
     Variant("onnx-int4-gqa", "onnx-int4", "optimize", "shared-cache-int4", SHARED_CACHE_KIND,
             {"target": "gqa"}, prefill_from="onnx-int8-qgemm", made_by="peers",
-            engine="tinyt-int4-gqa", note=_PAIR.format("4-bit")),
+            note=_PAIR.format("4-bit")),
     # the builder's int4 with its tied table at 8 bits (its shared int8 embeddings): the table
     # decides the argmax, and at Gemma 3's 262,144 ids it is most of the model
     Variant("onnx-int4-head8", "onnx-opt", "quantize", "quantize-int4-head8", DECODER_WITH_PAST,
             {"bits": 4, "block_size": INT4_BLOCK, "keep_8bit": ("lm_head",)}, made_by="peers",
-            engine="tinyt-int4-head8",
             note=f"MatMulNBits 4-bit, block {INT4_BLOCK}, the lm_head (a tied table for both "
                  "its readers) at 8 bits"),
     Variant("onnx-int4-head8-gqa", "onnx-int4-head8", "optimize", "shared-cache-int4-head8",
             SHARED_CACHE_KIND, {"target": "gqa"}, prefill_from="onnx-int8-qgemm",
-            made_by="peers", engine="tinyt-int4-head8-gqa",
+            made_by="peers",
             note=_PAIR.format("4-bit, lm_head 8-bit")),
     # the same with blocks of 128: ONNX Runtime's 4-bit kernel reads fewer scale bytes and runs
-    # ~20% faster than with blocks of 32 (benchmarks/step_kernels.py), for some accuracy
+    # ~20% faster than with blocks of 32 (lab/step_kernels.py), for some accuracy
     Variant("onnx-int4-k128-head8", "onnx-opt", "quantize", "quantize-int4-k128-head8",
             DECODER_WITH_PAST, {"bits": 4, "block_size": 128, "keep_8bit": ("lm_head",)},
-            made_by="peers", engine="tinyt-int4-k128-head8",
+            made_by="peers",
             note="MatMulNBits 4-bit, block 128, the lm_head (a tied table for both its readers) "
                  "at 8 bits"),
     Variant("onnx-int4-k128-head8-gqa", "onnx-int4-k128-head8", "optimize",
             "shared-cache-int4-k128-head8", SHARED_CACHE_KIND, {"target": "gqa"},
-            prefill_from="onnx-int8-qgemm", made_by="peers", engine="tinyt-int4-k128-head8-gqa",
+            prefill_from="onnx-int8-qgemm", made_by="peers",
             note=_PAIR.format("4-bit blocks of 128, lm_head 8-bit")),
     Variant("clf-onnx", CLASSIFIER_CHECKPOINT, "export", "export-clf", CLASSIFIER,
             made_by="hand", bench="ort-clf-fp32", timed=True),
@@ -215,11 +213,6 @@ def rows_for(kind: str) -> tuple[Variant, ...]:
     raise ValueError(f"the pipeline takes a language model ({DECODER_WITH_PAST}) or a sentence "
                      f"encoder ({ENCODER}) checkpoint, not a {kind}; run export, optimize and "
                      "quantize on it one by one (docs/encoders.md)")
-
-
-def with_engine() -> Mapping[str, Variant]:
-    """Peer-benchmark engine name -> the row it runs on."""
-    return {v.engine: v for v in VARIANTS if v.engine is not None}
 
 
 def arguments(v: Variant, root: Path, *, checkpoint: Path | None = None,

@@ -27,7 +27,8 @@ from ..environment import environment
 from . import analysis, report
 from .engines import ENGINES, TINYT
 from .prepare import prepare
-from .worker import Worker
+from .protocol import Worker
+from .worker import start
 
 REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
 MEMORY_RESERVE = 1 << 30  # left free when the next worker starts (the parent, the page cache)
@@ -85,7 +86,8 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
         # resident memory: after the load (with the load's own peak), and the peak over the
         # calls since it (the longest context's included), before the loop probe loads a
         # second runtime
-        memory = {w.label: {"loaded": w.loaded, "peak_reset": w.peak_reset,
+        memory = {w.label: {"loaded": w.hello.get("loaded"),
+                            "peak_reset": w.hello.get("peak_reset"),
                             **(w.ask(op="memory")["memory"] or {})} for w in workers}
         loop = {w.label: w.ask(op="outside_run", ids=plan["calls"][1]["ids"],
                                n=plan["decode_new"])
@@ -110,7 +112,8 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
         "memory": memory, "files": {e: _bytes(artifacts / ENGINES[e].artifact)
                                     for e in engines if e not in skipped},
         "outside_run": loop, "raw_s": raw,
-        "plans": {w.label: w.plan for w in workers if w.plan},  # tinyt's per-phase choices
+        # tinyt's per-phase choices
+        "plans": {w.label: w.hello["plan"] for w in workers if w.hello.get("plan")},
     }
     result["targets"] = analysis.targets(result)
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +214,7 @@ def _start(engines: list[str], artifacts: Path, threads: list[int],
                         f"{gib(files)}, {gib(grown)} for the longest call, {gib(MEMORY_RESERVE)}"
                         " spare): run fewer engines or thread counts together")
                     continue
-                w = Worker(name, artifacts, n, context)
+                w = start(name, artifacts, n, context)
                 if w.error:
                     skipped[w.label] = w.error
                     w.close()

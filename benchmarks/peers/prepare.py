@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tinyt.artifacts import BY_DIR, REJECTED, VARIANTS, arguments, with_engine
+from tinyt.artifacts import BY_DIR, REJECTED, VARIANTS, arguments, variant
 from tinyt.errors import BenchError
 
 from . import formats
@@ -101,8 +101,8 @@ def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None
 def make_on_demand(artifacts: Path, engines: list[str], skipped: dict[str, str]) -> None:
     """tinyt's variants that only the peer benchmark uses (onnx-int4 and its shared-cache
     pair), made from their sources for the engines asked for, and kept while fresh."""
-    on = with_engine()
-    wanted = [on[n] for n in engines if n in on and on[n].made_by == "peers"]
+    on = {n: variant(ENGINES[n].artifact) for n in engines if ENGINES[n].ours}
+    wanted = {n: v for n, v in on.items() if v.made_by == "peers"}
     todo: set[str] = set()
 
     def need(d: str) -> None:  # a row and the on-demand rows it is made from
@@ -110,7 +110,7 @@ def make_on_demand(artifacts: Path, engines: list[str], skipped: dict[str, str])
             todo.add(d)
             for src in BY_DIR[d].inputs:
                 need(src)
-    for v in wanted:
+    for v in wanted.values():
         need(v.dir)
     if not todo:
         return
@@ -137,9 +137,9 @@ def make_on_demand(artifacts: Path, engines: list[str], skipped: dict[str, str])
             blocked[v.dir] = why
             continue
         _stage(v.stage)(source, out, **options)
-    for v in wanted:
+    for name, v in wanted.items():
         if v.dir in blocked:
-            skipped[str(v.engine)] = blocked[v.dir]
+            skipped[name] = blocked[v.dir]
 
 
 def _stage(name: str):

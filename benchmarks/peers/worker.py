@@ -1,5 +1,6 @@
-"""One process per (engine, threads): it loads its model once, then answers JSON lines on stdin,
-so no engine's libraries, threads or caches share a process with another's.
+"""A decoder engine's worker (protocol.py): one process per (engine, threads) loads its model
+once, then answers JSON lines on stdin, so no engine's libraries, threads or caches share a
+process with another's.
 
     parent                                         worker (python -m tinyt.benchmarks.peers
                                                            ARTIFACTS --worker NAME --threads N)
@@ -20,16 +21,12 @@ so no engine's libraries, threads or caches share a process with another's.
                                                      that later it is the calls' own)
     (stdin closed)                                 exits
 
-A failed request answers {"error": ..., "trace": ...}; the parent raises it as RuntimeError.
+A failed request answers {"error": ..., "trace": ...}; the parent raises it as BenchError.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +34,7 @@ import numpy as np
 from tinyt.errors import BenchError
 
 from .engines import engine
+from .protocol import Worker, memory, reset_peak, serve, timed
 
 
 def outside_run(lm, ids: list[int], n: int, *, flush_mb: float = 0.0,
@@ -100,30 +98,6 @@ def _outside_run(gen, ids: list[int], n: int) -> dict:
     return outside_run(gen.lm, ids, n, generations=6)
 
 
-def memory() -> dict | None:
-    """This process's resident set now and its peak (VmRSS, VmHWM), in bytes; None where
-    /proc does not say (not Linux)."""
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in status.splitlines()
-                                           if line.startswith(("VmRSS:", "VmHWM:")))}
-    if len(kb) != 2:
-        return None
-    return {"rss": kb["VmRSS"] * 1024, "peak_rss": kb["VmHWM"] * 1024}
-
-
-def reset_peak() -> bool:
-    """Start this process's peak resident set again from now (Linux: 5 to /proc/self/clear_refs
-    resets VmHWM); whether it could."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
 def per_step(times: list[float], n: int) -> float:
     """Seconds per step from a generation's token times: from the first token (the prompt's
     pass) to the last, over the n - 1 steps between."""
@@ -133,24 +107,22 @@ def per_step(times: list[float], n: int) -> float:
     return (times[-1] - times[0]) / (n - 1)
 
 
+def _time_call(gen, call: dict, settle: int, block: int) -> list[float]:
+    """`settle` untimed runs of the call, then `block` timed: the call's seconds, or with
+    "per_step" the seconds per step inside the engine's loop (after the first token)."""
+    if not call.get("per_step"):
+        return timed(lambda: gen(call["ids"], call["n"]), settle, block)
+    for _ in range(settle):
+        gen(call["ids"], call["n"])
+    return [per_step(gen.stepped(call["ids"], call["n"]), call["n"]) for _ in range(block)]
+
+
 def _answer(req: dict, gen) -> dict:
     if req["op"] == "greedy":
         return {"tokens": [gen(p, req["n"]) for p in req["prompts"]]}
     if req["op"] == "time":
-        times = []
-        for call in req["calls"]:
-            for _ in range(req["settle"]):
-                gen(call["ids"], call["n"])
-            ts = []
-            for _ in range(req["block"]):
-                if call.get("per_step"):
-                    ts.append(per_step(gen.stepped(call["ids"], call["n"]), call["n"]))
-                    continue
-                t = time.perf_counter()
-                gen(call["ids"], call["n"])
-                ts.append(time.perf_counter() - t)
-            times.append(ts)
-        return {"times": times}
+        return {"times": [_time_call(gen, call, req["settle"], req["block"])
+                          for call in req["calls"]]}
     if req["op"] == "logprobs":  # next-token log-probabilities, to a .npy file
         rows = [np.asarray(gen.logits(p), dtype=np.float64) for p in req["prompts"]]
         z = np.stack(rows)[:, :req["vocab"]]  # an engine may pad its vocabulary
@@ -167,63 +139,20 @@ def _answer(req: dict, gen) -> dict:
 def worker(name: str, artifacts: Path, threads: int, context: int | None = None) -> None:
     """Answer JSON requests on stdin, one per line, until stdin closes. `context`: the most
     tokens a call will hold (None: the model's block_size)."""
-    out = sys.stdout
-    sys.stdout = sys.stderr  # libraries' chatter must not reach the protocol
-    try:
+    def load():
         row = engine(name)
         gen = row.load(artifacts / row.artifact, artifacts, threads, context)
         loaded = memory()  # the load's resident set and its peak; then the calls' own peak
-        out.write(json.dumps({"ready": True, "plan": getattr(gen, "plan", None),
-                              "loaded": loaded, "peak_reset": reset_peak()}) + "\n")
-    except Exception as e:
-        out.write(json.dumps({"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}) + "\n")
-        out.flush()
-        return
-    out.flush()
-    for line in sys.stdin:
-        try:
-            reply = _answer(json.loads(line), gen)
-        except Exception as e:
-            reply = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+        return ({"ready": True, "plan": getattr(gen, "plan", None), "loaded": loaded,
+                 "peak_reset": reset_peak()}, lambda req: _answer(req, gen))
+    serve(load)
 
 
-class Worker:
-    """The parent's handle on one worker process."""
-
-    def __init__(self, name: str, artifacts: Path, threads: int, context: int | None = None):
-        self.name, self.threads, self.label = name, threads, f"{name}@{threads}t"
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tinyt.benchmarks.peers", str(artifacts.resolve()),
-             "--worker", name, "--threads", str(threads)]
-            + ([] if context is None else ["--context", str(context)]),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, env=env)
-        hello = self._read()
-        self.error, self.plan = hello.get("error"), hello.get("plan")
-        self.loaded = hello.get("loaded")  # its memory once the model is loaded
-        self.peak_reset = hello.get("peak_reset")  # whether later peaks are the calls' only
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            return {"error": f"worker exited with status {self.proc.wait()}"}
-        return json.loads(line)
-
-    def ask(self, **req) -> dict:
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        reply = self._read()
-        if "error" in reply:
-            raise BenchError(f"{self.label}: {reply['error']}")
-        return reply
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+def start(name: str, artifacts: Path, threads: int, context: int | None = None) -> Worker:
+    """The worker of engine `name` at `threads` (its hello read: .error where it could not
+    load; .hello's "plan", "loaded", "peak_reset" where it did)."""
+    return Worker(name, threads,
+                  [sys.executable, "-m", "tinyt.benchmarks.peers", str(artifacts.resolve()),
+                   "--worker", name, "--threads", str(threads)]
+                  + ([] if context is None else ["--context", str(context)]),
+                  {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"})

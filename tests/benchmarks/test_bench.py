@@ -164,7 +164,7 @@ def test_plain_baseline_is_reused_while_current(artifacts, tmp_path):
     assert json.loads((out / "key.json").read_text()) == key
 
 
-# -- the encoder page against transformers.js (benchmarks/browser_encoders.py) ---------------
+# -- the encoder page against transformers.js (benchmarks/peers/browser_encoders.py) ---------
 def _browser_tools() -> str | None:
     """Why the browser benchmark cannot run here, or None."""
     import shutil as sh
@@ -204,7 +204,7 @@ def test_browser_encoder_check_refuses_an_fp32_engine_off_the_runtime_and_ratios
     the tinyt page's on the same graph and over the fastest tinyt page's; the report says it."""
     import numpy as np
 
-    from benchmarks import browser_encoders as be
+    from tinyt.benchmarks.peers import browser_encoders as be
     rng = np.random.default_rng(0)
     ref = rng.normal(size=(6, 8)).astype(np.float32)
     off = ref.copy()
@@ -236,7 +236,7 @@ def test_browser_encoder_check_refuses_an_fp32_engine_off_the_runtime_and_ratios
 def test_browser_encoder_pages_check_then_time(tmp_path):
     """At the test shape, tinyt's pages (fp32, INT8 qgemm) give the runtime's vectors (fp32 at
     EXACT_COSINE) and are timed at both calls; results.json and results.md hold it."""
-    from benchmarks import browser_encoders as be
+    from tinyt.benchmarks.peers import browser_encoders as be
     result = be.run(None, tmp_path / "out", shape="test", variants=("onnx", "int8-qgemm"),
                     threads=(1,), rounds=2, settle=0, block=1, check_texts=12, log=lambda s: None)
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -262,7 +262,7 @@ def test_browser_encoder_against_transformers_js(tmp_path):
     """transformers.js' feature-extraction pipeline loads tinyt's fp32 graph (Optimum's names,
     the imported BertConfig) and gives tinyt.runtime's vectors and the page's, then both are
     timed in the same rounds; the ratio is its time over the page's."""
-    from benchmarks import browser_encoders as be
+    from tinyt.benchmarks.peers import browser_encoders as be
     result = be.run(None, tmp_path / "out", shape="test", variants=("onnx",), threads=(1,),
                     rounds=1, settle=0, block=1, check_texts=12, transformers_js=TJS,
                     log=lambda s: None)

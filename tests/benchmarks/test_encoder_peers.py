@@ -1,4 +1,4 @@
-"""The encoder peer benchmark (benchmarks/encoders.py) on a tiny sentence-transformers directory
+"""The encoder peer benchmark (benchmarks/peers/encoders.py) on a tiny sentence-transformers directory
 (2 layers, width 32, random weights): tinyt's three artifacts and Optimum (both in .venv) are
 checked against transformers' embeddings, then timed for one round; an engine that pools
 otherwise is refused before anything is timed; peers absent from the python that runs them are
@@ -13,7 +13,7 @@ import pytest
 from hf_fixtures import save_encoder
 from tokenizers import Tokenizer
 
-from tinyt.benchmarks import encoders as bench
+from tinyt.benchmarks.peers import encoders as bench
 from tinyt.errors import BenchError
 
 OURS = ("tinyt-fp32", "tinyt-opt", "tinyt-int8")
@@ -33,7 +33,7 @@ def st_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def result(st_dir, tmp_path_factory):
     # Optimum's embeddings pooled from [CLS] where the directory says mean: a wrong engine
-    wrong = replace(bench.ENGINES["optimum"], name="optimum-cls", options={"pooling": "cls"})
+    wrong = replace(bench.ENCODER_ENGINES["optimum"], name="optimum-cls", options={"pooling": "cls"})
     out = tmp_path_factory.mktemp("encoder-peers") / "out"
     engines = [*OURS, "optimum", wrong, *ABSENT]
     return out, bench.run(st_dir, out, threads=[1], rounds=1, block=1, settle=0,
@@ -114,7 +114,7 @@ def test_unknown_engine_and_bad_settings_are_refused_before_any_work(st_dir, tmp
     assert not (tmp_path / "out").exists()
 
 
-# --- --train: briefly trained weights (benchmarks/encoder_weights.py) -------------------------
+# --- --train: briefly trained weights (benchmarks/peers/encoder_weights.py) -------------------
 TRAIN_STEPS = 8
 # fp32 against transformers: the same arithmetic in other orders (export/verifier.py's bound,
 # tests/export/test_encoders.py's ATOL)
@@ -187,7 +187,7 @@ def test_trained_directory_imports_and_embeds_as_transformers_does(trained):
 
 def test_training_is_seeded_and_holds_the_retrieval_set_out(tmp_path, monkeypatch):
     from tinyt import data
-    from tinyt.benchmarks import encoder_weights as ew
+    from tinyt.benchmarks.peers import encoder_weights as ew
     from tinyt.export.retrieval_set import PASSAGES
 
     st = bench.build_st(tmp_path / "st", "test")

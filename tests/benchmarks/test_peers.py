@@ -368,16 +368,17 @@ def _llama_cpp_here() -> bool:
 
 
 def test_every_engine_is_a_row_naming_its_model():
-    """The engine table: tinyt's rows are the catalogue's variants with an engine, each peer's
-    converted model lives under peers/, and what an engine must equal is an engine."""
-    from tinyt.artifacts import with_engine
+    """The engine table: tinyt's engines each run their own row of the artifact catalogue,
+    each peer's converted model lives under peers/, and what an engine must equal is an
+    engine."""
+    from tinyt.artifacts import BY_DIR
 
-    ours = with_engine()
-    assert set(peers.TINYT) == set(ours)
+    ours = peers.TINYT_ROWS
+    assert set(peers.TINYT) == set(ours) and len(set(ours.values())) == len(ours)
     for e in peers.ENGINES.values():
         assert e.same_as is None or e.same_as in peers.ENGINES, e.name
         if e.ours:
-            assert e.artifact == ours[e.name].dir
+            assert e.artifact == ours[e.name] and e.artifact in BY_DIR
         elif e.convert is not None:
             assert e.artifact == f"peers/{e.name}"
     assert set(peers.PIPELINE_ENGINES) <= set(peers.ENGINES)

@@ -1,11 +1,11 @@
 """tinyt's encoder page against transformers.js in one Chromium, on the same weights (issue 31,
 the page's peer): `python -m benchmarks.browser --encoder`.
 
-    ST_DIR (default: random weights at all-MiniLM-L6-v2's shape, benchmarks.encoders.build_st)
+    ST_DIR (default: random weights at all-MiniLM-L6-v2's shape, encoders.build_st)
       ──import──▶ ckpt ──export──▶ onnx ──optimize──▶ opt ──quantize──▶ int8 (MatMulNBits)
                                                    └──quantize──▶ int8-qgemm (MatMulInteger)
-      each VARIANT ──tinyt package --format web──▶ tinyt's page (tinyt.mjs, onnxruntime-web 1.30)
-      each VARIANT ──▶ a local transformers.js model (its own onnxruntime-web): tinyt's
+      each of GRAPHS ──tinyt package --format web──▶ tinyt's page (tinyt.mjs, onnxruntime-web 1.30)
+      each of GRAPHS ──▶ a local transformers.js model (its own onnxruntime-web): tinyt's
           config.json (the imported BertConfig) and tokenizer.json, ST_DIR's tokenizer_config.json,
           onnx/model.onnx = that variant's graph, run by pipeline("feature-extraction") with
           mean pooling and normalize; where it cannot load tinyt's fp32 graph, Optimum's export
@@ -47,11 +47,13 @@ from tinyt.errors import BenchError
 from .encoders import EXACT_COSINE, REST_S, SHAPES, build_st, st_settings, texts_of
 
 # How each artifact is made from the one before (the stage, its source, its options); the page
-# and transformers.js run each VARIANT's graph. MatMulNBits (int8) is the native runtime's
+# and transformers.js run each of GRAPHS. MatMulNBits (int8) is the native runtime's
 # fastest INT8; WebAssembly runs MatMulInteger (int8-qgemm) faster (docs/web.md).
 STAGES = {"onnx": ("export", "ckpt", {}), "opt": ("optimize", "onnx", {}),
           "int8": ("quantize", "opt", {}), "int8-qgemm": ("quantize", "opt", {"kernel": "qgemm"})}
-VARIANTS = ("onnx", "int8", "int8-qgemm")
+# the graphs whose pages it runs by default: its own stages' directories (STAGES), not the
+# artifact catalogue's rows
+GRAPHS = ("onnx", "int8", "int8-qgemm")
 EXACT = {"onnx", "opt"}  # fp32 graphs: their embeddings must be the runtime's
 THROUGHPUT, LATENCY = (32, 128), (1, 16)  # (texts, tokens) of the two calls
 TJS_ORT_FILES = ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
@@ -82,7 +84,7 @@ TIME_JS = """async ({texts, batch, settle, block}) => {
 
 
 @dataclass
-class Engine:
+class Page:
     """One page in the browser: tinyt's page on a variant's package, or transformers.js on a
     variant's graph."""
     runner: str  # "tinyt" | "transformers.js"
@@ -199,11 +201,11 @@ def tjs_model(site: Path, artifact: Path, st_dir: Path, settings: dict) -> None:
 
 
 def optimum_export(settings: dict, out: Path) -> Path:
-    """Optimum's export of ST_DIR's Transformer (benchmarks/encoders.py --export-optimum, with
+    """Optimum's export of ST_DIR's Transformer (encoder_adapters.py --export-optimum, with
     this python's optimum): model.onnx, config.json and the tokenizer's files."""
     spec = {"source": settings["transformer"], "out": str(out),
             "max_length": settings["max_length"] or 512}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("encoders.py")),
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("encoder_adapters.py")),
                            "--export-optimum", json.dumps(spec)], capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     said = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
@@ -219,7 +221,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                                        1e-12)
 
 
-def check(engines: list[Engine], texts: list[str], ref: np.ndarray) -> dict[str, dict]:
+def check(engines: list[Page], texts: list[str], ref: np.ndarray) -> dict[str, dict]:
     """Each engine's vectors of `texts` against tinyt.runtime's fp32 (`ref`), and the fp32
     engines' against each other: worst and mean cosine, whether an fp32 one matches."""
     got = {e.name: e.vectors(texts) for e in engines if "error" not in e.info}
@@ -254,7 +256,7 @@ def ratios(rows: list[dict]) -> None:
 
 
 def run(st_dir: Path | None, out: Path, *, shape: str = "minilm",
-        variants: tuple[str, ...] = VARIANTS, transformers_js: Path | None = None,
+        variants: tuple[str, ...] = GRAPHS, transformers_js: Path | None = None,
         threads: tuple[int, ...] = (1, 2), rounds: int = 8, settle: int = 1, block: int = 3,
         check_texts: int | None = None, log=print) -> dict:
     """Check, then time tinyt's pages (and transformers.js) on one sentence-transformers
@@ -278,7 +280,7 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm",
     from tinyt.export.retrieval_set import PASSAGES, QUERIES
     from tinyt.export.web.serve import chromium
 
-    from .environment import environment
+    from ..environment import environment
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
@@ -290,7 +292,7 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm",
         settings = st_settings(Path(st_dir))
         # the runtime's fp32 vectors are the reference: "onnx" is made whether or not it runs
         artifacts = build(Path(st_dir), work, tuple(dict.fromkeys(("onnx", *variants))), log)
-        engines = [Engine("tinyt", v, f"tinyt {v}",
+        engines = [Page("tinyt", v, f"tinyt {v}",
                           Path(package(artifacts[v], work / "web" / v, format="web")))
                    for v in variants]
         version = None
@@ -300,7 +302,7 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm",
                 site = work / "tjs" / v
                 shutil.copytree(work / "tjs-files", site)
                 tjs_model(site, artifacts[v], Path(st_dir), settings)
-                engines.append(Engine("transformers.js", v, f"tinyt {v}", site))
+                engines.append(Page("transformers.js", v, f"tinyt {v}", site))
         texts = [*QUERIES, *PASSAGES][:check_texts]
         ref = rt.load(artifacts["onnx"], threads=1).embed(texts)
         tokenizer = Path(settings["transformer"]) / "tokenizer.json"
