@@ -30,13 +30,14 @@ from onnxscript.rewriter.ort_fusions import optimize_for_ort
 from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
 from tinyt.errors import OptimizeError
 from tinyt.graphio import quantized_ops, save_graph
+from tinyt.manifest import Manifest
 from tinyt.rope import is_longrope
 from tinyt.runtime.session import graph_session
 
 from .compare import compare_graphs, grid, grid_sizes, within_bound
 from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
 from .kvfuse import attention_with_past
-from .stage import Built, open_source, write_artifact
+from .stage import Built, open_source, source_graph, source_versions, write_artifact
 
 TARGETS = ("cpu", "portable", "gqa")  # no cuda: there was no GPU to build it against
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -58,7 +59,7 @@ def op_counts(proto: onnx.ModelProto) -> Counter:
     return Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in proto.graph.node)
 
 
-def _check_request(src: Path, target: str, level: str, manifest: dict, cfg, kind: str,
+def _check_request(src: Path, target: str, level: str, manifest: Manifest, cfg, kind: str,
                    fuse_embedding: bool) -> None:
     if target not in TARGETS:
         raise OptimizeError(f"target={target!r} is not one of {', '.join(TARGETS)}")
@@ -67,8 +68,8 @@ def _check_request(src: Path, target: str, level: str, manifest: dict, cfg, kind
     if target == "portable" and level != "basic":
         raise OptimizeError(f"target='portable' keeps standard ONNX ops only, which ONNX "
                             f"Runtime's level={level!r} does not; use level='basic'")
-    if manifest.get("stage") != "export":
-        raise OptimizeError(f"{src} was made by stage {manifest.get('stage')!r}; optimize takes "
+    if manifest.stage != "export":
+        raise OptimizeError(f"{src} was made by stage {manifest.stage!r}; optimize takes "
                             "the output of 'tinyt export' (optimizing twice, or after "
                             "quantization, is not supported)")
     if fuse_embedding:
@@ -295,7 +296,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
     src = open_source(src_dir, out_dir)
     cfg, kind = src.config, src.kind
     _check_request(src_dir, target, level, src.manifest, cfg, kind, fuse_embedding)
-    proto = src.graph()
+    proto = source_graph(src)
     if quantized_ops(n.op_type for n in proto.graph.node):
         raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
                             "export, then quantize")
@@ -337,8 +338,8 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         return write_artifact(out_dir, src, [path], stage="optimize", options={
             "target": target, "level": level, **({"fuse_embedding": True} if fuse_embedding
                                                   else {})}, extra={
-            "graph": kind, "opset": src.manifest.get("opset"), "io": src.manifest.get("io"),
+            "graph": kind, "opset": src.manifest.record("opset"), "io": src.manifest.record("io"),
             "fusions": fusions, "op_counts": dict(sorted(counts.items())),
             "contrib_ops": contrib, "equivalence": {"worst": worst,
                                                     "sizes": grid_sizes(cfg, grid(cfg, kind))},
-            "versions": src.versions(onnxscript=onnxscript.__version__)})
+            "versions": source_versions(src, onnxscript=onnxscript.__version__)})

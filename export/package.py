@@ -28,14 +28,14 @@ from tinyt.errors import PackageError
 from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, save_graph
-from tinyt.manifest import artifact_source, write_manifest
+from tinyt.manifest import write_manifest
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.fixed import AXES, capacity
 from tinyt.runtime.session import check_graphs_here, graph_session
 
 from .compare import compare_graphs, grid_sizes, reorder_bound, within_bound
 from .optimize import LEVELS
-from .stage import Built, built, copy_artifact_files, open_source
+from .stage import Built, built, copy_artifact_files, open_source, source_graph, source_versions
 from .triton import check_config, config_pbtxt
 
 FORMATS = ("onnx", "ort", "triton", "web")
@@ -164,7 +164,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
         return package_web(src_dir, out_dir)
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
-    if manifest.get("graph") == SHARED_CACHE_KIND:
+    if manifest.graph == SHARED_CACHE_KIND:
         if format == "ort" and not fixed:
             return _package_shared_cache_ort(src_dir, out_dir, src)
         why = {"triton": "Triton's ONNX Runtime backend copies every input and output, so it "
@@ -176,14 +176,14 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
         raise PackageError(f"{src_dir} is a shared-cache graph (decoder_gqa): {why}. It "
                            "packages as --format ort (no --fixed) or --format web; package the "
                            f"artifact it was made from "
-                           f"({manifest.get('source', {}).get('path', 'its source')}) for the "
+                           f"({manifest.source.get('path', 'its source')}) for the "
                            "others")
-    if manifest.get("stage") == "package":
+    if manifest.stage == "package":
         raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
                            "from")
     cfg, kind = src.config, src.kind
     pins = parse_fixed(fixed)
-    proto = src.graph()
+    proto = source_graph(src)
     if pins:
         _pin(proto, pins, kind, cfg.block_size)
     name = name or f"tinyt-{kind.replace('_', '-')}"
@@ -192,7 +192,7 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
                            "directory and Triton's model name)")
     # The ORT format keeps the graph's optimization level; a portable graph must not gain
     # contrib ops on the way.
-    level = "basic" if manifest.get("options", {}).get("target") == "portable" else "extended"
+    level = "basic" if manifest.options.get("target") == "portable" else "extended"
     with tempfile.TemporaryDirectory() as tmp:
         graph_path = Path(tmp) / ONNX_FILE
         external = len(save_graph(proto, graph_path)) > 1
@@ -206,10 +206,10 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
             raise PackageError(f"ONNX Runtime cannot load the packaged graph: {e}") from None
         worst = _check_same(src_dir / ONNX_FILE, graph_path, cfg, kind, pins)
         extra = {"graph": kind, "package_format": format, "fixed_shape": pins or None,
-                 "opset": manifest.get("opset"), "io": manifest.get("io"),
+                 "opset": manifest.record("opset"), "io": manifest.record("io"),
                  "equivalence": {"worst": worst,
                                  "sizes": grid_sizes(cfg, check_cases(cfg, kind, pins))},
-                 "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
+                 "versions": source_versions(src)}
         if pins:
             extra["capacity_tokens"] = capacity(kind, pins)
         with atomic_dir(out_dir) as out:
@@ -222,9 +222,8 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
             extra |= wrote
             options = {"format": format, "fixed": pins, "name": name, "device": device,
                        "instances": instances, "max_batch_size": max_batch_size,
-                       "level": manifest.get("options", {}).get("level")}
-            written = write_manifest(out, stage="package",
-                                     source=artifact_source(src_dir, manifest),
+                       "level": manifest.options.get("level")}
+            written = write_manifest(out, stage="package", source=src.record(),
                                      options=options, extra=extra)
     return built(out_dir, written)
 
@@ -238,8 +237,7 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
     from tinyt.runtime import load
 
     manifest = src.manifest
-    graphs = [ONNX_FILE] + ([manifest["prefill_model_file"]]
-                           if manifest.get("prefill_model_file") else [])
+    graphs = [ONNX_FILE] + ([manifest.prefill_model_file] if manifest.prefill_model_file else [])
     check_graphs_here(manifest, graphs, "the ORT-format package")
     ort_names = {g: g.removesuffix(".onnx") + ".ort" for g in graphs}
     level = "extended"
@@ -263,19 +261,17 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
         (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*\n?", "", text).replace(
             "# Generated from model/s:\n", "# Generated from model/s: "
             + ", ".join(ort_names.values()) + "\n"))
-        extra = {k: manifest[k] for k in ("quantization", "accuracy", "source_accuracy",
-                                          "prefill_quantization",
-                                          "prefill_accuracy", "prefill_equivalence", "pair",
-                                          "layers")
-                 if k in manifest}
+        extra = manifest.records("quantization", "accuracy", "source_accuracy",
+                                 "prefill_quantization", "prefill_accuracy",
+                                 "prefill_equivalence", "pair", "layers")
         extra.update(graph=SHARED_CACHE_KIND, package_format="ort", fixed_shape=None,
-                     opset=manifest.get("opset"), model_file=ort_names[ONNX_FILE],
+                     opset=manifest.record("opset"), model_file=ort_names[ONNX_FILE],
                      ort={"level": level, "model_file": ort_names[ONNX_FILE]},
-                     versions={**manifest.get("versions", {}), "onnxruntime": ort.__version__})
+                     versions=source_versions(src))
         if len(graphs) > 1:
             extra["prefill_model_file"] = ort_names[graphs[1]]
         def write(equivalence: dict | None) -> dict:
-            return write_manifest(out, stage="package", source=artifact_source(src_dir, manifest),
+            return write_manifest(out, stage="package", source=src.record(),
                                   options={"format": "ort", "fixed": {}, "level": level},
                 extra={**extra, **({"equivalence": equivalence} if equivalence else {})})
         write(None)  # the runtime opens the package by its manifest; rewritten below

@@ -29,24 +29,25 @@ from tinyt.contract import CLASSIFIER, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
 from tinyt.errors import QuantizeError
 from tinyt.graphio import CONTRIB_DOMAIN, check_graph, graph_files, quantized_ops, save_graph
 from tinyt.hardware import int8_preset, saturates_here
+from tinyt.manifest import Artifact, Manifest
 from tinyt.recipe import DEFAULT_BLOCK, QuantRecipe
 from tinyt.runtime.feeds import check_tokens
-from tinyt.runtime.session import Artifact, graph_session
+from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
 
 from .accuracy import classifier_report, encoder_accuracy, lm_accuracy
 from .blockquant import quantize_weights
 from .qdq import quantize_qdq
-from .stage import Built, open_source, write_artifact
+from .stage import Built, open_source, source_graph, source_versions, write_artifact
 from .text_batches import TEXT_KINDS
 
 
-def _check_source(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
+def _check_source(src: Path, manifest: Manifest, proto: onnx.ModelProto, kind: str,
                   recipe: QuantRecipe, data: str | None) -> None:
     """Every refusal of a (valid) recipe for this source, made before any work, each naming
     what is allowed."""
     ops = {n.op_type for n in proto.graph.node}
-    if manifest.get("stage") == "quantize" or quantized_ops(ops):
+    if manifest.stage == "quantize" or quantized_ops(ops):
         raise QuantizeError(f"{src} is already quantized ({quantized_ops(ops)}); "
                             "quantize the fp32 export or optimized graph")
     if "EmbedLayerNormalization" in ops:
@@ -54,14 +55,14 @@ def _check_source(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
                             "--fuse-embedding), whose tables quantization does not read (they "
                             "would stay fp32); quantize the graph optimized without "
                             "--fuse-embedding")
-    if recipe.static and manifest.get("stage") != "export":
+    if recipe.static and manifest.stage != "export":
         why = ("the optimized graph's constant folding turns computed matmuls (ModernBERT's "
                "rotary positions x frequencies) into matmuls of an initializer, which static "
                "quantization would take for weights" if kind in TEXT_KINDS else
                "ONNX Runtime's quantizer cannot infer shapes through fused contrib ops")
         raise QuantizeError(f"static (QDQ) quantization takes the plain export, not the output "
-                            f"of stage {manifest.get('stage')!r}: {why}")
-    if not recipe.static and manifest.get("options", {}).get("target") == "portable":
+                            f"of stage {manifest.stage!r}: {why}")
+    if not recipe.static and manifest.options.get("target") == "portable":
         raise QuantizeError(f"{src} is a 'portable' graph (standard ONNX ops only), and this "
                             "quantization uses ONNX Runtime contrib ops; quantize the export "
                             "or the 'cpu' optimized graph")
@@ -77,7 +78,7 @@ def _check_source(src: Path, manifest: dict, proto: onnx.ModelProto, kind: str,
                             "leave it out")
 
 
-def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: int = 8,
+def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, *, bits: int = 8,
              block_size: int = DEFAULT_BLOCK, mode: str = "dynamic",
              exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
              calibration: str = "minmax", per_channel: bool = True,
@@ -93,10 +94,10 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
     block's values map to levels (tinyt.recipe.SCHEMES: symmetric, symmetric-full,
     asymmetric with zero points; the least-squared-error scale per block); None takes
     tinyt.recipe.DEFAULT_SCHEME for the bits (4: asymmetric with the search, 8: symmetric)."""
-    src_dir, out_dir = Path(src_dir), Path(out_dir)
-    src = open_source(src_dir, out_dir)
+    src = open_source(src_dir, out_dir)  # an Artifact already opened: not hashed again
+    src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
-    proto = src.graph()
+    proto = source_graph(src)
     cfg, block, kind = src.config, src.block, src.kind
     preset = int8_preset()
     if reduce_range is not None:
@@ -144,7 +145,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             accuracy = classifier_report(ref, cand, cfg, kind, tokenizer, block["labels"], data,
                                          rows_independent=independent)
         elif kind == ENCODER:
-            accuracy = encoder_accuracy(ref, cand, Artifact(src_dir, cfg, kind, None, manifest),
+            accuracy = encoder_accuracy(ref, cand, src,
                                         tokenizer, rows_independent=independent)
         else:
             accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data,
@@ -156,7 +157,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             **recipe.options(), "data": data,
             **({"hardware_preset": preset} if recipe.static else {})},
             extra={
-            "graph": kind, "opset": manifest.get("opset"), "io": manifest.get("io"),
+            "graph": kind, "opset": manifest.record("opset"), "io": manifest.record("io"),
             "quantization": {
                 "quantized": report.quantized, "excluded": report.excluded,
                 "skipped": report.skipped, "shared_tables": report.shared_tables,
@@ -169,7 +170,7 @@ def quantize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, bits: in
             },
             "int8": {ONNX_FILE: exactness},
             "accuracy": accuracy, **({"search": search} if search else {}),
-            "versions": src.versions()})
+            "versions": source_versions(src)})
 
 
 def _bytes(model: Path) -> int:

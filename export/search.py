@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE
-from tinyt.manifest import check_manifest, read_model_config
 from tinyt.recipe import INT4_BLOCK, QuantRecipe
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.timing import session_latency_ms
@@ -29,7 +28,7 @@ from tinyt.runtime.timing import session_latency_ms
 from .accuracy import RECALL_K
 from .compare import random_feeds
 from .quantize import QuantizeError, quantize
-from .stage import Built
+from .stage import Built, open_source
 
 # (name, quantize keyword arguments: the manifest's search record keeps them as written);
 # static variants need the plain export. Each is a valid QuantRecipe (a test makes them).
@@ -89,9 +88,8 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             and max_loss_increase >= 0):
         raise QuantizeError(f"max_loss_increase={max_loss_increase!r} must be a finite number "
                             ">= 0 (0.02 = validation loss at most 2% above the source's)")
-    manifest = check_manifest(src_dir)
-    cfg, _ = read_model_config(src_dir)
-    kind = manifest["graph"]
+    src = open_source(src_dir)  # hashed once for every variant tried
+    cfg, kind = src.config, src.kind
     if kind == ENCODER and cfg.pooling is None:
         raise QuantizeError(f"{src_dir} is an encoder without a pooling (hidden states only): "
                             "--max-loss-increase budgets the retrieval recall@10 of sentence "
@@ -101,14 +99,14 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     if kind == ENCODER:  # no lm_head to exclude or keep, no corpus windows to calibrate on
         variants = [(n, kw) for n, kw in variants if not _names_lm_head(QuantRecipe.request(
             **kw))]
-    elif manifest.get("stage") == "export" and kind != CLASSIFIER:
+    elif src.manifest.stage == "export" and kind != CLASSIFIER:
         variants += STATIC_VARIANTS
     tried: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, kw in variants:
             entry: dict[str, Any] = {"variant": name, "options": kw}
             try:
-                out = quantize(src_dir, Path(tmp) / name, data=data, **kw)
+                out = quantize(src, Path(tmp) / name, data=data, **kw)
             except QuantizeError as e:
                 tried.append({**entry, "error": str(e)})
                 continue
@@ -132,7 +130,7 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     search = {"max_loss_increase": max_loss_increase, "chosen": best["variant"],
               "objective": objective,
               "tried": tried}
-    return quantize(src_dir, out_dir, data=data, search=search, **best["options"])
+    return quantize(src, out_dir, data=data, search=search, **best["options"])
 
 
 def _names_lm_head(recipe: QuantRecipe) -> bool:

@@ -13,29 +13,29 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-
-import onnxruntime as ort
+from typing import Any
 
 from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SHARED_CACHE_KIND
 from tinyt.errors import SharedCacheError
 from tinyt.graphio import save_graph
+from tinyt.manifest import Artifact, Manifest
 
 from .gqa_graph import to_gqa
 from .shared_cache_checks import _gqa_model, check_against_source, check_pair, fp32_lineage
-from .stage import Built, Source, open_source, write_artifact
+from .stage import Built, open_source, source_graph, source_versions, write_artifact
 
 PREFILL_FILE = "prefill.onnx"
 
 
-def _convert(src: Source, tmp: Path, name: str) -> tuple[Path, dict]:
+def _convert(src: Artifact, tmp: Path, name: str) -> tuple[Path, dict]:
     """(converted graph, its check against the source)."""
     src_dir, manifest, cfg = src.path, src.manifest, src.config
-    if manifest.get("graph") != DECODER_WITH_PAST or manifest.get("fixed_shape"):
-        raise SharedCacheError(f"{src_dir} holds a {manifest.get('graph')!r} graph"
-                               f"{' with pinned shapes' if manifest.get('fixed_shape') else ''};"
+    if manifest.graph != DECODER_WITH_PAST or manifest.fixed_shape:
+        raise SharedCacheError(f"{src_dir} holds a {manifest.graph!r} graph"
+                               f"{' with pinned shapes' if manifest.fixed_shape else ''};"
                                " the shared-cache variant is made from a KV-cache decoder with "
                                "dynamic shapes")
-    proto = src.graph()
+    proto = source_graph(src)
     layers = to_gqa(proto, cfg)
     if layers != cfg.n_layer:
         raise SharedCacheError(
@@ -60,11 +60,10 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     with tempfile.TemporaryDirectory() as tmp:
         path, worst = _convert(src, Path(tmp), ONNX_FILE)
         graphs = [path]
-        extra = {"graph": SHARED_CACHE_KIND, "opset": manifest.get("opset"), "layers": cfg.n_layer,
-                 "equivalence": worst,
-                 **{k: manifest[k] for k in ("quantization",) if k in manifest},
-                 **({"source_accuracy": manifest["accuracy"]} if "accuracy" in manifest else {}),
-                 "versions": {**manifest.get("versions", {}), "onnxruntime": ort.__version__}}
+        extra = {"graph": SHARED_CACHE_KIND, "opset": manifest.record("opset"),
+                 "layers": cfg.n_layer, "equivalence": worst, **manifest.records("quantization"),
+                 **({"source_accuracy": manifest.accuracy} if manifest.accuracy else {}),
+                 "versions": source_versions(src)}
         if prefill_from is not None:
             prefill_from = Path(prefill_from)
             prefill = open_source(prefill_from)
@@ -78,22 +77,22 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
             p_path, p_worst = _convert(prefill, Path(tmp), PREFILL_FILE)
             graphs.append(p_path)
             extra.update(prefill_model_file=PREFILL_FILE, prefill_source={
-                "path": str(prefill_from.resolve()), "manifest": prefill.manifest},
+                "path": str(prefill_from.resolve()), "manifest": dict(prefill.manifest.data)},
                 prefill_equivalence=p_worst,
-                prefill_quantization=prefill.manifest.get("quantization"),
-                **({"prefill_accuracy": prefill.manifest["accuracy"]}
-                   if "accuracy" in prefill.manifest else {}),
-                pair=check_pair(src_dir, path, p_path, cfg, prefill.manifest.get("quantization")))
-        if "accuracy" in manifest:  # a quantized source: this artifact's own report
+                prefill_quantization=prefill.manifest.quantization,
+                **({"prefill_accuracy": prefill.manifest.accuracy}
+                   if prefill.manifest.accuracy else {}),
+                pair=check_pair(src_dir, path, p_path, cfg, prefill.manifest.quantization))
+        if manifest.accuracy:  # a quantized source: this artifact's own report
             extra["accuracy"] = _own_accuracy(src, path, graphs[1] if len(graphs) > 1 else None,
                                               extra.get("prefill_quantization"))
         return write_artifact(out_dir, src, graphs, stage="shared-cache", options={
-            "level": manifest.get("options", {}).get("level"),
+            "level": manifest.options.get("level"),
             "prefill_from": None if prefill_from is None else str(prefill_from)},
             extra=extra, genai=False)
 
 
-def _own_accuracy(src: Source, path: Path, prefill: Path | None,
+def _own_accuracy(src: Artifact, path: Path, prefill: Path | None,
                   prefill_quantization: dict | None) -> dict:
     """The accuracy report of the converted artifact itself (export/accuracy.py
     runtime_lm_accuracy) against the fp32 graph its source was quantized from, on the text its
@@ -104,7 +103,7 @@ def _own_accuracy(src: Source, path: Path, prefill: Path | None,
     from .accuracy import runtime_lm_accuracy
 
     fp32 = fp32_lineage(src.path)
-    data = src.manifest.get("options", {}).get("data")
+    data = src.manifest.options.get("data")
     lm = _gqa_model(src.path, path, src.config, prefill, prefill_quantization)
     ref = graph_session((fp32 or src.path) / ONNX_FILE, level="all")
     report = runtime_lm_accuracy(ref, lm, src.config, DECODER_WITH_PAST, lm.tokenizer, data)
@@ -113,10 +112,10 @@ def _own_accuracy(src: Source, path: Path, prefill: Path | None,
             "reference_kind": "fp32" if fp32 else "the quantized source (its fp32 graph is gone)"}
 
 
-def origin(manifest: dict) -> dict | None:
+def origin(manifest: Manifest) -> dict | None:
     """The checkpoint an artifact was exported from (its files' sha256), following the
     manifests' lineage back through every stage."""
-    source = manifest.get("source", {})
+    source: Any = manifest.source
     for _ in range(32):
         if source.get("kind") == "checkpoint":
             return source.get("sha256")

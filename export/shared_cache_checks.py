@@ -158,15 +158,16 @@ def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None,
     """A runtime LanguageModel on a converted graph (and a pair's prompt graph, beside it,
     with its quantization record), one thread: as rt.load opens the pair (prompts and the
     prompt positions' head through the prompt graph)."""
+    from tinyt.manifest import Artifact, Manifest
     from tinyt.runtime.generate import LanguageModel
     from tinyt.runtime.session import open_artifact
     from tinyt.tokenizer import Tokenizer
 
     art = open_artifact(src_dir)
-    manifest = {**art.manifest, **({"prefill_quantization": prefill_quantization}
-                                   if prefill_quantization else {})}
-    art = art.__class__(path.parent, cfg, SHARED_CACHE_KIND, art.labels, manifest,
-                        prefill_file=None if prefill is None else prefill.name)
+    data = {**art.manifest.data, "graph": SHARED_CACHE_KIND,
+            "prefill_model_file": None if prefill is None else prefill.name,
+            **({"prefill_quantization": prefill_quantization} if prefill_quantization else {})}
+    art = Artifact(path.parent, cfg, Manifest.from_dict(data), art.block)
     opts = ort_options(level="all", threads=1)  # ONNX Runtime's default level: the checks' own
     sessions = [None if p is None else ort.InferenceSession(
         str(p), opts, providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)

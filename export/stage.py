@@ -3,7 +3,7 @@
 
     src = open_source(src_dir, out_dir)     # manifest checked, output dir allowed, config read
     ...the stage's own checks of its request...
-    proto = src.graph()                     # the graph, finite weights, config vs graph
+    proto = source_graph(src)               # the graph, finite weights, config vs graph
     ...the stage's own work, written to a temporary `path` and checked...
     write_artifact(out_dir, src, [path], stage="optimize", options={...}, extra={...})
 """
@@ -11,24 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
-from tinyt.config import ModelConfig
-from tinyt.contract import ONNX_FILE
 from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, load_graph
-from tinyt.manifest import (
-    artifact_source,
-    check_manifest,
-    check_output_dir,
-    read_model_config,
-    write_manifest,
-)
+from tinyt.manifest import Artifact, check_output_dir, open_artifact_dir, write_manifest
 from tinyt.runtime.session import check_source
 
 COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
@@ -57,49 +48,35 @@ def built(path: str | os.PathLike, manifest: dict[str, Any]) -> Built:
     return out
 
 
-@dataclass
-class Source:
-    path: Path
-    manifest: dict[str, Any]
-    config: ModelConfig
-    block: dict[str, Any]  # config.json's tinyt block (labels, ...)
-
-    @property
-    def kind(self) -> str:
-        return self.manifest["graph"]
-
-    @property
-    def model_path(self) -> Path:
-        return self.path / self.manifest.get("model_file", ONNX_FILE)
-
-    def graph(self):
-        """The source's ModelProto: weights checked finite, config checked against the graph
-        the way the runtime checks it (one probe step)."""
-        proto = load_graph(self.model_path)
-        check_source(self.path)
-        return proto
-
-    def record(self) -> dict[str, Any]:
-        """The manifest's `source` entry of an artifact made from this one."""
-        return artifact_source(self.path, self.manifest)
-
-    def versions(self, **more: str) -> dict[str, str]:
-        return {**self.manifest.get("versions", {}), "onnxruntime": ort.__version__, **more}
 
 
-def open_source(src_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Source:
-    """The source artifact, its files checked against its manifest; `out_dir` (if given) may
-    be replaced by a stage's output (not the source, not a directory holding it, not a
-    directory that is not an artifact)."""
-    src_dir = Path(src_dir)
-    manifest = check_manifest(src_dir)
+
+def source_graph(src: Artifact):
+    """The source's ModelProto: weights checked finite, config checked against the graph the
+    way the runtime checks it (one probe step), its files not hashed again."""
+    proto = load_graph(src.model_path)
+    check_source(src)
+    return proto
+
+
+def source_versions(src: Artifact, **more: str) -> dict[str, str]:
+    """The versions a derived artifact records: its source's, ONNX Runtime's, and `more`."""
+    return {**src.manifest.versions, "onnxruntime": ort.__version__, **more}
+
+
+def open_source(src_dir: str | os.PathLike | Artifact,
+                out_dir: str | os.PathLike | None = None) -> Artifact:
+    """The source artifact, its files checked against its manifest (hashed once, here; an
+    Artifact a caller opened already, as the quantization search does for each variant it
+    tries, is taken as it is); `out_dir` (if given) may be replaced by a stage's output (not
+    the source, not a directory holding it, not a directory that is not an artifact)."""
+    src = src_dir if isinstance(src_dir, Artifact) else open_artifact_dir(src_dir)
     if out_dir is not None:
-        check_output_dir(src_dir, Path(out_dir))
-    cfg, block = read_model_config(src_dir)
-    return Source(src_dir, manifest, cfg, block)
+        check_output_dir(src.path, Path(out_dir))
+    return src
 
 
-def write_artifact(out_dir: str | os.PathLike, src: Source, graphs: list[Path], *, stage: str,
+def write_artifact(out_dir: str | os.PathLike, src: Artifact, graphs: list[Path], *, stage: str,
                    options: dict[str, Any], extra: dict[str, Any],
                    genai: bool = True) -> Built:
     """The output directory, whole or not at all: the graphs (with external data), the

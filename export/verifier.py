@@ -38,7 +38,7 @@ from tinyt.contract import (
 )
 from tinyt.errors import TinytError, VerificationError
 from tinyt.fsutil import write_json
-from tinyt.manifest import check_manifest
+from tinyt.manifest import load_manifest
 from tinyt.model import generate
 from tinyt.runtime.feeds import check_tokens, left_pad, prefill_feeds, window_tokens
 from tinyt.runtime.fixed import capacity
@@ -221,8 +221,8 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
            gen_tokens: int = GEN_TOKENS) -> dict[str, Any]:
     """Compare an exported artifact with its checkpoint; returns the report (`passed`)."""
     onnx_dir = Path(onnx_dir)
-    manifest = check_manifest(onnx_dir)  # a tampered or truncated file is refused here
-    kind = manifest.get("graph")
+    manifest = load_manifest(onnx_dir)  # a tampered or truncated file is refused here
+    kind = manifest.graph
     ckpt = load_checkpoint(checkpoint_dir)
     cfg, model = ckpt.config, ckpt.model
     if kind == SHARED_CACHE_KIND:
@@ -232,8 +232,8 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
             write_json(report_path, report)
         return report
     inputs, outputs = contract_for(cfg, kind)
-    fixed = manifest.get("fixed_shape")
-    sess = cpu_session(onnx_dir / manifest.get("model_file", ONNX_FILE))
+    fixed = manifest.fixed_shape
+    sess = cpu_session(onnx_dir / manifest.model_file)
     got_in = [i.name for i in sess.get_inputs()]
     if got_in != [t.name for t in inputs]:
         raise VerificationError(f"{onnx_dir / ONNX_FILE} inputs {got_in} do not match the "

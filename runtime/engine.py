@@ -44,6 +44,7 @@ import numpy as np
 from tinyt import recipe
 from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.errors import ConfigError, NonFiniteError, QueueFull
+from tinyt.manifest import Manifest
 
 from .cache import SharedCache
 from .detok import TextStream
@@ -259,13 +260,13 @@ class _SharedRows:
         self.cache.clear(row)
 
 
-def rows_independent(manifest: dict) -> bool:
+def rows_independent(manifest: Manifest) -> bool:
     """Whether every graph of an artifact computes each row of a batch as if it ran alone:
     quantized without per-tensor activation scales (its recipe says so: tinyt.recipe), fp32
     excepted (float GEMMs may sum in another order for another batch size)."""
-    graphs = [manifest.get("quantization")]
-    if manifest.get("prefill_model_file"):
-        graphs.append(manifest.get("prefill_quantization"))
+    graphs = [manifest.quantization]
+    if manifest.prefill_model_file:
+        graphs.append(manifest.prefill_quantization)
     return all(recipe.rows_independent(q) is True for q in graphs)
 
 

@@ -282,8 +282,10 @@ class LanguageModel:
         a run's rows and positions (quantize --kernel qgemm): there a token's result depends on
         the others run with it."""
         graph = self._prompt_graph()
-        key = "prefill_quantization" if graph == self.artifact.prefill_file else "quantization"
-        return recipe.rows_independent(self.artifact.manifest.get(key)) is False
+        manifest = self.artifact.manifest
+        return recipe.rows_independent(manifest.prefill_quantization
+                                       if graph == self.artifact.prefill_file
+                                       else manifest.quantization) is False
 
     def _make_head(self) -> HeadGraph:
         session = self.prefill_session or self.session

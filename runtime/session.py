@@ -5,19 +5,17 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata as md
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from tinyt import contract, int8
-from tinyt.config import ModelConfig
 from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
 from tinyt.errors import ConfigError, NonFiniteError, ProviderError, SaturationError
 from tinyt.graphio import GraphError
 from tinyt.hardware import int8_preset, physical_cores, saturates_here
-from tinyt.manifest import ManifestError, check_manifest, read_manifest, read_model_config
+from tinyt.manifest import Artifact, Manifest, ManifestError, open_artifact_dir, read_manifest
 
 from .feeds import check_tokens
 
@@ -32,18 +30,6 @@ LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
           "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
           "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-
-
-@dataclass(frozen=True)
-class Artifact:
-    path: Path
-    config: ModelConfig
-    kind: str  # one of tinyt.contract.KINDS
-    labels: list[str] | None
-    manifest: dict
-    model_file: str = "model.onnx"  # model.ort for an ORT-format package
-    fixed: dict | None = None  # pinned axes (tinyt package --fixed), else None
-    prefill_file: str | None = None  # a shared-cache pair's prompt graph (runtime/cache.py)
 
 
 def installation_problems() -> list[str]:
@@ -67,29 +53,24 @@ def _installed(dist: str) -> bool:
 
 def open_artifact(directory: str | os.PathLike) -> Artifact:
     """Check the directory against its manifest (hashes) and the I/O contract it declares."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise ManifestError(f"artifact directory {directory} does not exist")
-    manifest = check_manifest(directory)
-    if manifest.get("package_format") == "triton":
-        raise ManifestError(f"{directory} is a Triton model repository (tinyt package --format "
-                            "triton): serve it with Triton Inference Server; tinyt.runtime "
-                            "loads the artifact it was made from")
-    cfg, block = read_model_config(directory)
-    kind = manifest.get("graph")
-    if kind not in KINDS:
-        raise ManifestError(f"{directory}/manifest.json names graph {kind!r}; tinyt.runtime "
-                            f"runs {', '.join(KINDS)} graphs")
-    model_file = manifest.get("model_file", "model.onnx")
-    return Artifact(directory, cfg, kind, block.get("labels"), manifest, model_file,
-                    manifest.get("fixed_shape"), manifest.get("prefill_model_file"))
+    return runnable(open_artifact_dir(directory))
 
 
-def int8_refusal(manifest: dict, graph: str, features: dict | None = None) -> str | None:
+def runnable(artifact: Artifact) -> Artifact:
+    """The artifact, refused by name where tinyt.runtime cannot run what it holds."""
+    if artifact.kind not in KINDS:
+        raise ManifestError(f"{artifact.path}/manifest.json names graph "
+                            f"{artifact.manifest.graph!r}; tinyt.runtime runs "
+                            f"{', '.join(KINDS)} graphs")
+    return artifact
+
+
+def int8_refusal(manifest: Manifest | dict, graph: str,
+                 features: dict | None = None) -> str | None:
     """None if `graph` (a file of the artifact whose manifest this is) computes exactly on
     this CPU (or the CPU `features` describe), else why not: its u8 x s8 GEMMs use 8-bit
     weights (or its manifest does not say) and this CPU adds their products in 16 bits."""
-    entry = int8.entry_for(manifest, graph)
+    entry = int8.entry_for(manifest.data if isinstance(manifest, Manifest) else manifest, graph)
     if int8.exact_everywhere(entry) or not saturates_here(features):
         return None
     what = "its manifest does not say where it is exact" if entry is None else \
@@ -101,14 +82,14 @@ def int8_refusal(manifest: dict, graph: str, features: dict | None = None) -> st
             "CPU), or use --kernel nbits")
 
 
-def check_int8(manifest: dict, graph: str) -> None:
+def check_int8(manifest: Manifest | dict, graph: str) -> None:
     """Refuse a graph that would compute saturated int8 products on this CPU."""
     why = int8_refusal(manifest, graph)
     if why:
         raise SaturationError(why)
 
 
-def check_graphs_here(manifest: dict, graphs: list[str], what: str) -> None:
+def check_graphs_here(manifest: Manifest | dict, graphs: list[str], what: str) -> None:
     """Refuse to make `what` from graphs its checks cannot run exactly on this CPU."""
     for graph in graphs:
         why = int8_refusal(manifest, graph)
@@ -151,11 +132,11 @@ def ort_options(*, level: str, threads: int | None = None, spinning: bool = Fals
     return opts
 
 
-def check_source(directory: str | os.PathLike) -> Artifact:
-    """A stage's source artifact, opened as the runtime would (manifest, contract, the config
+def check_source(source: str | os.PathLike | Artifact) -> Artifact:
+    """A stage's source artifact, checked as the runtime would (manifest, contract, the config
     against the graph, one probe step) so that a mismatch is refused by name before the stage
-    runs it in its own checks."""
-    artifact = open_artifact(directory)
+    runs it in its own checks. An Artifact already opened is not hashed again."""
+    artifact = runnable(source if isinstance(source, Artifact) else open_artifact_dir(source))
     create_session(artifact, threads=1, spinning=False, level="disabled")
     return artifact
 
@@ -262,7 +243,7 @@ def session_options(artifact: Artifact, *, threads: int, spinning: bool | None,
     # the workers spin ~40 ms of CPU, then sleep. So spinning is on (None = auto) whenever
     # there is more than one thread; pass spinning=False to give the cores back at once.
     spin = threads > 1 if spinning is None else spinning
-    recorded = artifact.manifest.get("options", {}).get("level")
+    recorded = artifact.manifest.options.get("level")
     # An optimized artifact was optimized offline at `recorded`; a portable one must not gain
     # contrib ops at load. Others get ONNX Runtime's extended level.
     opts = ort_options(level=level or recorded or "extended", threads=threads, spinning=spin)

@@ -103,8 +103,8 @@ def _beyond_budget(artifact: Artifact) -> str | None:
     from tinyt.artifacts import INT8_PERPLEXITY_BUDGET
 
     manifest = artifact.manifest
-    prompt = _perplexity_change(manifest.get("prefill_accuracy"))
-    step = _perplexity_change(manifest.get("source_accuracy") or manifest.get("accuracy")) or 0.0
+    prompt = _perplexity_change(manifest.record("prefill_accuracy"))
+    step = _perplexity_change(manifest.source_accuracy or manifest.accuracy) or 0.0
     if prompt is None or prompt <= max(INT8_PERPLEXITY_BUDGET, step):
         return None
     return (f"prompts: {artifact.prefill_file} not run: its quantization costs perplexity "
@@ -127,10 +127,9 @@ def decode_accuracy_refusal(artifact: Artifact) -> str | None:
     manifest, step, prompt = artifact.manifest, artifact.model_file, artifact.prefill_file
     # a shared-cache artifact's "accuracy" is its own (runtime_lm_accuracy); its step graph's
     # quantization report is kept as "source_accuracy"
-    step_report = manifest.get("source_accuracy") or manifest.get("accuracy")
-    prompt_report = manifest.get("prefill_accuracy") or manifest.get(
-        "prefill_source", {}).get("manifest", {}).get("accuracy")
-    if step_report is None and "quantization" not in manifest:
+    step_report = manifest.source_accuracy or manifest.accuracy
+    prompt_report = manifest.prefill_accuracy
+    if step_report is None and manifest.quantization is None:
         step_report = {"kl_divergence": 0.0}  # fp32 steps: the reference itself
     if not (step_report and prompt_report and "kl_divergence" in step_report
             and "kl_divergence" in prompt_report):

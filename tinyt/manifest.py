@@ -11,9 +11,11 @@ whose files do not match, naming the file.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable
-from dataclasses import asdict
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,120 @@ from tinyt.fsutil import sha256_file, write_json
 
 MANIFEST = "manifest.json"
 FORMAT = "tinyt-artifact"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str
+    bytes: int
+
+
+# manifest.json's keys besides the ones every manifest has, each a stage's own record: the
+# graph kind and files (export, package), the quantization and its reports (quantize), the
+# pair's prompt graph (optimize --target gqa), the package's format and pinned shapes
+RECORDS = ("graph", "model_file", "prefill_model_file", "opset", "io", "versions", "int8",
+           "quantization", "prefill_quantization", "accuracy", "source_accuracy",
+           "prefill_accuracy", "prefill_source", "prefill_equivalence", "equivalence",
+           "long_context", "search", "fixed_shape", "capacity_tokens", "package_format", "ort",
+           "web", "pair", "prefill_chunk", "layers")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json, read once into what its readers ask of it. The stage, the files and
+    their hashes, the lineage (`source`) and the stage's options are every manifest's; a
+    stage's own records are typed properties below (None where that stage wrote none), the
+    JSON itself kept whole (`data`) for what is written back (lineage, `fresh`)."""
+    stage: str
+    files: Mapping[str, FileEntry]
+    source: Mapping[str, Any]
+    options: Mapping[str, Any]
+    toolkit: str | None
+    data: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "manifest.json") -> Manifest:
+        if data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
+            raise ManifestError(f"{where} is not a tinyt artifact manifest")
+        try:
+            files = {name: FileEntry(e["sha256"], e["bytes"]) for name, e in data["files"].items()}
+        except (KeyError, TypeError) as e:
+            raise ManifestError(f"{where}: a file entry lacks its sha256 or bytes ({e})") from None
+        return cls(stage=data.get("stage", ""), files=files, source=data.get("source") or {},
+                   options=data.get("options") or {}, toolkit=data.get("toolkit"), data=data)
+
+    def record(self, key: str) -> Any:
+        """One of a stage's records (RECORDS), None where the stage wrote none."""
+        if key not in RECORDS:
+            raise KeyError(f"{key!r} is not a manifest record; records: {', '.join(RECORDS)}")
+        return self.data.get(key)
+
+    def records(self, *keys: str) -> dict[str, Any]:
+        """The stage records among `keys` this manifest holds: what a derived artifact carries
+        forward from its source."""
+        return {k: self.record(k) for k in keys if self.record(k) is not None}
+
+    @property
+    def graph(self) -> str | None:
+        """The graph kind (tinyt.contract.KINDS); None for a directory that holds no graph."""
+        return self.data.get("graph")
+
+    @property
+    def model_file(self) -> str:
+        return self.data.get("model_file", "model.onnx")
+
+    @property
+    def prefill_model_file(self) -> str | None:
+        return self.data.get("prefill_model_file")
+
+    @property
+    def fixed_shape(self) -> dict[str, int] | None:
+        return self.data.get("fixed_shape")
+
+    @property
+    def package_format(self) -> str | None:
+        return self.data.get("package_format")
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return self.data.get("versions") or {}
+
+    @property
+    def quantization(self) -> dict[str, Any] | None:
+        return self.data.get("quantization")
+
+    @property
+    def recipe(self):
+        """The quantization recipe of the graph (tinyt.recipe.QuantRecipe), None for fp32:
+        recorded whole by newer stages, read back from the options by older ones'."""
+        from tinyt.recipe import QuantRecipe, recorded
+
+        return recorded(self.quantization) or (
+            QuantRecipe.from_manifest(self.options) if self.stage == "quantize" else None)
+
+    @property
+    def prefill_quantization(self) -> dict[str, Any] | None:
+        """A shared-cache pair's prompt graph's quantization record."""
+        return self.data.get("prefill_quantization")
+
+    @property
+    def accuracy(self) -> dict[str, Any] | None:
+        """The graph's own accuracy report (a shared-cache pair's: measured through it)."""
+        return self.data.get("accuracy")
+
+    @property
+    def source_accuracy(self) -> dict[str, Any] | None:
+        """A shared-cache artifact's step graph's quantization report, kept from its source."""
+        return self.data.get("source_accuracy")
+
+    @property
+    def prefill_accuracy(self) -> dict[str, Any] | None:
+        """The pair's prompt graph's accuracy report."""
+        prefill = self.data.get("prefill_accuracy")
+        if prefill is None:  # older pairs: in the prompt graph's source manifest
+            prefill = ((self.data.get("prefill_source") or {}).get("manifest") or {}).get(
+                "accuracy")
+        return prefill
 
 
 def io_spec(inputs: Iterable, outputs: Iterable) -> dict[str, list[dict[str, Any]]]:
@@ -134,20 +250,27 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def check_manifest(directory: str | Path) -> dict[str, Any]:
-    """The manifest, after checking every listed file exists with its recorded sha256."""
+def load_manifest(directory: str | os.PathLike, *, check: bool = True) -> Manifest:
+    """The directory's manifest, typed; with `check`, every listed file is first found with its
+    recorded size and sha256 (each file hashed once: a stage opens its source with this and
+    hands the Manifest on, never reading it again)."""
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    for name, entry in manifest["files"].items():
-        path = directory / name
-        if not path.is_file():
-            raise ManifestError(f"{path} is listed in {MANIFEST} but missing")
-        if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
-            raise ManifestError(
-                f"{path} does not match its sha256 in {MANIFEST}: the file was changed or "
-                "truncated after the stage wrote it; re-run the stage that made it"
-            )
+    manifest = Manifest.from_dict(read_manifest(directory), str(directory / MANIFEST))
+    if check:
+        for name, entry in manifest.files.items():
+            path = directory / name
+            if not path.is_file():
+                raise ManifestError(f"{path} is listed in {MANIFEST} but missing")
+            if path.stat().st_size != entry.bytes or sha256_file(path) != entry.sha256:
+                raise ManifestError(
+                    f"{path} does not match its sha256 in {MANIFEST}: the file was changed or "
+                    "truncated after the stage wrote it; re-run the stage that made it")
     return manifest
+
+
+def check_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest's JSON, after checking every listed file exists with its recorded sha256."""
+    return dict(load_manifest(directory).data)
 
 
 def check_output_dir(source: Path, out: Path) -> None:
@@ -175,3 +298,65 @@ def read_model_config(directory: str | Path):
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ManifestError(f"{path} has no readable 'tinyt' block ({e}); it was not written "
                             "by a tinyt stage") from None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An artifact directory opened once: the runtime's and every stage's handle on it. Its
+    manifest typed (the files hashed when it was opened, never again by the same caller), its
+    ModelConfig and config.json's `tinyt` block (labels, ...)."""
+    path: Path
+    config: Any  # tinyt.config.ModelConfig
+    manifest: Manifest
+    block: Mapping[str, Any]
+
+    @property
+    def kind(self) -> str:
+        """The graph kind (tinyt.contract.KINDS)."""
+        return self.manifest.graph or ""
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.block.get("labels")
+
+    @property
+    def model_file(self) -> str:
+        return self.manifest.model_file  # model.ort for an ORT-format package
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / self.model_file
+
+    @property
+    def prefill_file(self) -> str | None:
+        """A shared-cache pair's prompt graph (runtime/cache.py), else None."""
+        return self.manifest.prefill_model_file
+
+    @property
+    def fixed(self) -> dict[str, int] | None:
+        """Pinned axes (tinyt package --fixed), else None."""
+        return self.manifest.fixed_shape
+
+    def with_manifest(self, data: dict[str, Any]) -> Artifact:
+        """This artifact as if its manifest read `data` (the runtime's checks of a converted
+        graph, and tests, ask what a record changes)."""
+        return dataclasses.replace(self, manifest=Manifest.from_dict(data))
+
+    def record(self) -> dict[str, Any]:
+        """The `source` record of an artifact made from this one (its lineage)."""
+        return artifact_source(self.path, dict(self.manifest.data))
+
+
+def open_artifact_dir(directory: str | os.PathLike, *, check: bool = True) -> Artifact:
+    """The artifact at `directory`: its manifest (every file hashed once, with `check`) and its
+    config; what it holds (which graph kind, a package's format) is its reader's to refuse."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ManifestError(f"artifact directory {directory} does not exist")
+    manifest = load_manifest(directory, check=check)
+    if manifest.package_format == "triton":  # its config.json is Triton's, one folder down
+        raise ManifestError(f"{directory} is a Triton model repository (tinyt package --format "
+                            "triton): serve it with Triton Inference Server; tinyt loads the "
+                            "artifact it was made from")
+    cfg, block = read_model_config(directory)
+    return Artifact(directory, cfg, manifest, block)

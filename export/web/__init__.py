@@ -40,7 +40,7 @@ from tinyt.errors import WebPackageError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import save_graph
 from tinyt.int8 import records
-from tinyt.manifest import artifact_source, write_manifest
+from tinyt.manifest import write_manifest
 from tinyt.runtime.session import check_graphs_here
 
 from ..stage import Built, built, copy_artifact_files, open_source
@@ -108,7 +108,7 @@ def greedy_ties(lm, prompts: list[list[int]], got: list[list[int]],
     from ..compare import first_difference, reorder_bound
     from ..shared_cache_checks import quant_floor
 
-    quantized = bool(lm.artifact.manifest.get("quantization"))
+    quantized = bool(lm.artifact.manifest.quantization)
     ties = 0
     for prompt, g, w in zip(prompts, got, want):
         first = first_difference(g, w)
@@ -156,8 +156,7 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     src = open_source(src_dir, out_dir)
     manifest, cfg, kind = src.manifest, src.config, src.kind
-    files = [ONNX_FILE] + ([manifest["prefill_model_file"]]
-                           if manifest.get("prefill_model_file") else [])
+    files = [ONNX_FILE] + ([manifest.prefill_model_file] if manifest.prefill_model_file else [])
     check_graphs_here(manifest, files, "the web package")
     ort_web_dist()
     tokenizers_js_dist()
@@ -187,7 +186,7 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
         ties = _check_page(out, lm, prompts, check_tokens)
         notes = _notes(ops, kind)
         written = write_manifest(
-            out, stage="package", source=artifact_source(src_dir, manifest),
+            out, stage="package", source=src.record(),
             options={"format": "web"}, extra={
             "graph": kind, "package_format": "web", "web": {
                 **web, "files": [*files, *runtime],
@@ -198,9 +197,9 @@ def package_web(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                             "greedy_tokens": check_tokens, "greedy_equal": True,
                             "greedy_ties": ties,
                             "tokenizer_texts": len(CHECK_TEXTS)}},
-            **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
-            "int8": records(manifest),  # the same files, beside the page
-            "versions": manifest.get("versions", {})})
+            **manifest.records("quantization", "accuracy"),
+            "int8": records(manifest.data),  # the same files, beside the page
+            "versions": manifest.versions})
     return built(out_dir, written)
 
 

@@ -26,9 +26,9 @@ from tinyt.contract import CLASSIFIER, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
 from tinyt.errors import WebPackageError
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import DATA_SUFFIX
-from tinyt.manifest import artifact_source, write_manifest
+from tinyt.manifest import Artifact, write_manifest
 
-from ..stage import Built, Source, built, copy_artifact_files
+from ..stage import Built, built, copy_artifact_files
 from .tools import (
     CHECK_TEXTS,
     ORT_WEB_VERSION,
@@ -53,7 +53,7 @@ WEB_ATOL = 1e-4
 WEB_INT8_ATOL = 2e-2
 
 
-def package_text(src_dir: Path, out_dir: Path, src: Source) -> Built:
+def package_text(src_dir: Path, out_dir: Path, src: Artifact) -> Built:
     """Write the web package of an encoder or a classifier (module docstring); returns out_dir.
     package_web has checked the graph, the tokenizer's model and the tools before this."""
     from tinyt.runtime import load
@@ -78,7 +78,7 @@ def package_text(src_dir: Path, out_dir: Path, src: Source) -> Built:
            "pad_token_id": pad,
            "dim": cfg.n_embd, "labels": labels,
            "onnxruntime_web": ORT_WEB_VERSION, "tokenizers_js": TOKENIZERS_JS_VERSION}
-    quantized = bool(manifest.get("quantization"))
+    quantized = bool(manifest.quantization)
     atol = WEB_INT8_ATOL if quantized else WEB_ATOL
     long = "the quick brown fox jumps over the lazy dog. " * model.max_length
     texts = [*CHECK_TEXTS, long]
@@ -102,7 +102,7 @@ def package_text(src_dir: Path, out_dir: Path, src: Source) -> Built:
             raise WebPackageError(f"the web tokenizer's ids differ from tinyt's on {bad}")
         worst = compare(model, kind, run_texts, got[METHOD[kind]], atol)
         written = write_manifest(
-            out, stage="package", source=artifact_source(src_dir, manifest),
+            out, stage="package", source=src.record(),
             options={"format": "web"}, extra={
                 "graph": kind, "package_format": "web", "labels": labels or None,
                 "web": {**web, "files": [ONNX_FILE, *runtime], "notes": [],
@@ -114,8 +114,8 @@ def package_text(src_dir: Path, out_dir: Path, src: Source) -> Built:
                                     "offsets_equal": kind == TOKEN_CLASSIFIER or None,
                                     METHOD[kind]: len(run_texts), "tolerance": atol,
                                     "worst": worst}},
-                **{k: manifest[k] for k in ("quantization", "accuracy") if k in manifest},
-                "versions": manifest.get("versions", {})})
+                **manifest.records("quantization", "accuracy"),
+                "versions": manifest.versions})
     return built(out_dir, written)
 
 

@@ -17,7 +17,7 @@ from tinyt.export.package import package
 from tinyt.export.quantize import quantize
 from tinyt.export.shared_cache_checks import fp32_lineage, quant_floor
 from tinyt.hardware import saturates_here
-from tinyt.manifest import check_manifest
+from tinyt.manifest import check_manifest, load_manifest
 from tinyt.runtime import tuning
 from tinyt.runtime.session import Artifact, open_artifact
 
@@ -210,7 +210,7 @@ def test_pair_runs_prompts_on_one_graph_and_steps_on_the_other(pair, tmp_path):
     with pytest.raises(Exception, match="not the same model|does not match"):
         optimize(int8, tmp_path / "bad", target="gqa", prefill_from=other)
     from tinyt.export.shared_cache import origin
-    assert origin(check_manifest(int8)) == origin(check_manifest(qgemm)) is not None
+    assert origin(load_manifest(int8)) == origin(load_manifest(qgemm)) is not None
     # the same config and tokenizer, exported from another checkpoint: another model
     shutil.rmtree(other)
     shutil.copytree(qgemm, other)
@@ -413,12 +413,12 @@ def test_a_candidate_must_win_by_the_margin():
 
 def test_full_range_int8_gemms_are_not_run_where_they_saturate(pair):
     artifact = open_artifact(pair[2])
-    options = artifact.manifest["prefill_source"]["manifest"]["options"]
+    options = artifact.manifest.data["prefill_source"]["manifest"]["options"]
     assert options["kernel"] == "qgemm"
-    full = dataclasses.replace(artifact, manifest=_with_options(artifact, reduce_range=False))
-    seven = dataclasses.replace(artifact, manifest=_with_options(artifact, reduce_range=True))
-    unknown = dataclasses.replace(artifact, manifest={
-        k: v for k, v in artifact.manifest.items() if k not in ("prefill_source", "int8")})
+    full = artifact.with_manifest(_with_options(artifact, reduce_range=False))
+    seven = artifact.with_manifest(_with_options(artifact, reduce_range=True))
+    unknown = artifact.with_manifest({
+        k: v for k, v in artifact.manifest.data.items() if k not in ("prefill_source", "int8")})
     assert "saturate" in tuning.prompt_graph_allowed(full, AVX2)
     assert "does not say" in tuning.prompt_graph_allowed(unknown, AVX2)
     assert tuning.prompt_graph_allowed(seven, AVX2) is None  # 7-bit weights: made for it
@@ -444,14 +444,14 @@ def test_full_range_int8_gemms_are_not_run_where_they_saturate(pair):
 
 def _with_kl(artifact, step: float | None, prompt: float | None, **prompt_report) -> Artifact:
     """The pair as if its graphs' accuracy reports had these KL divergences (None: no report)."""
-    manifest = {k: v for k, v in artifact.manifest.items()
+    manifest = {k: v for k, v in artifact.manifest.data.items()
                 if k not in ("accuracy", "source_accuracy", "prefill_accuracy", "prefill_source")}
     for key, kl, extra in (("source_accuracy", step, {}),
                            ("prefill_accuracy", prompt, prompt_report)):
         if kl is not None:
-            manifest[key] = {**artifact.manifest["source_accuracy"], "kl_divergence": kl,
+            manifest[key] = {**artifact.manifest.data["source_accuracy"], "kl_divergence": kl,
                              **extra}
-    return dataclasses.replace(artifact, manifest=manifest)
+    return artifact.with_manifest(manifest)
 
 
 def test_the_tuner_decodes_only_through_a_graph_at_least_as_accurate(pair):
@@ -472,7 +472,7 @@ def test_the_tuner_decodes_only_through_a_graph_at_least_as_accurate(pair):
     assert "no accuracy report" in refusal(_with_kl(artifact, 1e-3, None))
     assert "different text" in refusal(_with_kl(artifact, 1e-3, 1e-4, tokens=7))
     fp32_steps = _with_kl(artifact, None, 1e-9)
-    fp32_steps.manifest.pop("quantization")
+    fp32_steps.manifest.data.pop("quantization")
     assert "less accurate" in refusal(fp32_steps)  # unquantized steps are the reference
     # the same rule on what the demo pair's own reports say, and where the plan records it
     worse = refusal(artifact)
@@ -507,9 +507,9 @@ def test_the_tuner_decodes_only_through_a_graph_at_least_as_accurate(pair):
 def _with_options(artifact, **options) -> dict:
     """The pair's manifest as if its prompt graph had been quantized with `options`, read
     through its lineage (the record the stage wrote left out)."""
-    source = artifact.manifest["prefill_source"]
+    source = artifact.manifest.data["prefill_source"]
     source_manifest = {k: v for k, v in source["manifest"].items() if k != "int8"}
-    return {**{k: v for k, v in artifact.manifest.items() if k != "int8"},
+    return {**{k: v for k, v in artifact.manifest.data.items() if k != "int8"},
             "prefill_source": {**source, "manifest": {
                 **source_manifest, "options": {**source_manifest["options"], **options}}}}
 
@@ -552,9 +552,9 @@ def test_a_prompt_graph_beyond_the_budget_is_not_run(pair):
     perplexity than the INT8 budget and than the step graph's (real SmolLM2's per-tensor
     int8-GEMM graph: +59.5%): prompts and steps then run on the step graph."""
     artifact = open_artifact(pair[2])
-    m = artifact.manifest
+    m = artifact.manifest.data
     worse = {**m["prefill_accuracy"], "perplexity_change": 0.595}
-    bad = dataclasses.replace(artifact, manifest={**m, "prefill_accuracy": worse})
+    bad = artifact.with_manifest({**m, "prefill_accuracy": worse})
     assert "costs perplexity +59.50%, beyond the +0.5% budget" in \
         tuning.prompt_graph_allowed(bad, VNNI)
     assert tuning.prompt_graph_allowed(artifact, VNNI) is None  # the demo's holds

@@ -123,6 +123,7 @@ def test_chunked_prefill_runs_one_piece_between_steps_and_keeps_each_output(arti
 
 
 def test_rows_independent_reads_every_graph_of_the_artifact(artifacts):
+    from tinyt.manifest import Manifest
     from tinyt.runtime.engine import rows_independent
     from tinyt.runtime.session import open_artifact
 
@@ -130,8 +131,9 @@ def test_rows_independent_reads_every_graph_of_the_artifact(artifacts):
     assert not rows_independent(open_artifact(artifacts["pair"]).manifest)  # qgemm prompts
     assert not rows_independent(open_artifact(artifacts["fp32-gqa"]).manifest)  # float GEMMs
     m = open_artifact(artifacts["rows"]).manifest
-    assert not rows_independent({**m, "prefill_model_file": "prefill.onnx",
-                                 "prefill_quantization": {"rows_independent": False}})
+    assert not rows_independent(Manifest.from_dict({
+        **m.data, "prefill_model_file": "prefill.onnx",
+        "prefill_quantization": {"rows_independent": False}}))
 
 
 def test_streamed_pieces_make_the_text_and_a_cancel_frees_the_row(artifacts):

@@ -348,7 +348,7 @@ def test_memory_planning_follows_the_graphs_shapes(lm_onnx, tmp_path):
     from tinyt.runtime.session import open_artifact, session_options
 
     art = open_artifact(lm_onnx)
-    shared = dataclasses.replace(art, kind=SHARED_CACHE_KIND)
+    shared = art.with_manifest({**art.manifest.data, "graph": SHARED_CACHE_KIND})
     plans = {(a.kind, phase): session_options(a, threads=1, spinning=None, level=None,
                                               phase=phase)
              for a in (art, shared) for phase in ("any", "step", "prompt")}
