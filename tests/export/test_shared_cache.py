@@ -1,6 +1,5 @@
 """The shared-KV-cache variant (GroupQueryAttention): graph shape, equivalence with its source,
 and generation through the runtime."""
-import dataclasses
 import json
 from pathlib import Path
 

@@ -342,7 +342,6 @@ def test_memory_planning_follows_the_graphs_shapes(lm_onnx, tmp_path):
     """Contract graphs change shape every step: no memory pattern, the arena. A shared-cache
     step has fixed shapes: a planned pattern and no arena (measured faster); its prompt-only
     session plans none."""
-    import dataclasses
 
     from tinyt.contract import SHARED_CACHE_KIND
     from tinyt.runtime.session import open_artifact, session_options
