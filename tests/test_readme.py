@@ -8,7 +8,14 @@ covers them instead.
     every other block, then the python block: in README order, in a copy of the main job's
                            directory (the sections build on the main job's artifacts)
 
-Prose mentions commands inline; the fenced blocks hold every command a figure came from."""
+Prose mentions commands inline; the fenced blocks hold every command a figure came from.
+
+Each distinct command runs once, at the smallest size that still proves it: the docs run the same
+benchmark again for another machine's figures, thread count or round count (the peers at
+Llama-3.2-1B's shape 6 times). What a command proves is its form (`proof`): its arguments without
+the values that only change a figure, and the peer engines it runs. A command whose form already
+ran with all its engines is skipped; one that adds engines runs with those (and a tinyt engine)
+only; a benchmark runs at one thread count."""
 import json
 import os
 import re
@@ -66,6 +73,11 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
     "qemu-x86_64 -cpu Haswell": "the int8 tests under an emulated AVX2-only CPU, ~10x slower: "
                                 "tests/test_int8_exactness.py::test_under_an_emulated_avx2_cpu "
                                 "runs tinyt under the same emulator",
+    # GPT-2 small's shape at the test size: the test preset, the main job's model
+    "tinyt train --preset article --n-layer 12 --n-head 12 --n-embd 768": "GPT-2 small's shape "
+        "at the test size is the main job's training (the test preset): its artifacts stand in",
+    "tinyt pipeline --out artifacts-gpt2": "the main job's pipeline at the test size (its "
+        "artifacts stand in); --skip-train and --no-bench: the Llama peers' pipeline runs them",
     "bash scripts/setup-llama-cpp.sh": "an opt-in build of llama.cpp (6-20 min): kept out of "
                                        "CI; tests/benchmarks/test_peers.py runs llama.cpp where it is",
 }
@@ -199,6 +211,11 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
                                                  "--data long-docs",
     "artifacts-phi4-peers/onnx-int8 --bits 8": "artifacts-phi4-peers/onnx-int8 --bits 8 "
                                                "--data long-docs",
+    # (last: after the entries above that name artifacts-gpt2) GPT-2 small's shape at the test size is the main job's model (the test preset): its
+    # artifacts stand in for artifacts-gpt2 and artifacts-gpt2-150 (their training and pipeline
+    # are NOT_RUN), so the commands on them are the demo's, run once
+    "artifacts-gpt2-150": "artifacts", "artifacts-gpt2/": "artifacts/",
+    "artifacts-gpt2 ": "artifacts ",
 }
 
 
@@ -236,10 +253,18 @@ def readme_blocks() -> list[tuple[str, str, list[str]]]:
     return blocks
 
 
+# The peers' --long-context at a test's size: past what the shape makes special (Gemma 3's
+# 512-token window, Phi-4's LongRoPE switch past 4,096), else past the timed decode's 124
+LONG_CONTEXT = {"artifacts-gemma3-peers": 640, "artifacts-phi4-peers": 4160}
+
+
 def small(command: str, work: Path) -> list[str]:
     """The command as argv, sized for a test."""
     for big, little in SMALL.items():
         command = command.replace(big, little)
+    if "--long-context" in command:
+        n = next((v for k, v in LONG_CONTEXT.items() if f" {k} " in command), 160)
+        command = re.sub(r"--long-context \d+", f"--long-context {n}", command)
     argv = shlex.split(command.replace(".venv/bin/", ""))
     argv = [str(work / a[len("/tmp/"):]) if a.startswith("/tmp/") else a for a in argv]
     if argv[0] == "python":  # a benchmark script runs from the checkout; its outputs stay
@@ -265,8 +290,8 @@ def small(command: str, work: Path) -> list[str]:
                 args += ["--data", str(work / ("labelled" if task_clf else "corpus"))]
             if verb == "train" and task_clf:
                 args = _set(args, "--max-steps", "4")
-        if verb == "bench" and "--rounds" not in args:  # smoke, not figures: 2 rounds
-            args += ["--rounds", "2"]
+        if verb == "bench" and "--rounds" not in args:  # smoke, not figures: 1 round
+            args += ["--rounds", "1"]
         if verb == "quantize" and "--data" not in args:
             manifest = work / args[0] / "manifest.json"
             graph = json.loads(manifest.read_text())["graph"] if manifest.is_file() else None
@@ -320,17 +345,83 @@ def _scratch(work: Path) -> None:
     save_bert(work / "path" / "to" / "all-MiniLM-L6-v2", num_hidden_layers=1)
 
 
+# What only changes a figure: dropped from a benchmark's form (its --out names a results folder
+# nothing reads; a tinyt verb's --out is an artifact later commands read, and stays)
+FIGURE_ONLY = ("--threads", "--block", "--settle", "--eval-interval")
+COUNT_ONLY = ("--rounds", "--agreement-prompts", "--long-context", "--runs")  # 0 or some: kept
+
+
+def _is_benchmark(argv: list[str]) -> bool:
+    return len(argv) > 2 and bool(
+        (argv[1] == "-m" and re.match(r"(tinyt\.)?(benchmarks|lab)\.", argv[2]))
+        or re.search(r"/(benchmarks|lab)/\w+\.py$", argv[1]))
+
+
+def proof(argv: list[str]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """What a command proves: (its form, the peer engines it runs). The form is argv without
+    the FIGURE_ONLY flags (and a benchmark's --out) and with COUNT_ONLY values as 0 or N."""
+    bench = _is_benchmark(argv)
+    form: list[str] = []
+    engines: set[str] = set()
+    it = iter(argv)
+    for a in it:
+        if a in FIGURE_ONLY or (a == "--out" and bench):
+            next(it, None)
+        elif a == "--engine":
+            engines.add(next(it, ""))
+        elif a in COUNT_ONLY:
+            form += [a, "0" if next(it, "0") == "0" else "N"]
+        else:
+            form.append(a)
+    return tuple(form), frozenset(engines)
+
+
+def _once(argv: list[str], proven: dict) -> list[str] | None:
+    """The command cut to what it proves beyond `proven` (form -> engines run), which it
+    updates; None where nothing is left. A benchmark keeps its first --threads only."""
+    form, engines = proof(argv)
+    if form in proven and engines <= proven[form]:
+        return None
+    if _is_benchmark(argv) and argv.count("--threads") > 1:
+        at = argv.index("--threads")
+        argv = argv[:at + 2] + _drop(argv[at + 2:], "--threads")
+    if argv[1:3] == ["-m", "benchmarks.peers"] and "--threads" not in argv:
+        argv = [*argv, "--threads", "1"]  # not 1 and the physical cores
+    if form in proven:  # the new engines, beside the first tinyt one (the peers' reference)
+        named = [b for a, b in zip(argv, argv[1:]) if a == "--engine"]
+        ours = next((e for e in named if e.startswith("tinyt")), None)
+        keep = [e for e in named if e not in proven[form] or e == ours]
+        argv = _drop(argv, "--engine") + [a for e in keep for a in ("--engine", e)]
+    proven[form] = proven.get(form, frozenset()) | engines
+    return argv
+
+
+def _drop(argv: list[str], flag: str) -> list[str]:
+    """argv without `flag` and its values (every occurrence)."""
+    out, it = [], iter(argv)
+    for a in it:
+        if a == flag:
+            next(it, None)
+        else:
+            out.append(a)
+    return out
+
+
 def _matches(command: str, table: dict) -> str | None:
     return next((p for p in table if command.startswith(p)), None)
 
 
-def _run_block(commands: list[str], work: Path, env: dict) -> int:
-    """Run one block's commands in `work`; returns how many ran."""
+def _run_block(commands: list[str], work: Path, env: dict, proven: dict) -> int:
+    """Run one block's commands in `work`, each as far as `proven` (form -> engines, of the
+    commands run in `work` before) leaves it something to prove; returns how many ran."""
     ran = 0
     for command in commands:
         if _matches(command, NOT_RUN):
             continue
-        argv = small(command, work)
+        argv = _once(small(command, work), proven)
+        if argv is None:
+            print(f"  same as before  {command}")
+            continue
         start = time.perf_counter()
         proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
                               timeout=600)
@@ -366,19 +457,20 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
 
     tour = next(commands for label, _, commands in blocks if label == "from-scratch")
     with ThreadPoolExecutor(1) as pool:
-        scratch_ran = pool.submit(_run_block, tour, scratch, env)
-        ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env)
+        scratch_ran = pool.submit(_run_block, tour, scratch, env, {})
+        ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env, {})
         report = (main / "artifacts" / "report.md").read_text()
         assert "edge install" in report and "tinyt against the fastest peer" in report
         assert "decode_ms_per_token@1t" in report and "(peers/peers.png)" in report
         assert "![decode](bench/decode_tokens_per_s.png)" in report
         assert (main / "artifacts" / "bench" / "decode_tokens_per_s.png").is_file()
         shutil.copytree(main, after, symlinks=True)
+        proven: dict = {}
         for label, lang, commands in blocks:
             if label in ("main-job", "from-scratch"):
                 continue
             if lang == "bash":
-                ran += _run_block(commands, after, env)
+                ran += _run_block(commands, after, env, proven)
             else:
                 proc = subprocess.run([sys.executable, "-c", commands[0]], cwd=after, env=env,
                                       capture_output=True, text=True, timeout=300)
@@ -402,7 +494,7 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
 @pytest.mark.parametrize("command,expected", [
     ("tinyt train --out artifacts/clf --task classifier", "--preset test"),
     ("tinyt quantize a b", "--data"),
-    ("tinyt bench artifacts --mode full", "--rounds 2"),
+    ("tinyt bench artifacts --mode full", "--rounds 1"),
     (".venv/bin/python lab/quick_latency.py x", str(ROOT / "lab")),
 ])
 def test_commands_are_made_small(command, expected, tmp_path):
