@@ -1,4 +1,4 @@
-"""Briefly trained weights for the encoder peer benchmark (benchmarks/encoders.py, --train):
+"""Briefly trained weights for the encoder peer benchmark (encoders.py, --train):
 a short unsupervised SimCSE run (Gao, Yao and Chen 2021) of a sentence-transformers
 directory's BertModel, from the weights it holds (the benchmark's seeded random init).
 
@@ -18,7 +18,7 @@ The texts are the first paragraphs of the docstrings of the standard library's t
 or passages occurs in the corpus, and any docstring sharing one of them as a substring would be
 dropped, so the recall@10 evaluation stays held out. Deterministic: the batches' order, the
 dropout masks and the init are seeded; the same machine and thread count give the same weights.
-This module imports torch and transformers inside its functions: benchmarks/encoders.py's
+This module imports torch and transformers inside its functions: encoder_adapters.py's
 workers import only the standard library and numpy.
 """
 from __future__ import annotations
