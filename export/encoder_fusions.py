@@ -33,9 +33,11 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from tinyt.graphio import CONTRIB_DOMAIN
+
 from .kvfuse import drop_dead, producers
 
-MS = "com.microsoft"
+MS = CONTRIB_DOMAIN
 INT32 = onnx.TensorProto.INT32
 
 

@@ -27,6 +27,8 @@ from collections import Counter
 import onnx
 from onnx import helper
 
+from tinyt.graphio import CONTRIB_DOMAIN
+
 PERM_BSNH_BNSH = [0, 2, 1, 3]  # (B, S, N, H) <-> (B, N, S, H), its own inverse
 
 
@@ -103,7 +105,7 @@ def attention_with_past(proto: onnx.ModelProto) -> int:
     prod, used = producers(graph), _consumers(graph)
     rewritten = 0
     for node in graph.node:
-        if node.op_type != "MultiHeadAttention" or node.domain != "com.microsoft":
+        if node.op_type != "MultiHeadAttention" or node.domain != CONTRIB_DOMAIN:
             continue
         ins = list(node.input) + [""] * (8 - len(node.input))
         if any(ins[i] for i in (3, 4, 6, 7)) or len(node.output) != 1:
@@ -120,7 +122,7 @@ def attention_with_past(proto: onnx.ModelProto) -> int:
         new = helper.make_node(
             "MultiHeadAttention", [q, k, v, bias, "", ins[5], past_k, past_v],
             [node.output[0], cat_k.output[0], cat_v.output[0]], name=node.name,
-            domain="com.microsoft")
+            domain=CONTRIB_DOMAIN)
         new.attribute.extend(node.attribute)
         node.CopyFrom(new)
         for cat in (cat_k, cat_v):

@@ -29,10 +29,10 @@ from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
 from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
 from tinyt.errors import OptimizeError
-from tinyt.graphio import quantized_ops, save_graph
+from tinyt.graphio import CONTRIB_DOMAIN, quantized_ops, save_graph
 from tinyt.manifest import Manifest
 from tinyt.rope import is_longrope
-from tinyt.runtime.session import graph_session
+from tinyt.runtime.session import graph_session, ort_options
 
 from .compare import compare_graphs, grid, grid_sizes, within_bound
 from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
@@ -40,12 +40,10 @@ from .kvfuse import attention_with_past
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 
 TARGETS = ("cpu", "portable", "gqa")  # no cuda: there was no GPU to build it against
-LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-          "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-          "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+LEVELS = ("basic", "extended", "all")  # ONNX Runtime's offline levels (runtime.session.LEVELS)
 ATTENTION_OPS = {"MultiHeadAttention", "Attention", "GroupQueryAttention",
                  "PackedMultiHeadAttention"}
-CONTRIB = "com.microsoft"
+CONTRIB = CONTRIB_DOMAIN
 GELU_OPS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",),  # with / without bias
             "geglu_tanh": ("FastGelu",)}  # Gemma's gate
 ENCODER_KINDS = (ENCODER, CLASSIFIER, TOKEN_CLASSIFIER)  # bidirectional, no cache
@@ -261,15 +259,13 @@ def _ort_offline(src: Path, external: bool, level: str, tmp: Path) -> onnx.Model
     """Let ONNX Runtime apply its graph optimizations at `level` to the graph saved at `src`
     (its weights beside it where `external`) and save the result."""
     dst = tmp / "ort.onnx"
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = LEVELS[level]
-    opts.optimized_model_filepath = str(dst)
+    # (ort_options logs nothing below errors: level 'all' warns its layouts suit this CPU only)
+    opts = ort_options(level=level, optimized_model=dst)
     if external:  # ONNX Runtime writes a big graph's weights beside it too
         opts.add_session_config_entry(
             "session.optimized_model_external_initializers_file_name", dst.name + ".data")
         opts.add_session_config_entry(
             "session.optimized_model_external_initializers_min_size_in_bytes", "0")
-    opts.log_severity_level = 3  # level 'all' warns that its layouts suit this CPU only
     ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
     optimized = onnx.load(str(dst))
     refold_transposed_copies(optimized)

@@ -31,10 +31,9 @@ from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import write_manifest
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.fixed import AXES, capacity
-from tinyt.runtime.session import check_graphs_here, graph_session
+from tinyt.runtime.session import check_graphs_here, graph_session, ort_options
 
 from .compare import compare_graphs, grid_sizes, reorder_bound, within_bound
-from .optimize import LEVELS
 from .stage import Built, built, copy_artifact_files, open_source, source_graph, source_versions
 from .triton import check_config, config_pbtxt
 
@@ -129,11 +128,8 @@ def _to_ort(onnx_path: Path, out: Path, level: str) -> None:
     ONNX Runtime build needs for it."""
     from onnxruntime.tools.ort_format_model import create_config_from_models
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = LEVELS[level]
-    opts.optimized_model_filepath = str(out / ORT_FILE)
+    opts = ort_options(level=level, optimized_model=out / ORT_FILE)
     opts.add_session_config_entry("session.save_model_format", "ORT")
-    opts.log_severity_level = 3
     # Constant folding would store a second copy of a shared table (the tied INT8 matrix's
     # Reshape for GatherBlockQuantized: +0.26 MB on the demo); the graphs come folded already.
     ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"],
