@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from tinyt.errors import TinytError
+from tinyt.recipe import DEFAULT_BLOCK
 
 
 def export_cmd(
@@ -173,7 +174,8 @@ def quantize(
     src: Annotated[Path, typer.Argument(help="Exported or cpu-optimized artifact directory.")],
     out: Annotated[Path, typer.Argument(help="Quantized artifact directory to write.")],
     bits: Annotated[int, typer.Option(help="8, or 4 for the smallest footprint.")] = 8,
-    block_size: Annotated[int, typer.Option(help="Weights per scale (power of two >= 16).")] = 64,
+    block_size: Annotated[int, typer.Option(help="Weights per scale (power of two >= 16).")] = \
+        DEFAULT_BLOCK,
     mode: Annotated[str, typer.Option(help="dynamic (int8 activations at run time), "
                                            "weight-only (fp32 products) or static (QDQ, "
                                            "calibrated; from the plain export).")] = "dynamic",
