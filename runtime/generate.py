@@ -10,10 +10,12 @@ so each prompt gets the tokens it gets alone. The model has no positions beyond 
 ConfigError, a ValueError), and generation stops with finish_reason 'context' when a sequence
 reaches it. The context is a limit, not an allocation: a call's KV buffers hold the prompt and
 the new tokens it may make (runtime/cache.capacity_for), whatever the model's context.
+
+Beside this file: how each kind of graph steps (runtime/steps.py), the checks of a call's
+arguments (runtime/arguments.py) and the one-prompt greedy loop (runtime/greedy.py).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -26,13 +28,16 @@ from tinyt.errors import ConfigError, NonFiniteError
 from tinyt.rope import longrope_original
 from tinyt.tokenizer import Tokenizer
 
-from .cache import CachePool, SharedCache, capacity_for, check_kv_fits, rows_from_left_padded
+from .arguments import prompt_text, sampling_kwargs, token_rows
+from .cache import CachePool, SharedCache, capacity_for, check_kv_fits
 from .detok import TextStream, stop_cut
-from .feeds import grow_mask, left_pad, prefill_feeds, step_feeds
-from .fixed import FixedWindow, capacity
-from .sampling import Constraint, SamplingParams, next_token, nonfinite_error
+from .feeds import left_pad, prefill_feeds
+from .fixed import capacity
+from .greedy import greedy_one, stopped
+from .sampling import Constraint, SamplingParams, next_token
 from .score import HEAD_ROWS, HeadGraph, HeadGraphs, Logprob, check_top, logprobs_of
 from .session import Artifact
+from .steps import Steps, bound_steps, cpu_steps, fixed_steps, rerun_steps, shared_steps
 
 
 @dataclass(frozen=True)
@@ -42,26 +47,6 @@ class GenerationResult:
     finish_reason: str  # eos | stop | length | context
     # with logprobs=N: each token's log-probability and the N most likely there
     logprobs: list[Logprob] | None = None
-
-
-def prompt_text(prompt) -> str:
-    """A prompt (str or UTF-8 bytes) as non-empty, encodable text; ConfigError if it is not."""
-    if isinstance(prompt, bytes):
-        try:
-            prompt = prompt.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"prompt bytes are not valid UTF-8 ({e}); pass str or UTF-8 "
-                              "bytes") from None
-    if not isinstance(prompt, str):
-        raise ConfigError(f"prompt must be str or UTF-8 bytes, not {type(prompt).__name__}")
-    if not prompt:
-        raise ConfigError("prompt is empty; give at least one character")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ConfigError(f"prompt is not valid Unicode text ({e.reason} at {e.start})") \
-            from None
-    return prompt
 
 
 class LanguageModel:
@@ -127,7 +112,7 @@ class LanguageModel:
         """Pieces of generated text as they are decided; they concatenate to generate()'s.
         Arguments are checked here, before the first piece is asked for."""
         schema = kwargs.pop("json_schema", None)
-        params = SamplingParams(**_params(kwargs))
+        params = SamplingParams(**sampling_kwargs(kwargs))
         rows = self.check_ids([self.tokenizer.encode_prompt(prompt_text(prompt))])
         return self._stream(rows, params, self._constrained(schema, params, len(rows)))
 
@@ -148,7 +133,7 @@ class LanguageModel:
         top = kwargs.pop("logprobs", None)
         if top is not None:
             check_top(top, "logprobs")
-        params = SamplingParams(**_params(kwargs))
+        params = SamplingParams(**sampling_kwargs(kwargs))
         rows = self.check_ids(token_ids)
         constraints = self._constrained(schema, params, len(rows))
         scores: list[list[Logprob]] | None = None if top is None else [[] for _ in rows]
@@ -157,7 +142,9 @@ class LanguageModel:
                 and params.temperature == 0
                 and params.repetition_penalty == 1.0 and not params.stop
                 and self._recompute_at(rows, params) is None):
-            out, reasons = self._greedy_one(rows[0], params)
+            out, reasons = greedy_one(self._caches, rows[0], params, eos=self.tokenizer.eos_id,
+                                      limit=self._choosable, context=self.context,
+                                      pad=self._pad)
         else:
             for out, reasons in self._loop(rows, params,  # noqa: B007 (the last one counts)
                                            constraints=constraints, scores=scores,
@@ -199,33 +186,10 @@ class LanguageModel:
         """Prompt rows as lists of ints (from a list of ints, a list of rows or a 1-D / 2-D
         array), each inside the vocabulary and leaving room for `room` new tokens in the
         context (0: a text scored whole); ConfigError naming the row and the limit
-        otherwise."""
-        rows = token_ids.tolist() if isinstance(token_ids, np.ndarray) else token_ids
-        if isinstance(token_ids, np.ndarray) and (
-                token_ids.ndim not in (1, 2) or not np.issubdtype(token_ids.dtype, np.integer)):
-            raise ConfigError(f"token ids must be a 1-D or 2-D integer array, got "
-                              f"{token_ids.ndim}-D {token_ids.dtype}")
-        if isinstance(rows, (list, tuple)) and rows and all(_is_int(t) for t in rows):
-            rows = [rows]
-        if not (isinstance(rows, (list, tuple)) and rows and all(
-                isinstance(r, (list, tuple)) and r and all(_is_int(t) for t in r) for r in rows)):
-            raise ConfigError("token ids must be a non-empty list of ints, or a list of "
-                              "non-empty lists of ints")
-        V, block = self.config.vocab_size, self.context
-        if self.artifact.fixed and len(rows) > self.artifact.fixed["batch_size"]:
-            raise ConfigError(f"{len(rows)} prompts, but this graph is pinned to batch_size "
-                              f"{self.artifact.fixed['batch_size']}; give at most that many")
-        for i, row in enumerate(rows):
-            bad = [int(t) for t in row if not 0 <= t < V]
-            if bad:
-                raise ConfigError(f"token ids {bad[:5]} (row {i}) are outside the vocabulary "
-                                  f"0..{V - 1}")
-            if len(row) > block - room:
-                raise ConfigError(f"prompt {i} is {len(row)} tokens; this model reads at most "
-                                  f"{block - room} (its context {block}" + (
-                                      ", less one so that a token can follow)" if room == 1
-                                      else f", less {room} new tokens)" if room else ")"))
-        return [[int(t) for t in row] for row in rows]
+        otherwise (runtime/arguments.py)."""
+        fixed = self.artifact.fixed
+        return token_rows(token_ids, vocab_size=self.config.vocab_size, context=self.context,
+                          pinned_batch=fixed["batch_size"] if fixed else None, room=room)
 
     def choose_next(self, logits: np.ndarray, params: SamplingParams,
                     rng: np.random.Generator | None, prompt: list[int],
@@ -450,40 +414,8 @@ class LanguageModel:
         if params.max_new_tokens == 0:
             yield out, reasons
 
-    def _greedy_one(self, row: list[int], params: SamplingParams
-                    ) -> tuple[list[list[int]], list[str | None]]:
-        """_loop's tokens and finish reason for the commonest call — one prompt, greedy, no
-        stop strings, shared-cache graph — in a loop with nothing else in it. A 4-layer model's
-        step is ~80 us, so the loop's own time matters: 7.4 us a token here against 11.8 for
-        the general loop (demo, 1 thread, benchmarks/loop_cost.py; at the GPT-2 shape 51
-        against 78, where the weights streamed each step evict the interpreter's code and
-        data). Same rules as _choose."""
-        out: list[int] = []
-        if params.max_new_tokens == 0:
-            return [out], ["length"]
-        eos, limit, n_min = self.tokenizer.eos_id, self._choosable, params.min_new_tokens
-        room = min(params.max_new_tokens, self.context - len(row))  # tokens this call may add
-        cache = self._caches.take(1, capacity_for(len(row) + room, self.context))
-        try:
-            logits, nxt, step = cache.prefill([row], self._pad), np.zeros(1, np.int64), cache.step
-            while True:
-                z = logits[0, 0] if limit is None else logits[0, 0, :limit]
-                if eos is not None and len(out) < n_min:
-                    z[eos] = -np.inf  # end-of-text is not allowed yet
-                tok = int(z.argmax())
-                if not math.isfinite(z[tok]):
-                    raise _stopped(len(out), 0, nonfinite_error(z[tok]))
-                if tok == eos:
-                    return [out], ["eos"]
-                out.append(tok)
-                if len(out) >= room:
-                    return [out], ["length" if len(out) >= params.max_new_tokens else "context"]
-                nxt[0] = tok
-                logits = step(nxt, None)
-        finally:
-            self._caches.give(cache)
-
-    def steps(self, feeds: dict[str, np.ndarray], *, new_tokens: int | None = None):
+    def steps(self, feeds: dict[str, np.ndarray], *, new_tokens: int | None = None
+              ) -> Steps:
         """The step API that generate and the stages' checks drive: a coroutine over the
         feeds of a prompt batch (runtime.feeds.prefill_feeds). It yields the logits of the
         prompt pass, then of each step; send it (next tokens [B] int64, which rows are still
@@ -496,87 +428,17 @@ class LanguageModel:
             logits = next(steps)                                   # [B, S or 1, V]
             logits = steps.send((logits[:, -1].argmax(-1), active))
         """
-        kind = self.artifact.kind
-        B, T = feeds["input_ids"].shape
-        reach = T + (1 if new_tokens is None else new_tokens)  # the tokens the call can reach
+        kind, names, context = self.artifact.kind, self._outputs, self.context
         if kind == SHARED_CACHE_KIND:  # one KV buffer per layer, bound once (runtime/cache.py)
-            cache = self._caches.take(B, capacity_for(reach, self.context))
-            try:
-                logits = cache.prefill(rows_from_left_padded(feeds["input_ids"],
-                                                             feeds["attention_mask"]), self._pad)
-                while True:
-                    nxt, active = yield logits
-                    if cache.lens.max() >= cache.capacity and cache.capacity < self.context:
-                        # the next token has no room: the generation moves to a cache twice
-                        # as long (steps() was not told how far the call would go)
-                        bigger = self._caches.take(B, capacity_for(2 * cache.capacity,
-                                                                   self.context))
-                        bigger.copy_from(cache)
-                        self._caches.give(cache)
-                        cache = bigger
-                    logits = cache.step(nxt, active)
-            finally:  # the generation ended (or was abandoned): the buffers serve the next one
-                self._caches.give(cache)
+            return shared_steps(self._caches, feeds, new_tokens, context, self._pad)
         if self.artifact.fixed:  # pinned shapes: a window of fixed size (runtime/fixed.py)
-            window = FixedWindow(self.session, self.config, kind, self.artifact.fixed,
-                                 len(feeds["input_ids"]), kv_dtype=self._kv_dtype)
-            logits = window.feed(feeds["input_ids"], feeds["attention_mask"])
-            while True:
-                nxt, active = yield logits[:, None]
-                logits = window.feed(nxt[:, None].astype(np.int64),
-                                     np.asarray(active, dtype=np.int64)[:, None])
+            return fixed_steps(self.session, self.config, kind, self.artifact.fixed, feeds,
+                               self._kv_dtype)
         if kind != DECODER_WITH_PAST:  # no cache: the whole sequence runs again
-            while True:
-                outputs = self.session.run(self._outputs, feeds)
-                nxt, active = yield outputs[0]
-                feeds = step_feeds(kind, feeds, nxt, self._outputs, outputs, active)
+            return rerun_steps(self.session, names, kind, feeds)
         if not self.io_binding:
-            return (yield from self._cpu_steps(feeds, reach))
-        # I/O binding: present keys/values stay where the provider put them (device memory on
-        # CUDA) and become the next step's past without a round trip through numpy.
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, value)
-        mask = feeds["attention_mask"]
-        while True:
-            binding.bind_output("logits", "cpu")
-            for name in self._outputs[1:]:
-                binding.bind_output(name, self.device)
-            self.session.run_with_iobinding(binding)
-            outputs = binding.get_outputs()
-            nxt, active = yield outputs[0].numpy()
-            mask = grow_mask(mask, active)
-            binding.bind_cpu_input("input_ids", nxt[:, None].astype(np.int64))
-            binding.bind_cpu_input("attention_mask", mask)
-            binding.bind_cpu_input("position_ids", np.clip(mask.sum(-1, keepdims=True) - 1, 0,
-                                                           None))
-            for name, value in zip(self._outputs[1:], outputs[1:]):
-                binding.bind_ortvalue_input(past_name(name), value)
-
-    def _cpu_steps(self, feeds: dict[str, np.ndarray], reach: int):
-        """The KV-cache loop of steps() with numpy feeds, doing as little per step as it can:
-        the mask grows in a preallocated buffer (room for `reach` tokens, doubled when a call
-        runs past it), positions count up in place (a finished row's stop: see grow_mask), and
-        the presents become the next pasts as they are."""
-        B, T = feeds["attention_mask"].shape
-        # A row may run to the context while a longer one finished: T + context bounds the
-        # width; a call reaching `reach` tokens needs reach + 1.
-        mask = np.zeros((B, min(max(reach, T) + 1, T + self.context + 1)), dtype=np.int64)
-        mask[:, :T] = feeds["attention_mask"]
-        pos = feeds["position_ids"][:, -1:].copy()  # [B, 1]
-        run, names, past_names, n = self.session.run, self._outputs, self._past_names, T
-        while True:
-            outputs = run(names, feeds)
-            nxt, active = yield outputs[0]
-            if n == mask.shape[1]:  # the call ran past what it said it would reach
-                mask = np.concatenate([mask, np.zeros_like(mask)], axis=1)
-            mask[:, n] = active
-            n += 1
-            pos += active[:, None]
-            feeds = dict(zip(past_names, outputs[1:]))
-            feeds["input_ids"] = nxt[:, None]
-            feeds["attention_mask"] = mask[:, :n] if B == 1 else np.ascontiguousarray(mask[:, :n])
-            feeds["position_ids"] = pos
+            return cpu_steps(self.session, names, self._past_names, feeds, new_tokens, context)
+        return bound_steps(self.session, names, self._past_names, self.device, feeds)
 
     def _choose(self, r, logits, params, rng, rows, out, texts=None,
                 constraints=None) -> str | None:
@@ -594,7 +456,7 @@ class LanguageModel:
         try:
             tok = next_token(logits, params, rng, history)
         except NonFiniteError as e:
-            raise _stopped(len(out[r]), r, e) from None
+            raise stopped(len(out[r]), r, e) from None
         if tok == eos:
             return "eos"
         out[r].append(tok)
@@ -616,22 +478,3 @@ class LanguageModel:
                 return "stop"
         return None
 
-
-def _stopped(made: int, row: int, error: NonFiniteError) -> NonFiniteError:
-    return NonFiniteError(f"generation stopped at new token {made + 1} of row {row}: {error}")
-
-
-def _is_int(t) -> bool:
-    return isinstance(t, (int, np.integer)) and not isinstance(t, bool)
-
-
-def _params(kwargs: dict) -> dict:
-    if isinstance(kwargs.get("stop"), str):
-        kwargs = {**kwargs, "stop": (kwargs["stop"],)}
-    elif isinstance(kwargs.get("stop"), list):
-        kwargs = {**kwargs, "stop": tuple(kwargs["stop"])}
-    unknown = set(kwargs) - set(SamplingParams.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown generation argument(s) {sorted(unknown)}; allowed: "
-                          f"{sorted(SamplingParams.__dataclass_fields__)}")
-    return kwargs
