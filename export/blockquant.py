@@ -196,97 +196,107 @@ def quantize_weights(proto: onnx.ModelProto, recipe: QuantRecipe) -> QuantReport
     scheme / scale_search: how each block's values map to levels (SCHEMES). The scheme shapes
     the 4-bit tables; an 8-bit table (kept by keep_8bit) stays symmetric, the form whose
     products tinyt/int8.py records exact on every CPU; the scale search applies to both."""
-    level = recipe.accuracy_level  # dynamic 4, weight-only 0, static None
-    if level is None or recipe.block_size is None:
+    # accuracy_level: dynamic 4, weight-only 0, static None
+    if recipe.accuracy_level is None or recipe.block_size is None:
         raise ValueError("quantize_weights makes MatMulNBits and int8 GEMM graphs; a static "
                          "recipe is export/qdq.py's")
-    bits, block, scheme, scale_search = (recipe.bits, recipe.block_size, recipe.scheme,
-                                         recipe.scale_search)
-    exclude, keep_8bit = list(recipe.exclude), list(recipe.keep_8bit)
     graph = proto.graph
     report = QuantReport()
-    inits = {i.name: i for i in graph.initializer}
-    tables: dict[str, tuple[str, str, str | None]] = {}  # weight -> (q, scales, zero points)
-    new_nodes, new_inits = [], []
-
-    def table(name: str, rows: np.ndarray, blk: int) -> tuple[str, str, str | None]:
-        """The block-quantized table of weight `name`, made once however many nodes read it."""
-        if name not in tables:
-            b = width[name]
-            q, s, z = block_quantize(rows, b, blk, scheme if b == 4 else "symmetric",
-                                     scale_search)
-            new_inits.extend([numpy_helper.from_array(q, f"{name}_q{b}"),
-                              numpy_helper.from_array(s, f"{name}_scales")])
-            if z is not None:
-                new_inits.append(numpy_helper.from_array(z, f"{name}_zero_points"))
-            tables[name] = (f"{name}_q{b}", f"{name}_scales",
-                            None if z is None else f"{name}_zero_points")
-        return tables[name]
-
-    # MatMul(x, Transpose(W)) is x @ W^T, the tied lm_head as exported: read W directly.
-    transposed = {n.output[0]: n.input[0] for n in graph.node
-                  if n.op_type == "Transpose" and n.input[0] in inits
-                  and [helper.get_attribute_value(a) for a in n.attribute] in ([], [[1, 0]])}
-    width: dict[str, int] = {}  # weight -> its table's bits: the widest any reader asks for
-    for node in graph.node:
-        weight, _ = _weight_of(node, inits, transposed)
-        if weight is not None:
-            keep = excluded_by(module_of(node, weight), keep_8bit)
-            if keep:
-                report.keep_8bit_used.add(keep)
-            width[weight] = max(width.get(weight, bits), 8 if keep else bits)
-    for node in graph.node:
-        # 1) the node's fp32 weight matrix, if it has one
-        weight, through_transpose = _weight_of(node, inits, transposed)
-        if weight is None:
-            new_nodes.append(node)
-            continue
-        # 2) excluded by the caller?
-        module = module_of(node, weight)
-        report.modules.add(module)
-        why = excluded_by(module, exclude)
-        if why:
-            report.excluded.append(f"{module} ({node.op_type}, by '{why}')")
-            report.exclusions_used.add(why)
-            new_nodes.append(node)
-            continue
-        # 3) the matrix as rows of outputs, and a block size that divides their length
-        w = numpy_helper.to_array(inits[weight])
-        layout = _output_rows(node, w, through_transpose)
-        blk = None if isinstance(layout, str) else pick_block(layout[1], block)
-        if isinstance(layout, str) or blk is None:
-            report.skipped[node.name] = layout if isinstance(layout, str) else \
-                f"K={layout[1]} has no power-of-two block >= 16"
-            new_nodes.append(node)
-            continue
-        rows, K = layout
-        # 4) the replacement: int8 per channel (qgemm), or a block-quantized table
-        if recipe.int8_gemm and node.op_type == "MatMul" \
-                and not through_transpose and weight not in tables:
-            per_row = recipe.row_scaled or module.endswith(ROW_SCALED)
-            new_nodes.extend(_qgemm_nodes(node, weight, w, recipe.reduce_range, per_row,
-                                          new_inits))
-            report.quantized.append(f"{module} (MatMul, int8 per channel, activations per "
-                                    f"{'row' if per_row else 'tensor'})")
-            continue
-        names = table(weight, np.ascontiguousarray(rows), blk)
-        new_nodes.extend(_nbits_nodes(node, names, rows.shape[0], K, width[weight], blk,
-                                      level, new_inits))
-        report.quantized.append(f"{module} ({node.op_type})")
-        if width[weight] != bits:
-            report.kept_8bit.append(f"{module} ({node.op_type})")
+    rewrite = _Rewrite(graph, recipe, report)
+    new_nodes = [new for node in graph.node for new in rewrite.replace(node)]
     del graph.node[:]
     graph.node.extend(new_nodes)
-    graph.initializer.extend(new_inits)
+    graph.initializer.extend(rewrite.new_inits)
     drop_dead(graph)  # the lm_head's Transpose, and the fp32 weights nothing reads any more
     users: dict[str, int] = {}
     for node in graph.node:
         for name in node.input:
             users[name] = users.get(name, 0) + 1
-    report.shared_tables = sorted(q for q, *_ in tables.values() if users.get(q, 0) > 1)
+    report.shared_tables = sorted(q for q, *_ in rewrite.tables.values() if users.get(q, 0) > 1)
     if not any(o.domain == CONTRIB_DOMAIN for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return report
+
+
+class _Rewrite:
+    """One quantize_weights run over a graph: each node's replacement (replace), the
+    block-quantized tables made so far (each once however many nodes read it) and the new
+    initializers, with what was done recorded in `report`."""
+
+    def __init__(self, graph: onnx.GraphProto, recipe: QuantRecipe, report: QuantReport):
+        self.recipe, self.report = recipe, report
+        self.exclude, keep_8bit = list(recipe.exclude), list(recipe.keep_8bit)
+        self.inits = {i.name: i for i in graph.initializer}
+        self.tables: dict[str, tuple[str, str, str | None]] = {}  # weight -> (q, scales, zeros)
+        self.new_inits: list[onnx.TensorProto] = []
+        # MatMul(x, Transpose(W)) is x @ W^T, the tied lm_head as exported: read W directly.
+        self.transposed = {
+            n.output[0]: n.input[0] for n in graph.node
+            if n.op_type == "Transpose" and n.input[0] in self.inits
+            and [helper.get_attribute_value(a) for a in n.attribute] in ([], [[1, 0]])}
+        self.width: dict[str, int] = {}  # weight -> its table's bits: the widest any reader asks
+        for node in graph.node:
+            weight, _ = _weight_of(node, self.inits, self.transposed)
+            if weight is not None:
+                keep = excluded_by(module_of(node, weight), keep_8bit)
+                if keep:
+                    report.keep_8bit_used.add(keep)
+                self.width[weight] = max(self.width.get(weight, recipe.bits),
+                                         8 if keep else recipe.bits)
+
+    def replace(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        """What stands for `node` in the quantized graph: itself where it stays float."""
+        recipe, report = self.recipe, self.report
+        # 1) the node's fp32 weight matrix, if it has one
+        weight, through_transpose = _weight_of(node, self.inits, self.transposed)
+        if weight is None:
+            return [node]
+        # 2) excluded by the caller?
+        module = module_of(node, weight)
+        report.modules.add(module)
+        why = excluded_by(module, self.exclude)
+        if why:
+            report.excluded.append(f"{module} ({node.op_type}, by '{why}')")
+            report.exclusions_used.add(why)
+            return [node]
+        # 3) the matrix as rows of outputs, and a block size that divides their length
+        w = numpy_helper.to_array(self.inits[weight])
+        layout = _output_rows(node, w, through_transpose)
+        blk = None if isinstance(layout, str) else pick_block(layout[1], recipe.block_size)
+        if isinstance(layout, str) or blk is None:
+            report.skipped[node.name] = layout if isinstance(layout, str) else \
+                f"K={layout[1]} has no power-of-two block >= 16"
+            return [node]
+        rows, K = layout
+        # 4) the replacement: int8 per channel (qgemm), or a block-quantized table
+        if recipe.int8_gemm and node.op_type == "MatMul" \
+                and not through_transpose and weight not in self.tables:
+            per_row = recipe.row_scaled or module.endswith(ROW_SCALED)
+            report.quantized.append(f"{module} (MatMul, int8 per channel, activations per "
+                                    f"{'row' if per_row else 'tensor'})")
+            return _qgemm_nodes(node, weight, w, recipe.reduce_range, per_row, self.new_inits)
+        names = self._table(weight, np.ascontiguousarray(rows), blk)
+        report.quantized.append(f"{module} ({node.op_type})")
+        if self.width[weight] != recipe.bits:
+            report.kept_8bit.append(f"{module} ({node.op_type})")
+        return _nbits_nodes(node, names, rows.shape[0], K, self.width[weight], blk,
+                            recipe.accuracy_level, self.new_inits)
+
+    def _table(self, name: str, rows: np.ndarray, blk: int) -> tuple[str, str, str | None]:
+        """The block-quantized table of weight `name`, made once however many nodes read it:
+        at 4 bits in the recipe's scheme, at 8 symmetric (the form tinyt/int8.py records
+        exact)."""
+        if name not in self.tables:
+            b, recipe = self.width[name], self.recipe
+            q, s, z = block_quantize(rows, b, blk, recipe.scheme if b == 4 else "symmetric",
+                                     recipe.scale_search)
+            self.new_inits.extend([numpy_helper.from_array(q, f"{name}_q{b}"),
+                                   numpy_helper.from_array(s, f"{name}_scales")])
+            if z is not None:
+                self.new_inits.append(numpy_helper.from_array(z, f"{name}_zero_points"))
+            self.tables[name] = (f"{name}_q{b}", f"{name}_scales",
+                                 None if z is None else f"{name}_zero_points")
+        return self.tables[name]
 
 
 def _weight_of(node: onnx.NodeProto, inits: dict, transposed: dict) -> tuple[str | None, bool]:
