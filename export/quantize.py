@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -36,7 +37,7 @@ from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
 
 from .accuracy import classifier_report, encoder_accuracy, lm_accuracy
-from .blockquant import quantize_weights
+from .blockquant import QuantReport, quantize_weights
 from .qdq import quantize_qdq
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 from .text_batches import TEXT_KINDS
@@ -98,7 +99,7 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
     proto = source_graph(src)
-    cfg, block, kind = src.config, src.block, src.kind
+    cfg, kind = src.config, src.kind
     preset = int8_preset()
     if reduce_range is not None:
         preset = {**preset, "reduce_range": reduce_range}
@@ -108,48 +109,15 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
         reduce_range=bool(preset["reduce_range"]), calibration=calibration,
         per_channel=per_channel, activation_type=str(preset["activation_type"]))
     _check_source(src_dir, manifest, proto, kind, recipe, data)
-    exactness = int8.recipe_entry(recipe)
-    if not int8.exact_everywhere(exactness) and saturates_here():
-        raise QuantizeError(
-            f"8-bit u8 x s8 weights (kernel={kernel!r}, mode={mode!r}, reduce_range=False) "
-            "saturate on this CPU (x86 without VNNI / AMX adds pairs of products in 16 bits), "
-            "so the accuracy check would measure wrong products: quantize on a CPU with VNNI, "
-            "AMX or ARM dot products, or keep 7-bit weights here (the default; exact on every "
-            "CPU)")
+    exactness = _exactness(recipe, kernel, mode)
     # whether a row's outputs are independent of the other rows of its batch (no activation
     # scale is shared between rows): serving may then batch prompts, the accuracy check too
     independent = recipe.rows_independent
     tokenizer = Tokenizer.from_file(src_dir / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
-        calibrated = None
-        if recipe.static:
-            report, calibrated = quantize_qdq(src_dir / ONNX_FILE, path, cfg, kind, tokenizer,
-                                              recipe, data=data)
-        else:
-            report = quantize_weights(proto, recipe)
-            save_graph(proto, path)
-        for flag, names, used in (("--exclude", recipe.exclude, report.exclusions_used),
-                                  ("--keep-8bit", recipe.keep_8bit, report.keep_8bit_used)):
-            unused = [e for e in names if e not in used]
-            if unused:
-                raise QuantizeError(f"{flag} {', '.join(unused)} names no module with weights; "
-                                    f"modules: {sorted(report.modules)}")
-        if not report.quantized:
-            raise QuantizeError(f"nothing in {src_dir / ONNX_FILE} was quantized: "
-                                f"{report.skipped}")
-        check_graph(path)
-        ref = graph_session(src_dir / ONNX_FILE, level="all")
-        cand = graph_session(path, level="all")
-        if kind in (CLASSIFIER, TOKEN_CLASSIFIER):
-            accuracy = classifier_report(ref, cand, cfg, kind, tokenizer, block["labels"], data,
-                                         rows_independent=independent)
-        elif kind == ENCODER:
-            accuracy = encoder_accuracy(ref, cand, src,
-                                        tokenizer, rows_independent=independent)
-        else:
-            accuracy = lm_accuracy(ref, cand, cfg, kind, tokenizer, data,
-                                   rows_independent=independent)
+        report, calibrated = _quantized_graph(src, proto, path, recipe, tokenizer, data)
+        accuracy = _accuracy(src, path, tokenizer, data, independent)
         src_bytes, out_bytes = _bytes(src.model_path), _bytes(path)
         # "options": the keys this stage has always written (QuantRecipe.from_manifest reads
         # each form); "quantization"."recipe": the recipe whole, which later stages carry
@@ -171,6 +139,61 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
             "int8": {ONNX_FILE: exactness},
             "accuracy": accuracy, **({"search": search} if search else {}),
             "versions": source_versions(src)})
+
+
+def _exactness(recipe: QuantRecipe, kernel: str, mode: str) -> dict:
+    """The recipe's int8 exactness record (tinyt/int8.py); QuantizeError where its 8-bit
+    products saturate on this CPU, so that the accuracy check would measure wrong ones."""
+    exactness = int8.recipe_entry(recipe)
+    if not int8.exact_everywhere(exactness) and saturates_here():
+        raise QuantizeError(
+            f"8-bit u8 x s8 weights (kernel={kernel!r}, mode={mode!r}, reduce_range=False) "
+            "saturate on this CPU (x86 without VNNI / AMX adds pairs of products in 16 bits), "
+            "so the accuracy check would measure wrong products: quantize on a CPU with VNNI, "
+            "AMX or ARM dot products, or keep 7-bit weights here (the default; exact on every "
+            "CPU)")
+    return exactness
+
+
+def _quantized_graph(src: Artifact, proto: onnx.ModelProto, path: Path, recipe: QuantRecipe,
+                     tokenizer: Tokenizer, data: str | None) -> tuple[QuantReport, dict | None]:
+    """The source's graph quantized as `recipe` says, written to `path` and checked: what
+    was done, and the static recipe's calibration set (else None). QuantizeError where an
+    --exclude or --keep-8bit name matches no module, or nothing was quantized."""
+    calibrated: dict | None = None
+    if recipe.static:
+        report, calibrated = quantize_qdq(src.path / ONNX_FILE, path, src.config, src.kind,
+                                          tokenizer, recipe, data=data)
+    else:
+        report = quantize_weights(proto, recipe)
+        save_graph(proto, path)
+    for flag, names, used in (("--exclude", recipe.exclude, report.exclusions_used),
+                              ("--keep-8bit", recipe.keep_8bit, report.keep_8bit_used)):
+        unused = [e for e in names if e not in used]
+        if unused:
+            raise QuantizeError(f"{flag} {', '.join(unused)} names no module with weights; "
+                                f"modules: {sorted(report.modules)}")
+    if not report.quantized:
+        raise QuantizeError(f"nothing in {src.path / ONNX_FILE} was quantized: "
+                            f"{report.skipped}")
+    check_graph(path)
+    return report, calibrated
+
+
+def _accuracy(src: Artifact, path: Path, tokenizer: Tokenizer, data: str | None,
+              independent: bool) -> dict[str, Any]:
+    """The quantized graph at `path` against its source on held-out data, by the graph's
+    kind: label agreement (classifiers), embeddings and retrieval (encoders), or the
+    language model's metrics (accuracy.py)."""
+    cfg, kind = src.config, src.kind
+    ref = graph_session(src.path / ONNX_FILE, level="all")
+    cand = graph_session(path, level="all")
+    if kind in (CLASSIFIER, TOKEN_CLASSIFIER):
+        return classifier_report(ref, cand, cfg, kind, tokenizer, src.block["labels"], data,
+                                 rows_independent=independent)
+    if kind == ENCODER:
+        return encoder_accuracy(ref, cand, src, tokenizer, rows_independent=independent)
+    return lm_accuracy(ref, cand, cfg, kind, tokenizer, data, rows_independent=independent)
 
 
 def _bytes(model: Path) -> int:
