@@ -12,7 +12,7 @@ from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND, compact_window_
 from tinyt.errors import SharedCacheError
 from tinyt.graphio import quantized_ops
 from tinyt.runtime.cache import window_capacity
-from tinyt.runtime.feeds import check_tokens, prefill_feeds, window_tokens
+from tinyt.runtime.feeds import check_tokens, left_pad, prefill_feeds, window_tokens
 from tinyt.runtime.session import UNFUSED, ort_options
 
 from .compare import MAGNITUDE_FLOOR, first_difference, reorder_bound
@@ -64,7 +64,6 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
     runtime's greedy tokens. Prompts of at most check_tokens(cfg) / 2 tokens, whatever the
     context (the result's "sizes" says what ran)."""
     from tinyt.runtime import load
-    from tinyt.runtime.feeds import left_pad
 
     ref = load(src_dir, threads=1)
     cand = _gqa_model(src_dir, path, cfg)
@@ -73,9 +72,28 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
     quantized = bool(quantized_ops(ops))
     fp32_dir = fp32_lineage(src_dir) if quantized else None
     fp32 = None if fp32_dir is None else load(fp32_dir, threads=1)
-    rng = np.random.default_rng(0)
-    worst, quant = 0.0, 0.0  # the rewrite's difference; the quantization's own, from fp32
-    size = 0.0  # the source's largest |logit|
+    cases = _cases(cfg, ops)
+    worst, quant, size = _step_differences(ref, cand, fp32, cfg, cases)
+    atol = _tolerance(cfg, worst, quant, size, quantized, fp32_dir)
+    prompts = [[1 + i % (cfg.vocab_size - 1) for i in range(n)] for n in (1, 5, 9)]
+    n = min(16, cfg.block_size - 10)
+    want = [r.token_ids for r in ref.generate_ids(prompts, max_new_tokens=n, min_new_tokens=n)]
+    got = [r.token_ids for r in cand.generate_ids(prompts, max_new_tokens=n, min_new_tokens=n)]
+    same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
+    total = sum(map(len, want))
+    ties = 0 if quantized else _fp32_ties(ref, cfg, prompts, got, want)
+    return {"tolerance": atol, "logits_max_abs": worst, "logits_magnitude": size,
+            "greedy_agreement": same / total,
+            **({"quantization_vs_fp32_max_abs": quant, "fp32_source": str(fp32_dir)}
+               if fp32_dir is not None else {}),
+            "greedy_ties": ties,
+            "sizes": {"longest_sequence": min(max(map(max, cases)) + 6, cfg.block_size),
+                      "context": cfg.block_size, "batch": max(map(len, cases)),
+                      "greedy_tokens": n}}
+
+
+def _cases(cfg, ops: set[str]) -> list[list[int]]:
+    """The prompt lengths of each batch check_against_source runs (one list a batch)."""
     # DynamicQuantizeMatMul quantizes activations with one scale per tensor, so the padding of
     # a batch moves its rows' results (left padding in the source, right padding here): such
     # a graph is compared on single prompts only.
@@ -87,6 +105,18 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
         # keep their window (runtime/cache.py); the prompt, past the window, keeps it first
         end = window_capacity(cfg, cfg.block_size) - 3
         cases.append([min(end, cfg.block_size - 7)])
+    return cases
+
+
+def _step_differences(ref, cand, fp32, cfg, cases: list[list[int]]
+                      ) -> tuple[float, float, float]:
+    """Each case's random prompts, then up to 6 greedy steps (a row of a batch finishing
+    after 2), through the source, the candidate and (where there is one) the fp32 artifact
+    the source was quantized from: the candidate's largest difference from the source, the
+    source's own from fp32 (0 without it), and the source's largest |logit|."""
+    rng = np.random.default_rng(0)
+    worst, quant = 0.0, 0.0  # the rewrite's difference; the quantization's own, from fp32
+    size = 0.0  # the source's largest |logit|
     for lens in cases:
         B, T = len(lens), max(lens)
         ids, mask = left_pad([rng.integers(0, cfg.vocab_size, n).tolist() for n in lens])
@@ -110,6 +140,14 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
             lb = b.send((nxt, active.copy()))[:, -1].copy()
             if f is not None:
                 lf = f.send((nxt, active.copy()))[:, -1].copy()
+    return worst, quant, size
+
+
+def _tolerance(cfg, worst: float, quant: float, size: float, quantized: bool,
+               fp32_dir: Path | None) -> float:
+    """The bound on the candidate's difference `worst` (QUANT_LEVEL's comment says why);
+    SharedCacheError past it. fp32_dir: the fp32 artifact a quantized source came from
+    (None: gone, or an fp32 source)."""
     level = quant_floor(cfg, size)
     atol = max(level, quant, reorder_bound(cfg, size)) if quantized else reorder_bound(cfg, size)
     if not worst <= atol:
@@ -122,15 +160,16 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
             "distance could not widen it")
         raise SharedCacheError(f"the shared-cache graph's logits differ from its source's by "
                                f"{worst:.3g} (allowed {atol:.3g}{why})")
-    prompts = [[1 + i % (cfg.vocab_size - 1) for i in range(n)] for n in (1, 5, 9)]
-    n = min(16, cfg.block_size - 10)
-    want = [r.token_ids for r in ref.generate_ids(prompts, max_new_tokens=n, min_new_tokens=n)]
-    got = [r.token_ids for r in cand.generate_ids(prompts, max_new_tokens=n, min_new_tokens=n)]
-    same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
-    total = sum(map(len, want))
+    return atol
+
+
+def _fp32_ties(ref, cfg, prompts: list[list[int]], got: list[list[int]],
+               want: list[list[int]]) -> int:
+    """An fp32 candidate's greedy tokens against the source's: the same, but for a tie at
+    fp32 precision where they first differ (counted); SharedCacheError for any other
+    difference."""
     ties = 0
-    for prompt, g, w in zip(prompts, got, want) if not quantized else ():
-        # fp32: the same tokens, but for a tie at fp32 precision where they first differ
+    for prompt, g, w in zip(prompts, got, want):
         first = first_difference(g, w)
         if first is None:
             continue
@@ -143,14 +182,7 @@ def check_against_source(src_dir: Path, path: Path, cfg, ops: set[str]) -> dict:
                 f"{g} vs {w} (at token {first} the source prefers its own by "
                 f"{z[w[first]] - z[g[first]]:.3g}, more than a tie at fp32 precision)")
         ties += 1
-    return {"tolerance": atol, "logits_max_abs": worst, "logits_magnitude": size,
-            "greedy_agreement": same / total,
-            **({"quantization_vs_fp32_max_abs": quant, "fp32_source": str(fp32_dir)}
-               if fp32_dir is not None else {}),
-            "greedy_ties": ties,
-            "sizes": {"longest_sequence": min(max(map(max, cases)) + 6, cfg.block_size),
-                      "context": cfg.block_size, "batch": max(map(len, cases)),
-                      "greedy_tokens": n}}
+    return ties
 
 
 def _gqa_model(src_dir: Path, path: Path, cfg, prefill: Path | None = None,
