@@ -6,7 +6,8 @@ covers them instead.
     <!-- main-job -->      block: in an empty directory; what it leaves is "after the main job"
     <!-- from-scratch -->  block: in an empty directory of its own (the CLI tour)
     every other block, then the python block: in README order, in a copy of the main job's
-                           directory (the sections build on the main job's artifacts)
+                           directory (the sections build on the main job's artifacts); the
+                           peers' sections at real models' shapes (APART) beside them
 
 Prose mentions commands inline; the fenced blocks hold every command a figure came from.
 
@@ -407,6 +408,19 @@ def _drop(argv: list[str], flag: str) -> list[str]:
     return out
 
 
+# The directories of docs/peers.md's sections at real models' shapes (hf_shape's random weights):
+# a block that names no other builds and reads them only
+APART = {"artifacts-qwen3-peers", "artifacts-llama1b-peers", "artifacts-gemma3-peers",
+         "artifacts-phi4-peers"}
+
+
+def _apart(commands: list[str]) -> bool:
+    """Whether a block's commands touch only the APART directories (and so can run beside the
+    other blocks, in their own order)."""
+    roots = {m for c in commands for m in re.findall(r"\bartifacts[\w.-]*", c)}
+    return bool(roots) and roots <= APART
+
+
 def _matches(command: str, table: dict) -> str | None:
     return next((p for p in table if command.startswith(p)), None)
 
@@ -452,11 +466,14 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
     main, scratch, after = tmp_path / "main-job", tmp_path / "scratch", tmp_path / "after"
     for work in (main, scratch):
         _scratch(work)
-    # The CLI tour needs nothing from the main job: it runs alongside the rest (2 cores here).
+    # The CLI tour needs nothing from the main job, and the peers at real models' shapes build
+    # and read their own directories only: each runs alongside the rest (2 cores here).
     from concurrent.futures import ThreadPoolExecutor
 
     tour = next(commands for label, _, commands in blocks if label == "from-scratch")
-    with ThreadPoolExecutor(1) as pool:
+    beside = [c for label, lang, c in blocks
+              if lang == "bash" and label not in ("main-job", "from-scratch") and _apart(c)]
+    with ThreadPoolExecutor(2) as pool:
         scratch_ran = pool.submit(_run_block, tour, scratch, env, {})
         ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env, {})
         report = (main / "artifacts" / "report.md").read_text()
@@ -465,9 +482,11 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
         assert "![decode](bench/decode_tokens_per_s.png)" in report
         assert (main / "artifacts" / "bench" / "decode_tokens_per_s.png").is_file()
         shutil.copytree(main, after, symlinks=True)
+        apart: dict = {}  # what the blocks beside proved, as `proven` below for the rest
+        beside_ran = pool.submit(lambda: sum(_run_block(c, after, env, apart) for c in beside))
         proven: dict = {}
         for label, lang, commands in blocks:
-            if label in ("main-job", "from-scratch"):
+            if label in ("main-job", "from-scratch") or (lang == "bash" and _apart(commands)):
                 continue
             if lang == "bash":
                 ran += _run_block(commands, after, env, proven)
@@ -475,7 +494,7 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
                 proc = subprocess.run([sys.executable, "-c", commands[0]], cwd=after, env=env,
                                       capture_output=True, text=True, timeout=300)
                 assert proc.returncode == 0, (commands[0], proc.stderr[-3000:])
-        ran += scratch_ran.result()
+        ran += scratch_ran.result() + beside_ran.result()
     # what the runs left behind is what README says they make
     fixed = json.loads((after / "artifacts" / "onnx-fixed" / "manifest.json").read_text())
     assert fixed["fixed_shape"]["past_sequence_length"] == 31
