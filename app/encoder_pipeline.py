@@ -127,7 +127,7 @@ def write_report(out: Path, ckpt: Path, rows, checks: dict, timed: dict | None,
         lines += [f"Speed: {timed['batch']} texts of {timed['tokens']} tokens in one batch, one "
                   f"text of {timed['latency_tokens']} tokens; medians of {timed['rounds']} "
                   "interleaved rounds, the runtime's default threads (bench/encoder.json; "
-                  "against the peers: benchmarks/encoders.py).", ""]
+                  "against the peers: benchmarks/peers/encoders.py).", ""]
     else:
         lines += ["Speed: not measured (--no-bench).", ""]
     lines += [f"Not built: {STATIC_NOTE}.", "",

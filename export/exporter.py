@@ -6,7 +6,7 @@
 The dynamo exporter is used, not the TorchScript one: it keeps every contract axis symbolic,
 stores the tied embedding / lm_head matrix once (TorchScript's constant folding stores it
 twice), and its graphs are the ones onnxscript's ORT fusions rewrite (see README, "Exporter
-choice", and benchmarks/compare_exporters.py for the measurement).
+choice", and lab/compare_exporters.py for the measurement).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ MultiHeadAttention that sees no cache at all:
                          └─ v ─(the same five ops)───────────────── v_all ───┘
 
 ten layout ops and a bias Add per layer, most of the per-step time of a one-token decode
-(benchmarks/profile_ops.py). MultiHeadAttention takes the cache itself (past_key/past_value,
+(lab/profile_ops.py). MultiHeadAttention takes the cache itself (past_key/past_value,
 BNSH, our contract's layout), appends the new keys and values and returns present_key /
 present_value, and adds the packed QKV bias:
 

@@ -74,7 +74,7 @@ class LanguageModel:
         self._choosable = (tokenizer.vocab_size if tokenizer.vocab_size < self.config.vocab_size
                            else None)
         # On an accelerator the KV cache stays in device memory between steps (I/O binding);
-        # on CPU plain numpy feeds measured as fast (benchmarks/cpu_iobinding.py).
+        # on CPU plain numpy feeds measured as fast (lab/cpu_iobinding.py).
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]

@@ -15,7 +15,7 @@ The step graph's weights are MatMulNBits (8-bit blocks, int8 activations); the p
 graph's are DynamicQuantizeMatMul (int8 per channel, ONNX Runtime's int8 GEMM: AMX, VNNI or
 AVX2 by CPU). At one row the two read memory differently: on an Intel Xeon with AMX, steps
 of the GPT-2-small shape run 11-13% faster through the GEMM graph; other CPUs may differ
-either way, which is why it is timed (benchmarks/step_kernels.py measures every kernel
+either way, which is why it is timed (lab/step_kernels.py measures every kernel
 against the memory floor).
 
 Before any timing, two rules. A prompt graph whose int8 GEMMs would saturate on this CPU

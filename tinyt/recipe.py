@@ -47,7 +47,7 @@ INT4_BLOCK = 32
 # 32, the tied table at 8 bits) the asymmetric blocks with the search move the next token's
 # distribution 38% less than symmetric ones (KL 4.7e-3 against 7.6e-3;
 # benchmarks/results/int4-schemes-llama-demo-epyc-vnni) for 2.6% more bytes (zero points), and
-# ONNX Runtime's 4-bit kernel reads them at the same speed (benchmarks/step_kernels.py).
+# ONNX Runtime's 4-bit kernel reads them at the same speed (lab/step_kernels.py).
 # 8 bits stay symmetric: the form tinyt/int8.py records exact on every CPU.
 DEFAULT_SCHEME = {4: ("asymmetric", True), 8: ("symmetric", False)}
 PLAIN_SCHEME = ("symmetric", False)  # what a graph without MatMulNBits blocks records
