@@ -11,6 +11,21 @@ from .engines import TINYT
 
 def markdown(result: dict) -> str:
     """peers.md: the method, every engine's times, agreement, targets, plans and skips."""
+    lines = (_method(result) + _times(result) + _memory(result) + _agreement(result)
+             + _targets(result) + _choices(result))
+    return "\n".join(lines) + "\n"
+
+
+def _time_columns(result: dict) -> list[str]:
+    """The times table's columns: decode_x_floor second where a memory floor was measured."""
+    keys = time_keys(result["method"])
+    if result.get("memory_floor"):
+        keys.insert(1, "decode_x_floor")
+    return keys
+
+
+def _method(result: dict) -> list[str]:
+    """The title, the machine, how each time is taken and the memory floor of a decode step."""
     env, m = result["environment"], result["method"]
     flags = [k for k, v in env["cpu"].items() if v is True]
     vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
@@ -27,60 +42,89 @@ def markdown(result: dict) -> str:
                 f"{m['long_context']}), its steps timed inside each engine's token loop "
                 "(from the first token to the last, over the steps between)."
                 if m.get("long_context") else ""), ""]
-    keys = time_keys(m)
     floor = result.get("memory_floor")
     if floor:
-        keys.insert(1, "decode_x_floor")
-        weights_mb = floor["int8_weight_bytes"] / 1e6
-        rates = ", ".join(f"{n} thread(s) {gb:.1f} GB/s = {floor['decode_ms'][n]:.3f} ms"
-                          for n, gb in floor["read_gb_per_s"].items())
-        lines[-1:-1] = [f"Memory floor of a decode step: ({weights_mb:.1f} MB "
-                        f"of int8 weights + {floor['kv_cache_bytes'] / 1e6:.1f} MB of fp32 KV "
-                        "cache at the mean past of the timed steps) ÷ the read bandwidth of "
-                        "as many cores as the engine's threads (numpy, one part a thread, "
-                        f"between the rounds): {rates}; decode_x_floor is each engine's "
-                        "decode against its thread count's (fp32 engines read 4× the weights; "
-                        "int4 ones half; where the weights fit in a cache, as the demo's do, "
-                        "this is a cache floor, not memory's).", ""]
+        lines[-1:-1] = [_floor(floor), ""]
     if not result["rows"]:
         lines[-2] = "Greedy agreement only (--rounds 0: nothing timed)."
-    lines += ["| engine | threads | " + " | ".join(keys) + " |",
-              "|---|---|" + "---|" * len(keys)] if result["rows"] else []
+    return lines
+
+
+def _floor(floor: dict) -> str:
+    """The memory floor's paragraph: the bytes a decode step reads and each rate's time."""
+    weights_mb = floor["int8_weight_bytes"] / 1e6
+    rates = ", ".join(f"{n} thread(s) {gb:.1f} GB/s = {floor['decode_ms'][n]:.3f} ms"
+                      for n, gb in floor["read_gb_per_s"].items())
+    return (f"Memory floor of a decode step: ({weights_mb:.1f} MB "
+            f"of int8 weights + {floor['kv_cache_bytes'] / 1e6:.1f} MB of fp32 KV "
+            "cache at the mean past of the timed steps) ÷ the read bandwidth of "
+            "as many cores as the engine's threads (numpy, one part a thread, "
+            f"between the rounds): {rates}; decode_x_floor is each engine's "
+            "decode against its thread count's (fp32 engines read 4× the weights; "
+            "int4 ones half; where the weights fit in a cache, as the demo's do, "
+            "this is a cache floor, not memory's).")
+
+
+def _times(result: dict) -> list[str]:
+    """The times table: a row per engine and thread count, fastest first per count."""
+    if not result["rows"]:
+        return []
+    keys = _time_columns(result)
+    lines = ["| engine | threads | " + " | ".join(keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
     for label, row in sorted(result["rows"].items(), key=lambda kv: (kv[0].split("@")[1],
                                                                       kv[1][keys[0]])):
         name, n = label.rsplit("@", 1)
         lines.append(f"| {name} | {n[:-1]} | " + " | ".join(f"{row[k]:.3f}" for k in keys)
                      + " |")
-    if result.get("memory"):
-        files = result.get("files", {})
-        lines += ["", "Files and resident memory of each worker process (MB: 10^6 bytes): "
-                  "after the load, the load's own peak, and the peak over the calls after it"
-                  + (f" (the {m['long_context']}-token context's included, where timed)"
-                     if m.get("long_context") else "")
-                  + "; * where the peak could not be reset after the load (then it is the "
-                  "process's whole peak):", "",
-                  "| engine | threads | files MB | loaded RSS MB | load's peak MB | "
-                  "peak RSS over the calls MB |", "|---|---|---|---|---|---|"]
-        for label, mem in result["memory"].items():
-            name, n = label.rsplit("@", 1)
-            loaded = mem.get("loaded") or {}
-            lines.append(f"| {name} | {n[:-1]} | {_mb(files.get(name))} | "
-                         f"{_mb(loaded.get('rss'))} | {_mb(loaded.get('peak_rss'))} | "
-                         f"{_mb(mem.get('peak_rss'))}{'' if mem.get('peak_reset') else ' *'} |")
-    lines += ["", f"Greedy agreement with tinyt fp32 ({m['agreement_prompts']} held-out prompts "
-              f"of {m['agreement_prompt_tokens']} tokens × {m['agreement_new_tokens']} new "
-              "tokens, position by position):", "",
-              "| engine | agreement | KL vs fp32, next token (mean / max) | must equal | "
-              "identical |", "|---|---|---|---|---|"]
+    return lines
+
+
+def _memory(result: dict) -> list[str]:
+    """Each worker's files and resident memory: after the load, the load's peak, the calls'."""
+    if not result.get("memory"):
+        return []
+    m, files = result["method"], result.get("files", {})
+    lines = ["", "Files and resident memory of each worker process (MB: 10^6 bytes): "
+             "after the load, the load's own peak, and the peak over the calls after it"
+             + (f" (the {m['long_context']}-token context's included, where timed)"
+                if m.get("long_context") else "")
+             + "; * where the peak could not be reset after the load (then it is the "
+             "process's whole peak):", "",
+             "| engine | threads | files MB | loaded RSS MB | load's peak MB | "
+             "peak RSS over the calls MB |", "|---|---|---|---|---|---|"]
+    for label, mem in result["memory"].items():
+        name, n = label.rsplit("@", 1)
+        loaded = mem.get("loaded") or {}
+        lines.append(f"| {name} | {n[:-1]} | {_mb(files.get(name))} | "
+                     f"{_mb(loaded.get('rss'))} | {_mb(loaded.get('peak_rss'))} | "
+                     f"{_mb(mem.get('peak_rss'))}{'' if mem.get('peak_reset') else ' *'} |")
+    return lines
+
+
+def _agreement(result: dict) -> list[str]:
+    """Greedy agreement and next-token KL of each engine against tinyt fp32."""
+    m = result["method"]
+    lines = ["", f"Greedy agreement with tinyt fp32 ({m['agreement_prompts']} held-out prompts "
+             f"of {m['agreement_prompt_tokens']} tokens × {m['agreement_new_tokens']} new "
+             "tokens, position by position):", "",
+             "| engine | agreement | KL vs fp32, next token (mean / max) | must equal | "
+             "identical |", "|---|---|---|---|---|"]
     for name, a in result["agreement"].items():
         ag, kl = a.get("agreement_with_fp32"), a.get("kl_vs_fp32")
         kl_text = "—" if kl is None else f"{kl:.2e} / {a['kl_vs_fp32_max']:.2e}"
         lines.append(f"| {name} | {'—' if ag is None else f'{ag:.1%}'} "
                      f"({a.get('matching_tokens')}/{a.get('tokens')}) | {kl_text} | "
                      f"{a.get('must_equal', '—')} | {a.get('identical_to', '—')} |")
-    if result["targets"]:
-        lines += ["", "| target | tinyt | fastest peer | ratio | goal | met |",
-                  "|---|---|---|---|---|---|"]
+    return lines
+
+
+def _targets(result: dict) -> list[str]:
+    """The targets table: tinyt against the fastest peer (or a bound), and whether met."""
+    if not result["targets"]:
+        return []
+    lines = ["", "| target | tinyt | fastest peer | ratio | goal | met |",
+             "|---|---|---|---|---|---|"]
     for key, t in result["targets"].items():
         if "unmeasured" in t:
             lines.append(f"| {key} | — | — | — | — | not measured: a time difference <= 0 "
@@ -92,6 +136,12 @@ def markdown(result: dict) -> str:
         else:
             lines.append(f"| {key} | {t['measured']:.1f} µs | — | — | ≤ {t['target_max']} | "
                          f"{t['met']} |")
+    return lines
+
+
+def _choices(result: dict) -> list[str]:
+    """What each engine chose at load, what was skipped and what was not timed."""
+    lines = []
     if result.get("plans"):
         lines += ["", "What each engine chose at load (tinyt: runtime/tuning.py's plan):", ""]
         lines += [f"- {label}: {plan}" for label, plan in result["plans"].items()]
@@ -100,7 +150,7 @@ def markdown(result: dict) -> str:
     if result["mismatched"]:
         lines += ["", f"Not timed (tokens differ where they must be equal): "
                       f"{result['mismatched']}"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _mb(n: int | None) -> str:
