@@ -49,18 +49,7 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     from tinyt.manifest import read_model_config
 
     engines = list(engines or ENGINES)
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown:
-        raise BenchError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
-    if not (isinstance(rounds, int) and rounds >= 0):
-        raise BenchError(f"rounds={rounds!r} must be an integer >= 0 (0: agreement only)")
-    if not (isinstance(block, int) and block >= 1 and isinstance(settle, int) and settle >= 0):
-        raise BenchError(f"block={block!r} must be an integer >= 1 and settle={settle!r} one "
-                         ">= 0 (timed and untimed calls per call and round)")
-    for sub in NEEDED:
-        if not (artifacts / sub).is_dir():
-            raise BenchError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
-                             f"{artifacts}` first (peers need checkpoint/, onnx-opt/, onnx-int8/)")
+    _check_options(artifacts, engines, rounds, block, settle)
     cfg, _ = read_model_config(artifacts / "onnx-int8")
     _check_long_context(long_context, cfg.block_size)  # before any conversion runs
     threads = threads or sorted({1, physical_cores()})
@@ -73,22 +62,12 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     workers = _start(engines, artifacts, threads, skipped, warm=longest, context=context)
     try:
         # 1. the same computation: greedy tokens on held-out prompts
-        tokens = _greedy(workers, threads[0], plan, skipped)
-        agreement = analysis.agreement(tokens)
-        logprobs, failed = _logprobs(workers, threads[0], plan["agree_prompts"], cfg.vocab_size)
-        for name, kl in {**failed, **analysis.kl_vs_reference(logprobs)}.items():
-            agreement.setdefault(name, {}).update(kl)
-        bad = [e for e, a in agreement.items()
-               if a.get("must_equal") and a["identical_to"] is False]
+        agreement, bad = _agreement(workers, threads[0], plan, cfg.vocab_size, skipped)
         # 2. time, rounds interleaved (and the read bandwidth of 1..threads cores between them)
         raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes,
                                threads, skipped)
-        # resident memory: after the load (with the load's own peak), and the peak over the
-        # calls since it (the longest context's included), before the loop probe loads a
-        # second runtime
-        memory = {w.label: {"loaded": w.hello.get("loaded"),
-                            "peak_reset": w.hello.get("peak_reset"),
-                            **(w.ask(op="memory")["memory"] or {})} for w in workers}
+        # resident memory, read before the loop probe loads a second runtime
+        memory = _memory(workers)
         loop = {w.label: w.ask(op="outside_run", ids=plan["calls"][1]["ids"],
                                n=plan["decode_new"])
                 for w in (workers if rounds else []) if w.name in TINYT}  # 0: agreement only
@@ -98,13 +77,7 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     result = {
         "model": cfg.to_dict(), "artifacts": str(artifacts),
         "environment": environment(VERSIONS),
-        "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
-                   "decode_prompt": plan["decode_prompt"], "decode_new": plan["decode_new"],
-                   "prefill_tokens": plan["prefills"],
-                   "agreement_prompts": len(plan["agree_prompts"]),
-                   "agreement_prompt_tokens": len(plan["agree_prompts"][0]),
-                   "agreement_new_tokens": plan["agree_new"],
-                   "long_context": plan["long_context"]},
+        "method": _method(plan, threads, rounds, block, settle),
         "memory_floor": analysis.memory_floor(cfg, plan, bandwidth),
         "engines": {k: v.about for k, v in ENGINES.items() if k in engines},
         "skipped": skipped, "mismatched": bad, "agreement": agreement,
@@ -116,11 +89,64 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
         "plans": {w.label: w.hello["plan"] for w in workers if w.hello.get("plan")},
     }
     result["targets"] = analysis.targets(result)
+    _write(result, out)
+    return result
+
+
+def _check_options(artifacts: Path, engines: list[str], rounds: int, block: int,
+                   settle: int) -> None:
+    """Refuse unknown engines, bad counts and missing artifacts before any work starts."""
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise BenchError(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
+    if not (isinstance(rounds, int) and rounds >= 0):
+        raise BenchError(f"rounds={rounds!r} must be an integer >= 0 (0: agreement only)")
+    if not (isinstance(block, int) and block >= 1 and isinstance(settle, int) and settle >= 0):
+        raise BenchError(f"block={block!r} must be an integer >= 1 and settle={settle!r} one "
+                         ">= 0 (timed and untimed calls per call and round)")
+    for sub in NEEDED:
+        if not (artifacts / sub).is_dir():
+            raise BenchError(f"{artifacts / sub} is missing: run `tinyt pipeline --out "
+                             f"{artifacts}` first (peers need checkpoint/, onnx-opt/, onnx-int8/)")
+
+
+def _agreement(workers: list[Worker], threads: int, plan: dict, vocab: int,
+               skipped: dict[str, str]) -> tuple[dict[str, dict], list[str]]:
+    """Each engine's greedy agreement and next-token KL against tinyt fp32's, from its worker
+    at `threads`; and the engines that must equal a reference but do not (never timed)."""
+    tokens = _greedy(workers, threads, plan, skipped)
+    agreement = analysis.agreement(tokens)
+    logprobs, failed = _logprobs(workers, threads, plan["agree_prompts"], vocab)
+    for name, kl in {**failed, **analysis.kl_vs_reference(logprobs)}.items():
+        agreement.setdefault(name, {}).update(kl)
+    bad = [e for e, a in agreement.items() if a.get("must_equal") and a["identical_to"] is False]
+    return agreement, bad
+
+
+def _memory(workers: list[Worker]) -> dict[str, dict]:
+    """Each worker's resident memory: after the load (with the load's own peak), and the peak
+    over the calls since it (the longest context's included)."""
+    return {w.label: {"loaded": w.hello.get("loaded"), "peak_reset": w.hello.get("peak_reset"),
+                      **(w.ask(op="memory")["memory"] or {})} for w in workers}
+
+
+def _method(plan: dict, threads: list[int], rounds: int, block: int, settle: int) -> dict:
+    """peers.json's "method": the thread counts, the rounds and the shapes of every call."""
+    return {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
+            "decode_prompt": plan["decode_prompt"], "decode_new": plan["decode_new"],
+            "prefill_tokens": plan["prefills"],
+            "agreement_prompts": len(plan["agree_prompts"]),
+            "agreement_prompt_tokens": len(plan["agree_prompts"][0]),
+            "agreement_new_tokens": plan["agree_new"],
+            "long_context": plan["long_context"]}
+
+
+def _write(result: dict, out: Path) -> None:
+    """peers.json, peers.md and peers.png under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "peers.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "peers.md").write_text(report.markdown(result))
     report.plot(result, out / "peers.png")
-    return result
 
 
 def _bytes(path: Path) -> int | None:
