@@ -292,73 +292,32 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm", threads: list[
     peer_python())."""
     from tinyt.benchmarks.environment import environment
     from tinyt.export.retrieval_set import PASSAGES, QUERIES
-    from tinyt.hardware import available_memory
 
-    unknown = [e for e in engines or [] if isinstance(e, str) and e not in ENCODER_ENGINES]
-    if unknown:
-        raise BenchError(f"unknown engine(s) {unknown}; known: {', '.join(ENCODER_ENGINES)}")
-    rows = [e if isinstance(e, PeerEngine) else ENCODER_ENGINES[e]
-            for e in engines or list(ENCODER_ENGINES)]
+    rows = _engine_rows(engines)
     threads = threads or [1, 2]
-    problems = [text for ok, text in (
-        (isinstance(rounds, int) and rounds >= 0, f"rounds={rounds!r}: an integer >= 0 (0: "
-                                                  "the check only)"),
-        (isinstance(settle, int) and settle >= 0, f"settle={settle!r}: an integer >= 0"),
-        (isinstance(block, int) and block >= 1, f"block={block!r}: an integer >= 1"),
-        (isinstance(train_steps, int) and train_steps >= 0,
-         f"train_steps={train_steps!r}: an integer >= 0 (0: the weights as they are)"),
-        (all(isinstance(n, int) and n >= 1 for n in threads), f"threads={threads}: each >= 1"),
-        (shape in SHAPES, f"shape={shape!r}: one of {', '.join(SHAPES)}")) if not ok]
-    if problems:
-        raise BenchError("; ".join(problems))
+    _check_options(shape=shape, threads=threads, rounds=rounds, block=block, settle=settle,
+                   train_steps=train_steps)
     python = python or peer_python()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(work or tmp)
         for sub in ("logs", "check"):
             (work / sub).mkdir(parents=True, exist_ok=True)
-        source = str(st_dir) if st_dir else f"random weights at the {shape} shape"
-        if st_dir is None:
-            log(f"building a sentence-transformers directory of {source}")
-            st_dir = build_st(work / "st", shape)
-        settings = st_settings(Path(st_dir))
-        weights = None
-        if train_steps:
-            from .encoder_weights import train
-
-            log(f"SimCSE: {train_steps} steps on {source}")
-            weights = train(Path(st_dir), work / "st-trained", pooling=settings["pooling"],
-                            transformer=str(Path(settings["transformer"]).relative_to(st_dir)),
-                            steps=train_steps, log=log)
-            st_dir, source = work / "st-trained", f"{source}, SimCSE-trained {train_steps} steps"
-            settings = st_settings(st_dir)
+        st_dir, source, settings, weights = _weights(st_dir, work, shape, train_steps, log)
         skipped: dict[str, str] = {}
-        paths = prepare(Path(st_dir), work, rows, python, settings, skipped, log)
+        paths = prepare(st_dir, work, rows, python, settings, skipped, log)
         texts = [*QUERIES, *PASSAGES]
         ref = reference(settings, texts)
-        tokenizer = Path(settings["transformer"]) / "tokenizer.json"
-        calls = [{"texts": texts_of(tokenizer, throughput[1], throughput[0]),
-                  "batch_size": throughput[0]},
-                 {"texts": texts_of(tokenizer, latency_tokens, 1), "batch_size": 1}]
+        calls = _calls(settings, throughput, latency_tokens)
         workers, accuracy, refused, loads = [], {}, {}, {}
         try:
             for e in rows:  # one worker at a time: loaded and checked before the next starts
                 for n in threads:
                     if e.name in skipped:
                         break
-                    free = available_memory()
-                    if free is not None and free < 2 << 30:
-                        skipped[f"{e.name}@{n}t"] = f"not started: {free >> 20} MiB available"
+                    w = _load(e, n, paths[e.artifact], python, settings, work, skipped, log)
+                    if w is None:
                         continue
-                    w = start(e, paths[e.artifact], n, sys.executable if e.ours else python,
-                               {**settings, **e.options}, work / "logs" / f"{e.name}@{n}t.log")
-                    if "ready" not in w.hello:
-                        skipped[e.name if w.hello.get("missing") else w.label] = (
-                            f"not installed in {w.proc.args[0]} (no {w.hello['missing']}): "
-                            f"{e.install}" if w.hello.get("missing") else w.hello["error"])
-                        w.close()
-                        continue
-                    log(f"{w.label}: loaded in {w.hello['load_s']:.1f} s; checking")
                     loads[w.label] = {k: w.hello[k] for k in ("load_s", "memory", "python",
                                                               "versions")}
                     try:
@@ -390,9 +349,92 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm", threads: list[
         "engines": {e.name: e.about for e in rows}, "skipped": skipped, "refused": refused,
         "accuracy": accuracy, "workers": loads, "raw_s": raw,
         "rows": _rows(raw, rows, throughput[0])}
+    _write(result, out)
+    return result
+
+
+def _engine_rows(engines: list[str | PeerEngine] | None) -> list[PeerEngine]:
+    """The engines' rows (every one of ENCODER_ENGINES by default); an unknown name is refused."""
+    unknown = [e for e in engines or [] if isinstance(e, str) and e not in ENCODER_ENGINES]
+    if unknown:
+        raise BenchError(f"unknown engine(s) {unknown}; known: {', '.join(ENCODER_ENGINES)}")
+    return [e if isinstance(e, PeerEngine) else ENCODER_ENGINES[e]
+            for e in engines or list(ENCODER_ENGINES)]
+
+
+def _check_options(*, shape: str, threads: list[int], rounds: int, block: int, settle: int,
+                   train_steps: int) -> None:
+    """Refuse bad counts and an unknown shape, every problem at once, before any work."""
+    problems = [text for ok, text in (
+        (isinstance(rounds, int) and rounds >= 0, f"rounds={rounds!r}: an integer >= 0 (0: "
+                                                  "the check only)"),
+        (isinstance(settle, int) and settle >= 0, f"settle={settle!r}: an integer >= 0"),
+        (isinstance(block, int) and block >= 1, f"block={block!r}: an integer >= 1"),
+        (isinstance(train_steps, int) and train_steps >= 0,
+         f"train_steps={train_steps!r}: an integer >= 0 (0: the weights as they are)"),
+        (all(isinstance(n, int) and n >= 1 for n in threads), f"threads={threads}: each >= 1"),
+        (shape in SHAPES, f"shape={shape!r}: one of {', '.join(SHAPES)}")) if not ok]
+    if problems:
+        raise BenchError("; ".join(problems))
+
+
+def _weights(st_dir: Path | None, work: Path, shape: str, train_steps: int,
+             log) -> tuple[Path, str, dict, dict | None]:
+    """The sentence-transformers directory every engine loads (ST_DIR, or random weights at
+    `shape` built under `work`, SimCSE-trained first where train_steps > 0): the directory,
+    what it is in words, its st_settings and the training's record (None: untrained)."""
+    source = str(st_dir) if st_dir else f"random weights at the {shape} shape"
+    if st_dir is None:
+        log(f"building a sentence-transformers directory of {source}")
+        st_dir = build_st(work / "st", shape)
+    settings = st_settings(Path(st_dir))
+    weights = None
+    if train_steps:
+        from .encoder_weights import train
+
+        log(f"SimCSE: {train_steps} steps on {source}")
+        weights = train(Path(st_dir), work / "st-trained", pooling=settings["pooling"],
+                        transformer=str(Path(settings["transformer"]).relative_to(st_dir)),
+                        steps=train_steps, log=log)
+        st_dir, source = work / "st-trained", f"{source}, SimCSE-trained {train_steps} steps"
+        settings = st_settings(st_dir)
+    return Path(st_dir), source, settings, weights
+
+
+def _calls(settings: dict, throughput: tuple[int, int], latency_tokens: int) -> list[dict]:
+    """The two timed calls: `throughput` (texts, tokens) at that batch, and one short text."""
+    tokenizer = Path(settings["transformer"]) / "tokenizer.json"
+    return [{"texts": texts_of(tokenizer, throughput[1], throughput[0]),
+             "batch_size": throughput[0]},
+            {"texts": texts_of(tokenizer, latency_tokens, 1), "batch_size": 1}]
+
+
+def _load(e: PeerEngine, n: int, path: Path, python: str, settings: dict, work: Path,
+          skipped: dict[str, str], log) -> Worker | None:
+    """The worker of `e` at `n` threads, loaded; None where it did not start (why: in
+    `skipped`, under the engine's name where its package is absent)."""
+    from tinyt.hardware import available_memory
+
+    free = available_memory()
+    if free is not None and free < 2 << 30:
+        skipped[f"{e.name}@{n}t"] = f"not started: {free >> 20} MiB available"
+        return None
+    w = start(e, path, n, sys.executable if e.ours else python,
+              {**settings, **e.options}, work / "logs" / f"{e.name}@{n}t.log")
+    if "ready" not in w.hello:
+        skipped[e.name if w.hello.get("missing") else w.label] = (
+            f"not installed in {w.proc.args[0]} (no {w.hello['missing']}): "
+            f"{e.install}" if w.hello.get("missing") else w.hello["error"])
+        w.close()
+        return None
+    log(f"{w.label}: loaded in {w.hello['load_s']:.1f} s; checking")
+    return w
+
+
+def _write(result: dict, out: Path) -> None:
+    """results.json and results.md under `out`."""
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "results.md").write_text(markdown(result))
-    return result
 
 
 def _time(workers: list[Worker], calls: list[dict], rounds: int, settle: int, block: int,
