@@ -261,22 +261,11 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm",
         check_texts: int | None = None, log=print) -> dict:
     """Check, then time tinyt's pages (and transformers.js) on one sentence-transformers
     directory (module docstring); writes OUT/results.json and results.md."""
-    problems = [text for ok, text in (
-        (shape in SHAPES, f"shape={shape!r}: one of {', '.join(SHAPES)}"),
-        (bool(variants) and all(v in STAGES for v in variants),
-         f"variants={list(variants)}: each one of {', '.join(STAGES)}"),
-        (isinstance(rounds, int) and rounds >= 0, f"rounds={rounds!r}: an integer >= 0 (0: the "
-                                                  "check only)"),
-        (isinstance(settle, int) and settle >= 0, f"settle={settle!r}: an integer >= 0"),
-        (isinstance(block, int) and block >= 1, f"block={block!r}: an integer >= 1"),
-        (bool(threads) and all(isinstance(n, int) and n >= 1 for n in threads),
-         f"threads={list(threads)}: each an integer >= 1")) if not ok]
-    if problems:
-        raise BenchError("; ".join(problems))
+    _check_options(shape=shape, variants=variants, threads=threads, rounds=rounds,
+                   settle=settle, block=block)
     from playwright.sync_api import sync_playwright
 
     import tinyt.runtime as rt
-    from tinyt.export.package import package
     from tinyt.export.retrieval_set import PASSAGES, QUERIES
     from tinyt.export.web.serve import chromium
 
@@ -292,22 +281,11 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm",
         settings = st_settings(Path(st_dir))
         # the runtime's fp32 vectors are the reference: "onnx" is made whether or not it runs
         artifacts = build(Path(st_dir), work, tuple(dict.fromkeys(("onnx", *variants))), log)
-        engines = [Page("tinyt", v, f"tinyt {v}",
-                          Path(package(artifacts[v], work / "web" / v, format="web")))
-                   for v in variants]
-        version = None
-        if transformers_js is not None:
-            version = tjs_site(Path(transformers_js), work / "tjs-files")
-            for v in variants:
-                site = work / "tjs" / v
-                shutil.copytree(work / "tjs-files", site)
-                tjs_model(site, artifacts[v], Path(st_dir), settings)
-                engines.append(Page("transformers.js", v, f"tinyt {v}", site))
+        engines, version = _pages(artifacts, variants, transformers_js, Path(st_dir), settings,
+                                  work)
         texts = [*QUERIES, *PASSAGES][:check_texts]
         ref = rt.load(artifacts["onnx"], threads=1).embed(texts)
-        tokenizer = Path(settings["transformer"]) / "tokenizer.json"
-        calls = {"batch": (texts_of(tokenizer, THROUGHPUT[1], THROUGHPUT[0]), THROUGHPUT[0]),
-                 "latency": (texts_of(tokenizer, LATENCY[1], LATENCY[0]), LATENCY[0])}
+        calls = _calls(settings)
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         result = {"source": source, "model": settings, "variants": list(variants),
                   "environment": {**environment(("tinyt", "onnxruntime", "playwright")),
@@ -318,42 +296,15 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm",
                   "graphs": {}, "loads": [], "check": {}, "refused": {}, "rows": []}
         try:
             for n in threads:
-                for e in engines:
-                    info = e.open(browser, n)
-                    if "error" in info and e.runner == "transformers.js" and e.variant == "onnx" \
-                            and e.graph != "optimum":  # its fallback: Optimum's export
-                        log(f"transformers.js cannot load tinyt's fp32 graph "
-                            f"({info['error'][:120]}); Optimum's export instead")
-                        e.close()
-                        made = optimum_export(settings, work / "optimum")
-                        shutil.rmtree(e.site / "models" / "m")
-                        shutil.copytree(made, e.site / "models" / "m" / "onnx")
-                        for f in ("config.json", "tokenizer.json", "tokenizer_config.json",
-                                  "special_tokens_map.json"):
-                            if (made / f).is_file():
-                                shutil.copy2(made / f, e.site / "models" / "m" / f)
-                        e.graph = "optimum"
-                        info = e.open(browser, n)
-                    result["graphs"][e.name] = e.graph
-                    result["loads"].append({"engine": e.name, "threads": n, **info})
+                result["loads"] += _open_pages(engines, browser, n, settings, work, log)
+                result["graphs"].update({e.name: e.graph for e in engines})
                 live = [e for e in engines if "error" not in e.info]
                 if n == threads[0]:  # the same vectors first, once
                     result["check"] = check(live, texts, ref)
                     result["refused"] = {k: "cosine below the exact bound" for k, c in
                                          result["check"].items() if c["matches"] is False}
                 live = [e for e in live if e.name not in result["refused"]]
-                times = {(e.name, c): [] for e in live for c in calls}
-                for _ in range(rounds):  # interleaved: every engine's call, then the next
-                    for c, (call_texts, batch) in calls.items():
-                        for e in live:
-                            times[e.name, c] += e.time(call_texts, batch, settle, block)
-                            time.sleep(REST_S)
-                for (name, c), ms in times.items():
-                    if ms:
-                        med = statistics.median(ms)
-                        result["rows"].append({"engine": name, "threads": n, "call": c,
-                                               "times_ms": ms, "median_ms": med,
-                                               "texts_per_s": 1e3 * len(calls[c][0]) / med})
+                result["rows"] += _time_rounds(live, calls, n, rounds, settle, block)
                 for e in engines:
                     e.close()
         finally:
@@ -361,9 +312,108 @@ def run(st_dir: Path | None, out: Path, *, shape: str = "minilm",
                 e.close()
             browser.close()
     ratios(result["rows"])
+    _write(result, out)
+    return result
+
+
+def _check_options(*, shape: str, variants: tuple[str, ...], threads: tuple[int, ...],
+                   rounds: int, settle: int, block: int) -> None:
+    """Refuse an unknown shape or variant and bad counts, every problem at once, before any
+    work."""
+    problems = [text for ok, text in (
+        (shape in SHAPES, f"shape={shape!r}: one of {', '.join(SHAPES)}"),
+        (bool(variants) and all(v in STAGES for v in variants),
+         f"variants={list(variants)}: each one of {', '.join(STAGES)}"),
+        (isinstance(rounds, int) and rounds >= 0, f"rounds={rounds!r}: an integer >= 0 (0: the "
+                                                  "check only)"),
+        (isinstance(settle, int) and settle >= 0, f"settle={settle!r}: an integer >= 0"),
+        (isinstance(block, int) and block >= 1, f"block={block!r}: an integer >= 1"),
+        (bool(threads) and all(isinstance(n, int) and n >= 1 for n in threads),
+         f"threads={list(threads)}: each an integer >= 1")) if not ok]
+    if problems:
+        raise BenchError("; ".join(problems))
+
+
+def _pages(artifacts: dict[str, Path], variants: tuple[str, ...], transformers_js: Path | None,
+           st_dir: Path, settings: dict, work: Path) -> tuple[list[Page], str | None]:
+    """tinyt's page on each variant's package and, with `transformers_js`, a transformers.js
+    page on each variant's graph; and transformers.js' version (None: not run)."""
+    from tinyt.export.package import package
+
+    engines = [Page("tinyt", v, f"tinyt {v}",
+                    Path(package(artifacts[v], work / "web" / v, format="web")))
+               for v in variants]
+    version = None
+    if transformers_js is not None:
+        version = tjs_site(Path(transformers_js), work / "tjs-files")
+        for v in variants:
+            site = work / "tjs" / v
+            shutil.copytree(work / "tjs-files", site)
+            tjs_model(site, artifacts[v], st_dir, settings)
+            engines.append(Page("transformers.js", v, f"tinyt {v}", site))
+    return engines, version
+
+
+def _calls(settings: dict) -> dict[str, tuple[list[str], int]]:
+    """The two timed calls, {name: (texts, batch)}: THROUGHPUT's batch and LATENCY's text."""
+    tokenizer = Path(settings["transformer"]) / "tokenizer.json"
+    return {"batch": (texts_of(tokenizer, THROUGHPUT[1], THROUGHPUT[0]), THROUGHPUT[0]),
+            "latency": (texts_of(tokenizer, LATENCY[1], LATENCY[0]), LATENCY[0])}
+
+
+def _open_pages(engines: list[Page], browser, n: int, settings: dict, work: Path,
+                log) -> list[dict]:
+    """Every engine's page loaded at `n` threads: a load row each ({engine, threads, load_ms,
+    isolated} or its error)."""
+    loads = []
+    for e in engines:
+        info = e.open(browser, n)
+        if "error" in info and e.runner == "transformers.js" and e.variant == "onnx" \
+                and e.graph != "optimum":  # its fallback: Optimum's export
+            log(f"transformers.js cannot load tinyt's fp32 graph "
+                f"({info['error'][:120]}); Optimum's export instead")
+            e.close()
+            _use_optimum(e, settings, work)
+            info = e.open(browser, n)
+        loads.append({"engine": e.name, "threads": n, **info})
+    return loads
+
+
+def _use_optimum(e: Page, settings: dict, work: Path) -> None:
+    """Put Optimum's export of ST_DIR in transformers.js' page `e` in place of tinyt's graph."""
+    made = optimum_export(settings, work / "optimum")
+    shutil.rmtree(e.site / "models" / "m")
+    shutil.copytree(made, e.site / "models" / "m" / "onnx")
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json"):
+        if (made / f).is_file():
+            shutil.copy2(made / f, e.site / "models" / "m" / f)
+    e.graph = "optimum"
+
+
+def _time_rounds(live: list[Page], calls: dict[str, tuple[list[str], int]], n: int,
+                 rounds: int, settle: int, block: int) -> list[dict]:
+    """`rounds` rounds interleaved across the live pages at `n` threads: a row per engine and
+    call (every time, the median and texts/s)."""
+    times: dict[tuple[str, str], list[float]] = {(e.name, c): [] for e in live for c in calls}
+    for _ in range(rounds):  # interleaved: every engine's call, then the next
+        for c, (call_texts, batch) in calls.items():
+            for e in live:
+                times[e.name, c] += e.time(call_texts, batch, settle, block)
+                time.sleep(REST_S)
+    rows = []
+    for (name, c), ms in times.items():
+        if ms:
+            med = statistics.median(ms)
+            rows.append({"engine": name, "threads": n, "call": c, "times_ms": ms,
+                         "median_ms": med, "texts_per_s": 1e3 * len(calls[c][0]) / med})
+    return rows
+
+
+def _write(result: dict, out: Path) -> None:
+    """results.json and results.md under `out`."""
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "results.md").write_text(markdown(result))
-    return result
 
 
 def markdown(result: dict) -> str:
