@@ -91,12 +91,7 @@ def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,
     return state_from_hf(LLAMA, tensors, cfg, source)
 
 
-def families_line(task: str | None = None) -> str:
-    """The architectures of the catalogue (of one task), for help texts and messages."""
-    return ", ".join(f.architecture for f in CATALOGUE if task is None or f.task == task)
-
-
 __all__ = ["BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE", "LLAMA",
            "MISTRAL", "MODERNBERT", "OLMO2", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3",
-           "TASKS", "WRITERS", "XLM_ROBERTA", "encoder_config", "families_line", "family_of",
+           "TASKS", "WRITERS", "XLM_ROBERTA", "encoder_config", "family_of",
            "gpt2_config", "llama_config", "state_from_llama", "writer_for"]
