@@ -11,6 +11,18 @@ import pytest
 
 from tinyt.config import ModelConfig, TrainConfig
 
+# The suite runs on two workers (pytest-xdist, `-n 2 --dist loadfile` in pyproject.toml): each
+# file whole on one worker, handed out in collection order. The longest files go first, so no
+# worker is left running one of them alone at the end.
+LONGEST_FIRST = ("tests/test_readme.py", "tests/export/test_families_chain.py",
+                 "tests/real/test_minilm.py", "tests/test_faults.py", "tests/test_packaging.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 TINY_MODEL = dict(block_size=32, vocab_size=300, n_layer=2, n_head=2, n_embd=32)
 TINY_TRAIN = dict(max_steps=8, batch_size=8, warmup_steps=2, eval_interval=4, eval_batches=2,
                   learning_rate=3e-3, min_lr=3e-4)

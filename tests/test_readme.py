@@ -131,6 +131,10 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
         "train_speed --preset test --no-compile --rounds 1 --steps 1 --out train-speed-results",
     "--past 94": "--past 16 --runs 5",  # the step profile at the test size
     # the Llama-form demo -> the Llama-form test preset; its training comparison, 2 steps
+    # the Llama pipeline's bench: docs/peers.md's peer run on artifacts-llama times the same
+    # engines and more on the same artifacts (its report is the main job's, proven there)
+    "tinyt pipeline --preset llama-demo --out artifacts-llama":
+        "tinyt pipeline --preset llama-test --out artifacts-llama --no-bench",
     "--preset llama-demo": "--preset llama-test",
     "llama_demo --out benchmarks/results/llama-demo-xeon-amx":
         "llama_demo --out llama-demo-results --steps 2 --eval-interval 1 --data corpus",
@@ -268,6 +272,8 @@ def small(command: str, work: Path) -> list[str]:
         command = re.sub(r"--long-context \d+", f"--long-context {n}", command)
     argv = shlex.split(command.replace(".venv/bin/", ""))
     argv = [str(work / a[len("/tmp/"):]) if a.startswith("/tmp/") else a for a in argv]
+    if argv[:3] == ["python", "-m", "benchmarks.peers"]:
+        argv = _peers_small(argv)
     if argv[0] == "python":  # a benchmark script runs from the checkout; its outputs stay
         argv[0] = sys.executable  # in the work directory, never in the checkout
         if argv[1].startswith(("benchmarks/", "lab/")) and argv[1].endswith(".py"):
@@ -301,6 +307,25 @@ def small(command: str, work: Path) -> list[str]:
                                                "corpus"))]
         prefix = [sys.executable, "-m", "tinyt"] if at == 0 else argv[:at] + ["tinyt"]
         argv = prefix + [verb] + args
+    return argv
+
+
+# The decoder peer benchmark proves its method with two prompts agreeing (or not: an engine
+# that disagrees is skipped with its reason, as at full size) and one timed call a round;
+# the documented counts (32 prompts, 3 calls) only narrow a figure's noise.
+PEERS_SMALL = {"--agreement-prompts": 2, "--block": 1}
+
+
+def _peers_small(argv: list[str]) -> list[str]:
+    """A peer benchmark's argv at its smallest proving size: agreement over at most two
+    prompts (0 stays 0: timing only), one timed call a round, at most one round."""
+    for flag, most in PEERS_SMALL.items():
+        if flag not in argv:
+            argv = argv + [flag, str(most)]
+        elif int(argv[argv.index(flag) + 1]) > most:
+            argv = _set(argv, flag, str(most))
+    if "--rounds" in argv and int(argv[argv.index("--rounds") + 1]) > 1:
+        argv = _set(argv, "--rounds", "1")
     return argv
 
 
@@ -475,7 +500,9 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
               if lang == "bash" and label not in ("main-job", "from-scratch") and _apart(c)]
     with ThreadPoolExecutor(2) as pool:
         scratch_ran = pool.submit(_run_block, tour, scratch, env, {})
-        ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env, {})
+        main_proven: dict = {}  # the documents' blocks run in a copy of its directory
+        ran = _run_block(next(c for label, _, c in blocks if label == "main-job"), main, env,
+                         main_proven)
         report = (main / "artifacts" / "report.md").read_text()
         assert "edge install" in report and "tinyt against the fastest peer" in report
         assert "decode_ms_per_token@1t" in report and "(peers/peers.png)" in report
@@ -484,7 +511,7 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
         shutil.copytree(main, after, symlinks=True)
         apart: dict = {}  # what the blocks beside proved, as `proven` below for the rest
         beside_ran = pool.submit(lambda: sum(_run_block(c, after, env, apart) for c in beside))
-        proven: dict = {}
+        proven: dict = dict(main_proven)  # the main job's pipeline is not run twice
         for label, lang, commands in blocks:
             if label in ("main-job", "from-scratch") or (lang == "bash" and _apart(commands)):
                 continue
@@ -515,6 +542,11 @@ def test_every_readme_command_runs_at_small_size(tmp_path):
     ("tinyt quantize a b", "--data"),
     ("tinyt bench artifacts --mode full", "--rounds 1"),
     (".venv/bin/python lab/quick_latency.py x", str(ROOT / "lab")),
+    (".venv/bin/python -m benchmarks.peers a --rounds 3", "--rounds 1 --agreement-prompts 2 "
+                                                          "--block 1"),
+    (".venv/bin/python -m benchmarks.peers a --rounds 0 --agreement-prompts 32 --block 3",
+     "--rounds 0 --agreement-prompts 2 --block 1"),
+    ("tinyt pipeline --preset llama-demo --out artifacts-llama", "--no-bench"),
 ])
 def test_commands_are_made_small(command, expected, tmp_path):
     assert expected in " ".join(small(command, tmp_path))
