@@ -64,7 +64,7 @@ class _JsonMixin:
 
 
 # The groups ModelConfig's fields fall in (`ModelConfig.group(name)` reads one at a time).
-GROUPS = ("shape", "attention", "positions", "norms", "mlp", "embeddings", "head")
+GROUPS = ("shape", "attention", "positions", "norms", "mlp", "embeddings", "head", "seq2seq")
 
 
 def _opt(default: Any, group: str) -> Any:
@@ -113,7 +113,9 @@ class ModelConfig(_JsonMixin):
     #                   ones; None = head_dim (Phi-4-mini's partial_rotary_factor 0.75)
     nope_layers: tuple[int, ...] = _opt((), "positions")  # layers without rotary (SmolLM3)
     position_offset: int = _opt(0, "positions")  # the learned table's row of position 0
-    #                   (RoBERTa's pad id + 1)
+    #                   (RoBERTa's pad id + 1; BART's 2), or the sinusoid's (M2M100's pad + 1)
+    relative_buckets: int = _opt(32, "positions")  # T5's relative bias: distance buckets
+    relative_max_distance: int = _opt(128, "positions")  # ... and the last one's distance
     # -- norms ----------------------------------------------------------------------------------
     norm: str = _opt("layernorm", "norms")  # or rmsnorm (no mean, no bias)
     norm_eps: float = _opt(1e-5, "norms")  # GPT-2's layer_norm_epsilon, Llama's rms_norm_eps
@@ -141,6 +143,12 @@ class ModelConfig(_JsonMixin):
     pooler_activation: str | None = _opt(None, "head")  # a classifier's dense + activation
     #                   before its head (BERT's pooler: tanh; DistilBERT's: relu)
     pooler_norm: bool = _opt(False, "head")  # a norm after the pooler's activation (ModernBERT)
+    final_logits_bias: bool = _opt(False, "head")  # a bias on the logits (BART's, Marian's)
+    # -- seq2seq: the encoder-decoder's own ---------------------------------------------------
+    n_decoder_layer: int | None = _opt(None, "seq2seq")  # decoder blocks; None = n_layer
+    decoder_start_id: int = _opt(0, "seq2seq")  # the decoder's first token (Marian's pad,
+    #                   BART's </s>, T5's pad)
+    shared_embeddings: bool = _opt(True, "seq2seq")  # the decoder reads the encoder's table
 
     def group(self, name: str) -> dict[str, Any]:
         """The fields of one group (GROUPS) and their values."""
@@ -202,6 +210,11 @@ class ModelConfig(_JsonMixin):
     @property
     def mlp_width(self) -> int:
         return self.n_inner or 4 * self.n_embd
+
+    @property
+    def decoder_layers(self) -> int:
+        """An encoder-decoder's decoder blocks."""
+        return self.n_layer if self.n_decoder_layer is None else self.n_decoder_layer
 
     @property
     def kv_heads(self) -> int:
