@@ -31,6 +31,7 @@ from tinyt.contract import (
     DECODER_WITH_PAST,
     ENCODER,
     ONNX_FILE,
+    SEQ2SEQ,
     TOKEN_CLASSIFIER,
     contract_for,
     kv_shape,
@@ -91,6 +92,8 @@ class Encoder(nn.Module):
 
 
 def graph_kind(cfg: ModelConfig, with_past: bool) -> str:
+    if cfg.task == "seq2seq":
+        return SEQ2SEQ
     if cfg.task == "classifier":
         return CLASSIFIER
     if cfg.task == "encoder":
@@ -187,6 +190,11 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str,
     eos = tokenizer.eos_id
     tinyt_block = {"model": cfg.to_dict(), "graph": kind, "labels": labels,
                    "tinyt_version": __version__}
+    if kind == SEQ2SEQ:  # a family's config where one holds the model (ORTModelForSeq2SeqLM)
+        return {"model_type": "tinyt-seq2seq", "is_encoder_decoder": True,
+                "vocab_size": cfg.vocab_size, "d_model": cfg.n_embd,
+                "decoder_start_token_id": cfg.decoder_start_id, "eos_token_id": eos,
+                "pad_token_id": eos, "tinyt": tinyt_block}
     if kind == ENCODER:  # Optimum's ORTModelForFeatureExtraction reads it by its family
         try:
             hf = encoder_config(cfg, architecture)
@@ -234,6 +242,16 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     ckpt = load_checkpoint(checkpoint_dir)
     cfg = ckpt.config
     kind = graph_kind(cfg, with_past)
+    if kind == SEQ2SEQ:
+        if not with_past:
+            raise ExportError("an encoder-decoder exports with its caches (Optimum's three "
+                              "graphs); --no-cache is for decoder-only LMs")
+        from .seq2seq_export import export_seq2seq
+        architecture = (ckpt.meta.get("metrics") or {}).get("architecture")
+        return export_seq2seq(ckpt, checkpoint_dir, out_dir, opset=opset,
+                              external_data=external_data,
+                              hf_config=hf_config(cfg, ckpt.tokenizer, ckpt.labels, kind,
+                                                  architecture))
     wrapper = {DECODER_WITH_PAST: DecoderWithPast, DECODER: Decoder, ENCODER: Encoder,
                CLASSIFIER: lambda m: m, TOKEN_CLASSIFIER: lambda m: m}[kind](ckpt.model).eval()
     inputs, outputs = contract_for(cfg, kind)
