@@ -271,11 +271,16 @@ class TrainConfig(_JsonMixin):
     seed: int = 1337
     tokenizer: str = "bpe"
     device: str = "cpu"
+    max_target_tokens: int = 32  # seq2seq: targets cut to this many tokens, EOS included (and
+    #                   to block_size); greedy evaluation makes at most this many
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "eval_interval", "eval_batches"):
             v = getattr(self, name)
             _require(_is_int(v) and v >= 1, name, v, "must be an integer >= 1")
+        v = self.max_target_tokens
+        _require(_is_int(v) and v >= 2, "max_target_tokens", v,
+                 "must be an integer >= 2 (a token and the EOS)")
         for name in ("warmup_steps", "seed"):
             v = getattr(self, name)
             _require(_is_int(v) and v >= 0, name, v, "must be an integer >= 0")
@@ -329,6 +334,22 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                       activation="swiglu", bias=False),
         "train": dict(max_steps=20, batch_size=8, warmup_steps=2, eval_interval=10,
                       eval_batches=2),
+    },
+    # The encoder-decoder: code summarization, a stdlib function's code -> the first sentence
+    # of its docstring (tinyt/seq2seq_data.py). 3 + 3 pre-norm blocks, learned positions;
+    # trains in a few minutes on 2 CPU cores (docs/seq2seq.md has the figures).
+    "seq2seq-demo": {
+        "model": dict(task="seq2seq", block_size=128, vocab_size=2048, n_layer=3,
+                      n_decoder_layer=3, n_head=4, n_embd=192),
+        "train": dict(max_steps=800, batch_size=32, warmup_steps=40, eval_interval=200,
+                      eval_batches=8, max_target_tokens=40),
+    },
+    # Seconds on a CPU; for tests.
+    "seq2seq-test": {
+        "model": dict(task="seq2seq", block_size=32, vocab_size=512, n_layer=2, n_head=2,
+                      n_embd=32),
+        "train": dict(max_steps=20, batch_size=8, warmup_steps=2, eval_interval=10,
+                      eval_batches=2, max_target_tokens=16),
     },
     # The shape of the seed article's model (4 layers, 4 heads, 768 wide). Slow on a CPU.
     "article": {
