@@ -149,6 +149,8 @@ class ModelConfig(_JsonMixin):
     decoder_start_id: int = _opt(0, "seq2seq")  # the decoder's first token (Marian's pad,
     #                   BART's </s>, T5's pad)
     shared_embeddings: bool = _opt(True, "seq2seq")  # the decoder reads the encoder's table
+    forced_bos_id: int | None = _opt(None, "seq2seq")  # the first token generated, forced
+    #                   (BART-large-CNN's <s>; M2M100's / NLLB's target language); None: chosen
 
     def group(self, name: str) -> dict[str, Any]:
         """The fields of one group (GROUPS) and their values."""

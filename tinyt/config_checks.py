@@ -249,7 +249,11 @@ def check_seq2seq(cfg: Any) -> None:
              f"must be a token id in 0..{cfg.vocab_size - 1}")
     _require(isinstance(cfg.shared_embeddings, bool), "shared_embeddings",
              cfg.shared_embeddings, "must be true or false")
-    for name, off in (("decoder_start_id", 0), ("shared_embeddings", True)):
+    v = cfg.forced_bos_id
+    _require(v is None or (_is_int(v) and 0 <= v < cfg.vocab_size), "forced_bos_id", v,
+             f"must be null (none forced) or a token id in 0..{cfg.vocab_size - 1}")
+    for name, off in (("decoder_start_id", 0), ("shared_embeddings", True),
+                      ("forced_bos_id", None)):
         _require(seq2seq or getattr(cfg, name) == off, name, getattr(cfg, name),
                  f"is an encoder-decoder's: it needs task='seq2seq' (else {off!r})")
     _require(not seq2seq or cfg.pooling == "mean", "pooling", cfg.pooling,
