@@ -68,6 +68,8 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     hf_cfg = read_json_object(root / "config.json", CheckpointError)
     family = for_class(family_of(hf_cfg, str(root / "config.json")), hf_cfg,
                        str(root / "config.json"))
+    if family.task == "seq2seq":  # generate's settings, where newer saves move them
+        hf_cfg = {**hf_cfg, **_generation_settings(root)}
     cfg = config_from_hf(family, hf_cfg, str(root / "config.json"))
     labels = labels_of(hf_cfg) if cfg.task in ("classifier", "token_classifier") else None
     if sentence is not None:
@@ -80,7 +82,8 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     model_context = cfg.block_size
     tok = family.read_tokenizer(root, hf_cfg, log)
     check_tokenizer_fits(tok, cfg, "the tokenizer")
-    if cfg.task != "causal_lm":  # texts cut as the model was run: its own length, else its context
+    if cfg.task not in ("causal_lm", "seq2seq"):  # texts cut as the model was run: its own
+        #                                          length, else its context
         cut = min(sentence.max_seq_length or cfg.block_size, cfg.block_size) \
             if sentence is not None else cfg.block_size
         tok.hf.enable_truncation(cut)
@@ -99,6 +102,21 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     return save_import(out, cfg, tok, state, source=source, log=log, labels=labels, metrics={
         "imported_from": "huggingface", "architecture": family.architecture,
         "source_dir": str(directory.resolve()), **kept})
+
+
+# generation_config.json's keys an encoder-decoder's import reads over config.json's
+# (the end is read with the tokenizer; the padding stays the model's, as its positions do)
+GENERATION_KEYS = ("decoder_start_token_id", "forced_bos_token_id", "bos_token_id")
+
+
+def _generation_settings(directory: Path) -> dict[str, Any]:
+    """generation_config.json's start, forced first token and special ids, as transformers'
+    generate reads them over config.json's ({} without the file)."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return {}
+    gen = read_json_object(path, CheckpointError)
+    return {k: gen[k] for k in GENERATION_KEYS if k in gen}
 
 
 def _shorter_context(cfg: ModelConfig, state: dict[str, torch.Tensor], context: int,
@@ -178,7 +196,9 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
     if cfg.task in ("classifier", "token_classifier"):
         settings.update(id2label=dict(enumerate(ckpt.labels)),
                         label2id={n: i for i, n in enumerate(ckpt.labels)})
-    if cfg.task != "causal_lm":  # the special tokens' ids as the tokenizer has them (a class's
+    if cfg.task == "seq2seq":
+        settings["pad_token_id"] = _seq2seq_pad(settings, tok, family)
+    elif cfg.task != "causal_lm":  # the special tokens' ids as the tokenizer has them (a class's
         roles = _encoder_tokens(tok, cfg)  # defaults are its real vocabulary's: ModernBERT's
         settings.update({f"{role}_id": tok.hf.token_to_id(roles[role])  # pad is 50,283)
                          for role in ("pad_token", "cls_token", "sep_token") if role in roles})
@@ -192,8 +212,9 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
         state = {k.removeprefix(family.base): v for k, v in state.items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     zeroed = sorted(k for k in missing if family.drops and k.endswith(family.drops))
+    shared = family.shared if cfg.task == "seq2seq" and cfg.shared_embeddings else ()
     missing = [k for k in missing if not k.endswith(family.buffers) and k not in zeroed
-               and not (k == "lm_head.weight" and cfg.tie_weights)]
+               and not (k == "lm_head.weight" and cfg.tie_weights) and k not in shared]
     if missing or unexpected:
         raise ConversionError(f"weights did not map: missing {missing}, unexpected {unexpected}")
     if cfg.tie_weights:
@@ -210,7 +231,7 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
         tok.save(tmp / "tokenizer.json")  # an encoder's keeps its truncation
         write_json(tmp / "tokenizer_config.json", {
             "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.block_size,
-            **(family.special_tokens(tok) if cfg.task == "causal_lm" else
+            **(family.special_tokens(tok) if cfg.task in ("causal_lm", "seq2seq") else
                _encoder_tokens(tok, cfg))})
         if cfg.task == "encoder" and cfg.pooling is not None:
             _write_sentence_modules(tmp, cfg, tok)
@@ -223,6 +244,18 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
                 arch=family.architecture)}
         write_json(tmp / "config.json", meta)
     return Path(out_dir)
+
+
+def _seq2seq_pad(settings: dict[str, Any], tok, family: Family) -> int:
+    """An encoder-decoder's pad_token_id: the tokenizer's <pad> (else its end, as tinyt's
+    exported graphs pad), which must be the one the class's config says (M2M100's positions
+    start after it)."""
+    pad = tok.pad_id if tok.pad_id is not None else tok.eos_id
+    said = settings.get("pad_token_id", pad)
+    if pad is None or said != pad:
+        raise ConversionError(f"a {family.architecture}'s pad_token_id is {said}, but the "
+                              f"tokenizer's <pad> is {pad}: they must be one token")
+    return pad
 
 
 def _encoder_tokens(tok, cfg: ModelConfig) -> dict[str, Any]:
@@ -266,6 +299,8 @@ def _check_outputs(model, hf, family: Family, cfg: ModelConfig) -> tuple[str, fl
     difference from tinyt's; refused above HF_LOGITS_ATOL."""
     if cfg.task == "causal_lm":
         output, worst = "logits", _logits_diff(model, hf, cfg)
+    elif cfg.task == "seq2seq":
+        output, worst = "logits", _seq2seq_diff(model, hf, cfg)
     else:
         output, worst = _encoder_diff(model, hf, cfg)
     if not worst <= HF_LOGITS_ATOL:
@@ -281,6 +316,28 @@ def _logits_diff(model, hf, cfg: ModelConfig) -> float:
     ids = torch.randint(0, cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         return float((model.eval()(ids)[0] - hf(ids).logits).abs().max())
+
+
+def _seq2seq_diff(model, hf, cfg: ModelConfig) -> float:
+    """Teacher-forced logits' max abs difference: a source batch right-padded with the model's
+    pad (CHECK_TOKENS, half, two tokens) and a target of half as many from decoder_start_id,
+    no real token the pad (M2M100 numbers positions from the ids). Not a learned table's
+    every row, as _logits_diff checks GPT-2's: 3 x 1,024 targets at BART's 50,265 ids are
+    600 MB of logits a side, and the table is copied whole (an offset shows from row 0)."""
+    S = min(cfg.block_size, CHECK_TOKENS)
+    T = max(S // 2, 2)  # past T5's 16 exact decoder buckets
+    g = torch.Generator().manual_seed(0)
+    pad = hf.config.pad_token_id
+    mask = (torch.arange(S)[None] < torch.tensor([S, S // 2, 2])[:, None]).long()  # (3, S)
+    ids = torch.randint(0, cfg.vocab_size - 1, (3, S), generator=g)
+    ids = torch.where(mask.bool(), ids + (ids >= pad).long(), pad)
+    target = torch.randint(0, cfg.vocab_size - 1, (3, T), generator=g)
+    target = target + (target >= pad).long()
+    target[:, 0] = cfg.decoder_start_id
+    with torch.no_grad():
+        ours = model.eval()(ids, mask, target)
+        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+    return float((ours - theirs).abs().max())
 
 
 def _encoder_diff(model, hf, cfg: ModelConfig) -> tuple[str, float]:
