@@ -16,22 +16,28 @@ import torch
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConversionError
+from tinyt.hf.families.bart import BART, MBART
 from tinyt.hf.families.bert import BERT, DISTILBERT, ROBERTA, XLM_ROBERTA
 from tinyt.hf.families.gemma import GEMMA2, GEMMA3
 from tinyt.hf.families.gpt2 import GPT2
 from tinyt.hf.families.llama import GRANITE, LLAMA, MISTRAL, QWEN2, QWEN3, SMOLLM3
+from tinyt.hf.families.m2m100 import M2M100
+from tinyt.hf.families.marian import MARIAN
 from tinyt.hf.families.modernbert import MODERNBERT
 from tinyt.hf.families.olmo2 import OLMO2
 from tinyt.hf.families.phi3 import PHI3
+from tinyt.hf.families.t5 import T5
 from tinyt.hf.family import Family, hf_config, misfit, with_head
 from tinyt.hf.weights import state_from_hf
 from tinyt.tokenizer import Tokenizer
 
 # export-hf takes the first that holds a model: the plainer classes first
 CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3, OLMO2,
-             BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, MODERNBERT)
+             BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, MODERNBERT,
+             BART, MBART, MARIAN, M2M100, T5)
 TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers", "encoder": "encoders",
-         "token_classifier": "token classifiers"}  # a task's name in messages
+         "token_classifier": "token classifiers",
+         "seq2seq": "encoder-decoders"}  # a task's name in messages
 # what export-hf and an artifact's config.json may be written as: the entries and their heads
 WRITERS = CATALOGUE + tuple(with_head(f, h) for f in CATALOGUE for h in f.heads)
 
@@ -91,7 +97,8 @@ def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,
     return state_from_hf(LLAMA, tensors, cfg, source)
 
 
-__all__ = ["BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE", "LLAMA",
-           "MISTRAL", "MODERNBERT", "OLMO2", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3",
-           "TASKS", "WRITERS", "XLM_ROBERTA", "encoder_config", "family_of",
-           "gpt2_config", "llama_config", "state_from_llama", "writer_for"]
+__all__ = ["BART", "BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
+           "LLAMA", "M2M100", "MARIAN", "MBART", "MISTRAL", "MODERNBERT", "OLMO2", "PHI3",
+           "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5", "TASKS", "WRITERS", "XLM_ROBERTA",
+           "encoder_config", "family_of", "gpt2_config", "llama_config", "state_from_llama",
+           "writer_for"]
