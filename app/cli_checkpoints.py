@@ -146,9 +146,11 @@ def import_hf(
     Qwen3ForCausalLM, SmolLM3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM,
     Gemma2ForCausalLM, Phi3ForCausalLM (Phi-3 / 3.5 / Phi-4-mini), Olmo2ForCausalLM; the
     encoders BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (a
-    sentence-transformers directory too) and their classification heads. Anything else tinyt's
-    model does not implement is refused by name (tests/core/test_family_lists.py keeps this
-    list the catalogue's)."""
+    sentence-transformers directory too) and their classification heads; the encoder-decoders
+    BartForConditionalGeneration, MBartForConditionalGeneration, MarianMTModel (Opus-MT),
+    M2M100ForConditionalGeneration (M2M100, NLLB), T5ForConditionalGeneration (T5, Flan-T5).
+    Anything else tinyt's model does not implement is refused by name
+    (tests/core/test_family_lists.py keeps this list the catalogue's)."""
     from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))
@@ -157,7 +159,8 @@ def import_hf(
 
 def export_hf(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory: a causal LM, or "
-                                                    "an imported encoder or classifier.")],
+                                                    "an imported encoder, classifier or "
+                                                    "encoder-decoder.")],
     out: Annotated[Path, typer.Argument(help="Hugging Face directory to write.")],
 ) -> None:
     """Write a checkpoint as a Hugging Face directory (safetensors): the class it was
@@ -166,7 +169,9 @@ def export_hf(
     Gemma3ForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM that holds it
     exactly; encoders as
     BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (in
-    sentence-transformers' layout when they pool) or their classification heads. For
+    sentence-transformers' layout when they pool) or their classification heads;
+    encoder-decoders as BartForConditionalGeneration, MBartForConditionalGeneration,
+    MarianMTModel, M2M100ForConditionalGeneration or T5ForConditionalGeneration. For
     transformers, CTranslate2, llama.cpp's converter, vLLM. Its outputs are checked first."""
     import json
 
