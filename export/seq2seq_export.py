@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.export import Dim
 
-from tinyt import __version__
+from tinyt import __version__, int8
 from tinyt.checkpoint import Checkpoint
 from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES, seq2seq_contract
 from tinyt.fsutil import atomic_dir, write_json
@@ -139,6 +139,7 @@ def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, ops
                                  options={"opset": opset, "with_past": True,
                                           "external_data": split}, extra={
             "graph": SEQ2SEQ, "opset": opset,
+            "int8": {file: int8.fp32_entry() for file in SEQ2SEQ_FILES.values()},
             "io": {SEQ2SEQ_FILES[r]: io_spec(*contract[r]) for r in contract},
             "exporter": "torch.onnx.export(dynamo=True)",
             "versions": {"torch": torch.__version__, "onnx": onnx.__version__,
