@@ -11,7 +11,8 @@ checks and both tails are shared:
     families/    one file a family (gpt2, llama, gemma, phi3, olmo2, bert, modernbert, bart,
                  marian, m2m100, t5)
     family.py    the entry's dataclasses; config.json <-> ModelConfig through an entry
-    common.py    what several families' config.json files share (rotary keys, windows)
+    common.py    what several families' config.json files share (rotary keys, windows, the
+                 encoder-decoders' keys)
     tensors.py   tinyt's tensors by role: the one table every family's names are written to
     weights.py   safetensors (and shards) in; tensors under an entry's names both ways
     tokens.py    tokenizer files: GPT-2's, and the Hub's tokenizer_config.json kind

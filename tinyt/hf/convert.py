@@ -7,7 +7,8 @@ In: the entry of config.json's model_type reads the config, the tokenizer and th
 `tinyt.checkpoint.save_import` writes the checkpoint (every importer's tail). Out: the class the
 checkpoint was imported as, else the first entry whose class holds the model exactly, is built
 by transformers from the entry's config.json, given the weights under its names, and compared
-with tinyt (logits; an encoder's hidden states; HF_LOGITS_ATOL) before anything is written.
+with tinyt (logits, an encoder-decoder's teacher-forced; an encoder's hidden states;
+HF_LOGITS_ATOL) before anything is written.
 The written config.json carries a `tinyt` block with what an import restores that the layout
 spells otherwise (a bias-free GPT-2's zero biases, the tokenizer's settings) and what the
 directory holds that is not the original model's (a base encoder's pooler, written as zeros);
@@ -53,7 +54,9 @@ CHECK_TOKENS = 64  # prompt length of the logits check, unless positions are a l
 def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
               context: int | None = None, log: Callable[[str], None] = lambda s: None) -> Path:
     """Write a tinyt checkpoint from a local Hugging Face directory of a catalogue family
-    (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM); returns out.
+    (GPT2LMHeadModel, LlamaForCausalLM, ..., BertModel, ..., T5ForConditionalGeneration);
+    returns out. An encoder-decoder's generation_config.json start and forced first token are
+    read over config.json's.
 
     context: keep a shorter context than the model's max_position_embeddings (block_size = N,
     2 <= N <= the model's). Exact for the positions kept: computed rotary positions do not
@@ -155,7 +158,8 @@ def to_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     """`tinyt export-hf`: a checkpoint as the class it was imported as (its metrics'
     `architecture`) where that holds it, else the first catalogue class that holds it exactly
     (tinyt.hf.catalogue.WRITERS' order: GPT2LMHeadModel, LlamaForCausalLM, ..., BertModel,
-    BertForSequenceClassification, ...); returns out_dir. An encoder with a pooling is written
+    ..., BartForConditionalGeneration, ..., BertForSequenceClassification, ...); returns
+    out_dir. An encoder with a pooling is written
     in sentence-transformers' layout around its class."""
     ckpt = load_checkpoint(checkpoint_dir)
     arch = (ckpt.meta.get("metrics") or {}).get("architecture")
