@@ -149,9 +149,11 @@ def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, ops
 
 
 def generation_config(cfg, tokenizer) -> dict:
-    """generation_config.json: the decoder's first token, where it stops, its padding."""
+    """generation_config.json: the decoder's first token, where it stops, its padding, and
+    the first token generated where it is forced (BART-large-CNN's <s>, M2M100's language)."""
     eos = tokenizer.eos_id
     pad = getattr(tokenizer, "pad_id", None)
+    forced = {} if cfg.forced_bos_id is None else {"forced_bos_token_id": cfg.forced_bos_id}
     return {"decoder_start_token_id": cfg.decoder_start_id, "eos_token_id": eos,
             "pad_token_id": eos if pad is None else pad, "max_length": cfg.block_size,
-            "do_sample": False, "num_beams": 1}
+            "do_sample": False, "num_beams": 1, **forced}

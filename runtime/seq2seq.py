@@ -75,7 +75,7 @@ class GenerationConfig:
                                               artifact.config.decoder_start_id)),
                    eos=eos, pad=int(pad) if pad is not None else (eos[0] if eos else 0),
                    max_length=data.get("max_length"),
-                   forced_bos=data.get("forced_bos_token_id"),
+                   forced_bos=data.get("forced_bos_token_id", artifact.config.forced_bos_id),
                    forced_eos=ids("forced_eos_token_id"), bad_words=bad)
 
 
