@@ -281,6 +281,59 @@ def _against_transformers(model, seed: int) -> set[tuple[str, int]]:
     return endings
 
 
+# -- an imported Opus-MT end to end against transformers ---------------------------------------
+MARIAN_EOS_BOOST = 8.0  # the fixture's logits reach ~10: hypotheses end at many lengths
+
+
+@pytest.fixture(scope="module")
+def opus_mt(tmp_path_factory):
+    """(transformers' random Opus-MT at its real vocabulary, the runtime on its import)."""
+    from hf_fixtures import save_seq2seq
+
+    from tinyt.export.exporter import export_onnx
+    from tinyt.hf import import_hf
+
+    root = tmp_path_factory.mktemp("opus-mt")
+    theirs = save_seq2seq("opus-mt", root / "hf")
+    with torch.no_grad():
+        theirs.final_logits_bias[0, theirs.config.eos_token_id] += MARIAN_EOS_BOOST
+    theirs.save_pretrained(root / "hf", safe_serialization=True)
+    export_onnx(import_hf(root / "hf", root / "ck"), root / "onnx")
+    return theirs, rt.load(root / "onnx", threads=1)
+
+
+@pytest.mark.parametrize("case", [(1, 1.0, 0, False), (4, 1.0, 0, False),
+                                  (4, 2.0, 2, "never"), (3, 0.5, 0, True)])
+def test_an_imported_marian_generates_as_transformers(opus_mt, case):
+    """Greedy and beams of the imported artifact give transformers' generate() tokens on a
+    padded batch (its forced_eos_token_id off: tinyt's import does not carry it)."""
+    theirs, mt = opus_mt
+    K, lp, ngram, early = case
+    pad, eos = theirs.config.pad_token_id, theirs.config.eos_token_id
+    ids = torch.randint(3, 790, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    ids[1, 6:], mask[1, 6:] = pad, 0
+    with torch.no_grad():
+        ref = theirs.generate(ids, attention_mask=mask, num_beams=K, length_penalty=lp,
+                              no_repeat_ngram_size=ngram, early_stopping=early,
+                              max_new_tokens=12, do_sample=False, forced_eos_token_id=None)
+    got = mt.generate_ids([ids[0].tolist(), ids[1, :6].tolist()], num_beams=K,
+                          length_penalty=lp, no_repeat_ngram_size=ngram, early_stopping=early,
+                          max_new_tokens=12)
+    want = [_until_eos(r[1:], eos) for r in ref.tolist()]
+    assert [r.token_ids for r in got] == want
+    assert [r.finish_reason for r in got] == ["eos" if eos in r else "length"
+                                              for r in ref[:, 1:].tolist()]
+    text = "The cat sat on the mat."  # the tokenizer's post-processor ends it with </s>
+    (one,) = mt.generate_details([text], num_beams=K, max_new_tokens=12)
+    source = torch.tensor([mt.tokenizer.encode_prompt(text)])
+    assert source[0, -1] == eos
+    with torch.no_grad():
+        ref = theirs.generate(source, num_beams=K, max_new_tokens=12, do_sample=False,
+                              forced_eos_token_id=None)
+    assert one.token_ids == _until_eos(ref[0, 1:].tolist(), eos)
+
+
 # -- sampling, arguments, the CLI ------------------------------------------------------------
 def test_sampling_is_reproducible(learned):
     _, mt = learned
