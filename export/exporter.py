@@ -10,7 +10,6 @@ choice", and lab/compare_exporters.py for the measurement).
 """
 from __future__ import annotations
 
-import ast
 import logging
 import os
 import platform
@@ -43,6 +42,7 @@ from tinyt.graphio import save_graph
 from tinyt.hf import encoder_config, gpt2_config, llama_config
 from tinyt.manifest import check_output_dir, checkpoint_source, io_spec, write_manifest
 
+from .graph_names import name_axes, tidy_nodes
 from .stage import Built, built
 
 # torch's exporter warns on every export that torchvision (whose ops tinyt never uses) is
@@ -123,64 +123,6 @@ def _example(cfg: ModelConfig, kind: str):
     shapes = {"input_ids": {0: dyn, 1: dyn}, "attention_mask": {0: dyn, 1: dyn},
               "position_ids": {0: dyn, 1: dyn}, "past": [{0: dyn, 2: dyn}] * len(past)}
     return kwargs, shapes
-
-
-def _name_axes(proto: onnx.ModelProto, inputs, outputs) -> None:
-    """Give the graph's symbolic I/O axes the contract's names (torch writes s0, s1, ...)."""
-    rename: dict[str, str] = {}
-    values = {v.name: v for v in [*proto.graph.input, *proto.graph.output]}
-    for spec in [*inputs, *outputs]:
-        dims = values[spec.name].type.tensor_type.shape.dim
-        if len(dims) != len(spec.shape):
-            raise ExportError(f"exported {spec.name} has rank {len(dims)}, the contract says "
-                              f"{len(spec.shape)}")
-        for dim, want in zip(dims, spec.shape):
-            if isinstance(want, str):
-                if not dim.dim_param:
-                    raise ExportError(f"axis {want!r} of {spec.name} was specialised to "
-                                      f"{dim.dim_value} during export; it must stay symbolic")
-                rename.setdefault(dim.dim_param, want)
-                dim.dim_param = want
-            elif dim.dim_value != want:
-                raise ExportError(f"{spec.name} has size {dim.dim_value or dim.dim_param} where "
-                                  f"the contract fixes {want}")
-    for v in proto.graph.value_info:  # keep intermediate shapes consistent with the I/O names
-        for dim in v.type.tensor_type.shape.dim:
-            if dim.dim_param in rename:
-                dim.dim_param = rename[dim.dim_param]
-
-
-def module_path(names: list[str]) -> str:
-    """['transformer', 'h', '0', 'attn'] -> 'transformer/h.0/attn' (indices join their list)."""
-    parts: list[str] = []
-    for s in filter(None, names):
-        if s.isdigit() and parts:
-            parts[-1] += f".{s}"
-        else:
-            parts.append(s)
-    return "/".join(parts)
-
-
-def _tidy_nodes(proto: onnx.ModelProto, wrapped: bool) -> None:
-    """Name each node after the PyTorch module it came from, `/transformer/h.0/attn/c_attn/
-    MatMul`, and drop the exporter's per-node metadata (stack traces with local paths, FX
-    dumps): it is most of a small model's graph bytes and says nothing a deployment needs."""
-    seen: dict[str, int] = {}
-    for node in proto.graph.node:
-        meta = {p.key: p.value for p in node.metadata_props}
-        try:
-            scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
-        except (ValueError, SyntaxError):
-            scopes = []
-        # scopes: ['', 'model.transformer', 'model.transformer.h.0', ..., aten op]; the one
-        # before the op is the innermost module's qualified name.
-        module = scopes[-2] if len(scopes) >= 2 and "hook" not in scopes[-2] else ""
-        if wrapped:
-            module = module.removeprefix("model").removeprefix(".")
-        base = "/" + "/".join(filter(None, [module_path(module.split(".")), node.op_type]))
-        seen[base] = seen.get(base, -1) + 1
-        node.name = base if seen[base] == 0 else f"{base}_{seen[base]}"
-        del node.metadata_props[:]
 
 
 def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str,
@@ -264,8 +206,8 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
             output_names=[t.name for t in outputs], external_data=False, verbose=False,
         )
     proto = program.model_proto
-    _name_axes(proto, inputs, outputs)
-    _tidy_nodes(proto, wrapped=kind not in (CLASSIFIER, TOKEN_CLASSIFIER))
+    name_axes(proto, inputs, outputs)
+    tidy_nodes(proto, wrapped=kind not in (CLASSIFIER, TOKEN_CLASSIFIER))
     proto.producer_name, proto.producer_version = "tinyt", __version__
     with atomic_dir(out_dir) as tmp:
         files = save_graph(proto, tmp / ONNX_FILE, external=external_data)

@@ -29,6 +29,7 @@ from tinyt.fsutil import atomic_dir, write_json
 from tinyt.graphio import save_graph
 from tinyt.manifest import checkpoint_source, io_spec, write_manifest
 
+from .graph_names import name_axes, tidy_nodes
 from .stage import Built, built
 
 EXAMPLE_BATCH, EXAMPLE_SOURCE, EXAMPLE_TARGET, EXAMPLE_PAST = 2, 4, 3, 5  # distinct: symbolic
@@ -103,8 +104,6 @@ def _examples(cfg) -> dict[str, tuple[dict, dict]]:
 def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, opset: int,
                    external_data: bool | None, hf_config: dict) -> Built:
     """Write the three graphs, the tokenizer, config.json and generation_config.json."""
-    from .exporter import _name_axes, _tidy_nodes  # the single-graph export's helpers
-
     cfg = ckpt.config
     model = ckpt.model.eval()
     wrappers = {"encoder": EncoderGraph, "decoder": FirstStepGraph,
@@ -122,8 +121,8 @@ def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, ops
                 opset_version=opset, input_names=[t.name for t in inputs],
                 output_names=[t.name for t in outputs], external_data=False, verbose=False)
         proto = program.model_proto
-        _name_axes(proto, inputs, outputs)
-        _tidy_nodes(proto, wrapped=True)
+        name_axes(proto, inputs, outputs)
+        tidy_nodes(proto, wrapped=True)
         proto.producer_name, proto.producer_version = "tinyt", __version__
         protos[role] = proto
     with atomic_dir(out_dir) as tmp:
