@@ -22,9 +22,9 @@ from tinyt.tokenizer import Tokenizer
 
 from .classify import Classifier, Prediction, TokenClassifier, TokenLabel
 from .embed import Encoder
+from .encoder_decoder import Seq2SeqModel, load_seq2seq
 from .generate import GenerationResult, LanguageModel
 from .sampling import SamplingParams
-from .seq2seq import Seq2SeqModel, load_seq2seq
 from .session import (
     PROVIDERS,
     ProviderError,

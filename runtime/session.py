@@ -20,7 +20,7 @@ from tinyt.manifest import Artifact, Manifest, ManifestError, open_artifact_dir,
 from .feeds import check_tokens
 
 KINDS = (*contract.KINDS, SEQ2SEQ)  # what the runtime runs: the single graphs, an
-# encoder-decoder's three (runtime/seq2seq.py)
+# encoder-decoder's three (runtime/encoder_decoder.py)
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
 AUTO_ORDER = ("cuda", "cpu")  # TensorRT builds engines per shape: only when asked for by name

@@ -1,4 +1,4 @@
-"""The encoder-decoder in the torch-free runtime (runtime/seq2seq.py, beam.py, rules.py):
+"""The encoder-decoder in the torch-free runtime (runtime/encoder_decoder.py, beam.py, rules.py):
 greedy against tinyt.seq2seq.greedy, beam search against transformers' generate, sampling,
 argument checks and `tinyt translate`.
 
@@ -21,8 +21,8 @@ from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
 from tinyt.model import build_model
 from tinyt.runtime.beam import BeamParams, beam_search
+from tinyt.runtime.encoder_decoder import DecoderSteps
 from tinyt.runtime.rules import Rules
-from tinyt.runtime.seq2seq import DecoderSteps
 from tinyt.seq2seq import greedy
 from tinyt.tokenizer import Tokenizer
 
@@ -374,7 +374,7 @@ def test_a_source_past_the_block_and_no_language_tokens(learned):
         mt.generate("x" * 65)
     assert mt.generate_ids([[1, 2, 3]], max_new_tokens=0)[0].finish_reason == "length"
     plain = Tokenizer.byte_level()
-    from tinyt.runtime.seq2seq import language_id
+    from tinyt.runtime.encoder_decoder import language_id
     with pytest.raises(ConfigError, match="has no language tokens"):
         language_id(plain, "de")
     assert language_id(mt.tokenizer, "__fr__") == language_id(mt.tokenizer, "fr") == 258
