@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
-from tinyt.model import TinyTransformer, Trunk, _init_weights, positions_from_mask
+from tinyt.trunk import Trunk, _init_weights, causal_mask, positions_from_mask
 
 
 def source_mask(attention_mask):
@@ -81,7 +81,7 @@ class TinySeq2Seq(nn.Module):
         P = 0 if past_key_values is None else past_key_values[0][0].shape[2]
         device = decoder_input_ids.device
         positions = torch.arange(P, P + T, device=device).unsqueeze(0)
-        mask = TinyTransformer._mask(None, P, T, device)
+        mask = causal_mask(None, P, T, device)
         keys = torch.arange(P + T, device=device).unsqueeze(0) if P else None
         x, presents = self.decoder(decoder_input_ids, positions, mask, past_key_values,
                                    is_causal=False, cross=(cross, memory_mask(attention_mask)),
