@@ -39,7 +39,7 @@ from tinyt.errors import ConversionError, ExportError
 from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir, write_json
 from tinyt.graphio import save_graph
-from tinyt.hf import encoder_config, gpt2_config, llama_config
+from tinyt.hf import encoder_config, gpt2_config, llama_config, seq2seq_config
 from tinyt.manifest import check_output_dir, checkpoint_source, io_spec, write_manifest
 
 from .graph_names import name_axes, tidy_nodes
@@ -132,11 +132,15 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str,
     eos = tokenizer.eos_id
     tinyt_block = {"model": cfg.to_dict(), "graph": kind, "labels": labels,
                    "tinyt_version": __version__}
-    if kind == SEQ2SEQ:  # a family's config where one holds the model (ORTModelForSeq2SeqLM)
-        return {"model_type": "tinyt-seq2seq", "is_encoder_decoder": True,
-                "vocab_size": cfg.vocab_size, "d_model": cfg.n_embd,
-                "decoder_start_token_id": cfg.decoder_start_id, "eos_token_id": eos,
-                "pad_token_id": eos, "tinyt": tinyt_block}
+    if kind == SEQ2SEQ:  # Optimum's ORTModelForSeq2SeqLM reads the graphs by the family's
+        try:  # config, as export-hf writes it, where a family's class holds the model
+            hf = seq2seq_config(cfg, tokenizer, architecture)
+        except ConversionError:
+            hf = {"model_type": "tinyt-seq2seq", "is_encoder_decoder": True,
+                  "vocab_size": cfg.vocab_size, "d_model": cfg.n_embd,
+                  "decoder_start_token_id": cfg.decoder_start_id, "eos_token_id": eos,
+                  "pad_token_id": eos if tokenizer.pad_id is None else tokenizer.pad_id}
+        return {**hf, "tinyt": tinyt_block}
     if kind == ENCODER:  # Optimum's ORTModelForFeatureExtraction reads it by its family
         try:
             hf = encoder_config(cfg, architecture)

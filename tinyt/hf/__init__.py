@@ -50,6 +50,7 @@ from tinyt.hf.catalogue import (
     family_of,
     gpt2_config,
     llama_config,
+    seq2seq_config,
     state_from_llama,
     writer_for,
 )
@@ -62,5 +63,5 @@ __all__ = ["BART", "BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2"
            "OLMO2", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5",
            "XLM_ROBERTA", "ConversionError", "Family", "Spelling", "Weight", "config_from_hf",
            "encoder_config", "family_of", "gpt2_config", "hf_config", "hf_state", "import_hf",
-           "llama_config", "read_hf_weights", "state_from_hf", "state_from_llama", "to_hf",
-           "to_hf_gpt2", "writer_for"]
+           "llama_config", "read_hf_weights", "seq2seq_config", "state_from_hf",
+           "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]

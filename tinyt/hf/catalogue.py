@@ -90,6 +90,30 @@ def encoder_config(cfg: ModelConfig, architecture: str | None = None) -> dict[st
     return hf_config(writer_for(cfg, "the model", among=first + WRITERS), cfg, None)
 
 
+def seq2seq_pad(settings: dict[str, Any], tok, family: Family) -> int:
+    """An encoder-decoder's pad_token_id: the tokenizer's <pad> (else its end, as tinyt's
+    exported graphs pad), which must be the one the class's config says (M2M100's positions
+    start after it)."""
+    pad = tok.pad_id if tok.pad_id is not None else tok.eos_id
+    said = settings.get("pad_token_id", pad)
+    if pad is None or said != pad:
+        raise ConversionError(f"a {family.architecture}'s pad_token_id is {said}, but the "
+                              f"tokenizer's <pad> is {pad}: they must be one token")
+    return pad
+
+
+def seq2seq_config(cfg: ModelConfig, tokenizer: Tokenizer,
+                   architecture: str | None = None) -> dict[str, Any]:
+    """config.json of the encoder-decoder class holding cfg, as export-hf writes it, for a
+    seq2seq artifact (Optimum's ORTModelForSeq2SeqLM reads the graphs by it): `architecture`
+    (the class it was imported from) where that holds it, else the first that does; none, or
+    a tokenizer whose <pad> is not the class's: refused by name (ConversionError)."""
+    first = tuple(f for f in WRITERS if f.architecture == architecture)
+    family = writer_for(cfg, "the model", among=first + WRITERS)
+    hf = hf_config(family, cfg, tokenizer.eos_id, tokenizer.bos_id)
+    return {**hf, "pad_token_id": seq2seq_pad(hf, tokenizer, family)}
+
+
 def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,
                      source: str) -> dict[str, torch.Tensor]:
     """HF Llama / Qwen2 tensors under tinyt's names (q, k, v and gate, up stacked): the two
@@ -100,5 +124,5 @@ def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,
 __all__ = ["BART", "BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
            "LLAMA", "M2M100", "MARIAN", "MBART", "MISTRAL", "MODERNBERT", "OLMO2", "PHI3",
            "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5", "TASKS", "WRITERS", "XLM_ROBERTA",
-           "encoder_config", "family_of", "gpt2_config", "llama_config", "state_from_llama",
-           "writer_for"]
+           "encoder_config", "family_of", "gpt2_config", "llama_config", "seq2seq_config",
+           "seq2seq_pad", "state_from_llama", "writer_for"]

@@ -36,7 +36,7 @@ from tinyt.checkpoint import (
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConversionError
 from tinyt.fsutil import atomic_dir, read_json_object, write_json
-from tinyt.hf.catalogue import GPT2, WRITERS, family_of, writer_for
+from tinyt.hf.catalogue import GPT2, WRITERS, family_of, seq2seq_pad, writer_for
 from tinyt.hf.family import Family, config_from_hf, for_class, hf_config, labels_of
 from tinyt.hf.sentence import LEGACY, MODULES, POOLING, read_sentence_modules
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
@@ -201,7 +201,7 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
         settings.update(id2label=dict(enumerate(ckpt.labels)),
                         label2id={n: i for i, n in enumerate(ckpt.labels)})
     if cfg.task == "seq2seq":
-        settings["pad_token_id"] = _seq2seq_pad(settings, tok, family)
+        settings["pad_token_id"] = seq2seq_pad(settings, tok, family)
     elif cfg.task != "causal_lm":  # the special tokens' ids as the tokenizer has them (a class's
         roles = _encoder_tokens(tok, cfg)  # defaults are its real vocabulary's: ModernBERT's
         settings.update({f"{role}_id": tok.hf.token_to_id(roles[role])  # pad is 50,283)
@@ -248,18 +248,6 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
                 arch=family.architecture)}
         write_json(tmp / "config.json", meta)
     return Path(out_dir)
-
-
-def _seq2seq_pad(settings: dict[str, Any], tok, family: Family) -> int:
-    """An encoder-decoder's pad_token_id: the tokenizer's <pad> (else its end, as tinyt's
-    exported graphs pad), which must be the one the class's config says (M2M100's positions
-    start after it)."""
-    pad = tok.pad_id if tok.pad_id is not None else tok.eos_id
-    said = settings.get("pad_token_id", pad)
-    if pad is None or said != pad:
-        raise ConversionError(f"a {family.architecture}'s pad_token_id is {said}, but the "
-                              f"tokenizer's <pad> is {pad}: they must be one token")
-    return pad
 
 
 def _encoder_tokens(tok, cfg: ModelConfig) -> dict[str, Any]:
