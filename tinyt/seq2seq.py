@@ -131,10 +131,13 @@ def seq2seq_loss(model: TinySeq2Seq, input_ids, attention_mask, labels, pad_id: 
 
 @torch.no_grad()
 def greedy(model: TinySeq2Seq, input_ids, attention_mask=None, *, max_new_tokens: int,
-           eos_id: int | None = None, forced_bos_id: int | None = None) -> torch.Tensor:
+           eos_id: int | None = None, forced_bos_id: int | None = None,
+           vocab_limit: int | None = None) -> torch.Tensor:
     """Greedy decoding through the caches: the encoder once, the decoder a token a step.
     Returns (B, 1 + n) ids, decoder_start_id first; a row that has made eos_id pads with it.
-    forced_bos_id: the first generated token (NLLB's / M2M100's target language)."""
+    forced_bos_id: the first generated token (NLLB's / M2M100's target language);
+    vocab_limit: ids from it on are never chosen (a vocabulary padded beyond its tokenizer,
+    T5's 32,128 for 32,100 pieces, as the runtime chooses)."""
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     B = input_ids.shape[0]
@@ -144,7 +147,7 @@ def greedy(model: TinySeq2Seq, input_ids, attention_mask=None, *, max_new_tokens
     past = None
     for step in range(max_new_tokens):
         logits, past = model.decode(out[:, -1:], cross, attention_mask, past)
-        nxt = logits[:, -1].argmax(-1)
+        nxt = logits[:, -1, :vocab_limit].argmax(-1)
         if step == 0 and forced_bos_id is not None:
             nxt = torch.full_like(nxt, forced_bos_id)
         if eos_id is not None:
