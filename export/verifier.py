@@ -31,6 +31,7 @@ from tinyt.contract import (
     DECODER_WITH_PAST,
     ENCODER,
     ONNX_FILE,
+    SEQ2SEQ,
     SHARED_CACHE_KIND,
     TOKEN_CLASSIFIER,
     contract_for,
@@ -230,8 +231,12 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     kind = manifest.graph
     ckpt = load_checkpoint(checkpoint_dir)
     cfg, model = ckpt.config, ckpt.model
-    if kind == SHARED_CACHE_KIND:
-        report = _verify_shared_cache(ckpt, onnx_dir, seed, gen_tokens)
+    if kind in (SHARED_CACHE_KIND, SEQ2SEQ):
+        if kind == SEQ2SEQ:  # three graphs (export/seq2seq_verify.py)
+            from .seq2seq_verify import verify_seq2seq
+            report = verify_seq2seq(ckpt, onnx_dir, seed, gen_tokens)
+        else:
+            report = _verify_shared_cache(ckpt, onnx_dir, seed, gen_tokens)
         report.update(checkpoint=str(Path(checkpoint_dir).resolve()), onnx=str(onnx_dir.resolve()))
         if report_path is not None:
             write_json(report_path, report)
