@@ -139,9 +139,10 @@ def check_source(source: str | os.PathLike | Artifact) -> Artifact:
     runs it in its own checks. An Artifact already opened is not hashed again."""
     artifact = runnable(source if isinstance(source, Artifact) else open_artifact_dir(source))
     if artifact.kind == SEQ2SEQ:
-        raise ManifestError(f"{artifact.path} is an encoder-decoder (seq2seq) artifact: the "
-                            "stages after export take single-graph artifacts; run it with "
-                            "tinyt.runtime (rt.load, tinyt translate)")
+        raise ManifestError(f"{artifact.path} is an encoder-decoder (seq2seq) artifact: "
+                            "this stage takes single-graph artifacts (optimize, quantize and "
+                            "verify take its three graphs); run it with tinyt.runtime "
+                            "(rt.load, tinyt translate)")
     create_session(artifact, threads=1, spinning=False, level="disabled")
     return artifact
 
