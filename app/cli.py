@@ -34,10 +34,15 @@ def presets() -> None:
 def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for every stage.")]
         = Path("artifacts"),
-    preset: Annotated[str, typer.Option(
-        help="Model preset: test, demo, llama-demo, article, gpt2-small.")] = "demo",
+    preset: Annotated[Optional[str], typer.Option(
+        help="Model preset: test, demo, llama-demo, seq2seq-test, seq2seq-demo, article, "
+             "gpt2-small. Default: demo; seq2seq-demo with --task seq2seq.")] = None,
+    task: Annotated[Optional[str], typer.Option(
+        help="causal_lm or seq2seq (an encoder-decoder, trained on the built-in code "
+             "summarization). Default: the preset's.")] = None,
     data: Annotated[Optional[Path], typer.Option(
-        help="Your text corpus (default: the Python standard library's source).")] = None,
+        help="Your text corpus (default: the Python standard library's source); seq2seq: a "
+             ".tsv / .jsonl of pairs or a directory of .py files.")] = None,
     skip_train: Annotated[Optional[Path], typer.Option(
         help="Use this checkpoint instead of training.")] = None,
     no_bench: Annotated[bool, typer.Option("--no-bench", help="Skip the quick benchmark.")]
@@ -47,9 +52,9 @@ def pipeline(
     skip stages whose inputs have not changed and resume an interrupted training."""
     from tinyt.app.pipeline import pipeline as run_pipeline
 
-    report = run_pipeline(out, preset=preset, data=None if data is None else str(data),
-                          skip_train=skip_train, bench=not no_bench,
-                          log=lambda s: typer.echo(s, err=True))
+    report = run_pipeline(out, preset=preset, task=task,
+                          data=None if data is None else str(data), skip_train=skip_train,
+                          bench=not no_bench, log=lambda s: typer.echo(s, err=True))
     typer.echo(report.read_text())
     typer.echo(f"report: {report}")
 
