@@ -39,7 +39,7 @@ from tinyt.contract import (
 from tinyt.errors import OptimizeError
 from tinyt.graphio import CONTRIB_DOMAIN, quantized_ops, save_graph
 from tinyt.int8 import fp32_entry
-from tinyt.manifest import Artifact, Manifest, read_manifest
+from tinyt.manifest import Artifact, Manifest, manifest_of
 from tinyt.rope import is_longrope
 from tinyt.runtime.session import graph_session, ort_options
 
@@ -51,10 +51,10 @@ from .seq2seq_checks import (
     beyond_bound,
     check_cases,
     check_sizes,
-    compare_graphs as compare_seq2seq,
     fuses_attention,
     open_graphs,
 )
+from .seq2seq_checks import compare_graphs as compare_seq2seq
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 
 TARGETS = ("cpu", "portable", "gqa")  # no cuda: there was no GPU to build it against
@@ -304,7 +304,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         raise OptimizeError(f"fuse_embedding=True puts in ONNX Runtime's EmbedLayerNormalization "
                             f"(a contrib op) for target 'cpu', not {target!r}")
     if target == "gqa":  # a layout of an optimized (or quantized) graph
-        if read_manifest(src_dir).get("graph") == SEQ2SEQ:
+        if (manifest_of(Path(src_dir)) or {}).get("graph") == SEQ2SEQ:
             raise OptimizeError(f"{src_dir} is an encoder-decoder (seq2seq) artifact: target "
                                 "'gqa' is the decoder-only shared-cache variant; optimize it "
                                 "with target 'cpu' or 'portable'")
