@@ -57,10 +57,35 @@ MIN_FREE = 2 << 30  # bytes available, at least, when a worker starts
 CHECK_LENGTHS = (8, 48)  # the check's sources: lengths from, to (their </s> included)
 
 
-def _ours(name: str, artifact: str, about: str, exact: bool = True) -> PeerEngine:
+# tinyt's own engines: the rows of the encoder-decoder catalogue (tinyt.artifacts
+# .SEQ2SEQ_VARIANTS) each runs; the fp32 ones must give the reference's tokens
+TINYT_ROWS = {REFERENCE: "onnx", "tinyt-opt": "onnx-opt", "tinyt-int8": "onnx-int8",
+              "tinyt-int4": "onnx-int4", "tinyt-int8-qgemm": "onnx-int8-qgemm",
+              "tinyt-int8-static": "onnx-int8-static"}
+FP32 = ("onnx", "onnx-opt")
+
+
+def _variant(artifact: str):
+    from tinyt.artifacts import SEQ2SEQ_VARIANTS
+
+    return next(v for v in SEQ2SEQ_VARIANTS if v.dir == artifact)
+
+
+def makes(artifact: str) -> str:
+    """The command that makes tinyt's directory `artifact` under ARTIFACTS."""
+    v = _variant(artifact)
+    flags = "".join(f" --{k.replace('_', '-')} {x}" for k, x in v.options.items())
+    return f"tinyt {v.stage} ARTIFACTS/{v.source} ARTIFACTS/{v.dir}{flags}"
+
+
+def _ours(name: str) -> PeerEngine:
+    artifact = TINYT_ROWS[name]
+    v = _variant(artifact)
+    about = ("the fp32 export: three graphs in Optimum's layout" if artifact == "onnx" else
+             v.note.split(":")[0] if v.note else f"`{makes(artifact)}`")
     return PeerEngine(name, f"tinyt.runtime generate_ids on ARTIFACTS/{artifact} ({about})",
                       "onnxruntime", "bash scripts/setup.sh", "tinyt", artifact, ours=True,
-                      exact=exact, modules=("tinyt.runtime",))
+                      exact=artifact in FP32, modules=("tinyt.runtime",))
 
 
 def _ct2(option: str) -> PeerEngine:
@@ -74,9 +99,7 @@ def _ct2(option: str) -> PeerEngine:
 # are the directories `tinyt export` / `optimize` / `quantize` write; one that is absent is
 # skipped, saying which command makes it.
 SEQ2SEQ_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
-    _ours(REFERENCE, "onnx", "the fp32 export: three graphs in Optimum's layout"),
-    _ours("tinyt-opt", "onnx-opt", "optimized"),
-    _ours("tinyt-int8", "onnx-int8", "dynamic INT8", exact=False),
+    *(_ours(name) for name in TINYT_ROWS),
     _ct2("int8"),
     _ct2("float32"),
     PeerEngine("optimum-fp32", "Optimum's ORTModelForSeq2SeqLM.generate on its own export "
@@ -87,9 +110,6 @@ SEQ2SEQ_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
                "attention) generate on ARTIFACTS/hf", "torch", "extra torch", "transformers",
                "hf", exact=True, modules=("torch", "transformers")),
 )}
-MAKES = {"onnx": "tinyt export ARTIFACTS/checkpoint ARTIFACTS/onnx",
-         "onnx-opt": "tinyt optimize ARTIFACTS/onnx ARTIFACTS/onnx-opt",
-         "onnx-int8": "tinyt quantize ARTIFACTS/onnx-opt ARTIFACTS/onnx-int8"}
 
 
 def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 5,
@@ -190,7 +210,7 @@ def prepare(artifacts: Path, rows: list[PeerEngine]) -> dict[str, str]:
             continue
         if e.ours and not (artifacts / e.artifact / "manifest.json").is_file():
             skipped[e.name] = (f"{artifacts / e.artifact} is missing (`"
-                               f"{MAKES.get(e.artifact, 'tinyt')}` makes it)"
+                               f"{makes(e.artifact)}` makes it)"
                                .replace("ARTIFACTS", str(artifacts)))
     need = [(e.name, e.artifact, e.convert, e.option) for e in rows
             if e.convert is not None and e.name not in skipped]
@@ -336,13 +356,15 @@ def check(workers: list[Worker], rows: list[PeerEngine], threads: int, plan: dic
 
 
 def _agree(got: list[list[int]], ref: list[list[int]]) -> dict:
-    """Tokens equal to the reference's position by position (over the reference's tokens), and
-    the sources whose tokens differ at all."""
+    """Tokens equal to the reference's position by position (over the reference's tokens), the
+    sources whose tokens differ at all, and how many different outputs the sources gave (one:
+    weights that ignore their source, which a check cannot tell from a broken encoder)."""
     same = sum(a == b for g, r in zip(got, ref) for a, b in zip(g, r))
     total = sum(map(len, ref))
     differ = sum(g != r for g, r in zip(got, ref))
     return {"agreement": same / total if total else 1.0, "matching_tokens": same,
-            "tokens": total, "sources_differing": differ, "identical": differ == 0}
+            "tokens": total, "sources_differing": differ, "identical": differ == 0,
+            "distinct_outputs": len({tuple(g) for g in got})}
 
 
 def _time(workers: list[Worker], calls: list[dict], rounds: int, settle: int, block: int,

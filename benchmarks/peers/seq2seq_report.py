@@ -123,14 +123,15 @@ def _check(result: dict) -> list[str]:
              f"time, {m['new_tokens']} new tokens, at {m['threads'][0]} thread(s)): tokens "
              "equal to tinyt fp32's, position by position. An fp32 engine must give them "
              "exactly (greedy) or is refused; the beams' are told.", "",
-             "| engine | greedy agreement | sources differing | beams agreement | must equal | "
-             "verdict |", "|---|---|---|---|---|---|"]
+             "| engine | greedy agreement | sources differing | different outputs | beams "
+             "agreement | must equal | verdict |", "|---|---|---|---|---|---|---|"]
     for name, a in result["agreement"].items():
         g, b = a["greedy"], a["beams"]
         verdict = ("**refused**" if name in result["skipped"] else
                    "identical" if g["identical"] else "reported")
         lines.append(f"| {name} | {g['agreement']:.1%} | {g['sources_differing']} | "
-                     f"{b['agreement']:.1%} | {a['must_equal'] or '—'} | {verdict} |")
+                     f"{g['distinct_outputs']} of {m['check_sources']} | {b['agreement']:.1%} | "
+                     f"{a['must_equal'] or '—'} | {verdict} |")
     return lines + [""]
 
 
