@@ -16,7 +16,7 @@ import typer
 from tinyt.errors import TinytError, memory_failure
 
 from .cli_checkpoints import export_hf, import_hf, import_nanogpt, sample, train
-from .cli_runtime import classify_cmd, embed_cmd, generate_cmd, serve_cmd
+from .cli_runtime import classify_cmd, embed_cmd, generate_cmd, serve_cmd, translate_cmd
 from .cli_stages import export_cmd, optimize, package, quantize, verify
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -34,10 +34,15 @@ def presets() -> None:
 def pipeline(
     out: Annotated[Path, typer.Option(help="Output directory for every stage.")]
         = Path("artifacts"),
-    preset: Annotated[str, typer.Option(
-        help="Model preset: test, demo, llama-demo, article, gpt2-small.")] = "demo",
+    preset: Annotated[Optional[str], typer.Option(
+        help="Model preset: test, demo, llama-demo, seq2seq-test, seq2seq-demo, article, "
+             "gpt2-small. Default: demo; seq2seq-demo with --task seq2seq.")] = None,
+    task: Annotated[Optional[str], typer.Option(
+        help="causal_lm or seq2seq (an encoder-decoder, trained on the built-in code "
+             "summarization). Default: the preset's.")] = None,
     data: Annotated[Optional[Path], typer.Option(
-        help="Your text corpus (default: the Python standard library's source).")] = None,
+        help="Your text corpus (default: the Python standard library's source); seq2seq: a "
+             ".tsv / .jsonl of pairs or a directory of .py files.")] = None,
     skip_train: Annotated[Optional[Path], typer.Option(
         help="Use this checkpoint instead of training.")] = None,
     no_bench: Annotated[bool, typer.Option("--no-bench", help="Skip the quick benchmark.")]
@@ -47,9 +52,9 @@ def pipeline(
     skip stages whose inputs have not changed and resume an interrupted training."""
     from tinyt.app.pipeline import pipeline as run_pipeline
 
-    report = run_pipeline(out, preset=preset, data=None if data is None else str(data),
-                          skip_train=skip_train, bench=not no_bench,
-                          log=lambda s: typer.echo(s, err=True))
+    report = run_pipeline(out, preset=preset, task=task,
+                          data=None if data is None else str(data), skip_train=skip_train,
+                          bench=not no_bench, log=lambda s: typer.echo(s, err=True))
     typer.echo(report.read_text())
     typer.echo(f"report: {report}")
 
@@ -147,8 +152,8 @@ def info() -> None:
 VERBS = {"presets": presets, "train": train, "sample": sample, "import-nanogpt": import_nanogpt,
          "import-hf": import_hf, "export-hf": export_hf, "export": export_cmd, "verify": verify,
          "optimize": optimize, "package": package, "quantize": quantize, "serve": serve_cmd,
-         "generate": generate_cmd, "classify": classify_cmd, "embed": embed_cmd,
-         "pipeline": pipeline, "bench": bench, "info": info}
+         "generate": generate_cmd, "translate": translate_cmd, "classify": classify_cmd,
+         "embed": embed_cmd, "pipeline": pipeline, "bench": bench, "info": info}
 for _name, _verb in VERBS.items():
     app.command(_name)(_verb)
 

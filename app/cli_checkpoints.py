@@ -14,13 +14,19 @@ DEFAULT_CKPT = Path("artifacts/checkpoint")
 
 def train(
     out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = DEFAULT_CKPT,
-    preset: Annotated[str, typer.Option(
-        help="Named preset: test, demo, llama-demo, article, gpt2-small (tinyt presets).")
-    ] = "demo",
+    preset: Annotated[Optional[str], typer.Option(
+        help="Named preset: test, demo, llama-demo, seq2seq-demo, seq2seq-test, article, "
+             "gpt2-small (tinyt presets). Default: demo; seq2seq-demo with --task seq2seq.")
+    ] = None,
     data: Annotated[Optional[Path], typer.Option(
         help="Text file or directory (classifier: a directory with one subdirectory per "
-             "label). Default: the Python standard library's source.")] = None,
-    task: Annotated[str, typer.Option(help="causal_lm or classifier.")] = "causal_lm",
+             "label; seq2seq: a .tsv of source<TAB>target lines, a .jsonl of "
+             "{\"source\", \"target\"} lines, or a directory of .py files). Default: the "
+             "Python standard library's source (seq2seq: its functions -> the first "
+             "sentence of their docstrings).")] = None,
+    task: Annotated[Optional[str], typer.Option(
+        help="causal_lm, classifier or seq2seq (encoder-decoder). Default: the preset's "
+             "(causal_lm but for the seq2seq presets).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="bpe or byte.")] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1)] = None,
     batch_size: Annotated[Optional[int], typer.Option(min=1)] = None,
@@ -39,6 +45,8 @@ def train(
              "Llama form).")] = None,
     dropout: Annotated[Optional[float], typer.Option()] = None,
     eval_interval: Annotated[Optional[int], typer.Option(min=1)] = None,
+    max_target_tokens: Annotated[Optional[int], typer.Option(
+        min=2, help="seq2seq: targets' length limit in tokens, EOS included.")] = None,
     seed: Annotated[Optional[int], typer.Option(min=0)] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu or cuda.")] = None,
     resume: Annotated[bool, typer.Option(
@@ -46,21 +54,25 @@ def train(
     stop_after: Annotated[Optional[int], typer.Option(
         min=1, help="Stop after this step, leaving a checkpoint to --resume.")] = None,
 ) -> None:
-    """Train a causal LM (default) or a classifier; torchrun runs it data-parallel."""
+    """Train a causal LM (default), a classifier or an encoder-decoder (seq2seq); torchrun
+    runs it data-parallel."""
     from tinyt import data as D
+    from tinyt.config import PRESETS
     from tinyt.config import preset as get_preset
 
     overrides = dict(
         tokenizer=tokenizer, max_steps=max_steps, batch_size=batch_size,
         learning_rate=learning_rate, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
         n_kv_head=n_kv_head, n_inner=n_inner, block_size=block_size, vocab_size=vocab_size,
-        pos_encoding=pos_encoding,
+        pos_encoding=pos_encoding, max_target_tokens=max_target_tokens,
         dropout=dropout, eval_interval=eval_interval, seed=seed, device=device,
     )
     given = sorted(k for k, v in overrides.items() if v is not None)
     if resume and given:
         raise TinytError(f"--resume continues the saved run with its saved settings; "
                          f"drop {', '.join('--' + k.replace('_', '-') for k in given)}")
+    preset = preset or ("seq2seq-demo" if task == "seq2seq" else "demo")
+    task = task or PRESETS.get(preset, {}).get("model", {}).get("task", "causal_lm")
     num_labels = len(D.classification_labels(data)) if task == "classifier" else 0
     model_cfg, train_cfg = get_preset(preset, task=task, num_labels=num_labels, **overrides)
     from tinyt.train import train as run_training  # torch: only once the settings are valid
@@ -72,15 +84,21 @@ def train(
 
 def sample(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory.")] = DEFAULT_CKPT,
-    prompt: Annotated[str, typer.Option(help="Text to continue.")] = "def ",
+    prompt: Annotated[str, typer.Option(
+        help="Text to continue (a seq2seq checkpoint: the source to map).")] = "def ",
     max_new_tokens: Annotated[int, typer.Option(min=0)] = 200,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.8,
+    temperature: Annotated[Optional[float], typer.Option(
+        help="0 = greedy. Default 0.8; a seq2seq checkpoint is greedy only.")] = None,
     top_k: Annotated[Optional[int], typer.Option(min=1)] = 50,
     seed: Annotated[int, typer.Option(min=0)] = 0,
 ) -> None:
-    """Continue a prompt with the PyTorch model (KV cache), for a quick look at a checkpoint."""
+    """Continue a prompt with the PyTorch model (KV cache), for a quick look at a checkpoint;
+    a seq2seq checkpoint prints its greedy output for the prompt as source."""
+    from tinyt.checkpoint import read_config
     from tinyt.torch_sampling import sample_text
 
+    if temperature is None:
+        temperature = 0.0 if read_config(checkpoint)[0].task == "seq2seq" else 0.8
     typer.echo(sample_text(checkpoint, prompt, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_k=top_k, seed=seed))
 
@@ -128,9 +146,11 @@ def import_hf(
     Qwen3ForCausalLM, SmolLM3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM,
     Gemma2ForCausalLM, Phi3ForCausalLM (Phi-3 / 3.5 / Phi-4-mini), Olmo2ForCausalLM; the
     encoders BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (a
-    sentence-transformers directory too) and their classification heads. Anything else tinyt's
-    model does not implement is refused by name (tests/core/test_family_lists.py keeps this
-    list the catalogue's)."""
+    sentence-transformers directory too) and their classification heads; the encoder-decoders
+    BartForConditionalGeneration, MBartForConditionalGeneration, MarianMTModel (Opus-MT),
+    M2M100ForConditionalGeneration (M2M100, NLLB), T5ForConditionalGeneration (T5, Flan-T5).
+    Anything else tinyt's model does not implement is refused by name
+    (tests/core/test_family_lists.py keeps this list the catalogue's)."""
     from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))
@@ -139,7 +159,8 @@ def import_hf(
 
 def export_hf(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory: a causal LM, or "
-                                                    "an imported encoder or classifier.")],
+                                                    "an imported encoder, classifier or "
+                                                    "encoder-decoder.")],
     out: Annotated[Path, typer.Argument(help="Hugging Face directory to write.")],
 ) -> None:
     """Write a checkpoint as a Hugging Face directory (safetensors): the class it was
@@ -148,7 +169,9 @@ def export_hf(
     Gemma3ForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM that holds it
     exactly; encoders as
     BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (in
-    sentence-transformers' layout when they pool) or their classification heads. For
+    sentence-transformers' layout when they pool) or their classification heads;
+    encoder-decoders as BartForConditionalGeneration, MBartForConditionalGeneration,
+    MarianMTModel, M2M100ForConditionalGeneration or T5ForConditionalGeneration. For
     transformers, CTranslate2, llama.cpp's converter, vLLM. Its outputs are checked first."""
     import json
 

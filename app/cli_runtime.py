@@ -1,5 +1,5 @@
-"""The `tinyt` verbs that run an artifact: serve, generate, classify, embed (registered on the
-one app in app/cli.py)."""
+"""The `tinyt` verbs that run an artifact: serve, generate, translate, classify, embed
+(registered on the one app in app/cli.py)."""
 from __future__ import annotations
 
 import json
@@ -104,6 +104,9 @@ def generate_cmd(
         raise TinytError("--tune-speed times the graphs; it cannot go with --no-tune")
     lm = rt.load(artifact, provider=provider, threads=threads,
                  tune="speed" if tune_speed else tune, max_context=max_context)
+    if isinstance(lm, rt.Seq2SeqModel):
+        raise TinytError(f"{artifact} is an encoder-decoder (seq2seq); use 'tinyt translate "
+                         f"{artifact} TEXT'")
     if not isinstance(lm, rt.LanguageModel):
         encoder = isinstance(lm, rt.Encoder)
         raise TinytError(f"{artifact} is {'an encoder' if encoder else 'a classifier'}; use "
@@ -139,6 +142,47 @@ def generate_cmd(
     typer.echo()
 
 
+def translate_cmd(
+    artifact: Annotated[Path, typer.Argument(help="Encoder-decoder (seq2seq) artifact "
+                                                  "directory.")],
+    texts: Annotated[Optional[list[str]], typer.Argument(help="Texts to translate.")] = None,
+    file: Annotated[Optional[Path], typer.Option(
+        "--file", help="Translate each line of this UTF-8 file (after any TEXTs).")] = None,
+    tgt_lang: Annotated[Optional[str], typer.Option(
+        help="Target language of a multilingual model, as its tokenizer spells it (NLLB: "
+             "deu_Latn; M2M100: de or __de__).")] = None,
+    beams: Annotated[int, typer.Option(min=1, help="Beam search width (1: greedy).")] = 1,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        min=0, help="Tokens per output (default: the model's generation_config max_length, "
+                    "at most its block_size).")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Texts per run.")] = 16,
+    provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or auto.")] = "cpu",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Default: physical cores.")]
+        = None,
+) -> None:
+    """Print each TEXT's translation (or summary) on a line of its own (a newline inside one
+    is written as \\n), with ONNX Runtime (no torch needed)."""
+    import tinyt.runtime as rt
+
+    items = list(texts or [])
+    if file is not None:
+        try:
+            items += file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TinytError(f"--file {file}: cannot read it as UTF-8 text ({e})") from None
+    if not items:
+        raise TinytError("nothing to translate: give TEXT arguments or --file")
+    model = rt.load(artifact, provider=provider, threads=threads)
+    if not isinstance(model, rt.Seq2SeqModel):
+        raise TinytError(f"{artifact} is not an encoder-decoder; use 'tinyt " + (
+            "generate" if isinstance(model, rt.LanguageModel) else "embed"
+            if isinstance(model, rt.Encoder) else "classify") + "'")
+    for i in range(0, len(items), batch_size):
+        for text in model.generate(items[i:i + batch_size], num_beams=beams,
+                                   max_new_tokens=max_new_tokens, tgt_lang=tgt_lang):
+            typer.echo(text.replace("\n", "\\n"))
+
+
 def classify_cmd(
     artifact: Annotated[Path, typer.Argument(help="Classifier artifact directory.")],
     texts: Annotated[list[str], typer.Argument(help="Texts to classify.")],
@@ -156,8 +200,9 @@ def classify_cmd(
         return
     if not isinstance(clf, rt.Classifier):
         encoder = isinstance(clf, rt.Encoder)
-        raise TinytError(f"{artifact} is {'an encoder' if encoder else 'a language model'}; "
-                         f"use 'tinyt {'embed' if encoder else 'generate'}'")
+        verb = "embed" if encoder else "translate" if isinstance(clf, rt.Seq2SeqModel) \
+            else "generate"
+        raise TinytError(f"{artifact} is not a classifier; use 'tinyt {verb}'")
     preds = clf.classify(texts)
     for text, p in zip(texts, preds):
         short = text if len(text) <= 40 else text[:37] + "..."
@@ -192,8 +237,9 @@ def embed_cmd(
         raise TinytError("nothing to embed: give TEXT arguments or --file")
     enc = rt.load(artifact, provider=provider, threads=threads)
     if not isinstance(enc, rt.Encoder):
-        raise TinytError(f"{artifact} is not an encoder; use 'tinyt "
-                         f"{'classify' if isinstance(enc, rt.Classifier) else 'generate'}'")
+        verb = "classify" if isinstance(enc, rt.Classifier) else "translate" \
+            if isinstance(enc, rt.Seq2SeqModel) else "generate"
+        raise TinytError(f"{artifact} is not an encoder; use 'tinyt {verb}'")
     vectors = enc.embed(items, normalize=normalize, batch_size=batch_size)
     for text, v in zip(items, vectors):
         typer.echo(json.dumps({"text": text, "embedding": [float(x) for x in v]},

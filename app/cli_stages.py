@@ -101,9 +101,17 @@ def optimize(
                        f"top-1 agreement {p['top1_agreement']:.0%}")
         typer.echo(f"onnx: {path}")
         return
-    typer.echo(f"fusions: {manifest['fusions'] or 'none'}")
+    worst = manifest["equivalence"]["worst"]
+    if manifest.get("graph") == "seq2seq":  # three graphs: each one's fusions, its worst
+        for file, attention in manifest["attention"].items():
+            typer.echo(f"{file}: attention fused {attention}; fusions "
+                       f"{manifest['fusions'][file] or 'none'}")
+        worst = {f"{file} {group}": w for file, groups in worst.items()
+                 for group, w in groups.items()}
+    else:
+        typer.echo(f"fusions: {manifest['fusions'] or 'none'}")
     typer.echo(f"contrib ops: {', '.join(manifest['contrib_ops']) or 'none'}")
-    name, w = max(manifest["equivalence"]["worst"].items(), key=lambda kv: kv[1]["max_abs"])
+    name, w = max(worst.items(), key=lambda kv: kv[1]["max_abs"])
     size = manifest["equivalence"]["sizes"]
     typer.echo(f"max abs diff vs input graph: {w['max_abs']:.2e} at {name} (its fp32 "
                f"rounding bound {w['bound']:.2e}; sequences of up to "

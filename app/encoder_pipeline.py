@@ -54,8 +54,8 @@ def encoder_pipeline(out: Path, ckpt: Path, cfg: ModelConfig, *, data: str | Non
                         "(tinyt.export.retrieval_set); leave --data out")
     if cfg.task not in TASK_KINDS:
         raise CheckpointError(f"{ckpt} is a {cfg.task} checkpoint: the pipeline takes a language "
-                              "model or a sentence encoder; run export, optimize and quantize on "
-                              "it one by one (docs/encoders.md)")
+                              "model, a sentence encoder or an encoder-decoder; run export, "
+                              "optimize and quantize on it one by one (docs/encoders.md)")
     rows = rows_for(TASK_KINDS[cfg.task])
     timings: dict[str, Any] = {"train": "skipped (--skip-train)"}
     stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}

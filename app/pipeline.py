@@ -35,6 +35,7 @@ from typing import Any
 
 from tinyt.artifacts import INT8_PERPLEXITY_BUDGET, REJECTED, Variant, arguments, made_by
 from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
+from tinyt.errors import ConfigError
 from tinyt.fsutil import write_text
 from tinyt.manifest import fresh, manifest_of, same_prefill
 
@@ -64,10 +65,17 @@ class Record:
         self.log(f"[{name}] done in {self.timings[name]} s")
 
 
-def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
-             skip_train: str | Path | None = None, bench: bool = True,
+TASKS = ("causal_lm", "seq2seq")  # what the pipeline trains (--task); a checkpoint given with
+# --skip-train may also be a sentence encoder (app/encoder_pipeline.py)
+DEFAULT_PRESETS = {"causal_lm": "demo", "seq2seq": "seq2seq-demo"}
+
+
+def pipeline(out: str | Path, *, preset: str | None = None, task: str | None = None,
+             data: str | None = None, skip_train: str | Path | None = None, bench: bool = True,
              log: Callable[[str], None] = print) -> Path:
-    """Run (or bring up to date) every stage into `out`; returns the report's path."""
+    """Run (or bring up to date) every stage into `out`; returns the report's path. task:
+    what to train (TASKS; default the preset's, causal_lm for none); preset: default
+    DEFAULT_PRESETS[task]."""
     from tinyt.checkpoint import read_config
     from tinyt.export import export_onnx, verify
     from tinyt.export.optimize import optimize
@@ -77,13 +85,29 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
     record = Record(log)
     ckpt = Path(skip_train) if skip_train else out / "checkpoint"
     if skip_train:
+        if preset is not None:
+            raise ConfigError(f"--preset {preset} picks what to train; --skip-train uses "
+                              f"{skip_train} as it is: drop --preset")
         cfg, _ = read_config(ckpt)  # a clear error now if it is not a checkpoint
+        if task is not None and task != cfg.task:
+            raise ConfigError(f"--task {task}, but {ckpt} is a {cfg.task} checkpoint: drop "
+                              "--task (the checkpoint's task decides)")
+        record.timings["train"] = "skipped (--skip-train)"
+        if cfg.task == "seq2seq":  # three graphs a row (app/seq2seq_pipeline.py)
+            from tinyt.app.seq2seq_pipeline import seq2seq_pipeline
+            return seq2seq_pipeline(out, ckpt, cfg, data=data, bench=bench, log=log,
+                                    timings=record.timings)
         if cfg.task != "causal_lm":  # an encoder's rows and report (app/encoder_pipeline.py)
             from tinyt.app.encoder_pipeline import encoder_pipeline
             return encoder_pipeline(out, ckpt, cfg, data=data, bench=bench, log=log)
-        record.timings["train"] = "skipped (--skip-train)"
     else:
-        _train(ckpt, preset, data, record)
+        task = _task_of(preset, task)
+        _train(ckpt, preset or DEFAULT_PRESETS[task], task, data, record)
+        if task == "seq2seq":
+            from tinyt.app.seq2seq_pipeline import seq2seq_pipeline
+            cfg, _ = read_config(ckpt)
+            return seq2seq_pipeline(out, ckpt, cfg, data=data, bench=bench, log=log,
+                                    timings=record.timings)
     stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
     for v in made_by("pipeline"):  # the catalogue's rows, in making order
         _make_row(v, stages[v.stage], out, ckpt, data, record)
@@ -98,13 +122,25 @@ def pipeline(out: str | Path, *, preset: str = "demo", data: str | None = None,
     return write_report(out, ckpt, checks, result, record.timings, peers, record.dropped, notes)
 
 
-def _train(ckpt: Path, preset: str, data: str | None, record: Record) -> None:
-    """Train `preset` into `ckpt`: an interrupted run resumed, a finished one skipped."""
+def _task_of(preset: str | None, task: str | None) -> str:
+    """What the pipeline trains: `task` (TASKS), else the preset's, else a causal LM."""
+    from tinyt.config import PRESETS
+
+    if task is not None and task not in TASKS:
+        raise ConfigError(f"--task {task!r}: the pipeline trains one of {', '.join(TASKS)} "
+                          "(a classifier: tinyt train --task classifier, then each stage)")
+    said = PRESETS.get(preset or "", {}).get("model", {}).get("task", "causal_lm")
+    return task or (said if said in TASKS else "causal_lm")
+
+
+def _train(ckpt: Path, preset: str, task: str, data: str | None, record: Record) -> None:
+    """Train `preset` (as a `task` model) into `ckpt`: an interrupted run resumed, a finished
+    one skipped."""
     from tinyt.checkpoint import has_train_state
     from tinyt.config import preset as get_preset
     from tinyt.train import train
 
-    model_cfg, train_cfg = get_preset(preset)
+    model_cfg, train_cfg = get_preset(preset, task=task)
     done = (ckpt / "config.json").is_file() and json.loads(
         (ckpt / "config.json").read_text()).get("metrics", {}).get("step") == \
         train_cfg.max_steps

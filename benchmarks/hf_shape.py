@@ -97,6 +97,48 @@ SHAPES["gemma-3-test"] = ("Gemma3TextConfig", "Gemma3ForCausalLM", {
 
 # Phi-4-mini's settings (LongRoPE from 4,096 to 131,072 with its factors, 96 of 128 dims
 # rotating, tie) at a test's size: heads of 128 as the real model's, two layers
+# Encoder-decoders (the seq2seq peer benchmark, benchmarks/peers/seq2seq_peers.py). Their
+# generation settings are left out (Opus-MT's num_beams 4, bad_words_ids, forced_eos_token_id):
+# every engine is given them per call, and forcing </s> at the length limit is a rule tinyt's
+# import does not carry. Helsinki-NLP/opus-mt-en-de's config.json: 6 + 6 layers, 512 wide, 8
+# heads, FFN 2048, 58,101 ids (</s> 0, <unk> 1, <pad> 58,100 the decoder's start), 512 static
+# sinusoid positions, scale_embedding, swish, one table for both stacks and the head. Its
+# weights N(0, 0.05), not MarianConfig's 0.02: at 0.02 attention is near uniform and the fed
+# token's embedding (times sqrt(512), tied to the head) outweighs every layer, so all 16 sources
+# of the peers' check gave one token repeated; at 0.05 the tokens differ by source (T5's own
+# init gives that). At 0.1, optimize's own check refused the fused graphs (0.0118 on the
+# decoder's logits, padded source, against a bound of 0.0034; 8.3e-6 at 0.05)
+SHAPES["opus-mt-en-de"] = ("MarianConfig", "MarianMTModel", dict(
+    vocab_size=58101, decoder_vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6,
+    encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+    decoder_ffn_dim=2048, max_position_embeddings=512, scale_embedding=True,
+    static_position_embeddings=True, activation_function="swish",
+    share_encoder_decoder_embeddings=True, normalize_before=False, pad_token_id=58100,
+    decoder_start_token_id=58100, eos_token_id=0, forced_eos_token_id=None, init_std=0.05))
+# google/flan-t5-small's config.json: 8 + 8 layers, 512 wide, 6 heads of d_kv 64 (384, not
+# 512), gated-gelu d_ff 1024, an lm_head of its own, 32 buckets to distance 128, 32,128 ids
+# (<pad> 0 the decoder's start, </s> 1, <unk> 2)
+SHAPES["flan-t5-small"] = ("T5Config", "T5ForConditionalGeneration", dict(
+    vocab_size=32128, d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_decoder_layers=8,
+    num_heads=6, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+    feed_forward_proj="gated-gelu", tie_word_embeddings=False, layer_norm_epsilon=1e-6,
+    n_positions=512, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
+# the same settings at a test's size (the seq2seq peers' tests and README test)
+# (Opus-MT's at width 64 with N(0, 0.1): at 0.05 every source gave one output there, as 0.02 at
+# width 512)
+SHAPES["opus-mt-test"] = ("MarianConfig", "MarianMTModel", {
+    **SHAPES["opus-mt-en-de"][2], "vocab_size": 512, "decoder_vocab_size": 512, "d_model": 64,
+    "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+    "pad_token_id": 511, "decoder_start_token_id": 511, "init_std": 0.1})
+SHAPES["flan-t5-test"] = ("T5Config", "T5ForConditionalGeneration", {
+    **SHAPES["flan-t5-small"][2], "vocab_size": 512, "d_model": 64, "d_kv": 16, "d_ff": 128,
+    "num_layers": 2, "num_decoder_layers": 2})
+# an encoder-decoder's special pieces: (first ids, last ids), as its SentencePiece vocabulary
+SEQ2SEQ = {"opus-mt-en-de": (("</s>", "<unk>"), ("<pad>",)),
+           "flan-t5-small": (("<pad>", "</s>", "<unk>"), ())}
+SEQ2SEQ.update({"opus-mt-test": SEQ2SEQ["opus-mt-en-de"],
+                "flan-t5-test": SEQ2SEQ["flan-t5-small"]})
+
 # tokenizer_config.json's class where the real model's is not PreTrainedTokenizerFast and a
 # consumer reads it: llama.cpp's converter takes a Phi-3 directory's vocabulary from
 # tokenizer.model (SentencePiece, Phi-3's) unless the class is GPT2Tokenizer (Phi-4-mini's)
@@ -115,6 +157,10 @@ def save(name: str, out: Path, seed: int = 0, layers: int | None = None) -> Path
     from tinyt.tokenizer import Tokenizer
 
     config_class, model_class, settings = SHAPES[name]
+    if name in SEQ2SEQ:
+        if layers is not None:
+            raise SystemExit(f"--layers: {name} is an encoder-decoder; its shapes are whole")
+        return save_seq2seq(name, out, seed)
     if layers is not None:
         if not 1 <= layers <= settings["num_hidden_layers"]:
             raise SystemExit(f"--layers {layers}: {name} has 1 to "
@@ -160,6 +206,72 @@ def _cover(tok, vocab_size: int):
         if i not in taken:
             vocab[f"<unused_{i}>"] = i
     return Tokenizer(HFTokenizer.from_str(json.dumps(data)))
+
+
+def save_seq2seq(name: str, out: Path, seed: int = 0) -> Path:
+    """An encoder-decoder of shape `name` at `out`: transformers' own initialization, a
+    SentencePiece-like Unigram tokenizer.json (`_unigram`) with the real model's special ids,
+    the padding rows zero (as save's) and the head's </s> row zero: every engine's greedy and
+    beams then run to the length asked (a random model ends at a random step otherwise; a
+    zero row's logit, 0, is below the largest of thousands of random ones)."""
+    import torch
+    import transformers as T
+
+    config_class, model_class, settings = SHAPES[name]
+    first, last = SEQ2SEQ[name]
+    size = settings["vocab_size"]
+    reach = min(TOKENIZER_VOCAB, size)
+    tok = _unigram(first, last, size, reach)
+    config = getattr(T, config_class)(**settings)
+    torch.manual_seed(seed)
+    model = getattr(T, model_class)(config).eval()
+    eos = settings["eos_token_id"]
+    with torch.no_grad():
+        for table in {id(t): t for t in (model.get_input_embeddings().weight,
+                                         model.get_output_embeddings().weight)}.values():
+            table[reach:] = 0
+        model.get_output_embeddings().weight[eos] = 0  # tied (Marian): the source's </s> too
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>",
+        "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": 512}))
+    return out
+
+
+def _unigram(first: tuple[str, ...], last: tuple[str, ...], size: int, reach: int):
+    """A Unigram tokenizer.json as SentencePiece models convert (Metaspace, "$A </s>") of
+    `size` ids: the special pieces `first`, then characters and the standard library's
+    commonest words up to `reach` ids, then unreachable `<unused_N>` entries, then `last`
+    (Marian's <pad>, its final id)."""
+    import re
+    from collections import Counter
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    words = Counter(w for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:200]
+                    for w in re.findall(r"[A-Za-z]+", p.read_text(encoding="utf-8",
+                                                                  errors="replace")))
+    chars = sorted({c for w in words for c in w} | set(".,:;!?'\"()-0123456789"))
+    pieces = [(p, 0.0) for p in first]
+    pieces += [(c, -10.0) for c in chars] + [("\u2581" + c, -9.0) for c in chars]
+    have = {p for p, _ in pieces}
+    common = [w for w, _ in words.most_common() if "\u2581" + w not in have]
+    room = reach - len(pieces) - (len(last) if reach == size else 0)  # the last ids: `last`'s
+    pieces += [("\u2581" + w, -1.0 - i / 1e4) for i, w in enumerate(common[:room])]
+    pieces += [(f"<unused_{i}>", -100.0) for i in range(len(pieces), size - len(last))]
+    pieces += [(p, 0.0) for p in last]
+    tok = HFTokenizer(models.Unigram(pieces, unk_id=first.index("<unk>"), byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", first.index("</s>"))])
+    tok.add_special_tokens([*first, *last])
+    if tok.get_vocab_size() != size:
+        raise ValueError(f"the tokenizer has {tok.get_vocab_size()} ids, the model {size}")
+    return tok
 
 
 def main() -> None:

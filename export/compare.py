@@ -26,6 +26,9 @@ from tinyt.runtime.fixed import FixedWindow
 # window) moves outputs by a good fraction of M, far beyond.
 FP32_U = 2.0 ** -24
 REORDER_SAFETY = 16.0
+# Greedy tokens: two implementations each within the bound of the truth can order two logits
+# closer than twice the bound either way (a tie).
+TIE_FACTOR = 2.0
 # Outputs near zero (a random-weight model's logits ~1e-2) are still computed from hidden
 # states of size ~1: the bound's magnitude is never taken below this.
 MAGNITUDE_FLOOR = 1.0
@@ -36,10 +39,12 @@ def reduction_width(cfg: ModelConfig) -> int:
     return max(cfg.n_embd, cfg.n_inner or 4 * cfg.n_embd, check_tokens(cfg))
 
 
-def reorder_bound(cfg: ModelConfig, magnitude: float) -> float:
+def reorder_bound(cfg: ModelConfig, magnitude: float, layers: int | None = None) -> float:
     """The largest difference two fp32 orders of the same computation may show on an output
-    whose largest |value| is `magnitude` (the reference's), for this model's depth and width."""
-    depth = max(cfg.n_layer, 1) + 1  # the blocks and the head
+    whose largest |value| is `magnitude` (the reference's), for this model's depth and width.
+    layers: the blocks the output passes through, if not n_layer (an encoder-decoder's logits
+    pass through both stacks)."""
+    depth = max(cfg.n_layer if layers is None else layers, 1) + 1  # the blocks and the head
     scale = max(float(magnitude), MAGNITUDE_FLOOR)
     return REORDER_SAFETY * FP32_U * depth * float(np.sqrt(reduction_width(cfg))) * scale
 

@@ -10,7 +10,6 @@ choice", and lab/compare_exporters.py for the measurement).
 """
 from __future__ import annotations
 
-import ast
 import logging
 import os
 import platform
@@ -31,6 +30,7 @@ from tinyt.contract import (
     DECODER_WITH_PAST,
     ENCODER,
     ONNX_FILE,
+    SEQ2SEQ,
     TOKEN_CLASSIFIER,
     contract_for,
     kv_shape,
@@ -39,9 +39,10 @@ from tinyt.errors import ConversionError, ExportError
 from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir, write_json
 from tinyt.graphio import save_graph
-from tinyt.hf import encoder_config, gpt2_config, llama_config
+from tinyt.hf import encoder_config, gpt2_config, llama_config, seq2seq_config
 from tinyt.manifest import check_output_dir, checkpoint_source, io_spec, write_manifest
 
+from .graph_names import name_axes, tidy_nodes
 from .stage import Built, built
 
 # torch's exporter warns on every export that torchvision (whose ops tinyt never uses) is
@@ -91,6 +92,8 @@ class Encoder(nn.Module):
 
 
 def graph_kind(cfg: ModelConfig, with_past: bool) -> str:
+    if cfg.task == "seq2seq":
+        return SEQ2SEQ
     if cfg.task == "classifier":
         return CLASSIFIER
     if cfg.task == "encoder":
@@ -122,64 +125,6 @@ def _example(cfg: ModelConfig, kind: str):
     return kwargs, shapes
 
 
-def _name_axes(proto: onnx.ModelProto, inputs, outputs) -> None:
-    """Give the graph's symbolic I/O axes the contract's names (torch writes s0, s1, ...)."""
-    rename: dict[str, str] = {}
-    values = {v.name: v for v in [*proto.graph.input, *proto.graph.output]}
-    for spec in [*inputs, *outputs]:
-        dims = values[spec.name].type.tensor_type.shape.dim
-        if len(dims) != len(spec.shape):
-            raise ExportError(f"exported {spec.name} has rank {len(dims)}, the contract says "
-                              f"{len(spec.shape)}")
-        for dim, want in zip(dims, spec.shape):
-            if isinstance(want, str):
-                if not dim.dim_param:
-                    raise ExportError(f"axis {want!r} of {spec.name} was specialised to "
-                                      f"{dim.dim_value} during export; it must stay symbolic")
-                rename.setdefault(dim.dim_param, want)
-                dim.dim_param = want
-            elif dim.dim_value != want:
-                raise ExportError(f"{spec.name} has size {dim.dim_value or dim.dim_param} where "
-                                  f"the contract fixes {want}")
-    for v in proto.graph.value_info:  # keep intermediate shapes consistent with the I/O names
-        for dim in v.type.tensor_type.shape.dim:
-            if dim.dim_param in rename:
-                dim.dim_param = rename[dim.dim_param]
-
-
-def module_path(names: list[str]) -> str:
-    """['transformer', 'h', '0', 'attn'] -> 'transformer/h.0/attn' (indices join their list)."""
-    parts: list[str] = []
-    for s in filter(None, names):
-        if s.isdigit() and parts:
-            parts[-1] += f".{s}"
-        else:
-            parts.append(s)
-    return "/".join(parts)
-
-
-def _tidy_nodes(proto: onnx.ModelProto, wrapped: bool) -> None:
-    """Name each node after the PyTorch module it came from, `/transformer/h.0/attn/c_attn/
-    MatMul`, and drop the exporter's per-node metadata (stack traces with local paths, FX
-    dumps): it is most of a small model's graph bytes and says nothing a deployment needs."""
-    seen: dict[str, int] = {}
-    for node in proto.graph.node:
-        meta = {p.key: p.value for p in node.metadata_props}
-        try:
-            scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
-        except (ValueError, SyntaxError):
-            scopes = []
-        # scopes: ['', 'model.transformer', 'model.transformer.h.0', ..., aten op]; the one
-        # before the op is the innermost module's qualified name.
-        module = scopes[-2] if len(scopes) >= 2 and "hook" not in scopes[-2] else ""
-        if wrapped:
-            module = module.removeprefix("model").removeprefix(".")
-        base = "/" + "/".join(filter(None, [module_path(module.split(".")), node.op_type]))
-        seen[base] = seen.get(base, -1) + 1
-        node.name = base if seen[base] == 0 else f"{base}_{seen[base]}"
-        del node.metadata_props[:]
-
-
 def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str,
               architecture: str | None = None) -> dict:
     """config.json: Hugging Face gpt2 (or llama / qwen2) keys, so Optimum loads the LM, plus a
@@ -187,6 +132,15 @@ def hf_config(cfg: ModelConfig, tokenizer, labels, kind: str,
     eos = tokenizer.eos_id
     tinyt_block = {"model": cfg.to_dict(), "graph": kind, "labels": labels,
                    "tinyt_version": __version__}
+    if kind == SEQ2SEQ:  # Optimum's ORTModelForSeq2SeqLM reads the graphs by the family's
+        try:  # config, as export-hf writes it, where a family's class holds the model
+            hf = seq2seq_config(cfg, tokenizer, architecture)
+        except ConversionError:
+            hf = {"model_type": "tinyt-seq2seq", "is_encoder_decoder": True,
+                  "vocab_size": cfg.vocab_size, "d_model": cfg.n_embd,
+                  "decoder_start_token_id": cfg.decoder_start_id, "eos_token_id": eos,
+                  "pad_token_id": eos if tokenizer.pad_id is None else tokenizer.pad_id}
+        return {**hf, "tinyt": tinyt_block}
     if kind == ENCODER:  # Optimum's ORTModelForFeatureExtraction reads it by its family
         try:
             hf = encoder_config(cfg, architecture)
@@ -234,6 +188,16 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     ckpt = load_checkpoint(checkpoint_dir)
     cfg = ckpt.config
     kind = graph_kind(cfg, with_past)
+    if kind == SEQ2SEQ:
+        if not with_past:
+            raise ExportError("an encoder-decoder exports with its caches (Optimum's three "
+                              "graphs); --no-cache is for decoder-only LMs")
+        from .seq2seq_export import export_seq2seq
+        architecture = (ckpt.meta.get("metrics") or {}).get("architecture")
+        return export_seq2seq(ckpt, checkpoint_dir, out_dir, opset=opset,
+                              external_data=external_data,
+                              hf_config=hf_config(cfg, ckpt.tokenizer, ckpt.labels, kind,
+                                                  architecture))
     wrapper = {DECODER_WITH_PAST: DecoderWithPast, DECODER: Decoder, ENCODER: Encoder,
                CLASSIFIER: lambda m: m, TOKEN_CLASSIFIER: lambda m: m}[kind](ckpt.model).eval()
     inputs, outputs = contract_for(cfg, kind)
@@ -246,8 +210,8 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
             output_names=[t.name for t in outputs], external_data=False, verbose=False,
         )
     proto = program.model_proto
-    _name_axes(proto, inputs, outputs)
-    _tidy_nodes(proto, wrapped=kind not in (CLASSIFIER, TOKEN_CLASSIFIER))
+    name_axes(proto, inputs, outputs)
+    tidy_nodes(proto, wrapped=kind not in (CLASSIFIER, TOKEN_CLASSIFIER))
     proto.producer_name, proto.producer_version = "tinyt", __version__
     with atomic_dir(out_dir) as tmp:
         files = save_graph(proto, tmp / ONNX_FILE, external=external_data)

@@ -27,16 +27,34 @@ import onnxscript.optimizer
 from onnx import numpy_helper
 from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
+from tinyt.contract import (
+    CLASSIFIER,
+    DECODER_WITH_PAST,
+    ENCODER,
+    ONNX_FILE,
+    SEQ2SEQ,
+    SEQ2SEQ_FILES,
+    TOKEN_CLASSIFIER,
+)
 from tinyt.errors import OptimizeError
 from tinyt.graphio import CONTRIB_DOMAIN, quantized_ops, save_graph
-from tinyt.manifest import Manifest
+from tinyt.int8 import fp32_entry
+from tinyt.manifest import Artifact, Manifest, manifest_of
 from tinyt.rope import is_longrope
 from tinyt.runtime.session import graph_session, ort_options
 
 from .compare import compare_graphs, grid, grid_sizes, within_bound
 from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
 from .kvfuse import attention_with_past
+from .seq2seq_checks import (
+    attention_report,
+    beyond_bound,
+    check_cases,
+    check_sizes,
+    fuses_attention,
+    open_graphs,
+)
+from .seq2seq_checks import compare_graphs as compare_seq2seq
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 
 TARGETS = ("cpu", "portable", "gqa")  # no cuda: there was no GPU to build it against
@@ -286,12 +304,18 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
         raise OptimizeError(f"fuse_embedding=True puts in ONNX Runtime's EmbedLayerNormalization "
                             f"(a contrib op) for target 'cpu', not {target!r}")
     if target == "gqa":  # a layout of an optimized (or quantized) graph
+        if (manifest_of(Path(src_dir)) or {}).get("graph") == SEQ2SEQ:
+            raise OptimizeError(f"{src_dir} is an encoder-decoder (seq2seq) artifact: target "
+                                "'gqa' is the decoder-only shared-cache variant; optimize it "
+                                "with target 'cpu' or 'portable'")
         from .shared_cache import shared_cache
 
         return shared_cache(src_dir, out_dir, prefill_from=prefill_from)
     src = open_source(src_dir, out_dir)
     cfg, kind = src.config, src.kind
     _check_request(src_dir, target, level, src.manifest, cfg, kind, fuse_embedding)
+    if kind == SEQ2SEQ:
+        return _optimize_seq2seq(src, out_dir, target, level)
     proto = source_graph(src)
     if quantized_ops(n.op_type for n in proto.graph.node):
         raise OptimizeError(f"{src_dir / ONNX_FILE} is already quantized; optimize the fp32 "
@@ -339,3 +363,78 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
             "contrib_ops": contrib, "equivalence": {"worst": worst,
                                                     "sizes": grid_sizes(cfg, grid(cfg, kind))},
             "versions": source_versions(src, onnxscript=onnxscript.__version__)})
+
+
+def _optimize_seq2seq(src: Artifact, out_dir: Path, target: str, level: str) -> Built:
+    """An encoder-decoder's three graphs, each fused and optimized as a decoder's graph is
+    (the encoder's residual sums + LayerNorm written back as an encoder's are), each checked
+    against its source graph (export/seq2seq_checks.py) before the directory is written."""
+    cfg = src.config
+    protos = open_graphs(src)
+    ops = {n.op_type for p in protos.values() for n in p.graph.node}
+    if quantized_ops(ops):
+        raise OptimizeError(f"{src.path} is already quantized; optimize the fp32 export, then "
+                            "quantize")
+    records: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for role, file in SEQ2SEQ_FILES.items():
+            fused, fusions = _fuse(protos.pop(role), target)
+            saved = Path(tmp) / f"fused-{file}"
+            external = len(save_graph(fused, saved)) > 1
+            del fused  # one graph's copies at a time
+            optimized = _ort_offline(saved, external, level, Path(tmp))
+            if target == "cpu" and role == "encoder" and \
+                    (unfused := unfuse_skip_layer_norms(optimized)):
+                fusions["skip_layer_norm_as_sum"] = unfused
+            counts = op_counts(optimized)
+            records[file] = {"fusions": fusions, "op_counts": dict(sorted(counts.items())),
+                             "attention": attention_report(cfg, role, optimized)}
+            paths[role] = Path(tmp) / "out" / file
+            paths[role].parent.mkdir(exist_ok=True)
+            save_graph(optimized, paths[role])
+            del optimized
+        _check_seq2seq_fusions(cfg, target, records)
+        worst = compare_seq2seq({r: src.path / f for r, f in SEQ2SEQ_FILES.items()}, paths, cfg,
+                                lambda p: graph_session(p, level="all"))
+        if bad := beyond_bound(worst):
+            raise OptimizeError("the optimized graphs differ from their inputs beyond fp32 "
+                                "rounding (compare.reorder_bound): " + "; ".join(bad))
+        contrib = sorted({k for r in records.values() for k in r["op_counts"]
+                          if k.startswith(CONTRIB)})
+        return write_artifact(out_dir, src, list(paths.values()), stage="optimize", options={
+            "target": target, "level": level}, extra={
+            "graph": SEQ2SEQ, "opset": src.manifest.record("opset"),
+            "io": src.manifest.record("io"),
+            "fusions": {f: r["fusions"] for f, r in records.items()},
+            "attention": {f: r["attention"] for f, r in records.items()},
+            "op_counts": {f: r["op_counts"] for f, r in records.items()},
+            "contrib_ops": contrib, "int8": {f: fp32_entry() for f in SEQ2SEQ_FILES.values()},
+            "equivalence": {"worst": worst, "sizes": check_sizes(cfg, check_cases(cfg))},
+            "versions": source_versions(src, onnxscript=onnxscript.__version__)})
+
+
+def _check_seq2seq_fusions(cfg, target: str, records: dict[str, dict]) -> None:
+    """Target 'cpu': every attention fused where ONNX Runtime's MultiHeadAttention can hold
+    it (seq2seq_checks.fuses_attention), the decoder's cache moved into it in the stepping
+    graph; target 'portable': no contrib op at all."""
+    if target == "portable":
+        contrib = sorted({k for r in records.values() for k in r["op_counts"]
+                          if k.startswith(CONTRIB)})
+        if contrib:
+            raise OptimizeError(f"the portable graphs still hold contrib ops {contrib}")
+        return
+    if not fuses_attention(cfg):
+        return
+    for file, r in records.items():
+        short = {k: v for k, v in r["attention"].items()
+                 if int(v.split(" of ")[0]) < int(v.split(" of ")[1])}
+        if short:
+            raise OptimizeError(f"{file}: attention fused in {short} layers for target "
+                                f"{target!r}; ops now: {r['op_counts']}")
+    with_past = records[SEQ2SEQ_FILES["decoder_with_past"]]["fusions"]
+    if cfg.kv_heads == cfg.n_head and with_past.get("attention_with_past", 0) < cfg.decoder_layers:
+        raise OptimizeError(f"{SEQ2SEQ_FILES['decoder_with_past']}: the decoder's cache moved "
+                            f"into attention in {with_past.get('attention_with_past', 0)} of "
+                            f"{cfg.decoder_layers} layers; the graph around attention is not "
+                            "the shape export/kvfuse.py expects")

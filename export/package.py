@@ -23,12 +23,12 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SHARED_CACHE_KIND
+from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SEQ2SEQ, SEQ2SEQ_FILES, SHARED_CACHE_KIND
 from tinyt.errors import PackageError
 from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, save_graph
-from tinyt.manifest import write_manifest
+from tinyt.manifest import manifest_of, write_manifest
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.fixed import AXES, capacity
 from tinyt.runtime.session import check_graphs_here, graph_session, ort_options
@@ -152,6 +152,12 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if format not in FORMATS:
         raise PackageError(f"format={format!r} is not one of {', '.join(FORMATS)}")
+    if (manifest_of(src_dir) or {}).get("graph") == SEQ2SEQ:  # a missing one: refused below
+        raise PackageError(
+            f"{src_dir} is an encoder-decoder (seq2seq) artifact: its three graphs "
+            f"({', '.join(SEQ2SEQ_FILES.values())}) deploy as the directory is, run by "
+            "tinyt.runtime (rt.load, tinyt translate) and Optimum's ORTModelForSeq2SeqLM; "
+            f"tinyt package makes {', '.join(FORMATS)} packages of single-graph artifacts only")
     if format == "web":
         if fixed:
             raise PackageError("--fixed pins shapes for accelerators; the web package runs "

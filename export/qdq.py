@@ -155,9 +155,12 @@ def weight_nodes(proto: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
 
 
 def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: Tokenizer,
-                 recipe: QuantRecipe, *, data: str | None) -> tuple[QuantReport, dict]:
+                 recipe: QuantRecipe, *, data: str | None,
+                 batches: tuple[list[dict[str, np.ndarray]], dict] | None = None
+                 ) -> tuple[QuantReport, dict]:
     """Quantize src's weight matmuls and embedding gathers to QDQ in dst as the (static)
-    recipe says, activation ranges calibrated on the training split (calibration_batches);
+    recipe says, activation ranges calibrated on the training split (calibration_batches,
+    or `batches` and what they hold: an encoder-decoder's graph, export/seq2seq_quantize.py);
     (the report, what the calibration ran)."""
     scales = recipe.scales
     if scales is None:
@@ -177,8 +180,9 @@ def quantize_qdq(src: Path, dst: Path, cfg: ModelConfig, kind: str, tokenizer: T
             report.quantized.append(f"{module} ({node.op_type})")
     skip = [n.name for n in proto.graph.node
             if n.op_type in ("MatMul", "Gather") and n.name not in wanted]
-    batches, calibrated = calibration_batches(tokenizer, cfg, kind, data)
-    reader = _Feeds(batches)
+    feeds, calibrated = calibration_batches(tokenizer, cfg, kind, data) if batches is None \
+        else batches
+    reader = _Feeds(feeds)
     root = logging.getLogger()
     level, root.level = root.level, logging.ERROR  # its advice to pre-process: see README
     with contextlib.redirect_stdout(io.StringIO()):  # the percentile calibrator prints

@@ -15,6 +15,8 @@ similarity to the source's embeddings and retrieval recall@10 on queries and pas
 from the standard library's docstrings (accuracy.encoder_accuracy), not held-out corpus text.
 A classifier's (sequence or token) is label agreement with the source on built-in text, which
 needs no labels, with accuracy beside it where labelled data applies (accuracy.classifier_report).
+An encoder-decoder's three graphs take one recipe (seq2seq_quantize.py); its report is chrF /
+BLEU of its greedy outputs against the source's on held-out pairs (seq2seq_accuracy.py).
 """
 from __future__ import annotations
 
@@ -26,7 +28,14 @@ from typing import Any
 import onnx
 
 from tinyt import int8
-from tinyt.contract import CLASSIFIER, ENCODER, ONNX_FILE, TOKEN_CLASSIFIER
+from tinyt.contract import (
+    CLASSIFIER,
+    ENCODER,
+    ONNX_FILE,
+    SEQ2SEQ,
+    SEQ2SEQ_FILES,
+    TOKEN_CLASSIFIER,
+)
 from tinyt.errors import QuantizeError
 from tinyt.graphio import CONTRIB_DOMAIN, check_graph, graph_files, quantized_ops, save_graph
 from tinyt.hardware import int8_preset, saturates_here
@@ -39,6 +48,9 @@ from tinyt.tokenizer import Tokenizer
 from .accuracy import classifier_report, encoder_accuracy, lm_accuracy
 from .blockquant import QuantReport, quantize_weights
 from .qdq import quantize_qdq
+from .seq2seq_accuracy import seq2seq_report
+from .seq2seq_checks import open_graphs
+from .seq2seq_quantize import quantize_graphs
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 from .text_batches import TEXT_KINDS
 
@@ -98,7 +110,6 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     src = open_source(src_dir, out_dir)  # an Artifact already opened: not hashed again
     src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
-    proto = source_graph(src)
     cfg, kind = src.config, src.kind
     preset = int8_preset()
     if reduce_range is not None:
@@ -108,6 +119,9 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
         keep_8bit=keep_8bit, scheme=scheme, scale_search=scale_search,
         reduce_range=bool(preset["reduce_range"]), calibration=calibration,
         per_channel=per_channel, activation_type=str(preset["activation_type"]))
+    if kind == SEQ2SEQ:
+        return _quantize_seq2seq(src, out_dir, recipe, preset, data)
+    proto = source_graph(src)
     _check_source(src_dir, manifest, proto, kind, recipe, data)
     exactness = _exactness(recipe, kernel, mode)
     # whether a row's outputs are independent of the other rows of its batch (no activation
@@ -167,6 +181,14 @@ def _quantized_graph(src: Artifact, proto: onnx.ModelProto, path: Path, recipe: 
     else:
         report = quantize_weights(proto, recipe)
         save_graph(proto, path)
+    _check_done(recipe, report, src.path / ONNX_FILE)
+    check_graph(path)
+    return report, calibrated
+
+
+def _check_done(recipe: QuantRecipe, report: QuantReport, where: Path) -> None:
+    """QuantizeError where an --exclude or --keep-8bit name matched no module, or nothing in
+    `where` was quantized."""
     for flag, names, used in (("--exclude", recipe.exclude, report.exclusions_used),
                               ("--keep-8bit", recipe.keep_8bit, report.keep_8bit_used)):
         unused = [e for e in names if e not in used]
@@ -174,10 +196,54 @@ def _quantized_graph(src: Artifact, proto: onnx.ModelProto, path: Path, recipe: 
             raise QuantizeError(f"{flag} {', '.join(unused)} names no module with weights; "
                                 f"modules: {sorted(report.modules)}")
     if not report.quantized:
-        raise QuantizeError(f"nothing in {src.path / ONNX_FILE} was quantized: "
-                            f"{report.skipped}")
-    check_graph(path)
-    return report, calibrated
+        raise QuantizeError(f"nothing in {where} was quantized: {report.skipped}")
+
+
+def _quantize_seq2seq(src: Artifact, out_dir: Path, recipe: QuantRecipe, preset: dict,
+                      data: str | None) -> Built:
+    """An encoder-decoder's three graphs by one recipe (export/seq2seq_quantize.py), with
+    its report: chrF and BLEU of greedy outputs against the source's, token agreement, and
+    the next-token measures along held-out targets (export/seq2seq_accuracy.py). The
+    quantization record lists each graph's modules as `file: module (op)`."""
+    protos = open_graphs(src)
+    for role, file in SEQ2SEQ_FILES.items():
+        _check_source(src.path / file, src.manifest, protos[role], SEQ2SEQ, recipe, data)
+    exactness = _exactness(recipe, recipe.kernel, recipe.mode)
+    tokenizer = Tokenizer.from_file(src.path / "tokenizer.json")
+    files = list(SEQ2SEQ_FILES.values())
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        reports, calibrated = quantize_graphs(src, protos, out, recipe, tokenizer, data)
+        merged = QuantReport(
+            quantized=[f"{f}: {q}" for f, r in reports.items() for q in r.quantized],
+            excluded=[f"{f}: {q}" for f, r in reports.items() for q in r.excluded],
+            skipped={f"{f}: {n}": why for f, r in reports.items() for n, why in r.skipped.items()},
+            shared_tables=[f"{f}: {t}" for f, r in reports.items() for t in r.shared_tables],
+            kept_8bit=[f"{f}: {q}" for f, r in reports.items() for q in r.kept_8bit],
+            exclusions_used=set().union(*(r.exclusions_used for r in reports.values())),
+            keep_8bit_used=set().union(*(r.keep_8bit_used for r in reports.values())),
+            modules=set().union(*(r.modules for r in reports.values())))
+        _check_done(recipe, merged, src.path)
+        accuracy = seq2seq_report(src, {r: out / f for r, f in SEQ2SEQ_FILES.items()},
+                                  tokenizer, data, rows_independent=recipe.rows_independent)
+        src_bytes = sum(_bytes(src.path / f) for f in files)
+        out_bytes = sum(_bytes(out / f) for f in files)
+        return write_artifact(out_dir, src, [out / f for f in files], stage="quantize", options={
+            **recipe.options(), "data": data,
+            **({"hardware_preset": preset} if recipe.static else {})},
+            extra={
+            "graph": SEQ2SEQ, "opset": src.manifest.record("opset"),
+            "io": src.manifest.record("io"),
+            "quantization": {
+                "quantized": merged.quantized, "excluded": merged.excluded,
+                "skipped": merged.skipped, "shared_tables": merged.shared_tables,
+                **({"kept_8bit": merged.kept_8bit} if recipe.keep_8bit else {}),
+                "contrib_domain": CONTRIB_DOMAIN, "bytes": out_bytes,
+                "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
+                "rows_independent": recipe.rows_independent, "recipe": recipe.to_json(),
+                **({"calibration_set": calibrated} if calibrated else {})},
+            "int8": {f: exactness for f in files}, "accuracy": accuracy,
+            "versions": source_versions(src)})
 
 
 def _accuracy(src: Artifact, path: Path, tokenizer: Tokenizer, data: str | None,

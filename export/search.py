@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE
+from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, ONNX_FILE, SEQ2SEQ
 from tinyt.recipe import INT4_BLOCK, QuantRecipe
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.timing import session_latency_ms
@@ -90,6 +90,11 @@ def quantize_search(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                             ">= 0 (0.02 = validation loss at most 2% above the source's)")
     src = open_source(src_dir)  # hashed once for every variant tried
     cfg, kind = src.config, src.kind
+    if kind == SEQ2SEQ:
+        raise QuantizeError(f"{src_dir} is an encoder-decoder (seq2seq): --max-loss-increase "
+                            "times one graph's decode step, and an encoder-decoder steps "
+                            "through two; quantize it with a chosen recipe (--bits, --kernel, "
+                            "--mode), whose report gives chrF / BLEU against fp32")
     if kind == ENCODER and cfg.pooling is None:
         raise QuantizeError(f"{src_dir} is an encoder without a pooling (hidden states only): "
                             "--max-loss-increase budgets the retrieval recall@10 of sentence "

@@ -31,6 +31,7 @@ from tinyt.contract import (
     DECODER_WITH_PAST,
     ENCODER,
     ONNX_FILE,
+    SEQ2SEQ,
     SHARED_CACHE_KIND,
     TOKEN_CLASSIFIER,
     contract_for,
@@ -44,7 +45,14 @@ from tinyt.runtime.feeds import check_tokens, left_pad, prefill_feeds, window_to
 from tinyt.runtime.fixed import capacity
 from tinyt.runtime.session import graph_session
 
-from .compare import first_difference, max_abs, ort_greedy, reorder_bound, row_chunks
+from .compare import (
+    TIE_FACTOR,
+    first_difference,
+    max_abs,
+    ort_greedy,
+    reorder_bound,
+    row_chunks,
+)
 
 # fp32 export vs PyTorch: the same fp32 arithmetic, summed in other orders by ONNX Runtime's
 # kernels (MLAS) and PyTorch's (oneDNN / MKL), each picking its code path by CPU (AVX2,
@@ -52,9 +60,7 @@ from .compare import first_difference, max_abs, ort_greedy, reorder_bound, row_c
 # model's depth and widest reduction, relative to the output's largest |value| (real
 # SmolLM2-135M's logits reach ~40: a constant set on random weights refused it). An export
 # that is wrong (a mask, a position, a transposed weight) moves outputs by a good part of
-# their size. Greedy tokens: two implementations each within the bound of the truth can
-# order two logits closer than twice the bound either way (a tie).
-TIE_FACTOR = 2.0
+# their size. Greedy tokens: a tie within compare.TIE_FACTOR x the bound may go either way.
 GEN_TOKENS = 64  # greedy tokens per prompt (capped by block_size)
 PROMPTS = ("def ", "import os\n", "class Config:\n    def __init__(self", "    return ")
 
@@ -225,8 +231,12 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     kind = manifest.graph
     ckpt = load_checkpoint(checkpoint_dir)
     cfg, model = ckpt.config, ckpt.model
-    if kind == SHARED_CACHE_KIND:
-        report = _verify_shared_cache(ckpt, onnx_dir, seed, gen_tokens)
+    if kind in (SHARED_CACHE_KIND, SEQ2SEQ):
+        if kind == SEQ2SEQ:  # three graphs (export/seq2seq_verify.py)
+            from .seq2seq_verify import verify_seq2seq
+            report = verify_seq2seq(ckpt, onnx_dir, seed, gen_tokens)
+        else:
+            report = _verify_shared_cache(ckpt, onnx_dir, seed, gen_tokens)
         report.update(checkpoint=str(Path(checkpoint_dir).resolve()), onnx=str(onnx_dir.resolve()))
         if report_path is not None:
             write_json(report_path, report)

@@ -5,6 +5,7 @@
     lm.generate("def fibonacci(n):", max_new_tokens=64, temperature=0.8, top_k=50, seed=0)
     for piece in lm.stream("import os\\n", max_new_tokens=32): print(piece, end="")
     clf = rt.load("artifacts/clf-onnx"); clf.classify(["import asyncio ...", "..."])
+    mt = rt.load("artifacts/opus-mt-onnx"); mt.generate(["Hello."], num_beams=4)
 
 Loading checks every file against manifest.json (a changed or truncated file is refused, by
 name) and opens a session on exactly the requested provider: one that is missing or fails to
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import os
 
-from tinyt.contract import CLASSIFIER, ENCODER, SHARED_CACHE_KIND, TOKEN_CLASSIFIER
+from tinyt.contract import CLASSIFIER, ENCODER, SEQ2SEQ, SHARED_CACHE_KIND, TOKEN_CLASSIFIER
 from tinyt.errors import ConfigError
 from tinyt.manifest import ManifestError
 from tinyt.tokenizer import Tokenizer
 
 from .classify import Classifier, Prediction, TokenClassifier, TokenLabel
 from .embed import Encoder
+from .encoder_decoder import Seq2SeqModel, load_seq2seq
 from .generate import GenerationResult, LanguageModel
 from .sampling import SamplingParams
 from .session import (
@@ -35,16 +37,18 @@ from .session import (
 from .tuning import Plan, check_tune, plan_sessions
 
 __all__ = ["load", "LanguageModel", "Classifier", "Encoder", "TokenClassifier", "TokenLabel",
-           "GenerationResult", "Prediction", "SamplingParams", "Plan", "ProviderError",
-           "PROVIDERS", "installation_problems"]
+           "Seq2SeqModel", "GenerationResult", "Prediction", "SamplingParams", "Plan",
+           "ProviderError", "PROVIDERS", "installation_problems"]
 
 
 def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None = None,
          spinning: bool | None = None, level: str | None = None,
          io_binding: bool | None = None, tune: bool | str = True,
-         max_context: int | None = None) -> LanguageModel | Classifier | Encoder:
+         max_context: int | None = None
+         ) -> LanguageModel | Classifier | Encoder | Seq2SeqModel:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
-    classifier graphs, an Encoder (sentence embeddings) for encoder graphs. threads defaults
+    classifier graphs, an Encoder (sentence embeddings) for encoder graphs, a Seq2SeqModel
+    (translation, summarisation) for an encoder-decoder's three graphs. threads defaults
     to the physical cores; spinning to on when there is
     more than one thread (see session_options); level to the artifact's own; io_binding (KV
     cache kept on the provider's device between steps) to on for accelerators, off for CPU.
@@ -59,7 +63,9 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     max_context: the most tokens (prompt + generated) a sequence may hold, at most the model's
     own (LanguageModel.context = min(max_context, block_size)); an int >= 2, None for the
     model's. Generation allocates KV buffers for what each call can reach either way; this
-    bounds what a caller may ask for, and the engine's cache (max_batch rows x context)."""
+    bounds what a caller may ask for, and the engine's cache (max_batch rows x context); an
+    encoder-decoder's: the decoder's positions. io_binding applies to decoder-only artifacts
+    (an encoder-decoder's caches are numpy arrays between steps)."""
     if max_context is not None and not (isinstance(max_context, int)
                                         and not isinstance(max_context, bool)
                                         and max_context >= 2):
@@ -68,6 +74,16 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     check_tune(tune)
     artifact = open_artifact(path)
     threads = resolve_threads(threads)  # checked and defaulted here, once
+    if artifact.kind == SEQ2SEQ:
+        if io_binding:
+            raise ConfigError(f"io_binding=True: {artifact.path} is an encoder-decoder, whose "
+                              "caches are reordered as numpy arrays between steps; leave "
+                              "io_binding out")
+        model = load_seq2seq(artifact, _tokenizer(artifact), provider=provider,
+                             threads=threads, spinning=spinning, level=level,
+                             max_context=max_context)
+        return_freed_memory()
+        return model
     if artifact.kind == SHARED_CACHE_KIND and provider == "cpu":
         plan, session, prefill = plan_sessions(artifact, threads=threads, spinning=spinning,
                                                level=level, tune=tune)
@@ -78,11 +94,7 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
             artifact, provider=provider, threads=threads, spinning=spinning, level=level,
             graph=artifact.prefill_file, phase="prompt")
     return_freed_memory()  # what the loads (and the tuner's unkept sessions) freed
-    tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
-    if tokenizer.vocab_size > artifact.config.vocab_size:
-        raise ManifestError(f"{artifact.path}/tokenizer.json has {tokenizer.vocab_size} tokens but "
-                            f"config.json's vocab_size is {artifact.config.vocab_size}: the "
-                            "tokenizer does not belong to this model")
+    tokenizer = _tokenizer(artifact)
     if artifact.kind == CLASSIFIER:
         return Classifier(artifact, session, tokenizer)
     if artifact.kind == ENCODER:
@@ -92,3 +104,13 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     return LanguageModel(artifact, session, tokenizer, io_binding=io_binding,
                          prefill_session=None if prefill is session else prefill, plan=plan,
                          max_context=max_context)
+
+
+def _tokenizer(artifact) -> Tokenizer:
+    """The artifact's tokenizer, refused if it has ids the model does not."""
+    tokenizer = Tokenizer.from_file(artifact.path / "tokenizer.json")
+    if tokenizer.vocab_size > artifact.config.vocab_size:
+        raise ManifestError(f"{artifact.path}/tokenizer.json has {tokenizer.vocab_size} tokens but "
+                            f"config.json's vocab_size is {artifact.config.vocab_size}: the "
+                            "tokenizer does not belong to this model")
+    return tokenizer

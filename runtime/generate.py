@@ -34,6 +34,7 @@ from .detok import TextStream, stop_cut
 from .feeds import left_pad, prefill_feeds
 from .fixed import capacity
 from .greedy import greedy_one, stopped
+from .lm_beams import beam_settings, lm_beam_search
 from .sampling import Constraint, SamplingParams, next_token
 from .score import HEAD_ROWS, HeadGraph, HeadGraphs, Logprob, check_top, logprobs_of
 from .session import Artifact
@@ -96,7 +97,9 @@ class LanguageModel:
         """Text generated after `prompt` (a str, or a list of them: a batch). Keyword
         arguments: SamplingParams' fields, and json_schema (a JSON Schema object: the text
         is compact JSON valid under it, runtime/constrain.py; {"type": "object"} for any
-        object), as for generate_details, generate_ids and stream."""
+        object), as for generate_details, generate_ids and stream; num_beams > 1 (with
+        length_penalty, early_stopping, no_repeat_ngram_size): beam search with
+        transformers' rules (runtime/lm_beams.py; not for stream)."""
         if isinstance(prompt, (list, tuple)):
             return [r.text for r in self.generate_details(prompt, **kwargs)]
         return self.generate_details([prompt], **kwargs)[0].text
@@ -129,12 +132,16 @@ class LanguageModel:
         """Generation from token ids: a list of ints, or a list / 2-D array of rows.
         logprobs=N (0..MAX_TOP): each result carries its tokens' log-probabilities (the
         model's distribution, before sampling settings) and the N most likely tokens there."""
+        beams = beam_settings(kwargs)  # num_beams > 1: runtime/lm_beams.py
         schema = kwargs.pop("json_schema", None)
         top = kwargs.pop("logprobs", None)
         if top is not None:
             check_top(top, "logprobs")
         params = SamplingParams(**sampling_kwargs(kwargs))
         rows = self.check_ids(token_ids)
+        if beams is not None:
+            return [GenerationResult(self.tokenizer.decode(ids), ids, reason) for ids, reason
+                    in lm_beam_search(self, rows, params.max_new_tokens, *beams)]
         constraints = self._constrained(schema, params, len(rows))
         scores: list[list[Logprob]] | None = None if top is None else [[] for _ in rows]
         if (constraints is None and scores is None and self.artifact.kind == SHARED_CACHE_KIND

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tinyt import contract, int8
-from tinyt.contract import DECODER_WITH_PAST, SHARED_CACHE_KIND
+from tinyt.contract import DECODER_WITH_PAST, SEQ2SEQ, SEQ2SEQ_FILES, SHARED_CACHE_KIND
 from tinyt.errors import ConfigError, NonFiniteError, ProviderError, SaturationError
 from tinyt.graphio import GraphError
 from tinyt.hardware import int8_preset, physical_cores, saturates_here
@@ -19,7 +19,8 @@ from tinyt.manifest import Artifact, Manifest, ManifestError, open_artifact_dir,
 
 from .feeds import check_tokens
 
-KINDS = contract.KINDS
+KINDS = (*contract.KINDS, SEQ2SEQ)  # what the runtime runs: the single graphs, an
+# encoder-decoder's three (runtime/encoder_decoder.py)
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider"}
 AUTO_ORDER = ("cuda", "cpu")  # TensorRT builds engines per shape: only when asked for by name
@@ -137,19 +138,30 @@ def check_source(source: str | os.PathLike | Artifact) -> Artifact:
     against the graph, one probe step) so that a mismatch is refused by name before the stage
     runs it in its own checks. An Artifact already opened is not hashed again."""
     artifact = runnable(source if isinstance(source, Artifact) else open_artifact_dir(source))
+    if artifact.kind == SEQ2SEQ:
+        raise ManifestError(f"{artifact.path} is an encoder-decoder (seq2seq) artifact: "
+                            "this stage takes single-graph artifacts (optimize, quantize and "
+                            "verify take its three graphs); run it with tinyt.runtime "
+                            "(rt.load, tinyt translate)")
     create_session(artifact, threads=1, spinning=False, level="disabled")
     return artifact
 
 
-def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
-    """The session's inputs and outputs are the contract's, by name and rank, in order."""
+def check_contract(artifact: Artifact, session: ort.InferenceSession,
+                   graph: str | None = None) -> None:
+    """The session's inputs and outputs are the contract's, by name and rank, in order.
+    graph: the file the session runs, if not the artifact's model (an encoder-decoder's)."""
     cfg, kind = artifact.config, artifact.kind
-    # a shared-cache graph made before windowed layers had buffers of their own still runs
-    compact = any(t.name == contract.WINDOW_INPUTS[0] for t in session.get_inputs())
-    # ... and one made before its hidden states were an output (no prompt scoring) too
-    hidden = any(t.name == contract.HIDDEN_OUTPUT for t in session.get_outputs())
-    want = contract.contract_for(cfg, kind, compact=compact, hidden=hidden)
-    model = f"{artifact.path}/{artifact.model_file}"
+    graph = graph or artifact.model_file
+    model = f"{artifact.path}/{graph}"
+    if kind == SEQ2SEQ:
+        want = _seq2seq_contract(cfg, graph, model)
+    else:
+        # a shared-cache graph made before windowed layers had buffers of their own still
+        # runs, and one made before its hidden states were an output (no prompt scoring) too
+        compact = any(t.name == contract.WINDOW_INPUTS[0] for t in session.get_inputs())
+        hidden = any(t.name == contract.HIDDEN_OUTPUT for t in session.get_outputs())
+        want = contract.contract_for(cfg, kind, compact=compact, hidden=hidden)
     layers = sum(t.name.startswith("past_key_values.") for t in session.get_inputs()) // 2
     if kind in (DECODER_WITH_PAST, SHARED_CACHE_KIND) and layers != cfg.n_layer:
         raise ManifestError(f"config.json says n_layer={cfg.n_layer} but {model} has a KV cache "
@@ -172,11 +184,20 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession) -> None:
     _probe(artifact, session, model)
 
 
+def _seq2seq_contract(cfg, graph: str, model: str):
+    """(inputs, outputs) of one of an encoder-decoder's graphs, by its file name."""
+    roles = {file: role for role, file in SEQ2SEQ_FILES.items()}
+    if graph not in roles:
+        raise ManifestError(f"{model} is not one of an encoder-decoder's graphs "
+                            f"({', '.join(SEQ2SEQ_FILES.values())})")
+    return contract.seq2seq_contract(cfg)[roles[graph]]
+
+
 # Which config field a static axis of the contract comes from (logits' last axis, the cache's
 # heads and head size).
 _CONFIG_AXES = {("logits", 2): "vocab_size", ("logits", 1): "num_labels",
                 ("last_hidden_state", 2): "n_embd", ("sentence_embedding", 1): "n_embd",
-                ("hidden_states", 2): "n_embd",
+                ("hidden_states", 2): "n_embd", ("encoder_hidden_states", 2): "n_embd",
                 ("past_key_values", 1): "kv_heads", ("present", 1): "kv_heads",
                 ("past_key_values", 3): "head_dim", ("present", 3): "head_dim"}
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
@@ -296,7 +317,7 @@ def create_session(artifact: Artifact, *, provider: str = "cpu", threads: int,
                 failures.append(str(e))
         else:
             raise ProviderError("no provider works: " + "; ".join(failures))
-    check_contract(artifact, session)
+    check_contract(artifact, session, graph)
     return session
 
 

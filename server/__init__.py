@@ -79,9 +79,11 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
         raise ConfigError(f"port={port!r} must be in 0..65535")
     lm = rt.load(artifact, threads=threads, spinning=spinning,
                  max_context=DEFAULT_CONTEXT if max_context is None else max_context)
-    if isinstance(lm, rt.Classifier):
-        raise ConfigError(f"{artifact} is a classifier; tinyt serve serves language models "
-                          "and encoders")
+    if isinstance(lm, (rt.Classifier, rt.Seq2SeqModel)):
+        what = "a classifier" if isinstance(lm, rt.Classifier) else \
+            "an encoder-decoder (run it with tinyt translate or rt.load(...).generate)"
+        raise ConfigError(f"{artifact} is {what}; tinyt serve serves language models and "
+                          "encoders")
     engine: Engine | Embedder
     if isinstance(lm, rt.Encoder):
         given = [flag for flag, value in (("--max-context", max_context),

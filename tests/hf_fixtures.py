@@ -416,3 +416,147 @@ def sentence_embeddings(model, input_ids, attention_mask, token_type_ids=None, *
     else:
         e = h[torch.arange(h.shape[0]), attention_mask.sum(1) - 1]
     return h, (torch.nn.functional.normalize(e, p=2, dim=-1) if normalize else e)
+
+
+# -- encoder-decoders ----------------------------------------------------------------------------
+# Each real model's settings with the layers and width cut (each kept at its real vocabulary,
+# positions, heads, buckets, ties, scales, norms and activation); the real sizes are in the
+# comments. A SentencePiece-like Unigram tokenizer.json with the model's special ids (Marian's
+# <pad> last, at 58,100; T5's 100 <extra_id_*> after its 32,000 pieces) or RoBERTa's / XLM-R's.
+SEQ2SEQ: dict[str, tuple[str, str, dict]] = {
+    # Helsinki-NLP/opus-mt-en-de: 6 + 6 layers, 512 wide, 8 heads, ffn 2048, 58,101 ids (</s> 0,
+    # <unk> 1, <pad> 58,100 the decoder's start), 512 sinusoid positions, scale_embedding, swish
+    "opus-mt": ("MarianConfig", "MarianMTModel", dict(
+        vocab_size=58101, decoder_vocab_size=58101, d_model=64, encoder_layers=2,
+        decoder_layers=2, encoder_attention_heads=8, decoder_attention_heads=8,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=512,
+        scale_embedding=True, activation_function="swish", share_encoder_decoder_embeddings=True,
+        pad_token_id=58100, decoder_start_token_id=58100, eos_token_id=0,
+        forced_eos_token_id=0)),
+    # google/flan-t5-small: 8 + 8 layers, 512 wide, 6 heads of d_kv 64 (384, not 512), d_ff 1024,
+    # gated-gelu, lm_head of its own, 32 buckets to distance 128, 32,128 ids (pad 0 the start)
+    "flan-t5": ("T5Config", "T5ForConditionalGeneration", dict(
+        vocab_size=32128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+        num_heads=6, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, layer_norm_epsilon=1e-6,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)),
+    # google-t5/t5-small: 6 + 6 layers, 512 wide, 8 heads of 64, d_ff 2048, ReLU, the head tied
+    # (its input times d_model^-0.5), n_positions 512
+    "t5-small": ("T5Config", "T5ForConditionalGeneration", dict(
+        vocab_size=32128, d_model=64, d_kv=8, d_ff=128, num_layers=2, num_heads=8,
+        relative_attention_num_buckets=32, relative_attention_max_distance=128,
+        feed_forward_proj="relu", tie_word_embeddings=True, n_positions=512,
+        layer_norm_epsilon=1e-6, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)),
+    # facebook/bart-base: 6 + 6 layers, 768 wide, 12 heads, ffn 3072, 50,265 ids, 1,024 learned
+    # positions from row 2, GELU, layernorm_embedding, post-norm, </s> 2 the start. Here 2 + 1
+    # layers (distilbart-cnn-12-6's decoder has half its encoder's)
+    "bart-base": ("BartConfig", "BartForConditionalGeneration", dict(
+        vocab_size=50265, d_model=96, encoder_layers=2, decoder_layers=1,
+        encoder_attention_heads=12, decoder_attention_heads=12, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, max_position_embeddings=1024, activation_function="gelu",
+        scale_embedding=False, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2, forced_eos_token_id=2)),
+    # facebook/mbart-large-cc25: 12 + 12 layers, 1024 wide, 16 heads, ffn 4096, 250,027 ids, 1,024
+    # positions from row 2, scale_embedding, pre-norm with each stack's final layer_norm
+    "mbart": ("MBartConfig", "MBartForConditionalGeneration", dict(
+        vocab_size=250027, d_model=64, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, max_position_embeddings=1024, activation_function="gelu",
+        scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2, forced_eos_token_id=2)),
+    # facebook/m2m100_418M: 12 + 12 layers, 1024 wide, 16 heads, ffn 4096, 128,112 ids, 1,024
+    # sinusoid positions from pad + 1, ReLU, scale_embedding, pre-norm, </s> 2 the start
+    "m2m100": ("M2M100Config", "M2M100ForConditionalGeneration", dict(
+        vocab_size=128112, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, max_position_embeddings=1024, activation_function="relu",
+        scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2)),
+    # facebook/nllb-200-distilled-600M: M2M100's class, 12 + 12 layers, 1024 wide, 16 heads, ffn
+    # 4096, 256,206 ids, 1,024 positions
+    "nllb": ("M2M100Config", "M2M100ForConditionalGeneration", dict(
+        vocab_size=256206, d_model=64, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, max_position_embeddings=1024, activation_function="relu",
+        scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2)),
+}
+T5_PIECES = 32000  # T5's SentencePiece pieces; its 100 <extra_id_*> follow (32,100 ids)
+
+
+@functools.lru_cache(maxsize=4)
+def sentencepiece_tokenizer(first: tuple[str, ...], size: int, last: tuple[str, ...] = ()):
+    """A Unigram tokenizer.json as SentencePiece models convert (Metaspace, $A </s>): the
+    special pieces `first`, characters, the standard library's words, filler pieces up to
+    `size` ids, then `last` (Marian's <pad>, T5's <extra_id_*> counting down)."""
+    import re
+    from collections import Counter
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    words = Counter(w for name in ("textwrap.py", "argparse.py")
+                    for w in re.findall(r"[A-Za-z]+", (lib / name).read_text()))
+    pieces = [(p, 0.0) for p in first]
+    chars = sorted({c for w in words for c in w} | set(".,!?'-0123456789"))
+    pieces += [(c, -10.0) for c in chars] + [("▁" + c, -9.0) for c in chars]
+    have = {p for p, _ in pieces}
+    pieces += [("▁" + w, -1.0 - i / 1000) for i, (w, _) in enumerate(words.most_common(3000))
+               if "▁" + w not in have]
+    pieces += [(f"x{i}q", -20.0) for i in range(size - len(last) - len(pieces))]
+    pieces += [(p, 0.0) for p in last]
+    tok = HFTokenizer(models.Unigram(pieces, unk_id=first.index("<unk>"), byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>",
+        special_tokens=[("</s>", first.index("</s>"))])
+    tok.add_special_tokens([*first, *last])
+    assert tok.get_vocab_size() == size, tok.get_vocab_size()
+    return tok
+
+
+def seq2seq_tokenizer(name: str):
+    """The fixture `name`'s tokenizer: Marian's and T5's SentencePiece ids, BART's byte-level
+    BPE (RoBERTa's), M2M100's / NLLB's / mBART's SentencePiece (XLM-R's <s> <pad> </s> <unk>)."""
+    if name == "opus-mt":
+        return sentencepiece_tokenizer(("</s>", "<unk>"), 58101, ("<pad>",))
+    if name.endswith("t5") or name.startswith("t5"):
+        extra = tuple(f"<extra_id_{i}>" for i in range(99, -1, -1))
+        return sentencepiece_tokenizer(("<pad>", "</s>", "<unk>"), T5_PIECES + 100, extra)
+    return roberta_tokenizer() if name.startswith("bart") else unigram_tokenizer()
+
+
+def seq2seq_model(name: str, **overrides):
+    """transformers' encoder-decoder `name` on random weights (std 0.2; norm gains around 1)."""
+    import transformers as T
+
+    config_class, model_class, settings = SEQ2SEQ[name]
+    config = getattr(T, config_class)(**{**settings, **overrides}, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = getattr(T, model_class)(config)
+    for pname, p in model.named_parameters():
+        if "embed_positions" in pname and name == "opus-mt":
+            continue  # Marian's sinusoid, a parameter transformers computes
+        gain = pname.endswith("weight") and "norm" in pname.lower()
+        # T5 has no 1/sqrt(d_kv) in attention: its q weights carry it (init and training)
+        std = 0.2 / config.d_kv ** 0.5 if pname.endswith("Attention.q.weight") else 0.2
+        torch.nn.init.normal_(p, mean=1.0 if gain else 0.0, std=std)
+    if hasattr(model, "final_logits_bias"):
+        model.final_logits_bias.normal_(std=0.2, generator=torch.Generator().manual_seed(1))
+    return model.eval()
+
+
+def save_seq2seq(name: str, path: Path, **overrides):
+    """The fixture `name` saved as a Hub directory (safetensors, config.json,
+    generation_config.json, tokenizer.json, tokenizer_config.json); returns the model."""
+    path = Path(path)
+    model = seq2seq_model(name, **overrides)
+    model.save_pretrained(path, safe_serialization=True)
+    tok = seq2seq_tokenizer(name)
+    tok.save(str(path / "tokenizer.json"))
+    specials = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512, **specials}))
+    return model

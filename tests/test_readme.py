@@ -216,6 +216,16 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
                                                  "--data long-docs",
     "artifacts-phi4-peers/onnx-int8 --bits 8": "artifacts-phi4-peers/onnx-int8 --bits 8 "
                                                "--data long-docs",
+    # the encoder-decoder peers at Opus-MT en-de's and Flan-T5-small's shapes -> their settings
+    # at a test's size (2 + 2 layers, width 64, vocab 512), a few short calls
+    "hf_shape opus-mt-en-de artifacts-opus-mt-peers/hf":
+        "hf_shape opus-mt-test artifacts-opus-mt-peers/hf",
+    "hf_shape flan-t5-small artifacts-flan-t5-peers/hf":
+        "hf_shape flan-t5-test artifacts-flan-t5-peers/hf",
+    "--out benchmarks/results/seq2seq-opus-mt-en-de-epyc-avx2":
+        "--out seq2seq-opus-results --check-sources 2 --batch 4 --new-tokens 8",
+    "--out benchmarks/results/seq2seq-flan-t5-small-epyc-avx2":
+        "--out seq2seq-t5-results --check-sources 2 --batch 4 --new-tokens 8",
     # (last: after the entries above that name artifacts-gpt2) GPT-2 small's shape at the test size is the main job's model (the test preset): its
     # artifacts stand in for artifacts-gpt2 and artifacts-gpt2-150 (their training and pipeline
     # are NOT_RUN), so the commands on them are the demo's, run once
@@ -436,7 +446,7 @@ def _drop(argv: list[str], flag: str) -> list[str]:
 # The directories of docs/peers.md's sections at real models' shapes (hf_shape's random weights):
 # a block that names no other builds and reads them only
 APART = {"artifacts-qwen3-peers", "artifacts-llama1b-peers", "artifacts-gemma3-peers",
-         "artifacts-phi4-peers"}
+         "artifacts-phi4-peers", "artifacts-opus-mt-peers", "artifacts-flan-t5-peers"}
 
 
 def _apart(commands: list[str]) -> bool:

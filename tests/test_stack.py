@@ -125,7 +125,7 @@ def test_the_tests_mirror_the_code_folders():
 # Inside the core folder, the importers (Hugging Face, nanoGPT) and the training loop are a
 # floor of their own: they read and write the core's checkpoints; the core and the runtime
 # never need them (export reads tinyt.hf for the config.json its artifacts carry).
-SOURCES = ("tinyt.hf", "tinyt.nanogpt", "tinyt.train")
+SOURCES = ("tinyt.hf", "tinyt.nanogpt", "tinyt.train", "tinyt.seq2seq_task")
 
 
 def _in(module: str, names) -> bool:

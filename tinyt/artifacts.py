@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from tinyt.contract import CLASSIFIER, DECODER_WITH_PAST, ENCODER, KINDS, SHARED_CACHE_KIND
+from tinyt.contract import (
+    CLASSIFIER,
+    DECODER_WITH_PAST,
+    ENCODER,
+    KINDS,
+    SEQ2SEQ,
+    SHARED_CACHE_KIND,
+)
 from tinyt.recipe import INT4_BLOCK  # the GenAI model builder's int4 block, so the two compare
 
 CHECKPOINT = "checkpoint"  # the trained language model: ARTIFACTS/checkpoint
@@ -72,7 +79,7 @@ class Variant:
     def __post_init__(self) -> None:
         for name, value, allowed in (("stage", self.stage, STAGES),
                                      ("made_by", self.made_by, MAKERS),
-                                     ("kind", self.kind, KINDS)):
+                                     ("kind", self.kind, (*KINDS, SEQ2SEQ))):
             if value not in allowed:
                 raise ValueError(f"variant {self.dir!r}: {name}={value!r} is not one of "
                                  f"{', '.join(allowed)}")
@@ -186,6 +193,29 @@ ENCODER_VARIANTS: tuple[Variant, ...] = (
     Variant("onnx-int8", "onnx-opt", "quantize", "quantize", ENCODER, ENCODER_INT8,
             bench="ort-int8", timed=True),
 )
+# An encoder-decoder checkpoint's rows (tinyt train --task seq2seq, or an imported Marian, BART,
+# mBART, M2M100 / NLLB, T5): each directory Optimum's three graphs (export/seq2seq_export.py),
+# quantized by one recipe, each quantization reported by chrF / BLEU of its greedy outputs
+# against fp32's on held-out pairs (export/seq2seq_accuracy.py); no shared-cache pair.
+#   checkpoint ─export─▶ onnx ─optimize─▶ onnx-opt ─quantize─▶ onnx-int8, onnx-int4
+#                         └─quantize static─▶ onnx-int8-static   onnx-opt ─qgemm─▶ onnx-int8-qgemm
+#                                                                  (by hand)
+SEQ2SEQ_VARIANTS: tuple[Variant, ...] = (
+    Variant("onnx", CHECKPOINT, "export", "export", SEQ2SEQ, verify=True),
+    Variant("onnx-opt", "onnx", "optimize", "optimize", SEQ2SEQ, verify=True),
+    Variant("onnx-int8", "onnx-opt", "quantize", "quantize", SEQ2SEQ, data=True),
+    Variant("onnx-int4", "onnx-opt", "quantize", "quantize-int4", SEQ2SEQ,
+            {"bits": 4, "block_size": INT4_BLOCK}, data=True),
+    Variant("onnx-int8-qgemm", "onnx-opt", "quantize", "quantize-qgemm", SEQ2SEQ,
+            {"kernel": "qgemm"}, data=True, made_by="hand",
+            note="int8 GEMMs (DynamicQuantizeMatMul, activations per tensor): `tinyt quantize "
+                 "OUT/onnx-opt OUT/onnx-int8-qgemm --kernel qgemm`"),
+    Variant("onnx-int8-static", "onnx", "quantize", "quantize-static", SEQ2SEQ,
+            {"mode": "static"}, data=True, made_by="hand",
+            note="static (QDQ) INT8, activation ranges calibrated on training pairs: `tinyt "
+                 "quantize OUT/onnx OUT/onnx-int8-static --mode static`; not built by the "
+                 "pipeline, as for decoders (one scale per activation tensor)"),
+)
 BY_DIR: Mapping[str, Variant] = MappingProxyType({v.dir: v for v in VARIANTS})
 
 
@@ -210,9 +240,12 @@ def rows_for(kind: str) -> tuple[Variant, ...]:
         return ENCODER_VARIANTS
     if kind == DECODER_WITH_PAST:
         return made_by("pipeline")
-    raise ValueError(f"the pipeline takes a language model ({DECODER_WITH_PAST}) or a sentence "
-                     f"encoder ({ENCODER}) checkpoint, not a {kind}; run export, optimize and "
-                     "quantize on it one by one (docs/encoders.md)")
+    if kind == SEQ2SEQ:
+        return tuple(v for v in SEQ2SEQ_VARIANTS if v.made_by == "pipeline")
+    raise ValueError(f"the pipeline takes a language model ({DECODER_WITH_PAST}), a sentence "
+                     f"encoder ({ENCODER}) or an encoder-decoder ({SEQ2SEQ}) checkpoint, not a "
+                     f"{kind}; run export, optimize and quantize on it one by one "
+                     "(docs/encoders.md)")
 
 
 def arguments(v: Variant, root: Path, *, checkpoint: Path | None = None,

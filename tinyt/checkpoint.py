@@ -253,6 +253,7 @@ def load_train_state(path: str | Path, model: nn.Module,
             "keeps them; an imported checkpoint has none)"
         )
     info = _read_json(path / STATE_JSON)
+    train_config = read_train_config(path)
     tensors = read_safetensors(path / STATE_FILE)
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
@@ -263,6 +264,15 @@ def load_train_state(path: str | Path, model: nn.Module,
                 optimizer.state[p] = entry
     torch.set_rng_state(tensors["rng.torch"])
     try:
-        return int(info["step"]), TrainConfig.from_dict(info["train_config"]), info["history"]
+        return int(info["step"]), train_config, info["history"]
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path / STATE_JSON} is malformed: {e}") from None
+
+
+def read_train_config(path: str | Path) -> TrainConfig:
+    """The TrainConfig of the run saved in a checkpoint directory (its train_state.json)."""
+    path = Path(path) / STATE_JSON
+    try:
+        return TrainConfig.from_dict(_read_json(path)["train_config"])
+    except (KeyError, TypeError, ValueError, ConfigError) as e:
+        raise CheckpointError(f"{path} is malformed: {e}") from None

@@ -64,7 +64,7 @@ class _JsonMixin:
 
 
 # The groups ModelConfig's fields fall in (`ModelConfig.group(name)` reads one at a time).
-GROUPS = ("shape", "attention", "positions", "norms", "mlp", "embeddings", "head")
+GROUPS = ("shape", "attention", "positions", "norms", "mlp", "embeddings", "head", "seq2seq")
 
 
 def _opt(default: Any, group: str) -> Any:
@@ -113,7 +113,9 @@ class ModelConfig(_JsonMixin):
     #                   ones; None = head_dim (Phi-4-mini's partial_rotary_factor 0.75)
     nope_layers: tuple[int, ...] = _opt((), "positions")  # layers without rotary (SmolLM3)
     position_offset: int = _opt(0, "positions")  # the learned table's row of position 0
-    #                   (RoBERTa's pad id + 1)
+    #                   (RoBERTa's pad id + 1; BART's 2), or the sinusoid's (M2M100's pad + 1)
+    relative_buckets: int = _opt(32, "positions")  # T5's relative bias: distance buckets
+    relative_max_distance: int = _opt(128, "positions")  # ... and the last one's distance
     # -- norms ----------------------------------------------------------------------------------
     norm: str = _opt("layernorm", "norms")  # or rmsnorm (no mean, no bias)
     norm_eps: float = _opt(1e-5, "norms")  # GPT-2's layer_norm_epsilon, Llama's rms_norm_eps
@@ -141,6 +143,14 @@ class ModelConfig(_JsonMixin):
     pooler_activation: str | None = _opt(None, "head")  # a classifier's dense + activation
     #                   before its head (BERT's pooler: tanh; DistilBERT's: relu)
     pooler_norm: bool = _opt(False, "head")  # a norm after the pooler's activation (ModernBERT)
+    final_logits_bias: bool = _opt(False, "head")  # a bias on the logits (BART's, Marian's)
+    # -- seq2seq: the encoder-decoder's own ---------------------------------------------------
+    n_decoder_layer: int | None = _opt(None, "seq2seq")  # decoder blocks; None = n_layer
+    decoder_start_id: int = _opt(0, "seq2seq")  # the decoder's first token (Marian's pad,
+    #                   BART's </s>, T5's pad)
+    shared_embeddings: bool = _opt(True, "seq2seq")  # the decoder reads the encoder's table
+    forced_bos_id: int | None = _opt(None, "seq2seq")  # the first token generated, forced
+    #                   (BART-large-CNN's <s>; M2M100's / NLLB's target language); None: chosen
 
     def group(self, name: str) -> dict[str, Any]:
         """The fields of one group (GROUPS) and their values."""
@@ -204,6 +214,11 @@ class ModelConfig(_JsonMixin):
         return self.n_inner or 4 * self.n_embd
 
     @property
+    def decoder_layers(self) -> int:
+        """An encoder-decoder's decoder blocks."""
+        return self.n_layer if self.n_decoder_layer is None else self.n_decoder_layer
+
+    @property
     def kv_heads(self) -> int:
         return self.n_kv_head or self.n_head
 
@@ -258,11 +273,16 @@ class TrainConfig(_JsonMixin):
     seed: int = 1337
     tokenizer: str = "bpe"
     device: str = "cpu"
+    max_target_tokens: int = 32  # seq2seq: targets cut to this many tokens, EOS included (and
+    #                   to block_size); greedy evaluation makes at most this many
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "eval_interval", "eval_batches"):
             v = getattr(self, name)
             _require(_is_int(v) and v >= 1, name, v, "must be an integer >= 1")
+        v = self.max_target_tokens
+        _require(_is_int(v) and v >= 2, "max_target_tokens", v,
+                 "must be an integer >= 2 (a token and the EOS)")
         for name in ("warmup_steps", "seed"):
             v = getattr(self, name)
             _require(_is_int(v) and v >= 0, name, v, "must be an integer >= 0")
@@ -316,6 +336,22 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                       activation="swiglu", bias=False),
         "train": dict(max_steps=20, batch_size=8, warmup_steps=2, eval_interval=10,
                       eval_batches=2),
+    },
+    # The encoder-decoder: code summarization, a stdlib function's code -> the first sentence
+    # of its docstring (tinyt/seq2seq_data.py). 3 + 3 pre-norm blocks, learned positions;
+    # trains in a few minutes on 2 CPU cores (docs/seq2seq.md has the figures).
+    "seq2seq-demo": {
+        "model": dict(task="seq2seq", block_size=128, vocab_size=2048, n_layer=3,
+                      n_decoder_layer=3, n_head=4, n_embd=192),
+        "train": dict(max_steps=800, batch_size=32, warmup_steps=40, eval_interval=200,
+                      eval_batches=8, max_target_tokens=40),
+    },
+    # Seconds on a CPU; for tests.
+    "seq2seq-test": {
+        "model": dict(task="seq2seq", block_size=32, vocab_size=512, n_layer=2, n_head=2,
+                      n_embd=32),
+        "train": dict(max_steps=20, batch_size=8, warmup_steps=2, eval_interval=10,
+                      eval_batches=2, max_target_tokens=16),
     },
     # The shape of the seed article's model (4 layers, 4 heads, 768 wide). Slow on a CPU.
     "article": {

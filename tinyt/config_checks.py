@@ -9,14 +9,17 @@ from typing import Any
 
 from tinyt.errors import ConfigError
 
-POS_ENCODINGS = ("learned", "sinusoidal", "rotary")  # rotary: Llama's, from position_ids
+# rotary: Llama's, from position_ids; relative: T5's bias on the attention logits;
+# sinusoidal_fairseq: the sinusoid at tensor2tensor's spacing (M2M100, NLLB)
+POS_ENCODINGS = ("learned", "sinusoidal", "rotary", "relative", "sinusoidal_fairseq")
 # The MLP: exact (erf) GELU; its tanh approximation (GPT-2's); SwiGLU (Llama's gated SiLU)
-ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh", "geglu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh", "geglu", "relu", "silu")
 # gated MLPs: act(gate) * up (SiLU: Llama's; GELU-tanh: Gemma's; exact GELU: ModernBERT's)
 GATED = ("swiglu", "geglu_tanh", "geglu")
 NORMS = ("layernorm", "rmsnorm")
-# encoder: hidden states and a sentence embedding; token_classifier: a label per token
-TASKS = ("causal_lm", "classifier", "encoder", "token_classifier")
+# encoder: hidden states and a sentence embedding; token_classifier: a label per token;
+# seq2seq: an encoder and a decoder that attends over its output (translation, summaries)
+TASKS = ("causal_lm", "classifier", "encoder", "token_classifier", "seq2seq")
 POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")  # a classifier's dense layer on the pooled token
 NORM_PLACEMENTS = ("pre", "post")  # post: BERT's x = norm(x + branch(x)), no final norm
 POOLINGS = ("mean", "cls", "last")  # a sentence from its tokens: masked mean, first, last real
@@ -42,7 +45,7 @@ def _is_number(v: Any) -> bool:
 def check_model(cfg: Any) -> None:
     """Every group's checks, in the order its fields are declared."""
     for check in (check_shape, check_attention, check_positions, check_norms,
-                  check_mlp_and_embeddings, check_head):
+                  check_mlp_and_embeddings, check_head, check_seq2seq):
         check(cfg)
 
 
@@ -105,9 +108,18 @@ def check_positions(cfg: Any) -> None:
     rotary = cfg.pos_encoding == "rotary"
     _require(cfg.pos_encoding in POS_ENCODINGS, "pos_encoding", cfg.pos_encoding,
              f"allowed: {', '.join(POS_ENCODINGS)}")
-    if cfg.pos_encoding == "sinusoidal":
-        _require(cfg.n_embd % 2 == 0, "n_embd", cfg.n_embd,
-                 "must be even for sinusoidal positions")
+    if cfg.pos_encoding.startswith("sinusoidal"):
+        _require(cfg.n_embd % 2 == 0 and (cfg.n_embd > 2 or cfg.pos_encoding == "sinusoidal"),
+                 "n_embd", cfg.n_embd, "must be even (and > 2 for sinusoidal_fairseq) for "
+                 "sinusoidal positions")
+    if cfg.pos_encoding == "relative":
+        _require(cfg.task == "seq2seq", "pos_encoding", cfg.pos_encoding,
+                 "T5's relative bias is built for task='seq2seq'")
+    for name in ("relative_buckets", "relative_max_distance"):
+        v = getattr(cfg, name)
+        _require(_is_int(v) and v >= 4, name, v, "must be an integer >= 4")
+    _require(cfg.relative_max_distance > cfg.relative_buckets // 2, "relative_max_distance",
+             cfg.relative_max_distance, "must be > relative_buckets / 2 (the exact ones)")
     _require(_is_number(cfg.rope_theta) and cfg.rope_theta > 0, "rope_theta",
              cfg.rope_theta, "must be a finite number > 0")
     if rotary:
@@ -141,9 +153,10 @@ def check_positions(cfg: Any) -> None:
              "would scale the dims rotary leaves too")
     _require(_is_int(cfg.position_offset) and cfg.position_offset >= 0,
              "position_offset", cfg.position_offset, "must be an integer >= 0")
-    _require(cfg.position_offset == 0 or cfg.pos_encoding == "learned", "position_offset",
-             cfg.position_offset, "shifts a learned position table: it needs "
-             "pos_encoding='learned'")
+    _require(cfg.position_offset == 0 or cfg.pos_encoding in ("learned", "sinusoidal",
+                                                               "sinusoidal_fairseq"),
+             "position_offset", cfg.position_offset, "shifts a learned position table or the "
+             "sinusoid: it needs pos_encoding='learned', 'sinusoidal' or 'sinusoidal_fairseq'")
 
 def check_norms(cfg: Any) -> None:
     _require(cfg.norm in NORMS, "norm", cfg.norm, f"allowed: {', '.join(NORMS)}")
@@ -219,6 +232,36 @@ def check_head(cfg: Any) -> None:
     _require(not cfg.normalize or (encoder and cfg.pooling is not None), "normalize",
              cfg.normalize, "scales an encoder's sentence embedding: it needs "
              "task='encoder' and a pooling")
+
+    _require(isinstance(cfg.final_logits_bias, bool), "final_logits_bias",
+             cfg.final_logits_bias, "must be true or false")
+    _require(not cfg.final_logits_bias or cfg.task in ("causal_lm", "seq2seq"),
+             "final_logits_bias", cfg.final_logits_bias, "is a bias on a language model's "
+             "logits: it needs task='causal_lm' or 'seq2seq'")
+
+def check_seq2seq(cfg: Any) -> None:
+    seq2seq = cfg.task == "seq2seq"
+    v = cfg.n_decoder_layer
+    _require(v is None or (seq2seq and _is_int(v) and v >= 1), "n_decoder_layer", v,
+             "must be null (= n_layer) or, with task='seq2seq', an integer >= 1")
+    v = cfg.decoder_start_id
+    _require(_is_int(v) and 0 <= v < cfg.vocab_size, "decoder_start_id", v,
+             f"must be a token id in 0..{cfg.vocab_size - 1}")
+    _require(isinstance(cfg.shared_embeddings, bool), "shared_embeddings",
+             cfg.shared_embeddings, "must be true or false")
+    v = cfg.forced_bos_id
+    _require(v is None or (_is_int(v) and 0 <= v < cfg.vocab_size), "forced_bos_id", v,
+             f"must be null (none forced) or a token id in 0..{cfg.vocab_size - 1}")
+    for name, off in (("decoder_start_id", 0), ("shared_embeddings", True),
+                      ("forced_bos_id", None)):
+        _require(seq2seq or getattr(cfg, name) == off, name, getattr(cfg, name),
+                 f"is an encoder-decoder's: it needs task='seq2seq' (else {off!r})")
+    _require(not seq2seq or cfg.pooling == "mean", "pooling", cfg.pooling,
+             "pools an encoder's tokens: a seq2seq model keeps the default")
+    _require(not seq2seq or not cfg.sliding_window, "sliding_window", cfg.sliding_window,
+             "is not built for task='seq2seq'")
+    _require(not seq2seq or cfg.type_vocab_size == 0, "type_vocab_size",
+             cfg.type_vocab_size, "is not built for task='seq2seq'")
 
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's

@@ -9,6 +9,17 @@ its ORTModelForCausalLM and similar loops understand tinyt's graphs.
              -> logits [B, num_labels]  (a token classifier's: [B, S, num_labels])
     encoder:    input_ids [B, S], attention_mask [B, S] (, token_type_ids [B, S])
              -> last_hidden_state [B, S, C] (, sentence_embedding [B, C])
+    seq2seq:    three graphs, Optimum's ORTModelForSeq2SeqLM layout (SEQ2SEQ_FILES):
+      encoder_model.onnx           input_ids [B, E], attention_mask [B, E]
+                                -> last_hidden_state [B, E, C]
+      decoder_model.onnx           encoder_attention_mask [B, E], input_ids [B, T],
+                                   encoder_hidden_states [B, E, C]
+                                -> logits [B, T, vocab], present.{i}.decoder.key/.value
+                                   [B, nkv, T, hs], present.{i}.encoder.key/.value [B, nkv, E, hs]
+      decoder_with_past_model.onnx encoder_attention_mask, input_ids [B, T],
+                                   past_key_values.{i}.decoder.key/.value [B, nkv, P, hs],
+                                   past_key_values.{i}.encoder.key/.value [B, nkv, E, hs]
+                                -> logits, present.{i}.decoder.key/.value [B, nkv, P+T, hs]
 """
 from __future__ import annotations
 
@@ -24,6 +35,7 @@ DECODER_WITH_PAST = "decoder_with_past"  # the contract decoder: prefill and dec
 SHARED_CACHE_KIND = "decoder_gqa"  # the shared-cache variant (`--target gqa`): one KV buffer
 DECODER = "decoder"  # no KV cache: every pass reads the whole sequence
 CLASSIFIER = "classifier"
+SEQ2SEQ = "seq2seq"  # an encoder-decoder's three graphs (SEQ2SEQ_FILES)
 ENCODER = "encoder"  # hidden states and a sentence embedding (Optimum's feature extraction)
 TOKEN_CLASSIFIER = "token_classifier"  # a label per token (Optimum's token classification)
 KINDS = (DECODER_WITH_PAST, SHARED_CACHE_KIND, DECODER, CLASSIFIER, ENCODER, TOKEN_CLASSIFIER)
@@ -192,3 +204,45 @@ def contract_for(cfg: ModelConfig, kind: str, compact: bool = True, hidden: bool
     with_past = kind == DECODER_WITH_PAST
     return (decoder_inputs(cfg, with_past=with_past),
             decoder_outputs(cfg, with_past=with_past))
+
+
+# The encoder-decoder's graphs, by role, under Optimum's file names (its ORTModelForSeq2SeqLM
+# and transformers.js load the directory as they load an Optimum export).
+SEQ2SEQ_FILES = {"encoder": "encoder_model.onnx", "decoder": "decoder_model.onnx",
+                 "decoder_with_past": "decoder_with_past_model.onnx"}
+SOURCE = "encoder_sequence_length"
+TARGET = "decoder_sequence_length"
+TARGET_PAST = "past_decoder_sequence_length"
+TARGET_TOTAL = "past_decoder_sequence_length + decoder_sequence_length"
+
+
+def seq2seq_cache_names(n_layer: int, prefix: str, stacks: tuple[str, ...]) -> list[str]:
+    """`{prefix}.{i}.{stack}.key/value` per layer, in Optimum's order: the layer's decoder
+    (self-attention) pair, then its encoder (cross-attention) pair."""
+    return [f"{prefix}.{i}.{stack}.{kv}" for i in range(n_layer) for stack in stacks
+            for kv in ("key", "value")]
+
+
+def seq2seq_contract(cfg: ModelConfig) -> dict[str, tuple[list[TensorSpec], list[TensorSpec]]]:
+    """(inputs, outputs) of each of an encoder-decoder's graphs, by role (SEQ2SEQ_FILES)."""
+    n = cfg.decoder_layers
+
+    def caches(prefix: str, stacks: tuple[str, ...], length: str) -> list[TensorSpec]:
+        return [TensorSpec(name, "float32", (BATCH, cfg.kv_heads, SOURCE if ".encoder." in name
+                                             else length, cfg.head_dim))
+                for name in seq2seq_cache_names(n, prefix, stacks)]
+
+    source = [TensorSpec("encoder_attention_mask", "int64", (BATCH, SOURCE)),
+              TensorSpec("input_ids", "int64", (BATCH, TARGET))]
+    logits = TensorSpec("logits", "float32", (BATCH, TARGET, cfg.vocab_size))
+    return {
+        "encoder": ([TensorSpec("input_ids", "int64", (BATCH, SOURCE)),
+                     TensorSpec("attention_mask", "int64", (BATCH, SOURCE))],
+                    [TensorSpec("last_hidden_state", "float32", (BATCH, SOURCE, cfg.n_embd))]),
+        "decoder": ([*source, TensorSpec("encoder_hidden_states", "float32",
+                                         (BATCH, SOURCE, cfg.n_embd))],
+                    [logits, *caches("present", ("decoder", "encoder"), TARGET)]),
+        "decoder_with_past": ([*source, *caches("past_key_values", ("decoder", "encoder"),
+                                                TARGET_PAST)],
+                              [logits, *caches("present", ("decoder",), TARGET_TOTAL)]),
+    }

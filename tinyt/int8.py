@@ -38,6 +38,11 @@ def _entry(u8s8: bool, bits: int | None = None) -> dict[str, Any]:
             "exact_on": EXACT_EVERYWHERE if bits == 7 else EXACT_32BIT}
 
 
+def fp32_entry() -> dict[str, Any]:
+    """The record of a graph without int8 GEMMs (an export's): exact on every CPU."""
+    return _entry(False)
+
+
 def recipe_entry(recipe: QuantRecipe) -> dict[str, Any]:
     """The record of a graph the quantize stage made with this recipe."""
     return _entry(recipe.u8s8_products, recipe.u8s8_weight_bits)
@@ -83,8 +88,11 @@ def records(manifest: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
 
 
 def entry_for(manifest: dict[str, Any], graph: str) -> dict[str, Any] | None:
-    """The record of one graph file of the artifact (None: the manifest does not say)."""
-    return records(manifest).get(graph)
+    """The record of one graph file of the artifact (None: the manifest does not say): its
+    own where the manifest lists it (an encoder-decoder's three graphs), else the model's or
+    the prompt graph's, read through the lineage."""
+    recorded = (manifest.get("int8") or {}).get(graph)
+    return recorded if recorded is not None else records(manifest).get(graph)
 
 
 def exact_everywhere(entry: dict[str, Any] | None) -> bool:

@@ -10,251 +10,22 @@ the only Python branches are on which optional inputs were given, which is fixed
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
-from tinyt.positions import RotaryPositions, SinusoidalPositions, rotate
-from tinyt.rope import attention_scale, longrope_original
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention on scaled_dot_product_attention, with an optional KV cache.
-    With n_kv_head < n_head, each group of n_head / n_kv_head query heads shares one key and
-    value head (grouped-query attention): the cache holds n_kv_head heads."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_head, self.n_kv, self.hs = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
-        self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * self.n_kv) * self.hs,
-                                bias=qkv_bias)  # fused q, k, v
-        self.c_proj = nn.Linear(cfg.q_width, cfg.n_embd, bias=cfg.bias)
-        # q and k RMS-normalised before rotary: each head's over head_dim (Qwen3, Gemma 3), or
-        # the whole projection's (OLMo-2: q over n_head * head_dim, k over n_kv * head_dim)
-        self.qk_norm = cfg.qk_norm
-        whole = cfg.qk_norm == "projection"
-        self.q_norm = rms_norm(cfg, cfg.q_width if whole else self.hs) if cfg.qk_norm else None
-        self.k_norm = rms_norm(cfg, self.n_kv * self.hs if whole else self.hs) \
-            if cfg.qk_norm else None
-        self.scale = attention_scale(cfg)  # None: SDPA's 1 / sqrt(head_dim)
-        self.softcap = cfg.attn_softcap
-        self.dropout = cfg.dropout
-        self.resid_dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x, mask, past, is_causal: bool, rope=None):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split([self.n_head * self.hs, self.n_kv * self.hs,
-                                        self.n_kv * self.hs], dim=2)
-        if self.qk_norm == "projection":
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(B, T, self.n_head, self.hs)
-        k = k.view(B, T, self.n_kv, self.hs)
-        if self.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.transpose(1, 2)  # (B, nh, T, hs)
-        k = k.transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, self.n_kv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
-        if rope is not None:
-            q, k = rotate(q, rope), rotate(k, rope)
-        if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (B, nkv, P+T, hs)
-            v = torch.cat([past[1], v], dim=2)
-        present = (k, v)
-        if self.n_kv != self.n_head:  # query head i reads key/value head i // group
-            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)  # (B, nh, P+T, hs)
-            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
-        if self.softcap is None:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
-            )  # (B, nh, T, hs)
-        else:
-            y = self._capped(q, k, v, mask, is_causal)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.hs)
-        return self.resid_dropout(self.c_proj(y)), present
-
-    def _capped(self, q, k, v, mask, is_causal: bool):
-        """Attention with its logits soft-capped (Gemma 2): scores = q.k * scale, then
-        cap * tanh(scores / cap), then the mask, softmax and the values. SDPA has no cap, so
-        the product is written out."""
-        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(self.hs)
-        s = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, P+T)
-        s = torch.tanh(s / self.softcap) * self.softcap
-        if is_causal:
-            T, S = s.shape[-2:]
-            mask = torch.ones(T, S, dtype=torch.bool, device=s.device).tril(S - T)
-        if mask is not None:  # the dtype's lowest, not -inf: a graph's constants are finite
-            s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
-        p = F.dropout(F.softmax(s, dim=-1), self.dropout, self.training)
-        return p @ v
-
-class MLP(nn.Module):
-    """GELU: c_proj(gelu(c_fc(x))). SwiGLU (GeGLU-tanh): c_fc makes the gate and the up
-    projection in one matmul, c_proj(silu(gate) * up) (gelu_tanh(gate) * up, Gemma's)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.gated = cfg.gated_mlp
-        width = cfg.mlp_width
-        self.c_fc = nn.Linear(cfg.n_embd, 2 * width if self.gated else width, bias=cfg.bias)
-        self.act = nn.SiLU() if cfg.activation == "swiglu" else \
-            nn.GELU(approximate="tanh" if cfg.activation in ("gelu_tanh", "geglu_tanh")
-                    else "none")  # gelu, geglu: exact
-        self.c_proj = nn.Linear(width, cfg.n_embd, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x):
-        h = self.c_fc(x)
-        if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            return self.dropout(self.c_proj(self.act(gate) * up))
-        return self.dropout(self.c_proj(self.act(h)))
-
-
-class OffsetRMSNorm(nn.RMSNorm):
-    """RMSNorm whose gain is offset + weight (Gemma's 1 + w, its weights stored around zero):
-    the weights stay as the checkpoint holds them, so they go back to it bit for bit."""
-
-    def __init__(self, dim: int, eps: float, offset: float):
-        super().__init__(dim, eps=eps)
-        self.offset = offset
-        nn.init.constant_(self.weight, 1.0 - offset)  # a gain of 1 to start from, as Gemma's
-
-    def forward(self, x):
-        return F.rms_norm(x, self.normalized_shape, self.weight + self.offset, self.eps)
-
-
-def rms_norm(cfg: ModelConfig, dim: int) -> nn.Module:
-    if cfg.norm_offset:
-        return OffsetRMSNorm(dim, cfg.norm_eps, cfg.norm_offset)
-    return nn.RMSNorm(dim, eps=cfg.norm_eps)
-
-
-def norm(cfg: ModelConfig) -> nn.Module:
-    if cfg.norm == "rmsnorm":
-        return rms_norm(cfg, cfg.n_embd)
-    return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
-
-
-class Block(nn.Module):
-    """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x)) (each branch times
-    residual_multiplier, Granite's; with post_norms each branch's output normalised before
-    it is added, Gemma's four norms a block: ln_1, ln_1_out, ln_2, ln_2_out; without
-    pre_norms only the outputs', OLMo-2's: x + ln_1_out(attn(x))). With
-    norm_placement='post' (BERT's): ln_1(x + attn(x)), then ln_2(x + mlp(x))."""
-
-    def __init__(self, cfg: ModelConfig, layer: int = 0):
-        super().__init__()
-        # ModernBERT's block 0 takes the embeddings' norm as its first
-        pre = cfg.pre_norms  # OLMo-2 has none: only the branches' outputs are normalised
-        self.ln_1 = norm(cfg) if pre and (layer or cfg.first_block_norm) else nn.Identity()
-        self.attn = SelfAttention(cfg)
-        self.ln_2 = norm(cfg) if pre else nn.Identity()
-        self.mlp = MLP(cfg)
-        self.ln_1_out = norm(cfg) if cfg.post_norms else None
-        self.ln_2_out = norm(cfg) if cfg.post_norms else None
-        self.residual = cfg.residual_multiplier
-        self.post = cfg.norm_placement == "post"
-
-    def forward(self, x, mask, past, is_causal: bool, rope=None):
-        if self.post:  # BERT's: each sum normalised, x = ln(x + branch(x))
-            a, present = self.attn(x, mask, past, is_causal, rope)
-            x = self.ln_1(x + a)
-            return self.ln_2(x + self.mlp(x)), present
-        a, present = self.attn(self.ln_1(x), mask, past, is_causal, rope)
-        if self.ln_1_out is not None:
-            a = self.ln_1_out(a)
-        m = self.residual
-        x = x + (a if m == 1.0 else a * m)
-        h = self.mlp(self.ln_2(x))
-        if self.ln_2_out is not None:
-            h = self.ln_2_out(h)
-        x = x + (h if m == 1.0 else h * m)
-        return x, present
-
-
-class Trunk(nn.Module):
-    """Token + position embeddings (or rotary angles for the attention), the blocks, and the
-    final norm."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = self.rope = self.rope_local = None
-        self.position_offset = cfg.position_offset
-        if cfg.pos_encoding == "learned":  # RoBERTa's rows before its offset are never read
-            self.wpe = nn.Embedding(cfg.block_size + cfg.position_offset, cfg.n_embd)
-        elif cfg.pos_encoding == "sinusoidal":
-            self.wpe = SinusoidalPositions(cfg.n_embd)
-        else:
-            self.rope = RotaryPositions(cfg)
-            if cfg.rope_local_theta is not None:  # Gemma 3: the windowed layers' own base
-                self.rope_local = RotaryPositions(cfg, local=True)
-        # BERT's token-type (segment) table and the norm of the embeddings' sum
-        self.wtt = nn.Embedding(cfg.type_vocab_size, cfg.n_embd) if cfg.type_vocab_size else None
-        self.ln_e = norm(cfg) if cfg.embedding_norm else None
-        self.drop = nn.Dropout(cfg.dropout)
-        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.ln_f = norm(cfg) if cfg.norm_placement == "pre" else None  # post: blocks end normed
-        self.embedding_multiplier = cfg.embedding_multiplier
-        self.rotary = [cfg.rotary_layer(i) for i in range(cfg.n_layer)]
-        self.windowed = [cfg.windowed(i) for i in range(cfg.n_layer)]
-
-    def forward(self, input_ids, position_ids, mask, past_key_values, is_causal: bool,
-                window_mask=None, token_type_ids=None):
-        """window_mask: the mask of the layers that attend through the sliding window;
-        token_type_ids (B, T): rows of the token-type table (None: row 0, as transformers)."""
-        x = self.wte(input_ids)  # (B, T, C)
-        if self.embedding_multiplier != 1.0:
-            x = x * self.embedding_multiplier
-        if self.wtt is not None:
-            if token_type_ids is None:
-                token_type_ids = torch.zeros_like(input_ids)
-            x = x + self.wtt(token_type_ids)
-        rope = local_rope = None
-        if self.rope is not None:
-            rope = self.rope(position_ids)
-            if self.rope_local is not None:
-                local_rope = self.rope_local(position_ids)
-        else:
-            x = x + self.wpe(position_ids if self.position_offset == 0
-                             else position_ids + self.position_offset)
-        if self.ln_e is not None:
-            x = self.ln_e(x)
-        x = self.drop(x)
-        presents = []
-        for i, block in enumerate(self.h):
-            past = None if past_key_values is None else past_key_values[i]
-            local = self.windowed[i]
-            turn = (local_rope if local and local_rope is not None else rope) \
-                if self.rotary[i] else None
-            x, present = block(x, window_mask if local else mask, past,
-                               is_causal and not local, turn)
-            presents.append(present)
-        return (x if self.ln_f is None else self.ln_f(x)), tuple(presents)
-
-
-def _init_weights(model: nn.Module, n_layer: int) -> None:
-    """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer)."""
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-    for name, p in model.named_parameters():
-        if name.endswith("c_proj.weight"):
-            nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
-
-
-def positions_from_mask(attention_mask, T: int):
-    """Position of each of the last T tokens counting only unmasked ones, so left padding
-    does not shift positions: (B, T) int64."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+from tinyt.norms import OffsetRMSNorm, norm, rms_norm  # noqa: F401  (tinyt.model's names too)
+from tinyt.rope import longrope_original
+from tinyt.trunk import (  # noqa: F401  (tinyt.model's names too)
+    MLP,
+    Block,
+    Trunk,
+    _init_weights,
+    causal_mask,
+    positions_from_mask,
+)
 
 
 class TinyTransformer(nn.Module):
@@ -284,10 +55,10 @@ class TinyTransformer(nn.Module):
                 position_ids = positions_from_mask(attention_mask, T)
         mask = window_mask = None
         if attention_mask is not None or past_key_values is not None:
-            mask = self._mask(attention_mask, P, T, input_ids.device)
+            mask = causal_mask(attention_mask, P, T, input_ids.device)
         window = self.config.sliding_window
         if window is not None:  # windowed layers always get a mask of their own
-            window_mask = self._mask(attention_mask, P, T, input_ids.device, window,
+            window_mask = causal_mask(attention_mask, P, T, input_ids.device, window,
                                      position_ids)
         # Without a cache or padding, SDPA's own causal path is the fast one (training).
         x, presents = self.transformer(input_ids, position_ids, mask, past_key_values,
@@ -299,31 +70,6 @@ class TinyTransformer(nn.Module):
         if cap is not None:  # Gemma's: cap * tanh(logits / cap)
             logits = torch.tanh(logits / cap) * cap
         return logits, presents
-
-    @staticmethod
-    def _mask(attention_mask, P, T, device, window: int | None = None, position_ids=None):
-        # Query i sits at absolute position P+i and sees key j when j <= P+i and j is not
-        # padding. Each query also sees itself, so a padding row is never fully masked
-        # (SDPA returns NaN for those); real tokens never see padding either way.
-        # Through a sliding window it sees only keys whose position is less than `window`
-        # before its own (transformers' "kv_idx > q_idx - sliding_window" on a contiguous
-        # row): positions, not indices, so padding between a row's tokens (a pinned-shape
-        # graph's slots, runtime/fixed.py) does not shift the window.
-        k_idx = torch.arange(P + T, device=device)
-        q_idx = torch.arange(T, device=device) + P
-        causal = k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)  # (T, P+T)
-        if attention_mask is None:
-            if window is not None:
-                causal = causal & (k_idx.unsqueeze(0) > q_idx.unsqueeze(1) - window)
-            return causal.unsqueeze(0).unsqueeze(0)  # (1, 1, T, P+T)
-        keep = attention_mask.bool().unsqueeze(1).unsqueeze(2)  # (B, 1, 1, P+T)
-        diag = k_idx.unsqueeze(0) == q_idx.unsqueeze(1)  # (T, P+T)
-        mask = causal & (keep | diag)  # (B, 1, T, P+T)
-        if window is not None:
-            k_pos = attention_mask.long().cumsum(-1) - 1  # (B, P+T): each key's position
-            near = position_ids.unsqueeze(-1) - k_pos.unsqueeze(1) < window  # (B, T, P+T)
-            mask = mask & (near.unsqueeze(1) | diag)
-        return mask
 
     def num_parameters(self) -> int:
         """Unique parameters (a tied matrix counts once)."""
@@ -413,6 +159,9 @@ TinyClassifier = TinyEncoder  # the encoder's first name (tinyt's own classifier
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
+    if cfg.task == "seq2seq":
+        from tinyt.seq2seq import TinySeq2Seq
+        return TinySeq2Seq(cfg)
     return TinyTransformer(cfg) if cfg.task == "causal_lm" else TinyEncoder(cfg)
 
 

@@ -28,11 +28,19 @@ def rotate(x, rope):
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sin/cos position encoding (Vaswani et al.), computed from position ids."""
+    """Fixed sin/cos position encoding (Vaswani et al.), computed from position ids: the sines
+    of every frequency, then the cosines. Frequency i is 10000^(-2i / n_embd) ("sinusoidal",
+    Marian's), or 10000^(-i / (n_embd / 2 - 1)) ("sinusoidal_fairseq": tensor2tensor's
+    spacing, which fairseq and so M2M100 / NLLB use)."""
 
-    def __init__(self, n_embd: int):
+    def __init__(self, n_embd: int, form: str = "sinusoidal"):
         super().__init__()
-        inv_freq = torch.exp(torch.arange(0, n_embd, 2).float() * (-math.log(10000.0) / n_embd))
+        if form == "sinusoidal_fairseq":
+            half = n_embd // 2
+            inv_freq = torch.exp(torch.arange(half).float() * -(math.log(10000.0) / (half - 1)))
+        else:
+            inv_freq = torch.exp(torch.arange(0, n_embd, 2).float()
+                                 * (-math.log(10000.0) / n_embd))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (C/2,)
 
     def forward(self, position_ids):

@@ -4,7 +4,8 @@ Two kinds, one file format:
 - `bpe`: byte-level BPE trained on the corpus (GPT-2's scheme), vocab size configurable;
 - `byte`: the 256 bytes themselves (token id == byte value), no merges.
 Both end with one special token, `<|endoftext|>`, used as document separator, EOS and pad
-(a `byte` tokenizer made for an imported byte-level model may have none).
+(a `byte` tokenizer made for an imported byte-level model may have none). An encoder-decoder's
+adds `<pad>` after it: its padding and decoder start, distinct from the EOS, as Marian's.
 Any UTF-8 text round-trips exactly: encode never drops or normalises a byte.
 
 An imported tokenizer (a Llama-family model's) may end text with another token, begin
@@ -27,6 +28,7 @@ from tinyt.errors import ConfigError, DataError
 from tinyt.fsutil import read_json_object
 
 EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<pad>"  # an encoder-decoder's padding and first decoder token (Marian's convention)
 MIN_BPE_VOCAB = 257  # 256 bytes + <|endoftext|>
 TOKENIZER_CONFIG = "tokenizer_config.json"  # eos / bos tokens and the chat template, as HF's
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where newer transformers save the template
@@ -165,6 +167,17 @@ class Tokenizer:
         plain = self.hf.encode("a", add_special_tokens=False).ids
         full = self.hf.encode("a", add_special_tokens=True).ids
         return full[0] if len(full) > len(plain) and full[1:1 + len(plain)] == plain else None
+
+    @property
+    def pad_id(self) -> int | None:
+        """The id of <pad>: an encoder-decoder's padding and decoder start; None without it."""
+        return self.hf.token_to_id(PAD_TOKEN)
+
+    def add_pad(self) -> int:
+        """Add <pad> as a special token after the others (an encoder-decoder's tokenizer);
+        returns its id."""
+        self.hf.add_special_tokens([PAD_TOKEN])
+        return self.hf.token_to_id(PAD_TOKEN)
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids

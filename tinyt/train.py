@@ -23,17 +23,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tinyt import data as D
+from tinyt import seq2seq_data as S
 from tinyt.checkpoint import (
     TrainState,
     has_train_state,
     load_checkpoint,
     load_train_state,
+    read_train_config,
     save_checkpoint,
     unique_state_dict,
 )
 from tinyt.config import ModelConfig, TrainConfig
 from tinyt.errors import ConfigError, DataError, NonFiniteError
 from tinyt.model import build_model
+from tinyt.seq2seq_task import Seq2SeqTask
 from tinyt.tokenizer import Tokenizer
 
 
@@ -184,8 +187,9 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out: str | Path, *,
     # 1) the run: a new one, or the one saved in `out` (its config, tokenizer and data win)
     run, saved = _open_run(out, data, resume)
     tok = None
-    if saved is not None:
+    if saved is not None:  # the saved settings win; the device is this machine's
         model_cfg, tok = saved.config, saved.tokenizer
+        train_cfg = dataclasses.replace(read_train_config(out), device=train_cfg.device)
     # 2) processes and device; 3) data, tokenizer and the task they make
     dd = _dist_setup(train_cfg.device)
     if train_cfg.batch_size % dd.world:
@@ -291,8 +295,19 @@ def _open_run(out: Path, data: str | None, resume: bool):
 def _make_task(model_cfg: ModelConfig, train_cfg: TrainConfig, data: str | None,
                tok: Tokenizer | None, dd: _Dist, log: Callable[[str], None]):
     """(task, tokenizer, model config sized to them, labels): a new run trains its tokenizer
-    and takes its vocabulary; a classifier takes its label count from the data."""
+    and takes its vocabulary; a classifier takes its label count from the data, an
+    encoder-decoder its decoder start (the <pad> its tokenizer gets) from the tokenizer."""
     labels = None
+    if model_cfg.task == "seq2seq":
+        pairs = S.load_pairs(data)
+        if dd.main:
+            log(pairs.describe())
+        if tok is None:
+            tok = _make_tokenizer(train_cfg, model_cfg,
+                                  [text for pair in pairs.train for text in pair], dd)
+            model_cfg = dataclasses.replace(model_cfg, vocab_size=tok.vocab_size,
+                                            decoder_start_id=tok.pad_id)
+        return Seq2SeqTask(tok, pairs, model_cfg, train_cfg), tok, model_cfg, None
     if model_cfg.task == "classifier":
         cdata = D.load_classification(data)
         labels = cdata.labels
@@ -366,6 +381,8 @@ def _make_tokenizer(train_cfg: TrainConfig, model_cfg: ModelConfig, texts: list[
     if dd.main:
         tok = (Tokenizer.byte_level() if train_cfg.tokenizer == "byte"
                else Tokenizer.train_bpe(texts, model_cfg.vocab_size))
+        if model_cfg.task == "seq2seq":
+            tok.add_pad()  # the padding and decoder start, after the trained ids
         payload = [tok.hf.to_str()]
     if dd.world > 1:
         dist.broadcast_object_list(payload, src=0)

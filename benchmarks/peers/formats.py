@@ -5,6 +5,8 @@
         ──GenAI's model builder (its own venv)──▶ peers/genai-builder-{int4,int8,fp32}
         ──llama.cpp's convert_hf_to_gguf.py (+ its quantizer)──▶ peers/llama.cpp-{q8_0,q4_0}
         ──Optimum's main_export──▶ peers/optimum-fp32
+    an encoder-decoder's ARTIFACTS/hf (seq2seq_peers.py) ──CTranslate2──▶ peers/ct2-int8, ...
+        ──Optimum's ORTModelForSeq2SeqLM(export=True)──▶ peers/optimum-fp32
 
 Every converter is `convert(hf, out, option)`; prepare.py calls the one an engine names and
 stamps `out` with the checkpoint's hash. Where the opt-in tools live is found here too.
@@ -126,6 +128,14 @@ def optimum(hf: Path, out: Path, option: str) -> None:
 
     main_export(str(hf), output=str(out), task="text-generation-with-past",
                 no_post_process=False)
+
+
+def optimum_seq2seq(hf: Path, out: Path, option: str) -> None:
+    """Optimum's own export of an encoder-decoder (ORTModelForSeq2SeqLM with export=True:
+    encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx), saved."""
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    ORTModelForSeq2SeqLM.from_pretrained(hf, export=True).save_pretrained(out)
 
 
 # convert_hf_to_gguf.py names a BPE vocabulary's pre-tokenizer by hashing what it makes of a

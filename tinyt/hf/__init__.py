@@ -8,9 +8,11 @@ one file a family under families/), a frozen `Family` naming its config keys, va
 spellings, traits, weight names both ways, readers, refusals and tokenizer kind. Reading,
 checks and both tails are shared:
 
-    families/    one file a family (gpt2, llama, gemma, phi3, olmo2, bert, modernbert)
+    families/    one file a family (gpt2, llama, gemma, phi3, olmo2, bert, modernbert, bart,
+                 marian, m2m100, t5)
     family.py    the entry's dataclasses; config.json <-> ModelConfig through an entry
-    common.py    what several families' config.json files share (rotary keys, windows)
+    common.py    what several families' config.json files share (rotary keys, windows, the
+                 encoder-decoders' keys)
     tensors.py   tinyt's tensors by role: the one table every family's names are written to
     weights.py   safetensors (and shards) in; tensors under an entry's names both ways
     tokens.py    tokenizer files: GPT-2's, and the Hub's tokenizer_config.json kind
@@ -22,6 +24,7 @@ Options tinyt's model does not implement are refused by name, never approximated
 """
 from tinyt.errors import ConversionError  # what the refusals raise (defined in tinyt.errors)
 from tinyt.hf.catalogue import (
+    BART,
     BERT,
     CATALOGUE,
     DISTILBERT,
@@ -30,6 +33,9 @@ from tinyt.hf.catalogue import (
     GPT2,
     GRANITE,
     LLAMA,
+    M2M100,
+    MARIAN,
+    MBART,
     MISTRAL,
     MODERNBERT,
     OLMO2,
@@ -38,11 +44,13 @@ from tinyt.hf.catalogue import (
     QWEN3,
     ROBERTA,
     SMOLLM3,
+    T5,
     XLM_ROBERTA,
     encoder_config,
     family_of,
     gpt2_config,
     llama_config,
+    seq2seq_config,
     state_from_llama,
     writer_for,
 )
@@ -50,10 +58,10 @@ from tinyt.hf.convert import HF_LOGITS_ATOL, import_hf, to_hf, to_hf_gpt2
 from tinyt.hf.family import Family, Spelling, Weight, config_from_hf, hf_config
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
-__all__ = ["BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
-           "HF_LOGITS_ATOL", "LLAMA", "MISTRAL", "MODERNBERT", "OLMO2", "PHI3", "QWEN2", "QWEN3",
-           "ROBERTA", "SMOLLM3",
+__all__ = ["BART", "BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
+           "HF_LOGITS_ATOL", "LLAMA", "M2M100", "MARIAN", "MBART", "MISTRAL", "MODERNBERT",
+           "OLMO2", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5",
            "XLM_ROBERTA", "ConversionError", "Family", "Spelling", "Weight", "config_from_hf",
            "encoder_config", "family_of", "gpt2_config", "hf_config", "hf_state", "import_hf",
-           "llama_config", "read_hf_weights", "state_from_hf", "state_from_llama", "to_hf",
-           "to_hf_gpt2", "writer_for"]
+           "llama_config", "read_hf_weights", "seq2seq_config", "state_from_hf",
+           "state_from_llama", "to_hf", "to_hf_gpt2", "writer_for"]

@@ -16,22 +16,28 @@ import torch
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConversionError
+from tinyt.hf.families.bart import BART, MBART
 from tinyt.hf.families.bert import BERT, DISTILBERT, ROBERTA, XLM_ROBERTA
 from tinyt.hf.families.gemma import GEMMA2, GEMMA3
 from tinyt.hf.families.gpt2 import GPT2
 from tinyt.hf.families.llama import GRANITE, LLAMA, MISTRAL, QWEN2, QWEN3, SMOLLM3
+from tinyt.hf.families.m2m100 import M2M100
+from tinyt.hf.families.marian import MARIAN
 from tinyt.hf.families.modernbert import MODERNBERT
 from tinyt.hf.families.olmo2 import OLMO2
 from tinyt.hf.families.phi3 import PHI3
+from tinyt.hf.families.t5 import T5
 from tinyt.hf.family import Family, hf_config, misfit, with_head
 from tinyt.hf.weights import state_from_hf
 from tinyt.tokenizer import Tokenizer
 
 # export-hf takes the first that holds a model: the plainer classes first
 CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3, OLMO2,
-             BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, MODERNBERT)
+             BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, MODERNBERT,
+             BART, MBART, MARIAN, M2M100, T5)
 TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers", "encoder": "encoders",
-         "token_classifier": "token classifiers"}  # a task's name in messages
+         "token_classifier": "token classifiers",
+         "seq2seq": "encoder-decoders"}  # a task's name in messages
 # what export-hf and an artifact's config.json may be written as: the entries and their heads
 WRITERS = CATALOGUE + tuple(with_head(f, h) for f in CATALOGUE for h in f.heads)
 
@@ -84,6 +90,30 @@ def encoder_config(cfg: ModelConfig, architecture: str | None = None) -> dict[st
     return hf_config(writer_for(cfg, "the model", among=first + WRITERS), cfg, None)
 
 
+def seq2seq_pad(settings: dict[str, Any], tok, family: Family) -> int:
+    """An encoder-decoder's pad_token_id: the tokenizer's <pad> (else its end, as tinyt's
+    exported graphs pad), which must be the one the class's config says (M2M100's positions
+    start after it)."""
+    pad = tok.pad_id if tok.pad_id is not None else tok.eos_id
+    said = settings.get("pad_token_id", pad)
+    if pad is None or said != pad:
+        raise ConversionError(f"a {family.architecture}'s pad_token_id is {said}, but the "
+                              f"tokenizer's <pad> is {pad}: they must be one token")
+    return pad
+
+
+def seq2seq_config(cfg: ModelConfig, tokenizer: Tokenizer,
+                   architecture: str | None = None) -> dict[str, Any]:
+    """config.json of the encoder-decoder class holding cfg, as export-hf writes it, for a
+    seq2seq artifact (Optimum's ORTModelForSeq2SeqLM reads the graphs by it): `architecture`
+    (the class it was imported from) where that holds it, else the first that does; none, or
+    a tokenizer whose <pad> is not the class's: refused by name (ConversionError)."""
+    first = tuple(f for f in WRITERS if f.architecture == architecture)
+    family = writer_for(cfg, "the model", among=first + WRITERS)
+    hf = hf_config(family, cfg, tokenizer.eos_id, tokenizer.bos_id)
+    return {**hf, "pad_token_id": seq2seq_pad(hf, tokenizer, family)}
+
+
 def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,
                      source: str) -> dict[str, torch.Tensor]:
     """HF Llama / Qwen2 tensors under tinyt's names (q, k, v and gate, up stacked): the two
@@ -91,7 +121,8 @@ def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,
     return state_from_hf(LLAMA, tensors, cfg, source)
 
 
-__all__ = ["BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE", "LLAMA",
-           "MISTRAL", "MODERNBERT", "OLMO2", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3",
-           "TASKS", "WRITERS", "XLM_ROBERTA", "encoder_config", "family_of",
-           "gpt2_config", "llama_config", "state_from_llama", "writer_for"]
+__all__ = ["BART", "BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
+           "LLAMA", "M2M100", "MARIAN", "MBART", "MISTRAL", "MODERNBERT", "OLMO2", "PHI3",
+           "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5", "TASKS", "WRITERS", "XLM_ROBERTA",
+           "encoder_config", "family_of", "gpt2_config", "llama_config", "seq2seq_config",
+           "seq2seq_pad", "state_from_llama", "writer_for"]

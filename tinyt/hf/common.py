@@ -1,11 +1,14 @@
 """What several families' config.json files share, read and written the same way: the
-rotary layouts' keys and defaults, rope_scaling, head_dim, sliding windows, biases.
+rotary layouts' keys and defaults, rope_scaling, head_dim, sliding windows, biases; the
+encoder-decoders' stacks, embedding scale and decoder start (BART's keys, which mBART, Marian
+and M2M100 / NLLB share).
 
 A family file (tinyt/hf/families/) takes these by name; what is one family's alone stays in
 its file.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -125,3 +128,90 @@ def no_pooling(hf: dict[str, Any]) -> dict[str, Any]:
     """A bare base model gives hidden states only: how its tokens make a sentence is a
     sentence-transformers directory's Pooling (read over this), or a head's."""
     return {"pooling": None}
+
+
+# -- encoder-decoders -----------------------------------------------------------------------------
+# BART's config.json keys (mBART's, Marian's, M2M100's), and transformers' defaults of those a
+# file may leave out. The decoder's own keys are read (decoder_layers) or must equal the
+# encoder's (same_stacks): tinyt's two stacks have one width, head count and MLP width.
+BART_KEYS = {"d_model": "n_embd", "encoder_layers": "n_layer",
+             "encoder_attention_heads": "n_head", "encoder_ffn_dim": "n_inner",
+             "max_position_embeddings": "block_size", "vocab_size": "vocab_size",
+             "tie_word_embeddings": "tie_weights", "forced_bos_token_id": "forced_bos_id"}
+BART_DEFAULTS = {"max_position_embeddings": 1024, "tie_word_embeddings": True,
+                 "forced_bos_token_id": None}
+# activation_function: transformers' ACT2FN names of the functions tinyt's MLP runs (swish is
+# Marian's spelling of SiLU; the first name of each is the one written back)
+ACT_FN = Spelling("activation", {"gelu": "gelu", "relu": "relu", "swish": "silu",
+                                 "silu": "silu", "gelu_new": "gelu_tanh",
+                                 "gelu_pytorch_tanh": "gelu_tanh"}, default="gelu")
+SEQ2SEQ_HOLDS = frozenset({"n_decoder_layer", "decoder_start_id", "forced_bos_id"})
+
+
+def same_stacks(hf: dict[str, Any]) -> str | None:
+    for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"),
+                     ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if hf.get(dec, hf.get(enc)) != hf.get(enc):
+            return (f"{dec}={hf[dec]} with {enc}={hf.get(enc)} is not implemented: tinyt's "
+                    "decoder has the encoder's heads and MLP width")
+    return None
+
+
+def decoder_layers(enc: str, dec: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The decoder's blocks (`dec`; absent: as many as the encoder's `enc`): n_decoder_layer,
+    null where they are as many."""
+    def read(hf: dict[str, Any]) -> dict[str, Any]:
+        n = hf.get(dec)
+        return {"n_decoder_layer": None if n is None or n == hf[enc] else n}
+    return read
+
+
+def embedding_scale(default: bool) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """scale_embedding (`default` where config.json leaves it out): token embeddings times
+    sqrt(d_model)."""
+    def read(hf: dict[str, Any]) -> dict[str, Any]:
+        return {"embedding_multiplier": math.sqrt(hf["d_model"])
+                if hf.get("scale_embedding", default) else 1.0}
+    return read
+
+
+def scale_misfit(cfg: ModelConfig) -> str | None:
+    if cfg.embedding_multiplier not in (1.0, math.sqrt(cfg.n_embd)):
+        return (f"its embedding_multiplier={cfg.embedding_multiplier} is neither 1 nor "
+                "sqrt(d_model) (scale_embedding)")
+    return None
+
+
+def decoder_start(default: Callable[[dict[str, Any]], int | None]
+                  ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """decoder_start_token_id (the class's `default` where config.json leaves it out: Marian's
+    and T5's pad, BART's 2), else bos_token_id, as transformers' generate falls back."""
+    def read(hf: dict[str, Any]) -> dict[str, Any]:
+        start = hf.get("decoder_start_token_id")
+        start = default(hf) if start is None else start
+        start = hf.get("bos_token_id") if start is None else start
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise ConversionError(f"decoder_start_token_id={start!r}: an encoder-decoder needs "
+                                  "the id its decoder starts at (an integer)")
+        return {"decoder_start_id": start}
+    return read
+
+
+def decoder_vocab(hf: dict[str, Any]) -> str | None:
+    size = hf.get("decoder_vocab_size")
+    if size is not None and size != hf.get("vocab_size"):
+        return (f"decoder_vocab_size={size} with vocab_size={hf.get('vocab_size')} is not "
+                "implemented: a target vocabulary of its own (tinyt's stacks share one "
+                "vocab_size)")
+    return None
+
+
+def bart_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
+    """BART's keys besides the mapped ones (mBART's, Marian's, M2M100's): the decoder's, the
+    MLP widths resolved, no dropout, the forced end at max_length transformers' classes set."""
+    return {"decoder_layers": cfg.decoder_layers, "decoder_attention_heads": cfg.n_head,
+            "encoder_ffn_dim": cfg.mlp_width, "decoder_ffn_dim": cfg.mlp_width,
+            "scale_embedding": cfg.embedding_multiplier != 1.0,
+            "decoder_start_token_id": cfg.decoder_start_id, "forced_eos_token_id": eos_id,
+            "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
+            "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "use_cache": True}

@@ -7,7 +7,8 @@ In: the entry of config.json's model_type reads the config, the tokenizer and th
 `tinyt.checkpoint.save_import` writes the checkpoint (every importer's tail). Out: the class the
 checkpoint was imported as, else the first entry whose class holds the model exactly, is built
 by transformers from the entry's config.json, given the weights under its names, and compared
-with tinyt (logits; an encoder's hidden states; HF_LOGITS_ATOL) before anything is written.
+with tinyt (logits, an encoder-decoder's teacher-forced; an encoder's hidden states;
+HF_LOGITS_ATOL) before anything is written.
 The written config.json carries a `tinyt` block with what an import restores that the layout
 spells otherwise (a bias-free GPT-2's zero biases, the tokenizer's settings) and what the
 directory holds that is not the original model's (a base encoder's pooler, written as zeros);
@@ -35,7 +36,7 @@ from tinyt.checkpoint import (
 from tinyt.config import ModelConfig
 from tinyt.errors import CheckpointError, ConversionError
 from tinyt.fsutil import atomic_dir, read_json_object, write_json
-from tinyt.hf.catalogue import GPT2, WRITERS, family_of, writer_for
+from tinyt.hf.catalogue import GPT2, WRITERS, family_of, seq2seq_pad, writer_for
 from tinyt.hf.family import Family, config_from_hf, for_class, hf_config, labels_of
 from tinyt.hf.sentence import LEGACY, MODULES, POOLING, read_sentence_modules
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
@@ -53,7 +54,9 @@ CHECK_TOKENS = 64  # prompt length of the logits check, unless positions are a l
 def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
               context: int | None = None, log: Callable[[str], None] = lambda s: None) -> Path:
     """Write a tinyt checkpoint from a local Hugging Face directory of a catalogue family
-    (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM); returns out.
+    (GPT2LMHeadModel, LlamaForCausalLM, ..., BertModel, ..., T5ForConditionalGeneration);
+    returns out. An encoder-decoder's generation_config.json start and forced first token are
+    read over config.json's.
 
     context: keep a shorter context than the model's max_position_embeddings (block_size = N,
     2 <= N <= the model's). Exact for the positions kept: computed rotary positions do not
@@ -68,6 +71,8 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     hf_cfg = read_json_object(root / "config.json", CheckpointError)
     family = for_class(family_of(hf_cfg, str(root / "config.json")), hf_cfg,
                        str(root / "config.json"))
+    if family.task == "seq2seq":  # generate's settings, where newer saves move them
+        hf_cfg = {**hf_cfg, **_generation_settings(root)}
     cfg = config_from_hf(family, hf_cfg, str(root / "config.json"))
     labels = labels_of(hf_cfg) if cfg.task in ("classifier", "token_classifier") else None
     if sentence is not None:
@@ -80,7 +85,8 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     model_context = cfg.block_size
     tok = family.read_tokenizer(root, hf_cfg, log)
     check_tokenizer_fits(tok, cfg, "the tokenizer")
-    if cfg.task != "causal_lm":  # texts cut as the model was run: its own length, else its context
+    if cfg.task not in ("causal_lm", "seq2seq"):  # texts cut as the model was run: its own
+        #                                          length, else its context
         cut = min(sentence.max_seq_length or cfg.block_size, cfg.block_size) \
             if sentence is not None else cfg.block_size
         tok.hf.enable_truncation(cut)
@@ -99,6 +105,21 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     return save_import(out, cfg, tok, state, source=source, log=log, labels=labels, metrics={
         "imported_from": "huggingface", "architecture": family.architecture,
         "source_dir": str(directory.resolve()), **kept})
+
+
+# generation_config.json's keys an encoder-decoder's import reads over config.json's
+# (the end is read with the tokenizer; the padding stays the model's, as its positions do)
+GENERATION_KEYS = ("decoder_start_token_id", "forced_bos_token_id", "bos_token_id")
+
+
+def _generation_settings(directory: Path) -> dict[str, Any]:
+    """generation_config.json's start, forced first token and special ids, as transformers'
+    generate reads them over config.json's ({} without the file)."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return {}
+    gen = read_json_object(path, CheckpointError)
+    return {k: gen[k] for k in GENERATION_KEYS if k in gen}
 
 
 def _shorter_context(cfg: ModelConfig, state: dict[str, torch.Tensor], context: int,
@@ -137,7 +158,8 @@ def to_hf(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     """`tinyt export-hf`: a checkpoint as the class it was imported as (its metrics'
     `architecture`) where that holds it, else the first catalogue class that holds it exactly
     (tinyt.hf.catalogue.WRITERS' order: GPT2LMHeadModel, LlamaForCausalLM, ..., BertModel,
-    BertForSequenceClassification, ...); returns out_dir. An encoder with a pooling is written
+    ..., BartForConditionalGeneration, ..., BertForSequenceClassification, ...); returns
+    out_dir. An encoder with a pooling is written
     in sentence-transformers' layout around its class."""
     ckpt = load_checkpoint(checkpoint_dir)
     arch = (ckpt.meta.get("metrics") or {}).get("architecture")
@@ -178,7 +200,9 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
     if cfg.task in ("classifier", "token_classifier"):
         settings.update(id2label=dict(enumerate(ckpt.labels)),
                         label2id={n: i for i, n in enumerate(ckpt.labels)})
-    if cfg.task != "causal_lm":  # the special tokens' ids as the tokenizer has them (a class's
+    if cfg.task == "seq2seq":
+        settings["pad_token_id"] = seq2seq_pad(settings, tok, family)
+    elif cfg.task != "causal_lm":  # the special tokens' ids as the tokenizer has them (a class's
         roles = _encoder_tokens(tok, cfg)  # defaults are its real vocabulary's: ModernBERT's
         settings.update({f"{role}_id": tok.hf.token_to_id(roles[role])  # pad is 50,283)
                          for role in ("pad_token", "cls_token", "sep_token") if role in roles})
@@ -192,8 +216,9 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
         state = {k.removeprefix(family.base): v for k, v in state.items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     zeroed = sorted(k for k in missing if family.drops and k.endswith(family.drops))
+    shared = family.shared if cfg.task == "seq2seq" and cfg.shared_embeddings else ()
     missing = [k for k in missing if not k.endswith(family.buffers) and k not in zeroed
-               and not (k == "lm_head.weight" and cfg.tie_weights)]
+               and not (k == "lm_head.weight" and cfg.tie_weights) and k not in shared]
     if missing or unexpected:
         raise ConversionError(f"weights did not map: missing {missing}, unexpected {unexpected}")
     if cfg.tie_weights:
@@ -210,7 +235,7 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
         tok.save(tmp / "tokenizer.json")  # an encoder's keeps its truncation
         write_json(tmp / "tokenizer_config.json", {
             "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.block_size,
-            **(family.special_tokens(tok) if cfg.task == "causal_lm" else
+            **(family.special_tokens(tok) if cfg.task in ("causal_lm", "seq2seq") else
                _encoder_tokens(tok, cfg))})
         if cfg.task == "encoder" and cfg.pooling is not None:
             _write_sentence_modules(tmp, cfg, tok)
@@ -266,6 +291,8 @@ def _check_outputs(model, hf, family: Family, cfg: ModelConfig) -> tuple[str, fl
     difference from tinyt's; refused above HF_LOGITS_ATOL."""
     if cfg.task == "causal_lm":
         output, worst = "logits", _logits_diff(model, hf, cfg)
+    elif cfg.task == "seq2seq":
+        output, worst = "logits", _seq2seq_diff(model, hf, cfg)
     else:
         output, worst = _encoder_diff(model, hf, cfg)
     if not worst <= HF_LOGITS_ATOL:
@@ -281,6 +308,28 @@ def _logits_diff(model, hf, cfg: ModelConfig) -> float:
     ids = torch.randint(0, cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         return float((model.eval()(ids)[0] - hf(ids).logits).abs().max())
+
+
+def _seq2seq_diff(model, hf, cfg: ModelConfig) -> float:
+    """Teacher-forced logits' max abs difference: a source batch right-padded with the model's
+    pad (CHECK_TOKENS, half, two tokens) and a target of half as many from decoder_start_id,
+    no real token the pad (M2M100 numbers positions from the ids). Not a learned table's
+    every row, as _logits_diff checks GPT-2's: 3 x 1,024 targets at BART's 50,265 ids are
+    600 MB of logits a side, and the table is copied whole (an offset shows from row 0)."""
+    S = min(cfg.block_size, CHECK_TOKENS)
+    T = max(S // 2, 2)  # past T5's 16 exact decoder buckets
+    g = torch.Generator().manual_seed(0)
+    pad = hf.config.pad_token_id
+    mask = (torch.arange(S)[None] < torch.tensor([S, S // 2, 2])[:, None]).long()  # (3, S)
+    ids = torch.randint(0, cfg.vocab_size - 1, (3, S), generator=g)
+    ids = torch.where(mask.bool(), ids + (ids >= pad).long(), pad)
+    target = torch.randint(0, cfg.vocab_size - 1, (3, T), generator=g)
+    target = target + (target >= pad).long()
+    target[:, 0] = cfg.decoder_start_id
+    with torch.no_grad():
+        ours = model.eval()(ids, mask, target)
+        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+    return float((ours - theirs).abs().max())
 
 
 def _encoder_diff(model, hf, cfg: ModelConfig) -> tuple[str, float]:

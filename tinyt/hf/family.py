@@ -48,6 +48,8 @@ class Weight:
     theirs: tuple[str, ...]
     rows: Callable[[ModelConfig], tuple[int, ...]] | None = None
     conv1d: bool = False  # HF stores it [in, out] (GPT-2's Conv1D), tinyt [out, in]
+    when: Callable[[ModelConfig], bool] | None = None  # the models that name it so (T5 v1.1's
+    #                   gated wi_0 | wi_1, v1.0's wi); None: every model of the family
 
     def __post_init__(self) -> None:
         if (len(self.theirs) > 1) != (self.rows is not None):
@@ -74,6 +76,9 @@ class Family:
               lacks, `buffers` the name endings of non-weights older saves hold (skipped)
     zero_biases  the class always has biases: a bias-free model writes zeros, and reads back
               bias-free from the `tinyt` block export-hf writes into config.json
+    shared    an encoder-decoder's names of its one embedding table (BART's model.shared and
+              each stack's embed_tokens): where the model shares it, a save may hold any of
+              them, and those it holds are one tensor
     read_tokenizer, special_tokens  the tokenizer files' kind (tinyt.hf.tokens)
     written   config.json's keys besides the mapped ones, for a config and its end-of-text id
     """
@@ -99,6 +104,7 @@ class Family:
     task: str = "causal_lm"
     heads: tuple[Head, ...] = ()  # the task classes around the base model (BertFor...)
     outside: tuple[str, ...] = ()  # HF name prefixes of a head's tensors, outside `base`
+    shared: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         named = {*self.keys.values(), *self.features, *(s.field for s in self.spelled.values())}

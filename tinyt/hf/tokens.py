@@ -3,6 +3,7 @@
 Two kinds exist: GPT-2's (tokenizer.json or vocab.json + merges.txt, beginning, ending and
 padding at <|endoftext|>) and the Hub's now usual one (tokenizer.json with the end, begin and
 chat template in tokenizer_config.json, the end the model stops at in generation_config.json).
+An encoder-decoder's is the second kind, its padding the tokenizer's <pad> (Tokenizer.pad_id).
 """
 from __future__ import annotations
 
@@ -150,3 +151,52 @@ def read_encoder_tokenizer(directory: Path, hf_cfg: dict[str, Any],
 
 def encoder_special_tokens(tok: Tokenizer) -> dict[str, Any]:
     return dict(tok.settings)
+
+
+# -- encoder-decoders: the Hub's kind, padded with <pad> -------------------------------------------
+# tokenizers transformers keeps in SentencePiece files alone, with no fast (tokenizer.json) form
+NO_FAST = {"MarianTokenizer": "source.spm / target.spm", "M2M100Tokenizer":
+           "sentencepiece.bpe.model"}
+
+
+def read_seq2seq_tokenizer(directory: Path, hf_cfg: dict[str, Any],
+                           log: Callable[[str], None]) -> Tokenizer:
+    """read_tokenizer's tokenizer.json, ending at the model's eos_token_id; its <pad> must be
+    config.json's pad_token_id (tinyt's encoder-decoders pad, and Marian's and T5's decoders
+    start, at <pad>). A tokenizer transformers has no tokenizer.json form of (Marian's,
+    M2M100's) is refused, saying what to bring."""
+    if not (directory / "tokenizer.json").is_file():
+        kind = _tokenizer_class(directory)
+        if kind in NO_FAST or (directory / "source.spm").is_file():
+            kind = kind if kind in NO_FAST else "MarianTokenizer"
+            raise CheckpointError(
+                f"{directory} has {NO_FAST[kind]} and no tokenizer.json: tinyt reads "
+                f"tokenizer.json, and transformers' {kind} has no fast form to write one "
+                "(AutoTokenizer.save_pretrained writes the SentencePiece files again). Bring a "
+                "tokenizer.json of the same pieces and ids (for Marian: source.spm's pieces "
+                "with vocab.json's ids) beside config.json")
+    tok = read_tokenizer(directory, hf_cfg, log)
+    pad = hf_cfg.get("pad_token_id")
+    if pad is not None and tok.pad_id != pad:
+        raise ConversionError(f"{directory}: config.json's pad_token_id={pad} is not the "
+                              f"tokenizer's <pad> ({tok.pad_id}); tinyt's encoder-decoders "
+                              "pad with <pad>")
+    return tok
+
+
+def _tokenizer_class(directory: Path) -> str | None:
+    try:
+        data = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("tokenizer_class") if isinstance(data, dict) else None
+
+
+def seq2seq_special_tokens(tok: Tokenizer) -> dict[str, Any]:
+    """tinyt's settings, the end and the padding <pad> (and <unk> where the vocabulary has it),
+    as transformers' tokenizer pads and stops."""
+    out = {**tok.settings, "eos_token": tok.eos_token}
+    for role, name in (("pad_token", "<pad>"), ("unk_token", "<unk>")):
+        if tok.hf.token_to_id(name) is not None:
+            out[role] = name
+    return out

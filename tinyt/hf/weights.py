@@ -28,7 +28,9 @@ from tinyt.model import build_model
 SAFETENSORS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
 HEAD = "lm_head.weight"  # the one name outside the base model, in tinyt and in HF
-EMBEDDING = "transformer.wte.weight"
+# the table a tied head is: a decoder-only model's, an encoder-decoder's decoder's (the
+# encoder's where the two stacks share it, and tinyt holds it once)
+EMBEDDINGS = ("transformer.wte.weight", "decoder.wte.weight", "encoder.wte.weight")
 
 
 def qkv_rows(cfg: ModelConfig) -> tuple[int, ...]:
@@ -40,6 +42,12 @@ def qkv_rows(cfg: ModelConfig) -> tuple[int, ...]:
 def gate_up_rows(cfg: ModelConfig) -> tuple[int, ...]:
     """A gated c_fc's rows: the gate [I], then the up projection [I]."""
     return cfg.mlp_width, cfg.mlp_width
+
+
+def kv_rows(cfg: ModelConfig) -> tuple[int, ...]:
+    """Cross-attention's c_kv rows: k, then v [nkv * hs] each."""
+    kv = cfg.kv_heads * cfg.head_dim
+    return kv, kv
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,10 @@ def pairs(family: Family, cfg: ModelConfig) -> list[Pair]:
     have = tinyt_shapes(cfg)
     out = []
     for weight in family.weights:
-        blocks = range(cfg.n_layer) if "{i}" in weight.ours else (0,)
+        if weight.when is not None and not weight.when(cfg):
+            continue
+        layers = cfg.decoder_layers if weight.ours.startswith("decoder.") else cfg.n_layer
+        blocks = range(layers) if "{i}" in weight.ours else (0,)
         kinds = ("weight", "bias") if "{w}" in weight.ours else ("",)
         rows = weight.rows(cfg) if weight.rows else None
         for i in blocks:
@@ -141,6 +152,8 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
             key = family.base + key  # a base-model save (GPT2Model, LlamaModel)
         sd[key], original[key] = value, name
     used: set[str] = set()
+    if family.shared and cfg.shared_embeddings:
+        used |= _one_table(family.shared, sd, source)
 
     def take(key: str) -> torch.Tensor:
         if key not in sd:
@@ -148,7 +161,7 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
         used.add(key)
         return sd[key]
 
-    state, embedding = {}, None
+    state, paired = {}, {}
     for p in pairs(family, cfg):
         parts = [take(name) for name in p.theirs]
         if p.conv1d:
@@ -158,9 +171,9 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
                 raise CheckpointError(f"{source}: config.json says the model is bias-free but "
                                       f"{p.theirs[0]} is not zero")
             continue
-        if p.ours == EMBEDDING:
-            embedding = p.theirs[0]
+        paired[p.ours] = p.theirs[0]
         state[p.ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # rows stacked
+    embedding = next((paired[t] for t in EMBEDDINGS if t in paired), None)
     if cfg.tie_weights and HEAD in sd and embedding is not None:
         used.add(HEAD)
         if not torch.equal(sd[HEAD], sd[embedding]):
@@ -171,6 +184,21 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
         raise CheckpointError(f"{source} holds weights tinyt's model has no place for: "
                               f"{unexpected[:8]}")
     return {k: v.contiguous() for k, v in state.items()}
+
+
+def _one_table(names: tuple[str, ...], sd: dict[str, torch.Tensor], source: str) -> set[str]:
+    """An encoder-decoder's shared embedding table under each of its names (a save holds one
+    or more of them: they must be one tensor); returns the names it held."""
+    held = [n for n in names if n in sd]
+    if not held:
+        raise CheckpointError(f"{source} lacks the shared embedding table (any of {list(names)})")
+    table = sd[held[0]]
+    for name in held[1:]:
+        if not torch.equal(sd[name], table):
+            raise CheckpointError(f"{source}: the stacks share their embeddings but {name} "
+                                  f"differs from {held[0]}")
+    sd.update({n: table for n in names})
+    return set(names)
 
 
 def hf_state(family: Family, model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -9,6 +9,10 @@ traits it turns on (`features`), which the model and the graph stages read.
     olmo2.py       OLMo-2
     bert.py        BERT, RoBERTa, XLM-RoBERTa, DistilBERT
     modernbert.py  ModernBERT
+    bart.py        BART, mBART (encoder-decoders)
+    marian.py      Marian (Opus-MT)
+    m2m100.py      M2M100, NLLB
+    t5.py          T5 v1.0, v1.1 / Flan-T5
 
 tinyt.hf.catalogue assembles them, in the order export-hf tries them.
 """

@@ -1,0 +1,128 @@
+"""The main job on an encoder-decoder checkpoint (`tinyt pipeline --task seq2seq`, which trains
+one on the built-in code-summarization task first, or `--skip-train SEQ2SEQ_CKPT`;
+app/pipeline.py hands it here by the checkpoint's task):
+
+    CKPT ──export──▶ OUT/onnx ──optimize──▶ OUT/onnx-opt ──quantize──▶ OUT/onnx-int8
+                                                        ──quantize --bits 4──▶ OUT/onnx-int4
+    verify (onnx, onnx-opt): the three graphs vs PyTorch, greedy tokens ─▶ OUT/*-verify.json
+    each quantization's report: chrF / BLEU of its greedy outputs against fp32's on held-out
+    pairs, token agreement (export/seq2seq_accuracy.py)
+    report ─▶ OUT/report.md
+
+The rows are tinyt.artifacts.SEQ2SEQ_VARIANTS (rows_for); a stage is skipped when its
+output's manifest records exactly the input it would read now, as for the decoder. No bench:
+the quick benchmark times decoder-only graphs, and the encoder-decoder's peers (CTranslate2,
+Optimum) are the seq2seq peer benchmark's; the report says so.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tinyt.artifacts import SEQ2SEQ_VARIANTS, arguments, rows_for
+from tinyt.config import ModelConfig
+from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES
+from tinyt.fsutil import write_text
+from tinyt.manifest import fresh, manifest_of
+
+BENCH_NOTE = ("not measured: `tinyt bench` times decoder-only graphs; an encoder-decoder's "
+              "speed against its peers (CTranslate2, Optimum's ORTModelForSeq2SeqLM) is the "
+              "seq2seq peer benchmark's")
+
+
+def seq2seq_pipeline(out: Path, ckpt: Path, cfg: ModelConfig, *, data: str | None = None,
+                     bench: bool = True, log: Callable[[str], None] = print,
+                     timings: dict[str, Any] | None = None) -> Path:
+    """Run (or bring up to date) an encoder-decoder's stages into `out`; returns the report's
+    path. timings: what ran before (training's seconds, or why it was skipped)."""
+    from tinyt.export import export_onnx, verify
+    from tinyt.export.optimize import optimize
+    from tinyt.export.quantize import quantize
+
+    rows = rows_for(SEQ2SEQ)
+    timings = dict(timings or {})
+    stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
+    for v in rows:
+        source, target, options = arguments(v, out, checkpoint=ckpt, data=data)
+        if fresh(target, source):
+            log(f"[{v.step}] up to date: {target}")
+            timings[v.step] = "skipped"
+            continue
+        log(f"[{v.step}] running -> {target}")
+        t = time.perf_counter()
+        partial(stages[v.stage], source, target, **options)()
+        timings[v.step] = round(time.perf_counter() - t, 1)
+        log(f"[{v.step}] done in {timings[v.step]} s")
+    checks = {}
+    for v in (v for v in rows if v.verify):
+        report = verify(ckpt, out / v.dir, report_path=out / f"{v.dir}-verify.json")
+        checks[v.dir] = report["passed"]
+        log(f"[verify] {v.dir}: {'passed' if report['passed'] else 'FAILED'}")
+    log(f"[bench] skipped for an encoder-decoder: {BENCH_NOTE}" if bench
+        else "[bench] skipped (--no-bench)")
+    return write_report(out, ckpt, rows, checks, timings)
+
+
+def _bytes(directory: Path) -> int:
+    return sum((directory / f).stat().st_size for f in SEQ2SEQ_FILES.values()
+               if (directory / f).is_file())
+
+
+def write_report(out: Path, ckpt: Path, rows, checks: dict, timings: dict) -> Path:
+    """OUT/report.md: a line per row (bytes of its three graphs, the quantizations' chrF /
+    BLEU against fp32, token agreement, chrF against the references, perplexity change),
+    the rows made by hand, the stage times."""
+    metrics = _checkpoint_metrics(ckpt)
+    lines = ["# tinyt pipeline report (encoder-decoder)", "",
+             f"Checkpoint: {ckpt}" + (f" — {metrics}" if metrics else "") + ".", "",
+             "| variant | bytes | chrF vs fp32 | BLEU vs fp32 | token agreement | chrF vs "
+             "references (fp32) | perplexity change | equivalence |",
+             "|---|---|---|---|---|---|---|---|"]
+    measured = None
+    for v in rows:
+        a = (manifest_of(out / v.dir) or {}).get("accuracy") or {}
+        equal = {True: "verified vs PyTorch", False: "FAILED"}.get(
+            checks.get(v.dir), f"report vs {v.source}")
+        if a:
+            measured = a
+            lines.append(
+                f"| {v.dir} | {_bytes(out / v.dir):,} | {a['chrf_vs_fp32']:.1f} | "
+                f"{a['bleu_vs_fp32']:.1f} | {100 * a['token_agreement']:.1f}% | "
+                f"{a['chrf']:.1f} ({a['chrf_reference']:.1f}) | "
+                f"{100 * a['perplexity_change']:+.2f}% | {equal} |")
+        else:
+            lines.append(f"| {v.dir} | {_bytes(out / v.dir):,} | — | — | — | — | — | {equal} |")
+    lines.append("")
+    if measured:
+        lines += [f"Quantizations measured on {measured['pairs']} held-out pairs of "
+                  f"{measured['data']}: greedy, up to {measured['max_new_tokens']} tokens a "
+                  "source, through tinyt.runtime; chrF and BLEU by sacrebleu (0-100), token "
+                  "agreement position by position with fp32's outputs; perplexity along the "
+                  "references' targets.", ""]
+    lines += [f"- {v.dir}: {v.note}" for v in SEQ2SEQ_VARIANTS if v.made_by == "hand"]
+    lines += ["", f"Speed: {BENCH_NOTE}.", "",
+              "Stage times (s): " + ", ".join(f"{k} {t}" for k, t in timings.items()), ""]
+    path = out / "report.md"
+    write_text(path, "\n".join(lines))
+    return path
+
+
+def _checkpoint_metrics(ckpt: Path) -> str:
+    """What the checkpoint's own record says of it: parameters, and its training's last
+    evaluation (validation loss, chrF, BLEU) where it was trained by tinyt."""
+    import json
+
+    m = (json.loads((ckpt / "config.json").read_text()).get("metrics") or {})
+    said = []
+    if isinstance(m.get("parameters"), int):
+        said.append(f"{m['parameters']:,} parameters")
+    for key, name, spec in (("val_loss", "validation loss", ".3f"), ("val_chrf", "chrF", ".1f"),
+                            ("val_bleu", "BLEU", ".1f")):
+        if isinstance(m.get(key), (int, float)):
+            said.append(f"{name} {m[key]:{spec}}")
+    if m.get("architecture"):
+        said.append(f"imported from {m['architecture']}")
+    return ", ".join(said)

@@ -1,0 +1,160 @@
+"""The encoder-decoder peer benchmark's figures and report (seq2seq_peers.py): the rows of
+timed workers, tinyt against CTranslate2 int8 (the target) and the fastest peer, results.md."""
+from __future__ import annotations
+
+import statistics
+
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
+CT2_INT8 = "ct2-int8"  # the issue's yardstick
+TARGET = 0.9  # tinyt's best time over CTranslate2 int8's, at most (the issue's)
+MEASURES = {"greedy_ms": False, "beam_ms": False, "batch_sentences_per_s": True}  # higher wins
+
+
+def rows(raw: dict, batch: int) -> dict[str, dict]:
+    """Per worker: one sentence's ms greedy and with beams, sentences per second in a batch."""
+    out = {}
+    for label, (one, beam, many) in raw.items():
+        out[label] = {"greedy_ms": 1e3 * statistics.median(one),
+                      "beam_ms": 1e3 * statistics.median(beam),
+                      "batch_sentences_per_s": batch / statistics.median(many)}
+    return out
+
+
+def _time_of(row: dict, key: str) -> float:
+    """A measure as a time (sentences per second turned over)."""
+    return 1 / row[key] if MEASURES[key] else row[key]
+
+
+def targets(timed: dict[str, dict], threads: list[int], ours: set[str]) -> dict[str, dict]:
+    """Per measure and thread count: tinyt's best (of the engines `ours`) against CTranslate2
+    int8 (the target: at most TARGET of its time) and against the fastest peer, as ratios of
+    times (< 1: tinyt faster)."""
+    out = {}
+    for n in threads:
+        at = {k.rsplit("@", 1)[0]: v for k, v in timed.items() if k.endswith(f"@{n}t")}
+        mine = {k: v for k, v in at.items() if k in ours}
+        peers = {k: v for k, v in at.items() if k not in ours}
+        for key in MEASURES if mine else ():
+            best = min(mine, key=lambda k, key=key: _time_of(mine[k], key))
+            entry = {"tinyt": best}
+            if CT2_INT8 in peers:
+                ratio = _time_of(mine[best], key) / _time_of(peers[CT2_INT8], key)
+                entry.update(vs_ct2_int8=ratio, target_max=TARGET, met=ratio <= TARGET)
+            if peers:
+                fast = min(peers, key=lambda k, key=key: _time_of(peers[k], key))
+                entry.update(fastest_peer=fast, vs_fastest_peer=_time_of(mine[best], key)
+                             / _time_of(peers[fast], key))
+            out[f"{key}@{n}t"] = entry
+    return out
+
+
+def markdown(result: dict) -> str:
+    """results.md: the model, machine, method, times with the target, the check, memory and
+    files, what was skipped."""
+    lines = (_head(result) + _times(result) + _targets(result) + _check(result)
+             + _memory(result) + _engines(result))
+    return "\n".join(lines) + "\n"
+
+
+def cpu_line(env: dict) -> str:
+    """The CPU, its int8 flags (present and absent), cores and the load average around the
+    run: what every figure is measured on."""
+    cpu = env["cpu"]
+    flags = ", ".join(f"{f} {'yes' if cpu.get(f) else 'no'}" for f in FLAGS)
+    load = env.get("load_average") or {}
+    said = "; ".join(f"{k} {' / '.join(f'{x:.2f}' for x in v)}" for k, v in load.items())
+    return (f"{cpu.get('model')} ({flags}); {env['physical_cores']} physical cores"
+            + (f"; load average (1 / 5 / 15 min) {said}" if said else "") + f"; {env['time']}")
+
+
+def _head(result: dict) -> list[str]:
+    m, cfg, env = result["method"], result["model"], result["environment"]
+    shape = ", ".join(f"{k} {v}" for k, v in cfg.items() if k != "architecture")
+    vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    return [f"# Encoder-decoders: tinyt vs peers on one {cfg['architecture']}", "",
+            f"Model: {shape} ({result['artifacts']}/hf).", "", cpu_line(env) + ".", "",
+            f"Versions: {vers}.", "",
+            f"Each engine in its own process per thread count, source token ids in, generated "
+            f"ids out. One sentence: a {m['source_tokens']}-token source, {m['new_tokens']} "
+            f"new tokens, greedy and with {m['beams']} beams; a batch: {m['batch']} such "
+            f"sources, greedy. Median of {m['rounds']} interleaved rounds × {m['block']} calls "
+            f"(after {m['settle']} untimed).", ""]
+
+
+def _times(result: dict) -> list[str]:
+    rows = result["rows"]
+    if not rows:
+        return ["Nothing timed (--rounds 0, or no engine passed the check).", ""]
+    m = result["method"]
+    lines = [f"| engine | threads | 1 sentence greedy ms | 1 sentence, {m['beams']} beams ms |"
+             f" batch {m['batch']}: sentences/s | tokens made (per call) |",
+             "|---|---|---|---|---|---|"]
+    for label, r in sorted(rows.items(), key=lambda kv: (int(kv[0].rsplit("@", 1)[1][:-1]),
+                                                         kv[1]["greedy_ms"])):
+        name, n = label.rsplit("@", 1)
+        made = " / ".join(str(x) for x in result["made"].get(label, []))
+        lines.append(f"| {name} | {n[:-1]} | {r['greedy_ms']:.1f} | {r['beam_ms']:.1f} | "
+                     f"{r['batch_sentences_per_s']:.2f} | {made} |")
+    return lines + [""]
+
+
+def _targets(result: dict) -> list[str]:
+    t = result["targets"]
+    if not t:
+        return []
+    lines = ["tinyt's best against CTranslate2 int8 (time over its time; the target ≤ 0.9) "
+             "and against the fastest peer:", "",
+             "| measure | threads | tinyt's best | × CTranslate2 int8 | met | fastest peer | "
+             "× it |", "|---|---|---|---|---|---|---|"]
+    for key, e in t.items():
+        measure, n = key.rsplit("@", 1)
+        vs = f"{e['vs_ct2_int8']:.2f}" if "vs_ct2_int8" in e else "—"
+        met = {True: "yes", False: "**no**"}.get(e.get("met"), "—")
+        fast = f"{e['vs_fastest_peer']:.2f}" if "vs_fastest_peer" in e else "—"
+        lines.append(f"| {measure} | {n[:-1]} | {e['tinyt']} | {vs} | {met} | "
+                     f"{e.get('fastest_peer', '—')} | {fast} |")
+    return lines + [""]
+
+
+def _check(result: dict) -> list[str]:
+    m = result["method"]
+    lo, hi = m["check_lengths"]
+    lines = [f"Same output first ({m['check_sources']} sources of {lo} to {hi} tokens, one at a "
+             f"time, {m['new_tokens']} new tokens, at {m['threads'][0]} thread(s)): tokens "
+             "equal to tinyt fp32's, position by position. An fp32 engine must give them "
+             "exactly (greedy) or is refused; the beams' are told.", "",
+             "| engine | greedy agreement | sources differing | different outputs | beams "
+             "agreement | must equal | verdict |", "|---|---|---|---|---|---|---|"]
+    for name, a in result["agreement"].items():
+        g, b = a["greedy"], a["beams"]
+        verdict = ("**refused**" if name in result["skipped"] else
+                   "identical" if g["identical"] else "reported")
+        lines.append(f"| {name} | {g['agreement']:.1%} | {g['sources_differing']} | "
+                     f"{g['distinct_outputs']} of {m['check_sources']} | {b['agreement']:.1%} | "
+                     f"{a['must_equal'] or '—'} | {verdict} |")
+    return lines + [""]
+
+
+def _memory(result: dict) -> list[str]:
+    lines = ["Files and memory (MB: 10^6 bytes; resident set after the load, and the peak over "
+             "the calls after it):", "", "| engine | threads | files MB | load s | "
+             "RSS loaded MB | peak RSS MB |", "|---|---|---|---|---|---|"]
+    for label, mem in result["memory"].items():
+        name, n = label.rsplit("@", 1)
+        files = result["files"].get(name)
+        loaded = (mem.get("loaded") or {}).get("rss")
+        lines.append(f"| {name} | {n[:-1]} | {_mb(files)} | {mem.get('load_s') or 0:.1f} | "
+                     f"{_mb(loaded)} | {_mb(mem.get('peak_rss'))} |")
+    return lines + [""]
+
+
+def _engines(result: dict) -> list[str]:
+    lines = ["Engines:", ""] + [f"- {k}: {v}" for k, v in result["engines"].items()]
+    if result["skipped"]:
+        lines += ["", "Not run or not timed:", ""] + [f"- {k}: {v}"
+                                                      for k, v in result["skipped"].items()]
+    return lines
+
+
+def _mb(n: int | None) -> str:
+    return "—" if not n else f"{n / 1e6:,.0f}"

@@ -1,0 +1,158 @@
+"""An encoder-decoder's ONNX export: three graphs in Optimum's seq2seq layout
+(tinyt.contract.SEQ2SEQ_FILES), so ORTModelForSeq2SeqLM and transformers.js load the directory.
+
+    encoder_model.onnx            the source -> its hidden states, once per batch
+    decoder_model.onnx            the first step: the target so far and the hidden states ->
+                                  logits, the self-attention cache, and each layer's
+                                  cross-attention keys / values (computed once, here)
+    decoder_with_past_model.onnx  every later step: reads both caches, grows the first
+
+The three share no weights on disk: each graph holds what it reads (the decoders hold the
+decoder's, the encoder the encoder's; a shared embedding table is in the encoder and the
+decoders both, as Optimum's export has it).
+"""
+from __future__ import annotations
+
+import platform
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+import torch.nn as nn
+from torch.export import Dim
+
+from tinyt import __version__, int8
+from tinyt.checkpoint import Checkpoint
+from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES, seq2seq_contract
+from tinyt.fsutil import atomic_dir, write_json
+from tinyt.graphio import save_graph
+from tinyt.manifest import checkpoint_source, io_spec, write_manifest
+
+from .graph_names import name_axes, tidy_nodes
+from .stage import Built, built
+
+EXAMPLE_BATCH, EXAMPLE_SOURCE, EXAMPLE_TARGET, EXAMPLE_PAST = 2, 4, 3, 5  # distinct: symbolic
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model.encode(input_ids, attention_mask)
+
+
+class FirstStepGraph(nn.Module):
+    """The decoder's first call: the cross keys / values made from the hidden states."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, encoder_attention_mask, input_ids, encoder_hidden_states):
+        cross = self.model.cross_kv(encoder_hidden_states)
+        logits, present = self.model.decode(input_ids, cross, encoder_attention_mask)
+        return (logits, *(t for own, kv in zip(present, cross) for t in (*own, *kv)))
+
+
+class NextStepGraph(nn.Module):
+    """Every later call: both caches in, the self-attention one out, grown."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, encoder_attention_mask, input_ids, past):
+        layers = [past[4 * i:4 * i + 4] for i in range(len(past) // 4)]
+        own = tuple((k, v) for k, v, _, _ in layers)
+        cross = tuple((ck, cv) for _, _, ck, cv in layers)
+        logits, present = self.model.decode(input_ids, cross, encoder_attention_mask, own)
+        return (logits, *(t for kv in present for t in kv))
+
+
+def _examples(cfg) -> dict[str, tuple[dict, dict]]:
+    """Each graph's example kwargs and dynamic shapes."""
+    B, E, T, P = EXAMPLE_BATCH, EXAMPLE_SOURCE, EXAMPLE_TARGET, EXAMPLE_PAST
+    g = torch.Generator().manual_seed(0)
+    dyn = Dim.DYNAMIC
+    ids = torch.randint(0, cfg.vocab_size, (B, E), generator=g)
+    target = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    mask = torch.ones(B, E, dtype=torch.long)
+    hidden = torch.randn(B, E, cfg.n_embd, generator=g)
+    kv = (B, cfg.kv_heads, None, cfg.head_dim)
+    past = []
+    for _ in range(cfg.decoder_layers):
+        past += [torch.randn(*kv[:2], P, kv[3], generator=g) for _ in range(2)]
+        past += [torch.randn(*kv[:2], E, kv[3], generator=g) for _ in range(2)]
+    both = {0: dyn, 1: dyn}
+    return {
+        "encoder": ({"input_ids": ids, "attention_mask": mask},
+                    {"input_ids": both, "attention_mask": both}),
+        "decoder": ({"encoder_attention_mask": mask, "input_ids": target,
+                     "encoder_hidden_states": hidden},
+                    {"encoder_attention_mask": both, "input_ids": both,
+                     "encoder_hidden_states": both}),
+        "decoder_with_past": ({"encoder_attention_mask": mask, "input_ids": target,
+                               "past": past},
+                              {"encoder_attention_mask": both, "input_ids": both,
+                               "past": [{0: dyn, 2: dyn}] * len(past)}),
+    }
+
+
+def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, opset: int,
+                   external_data: bool | None, hf_config: dict) -> Built:
+    """Write the three graphs, the tokenizer, config.json and generation_config.json."""
+    cfg = ckpt.config
+    model = ckpt.model.eval()
+    wrappers = {"encoder": EncoderGraph, "decoder": FirstStepGraph,
+                "decoder_with_past": NextStepGraph}
+    contract = seq2seq_contract(cfg)
+    examples = _examples(cfg)
+    protos = {}
+    for role, wrap in wrappers.items():
+        inputs, outputs = contract[role]
+        kwargs, shapes = examples[role]
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                wrap(model).eval(), args=(), kwargs=kwargs, dynamo=True, dynamic_shapes=shapes,
+                opset_version=opset, input_names=[t.name for t in inputs],
+                output_names=[t.name for t in outputs], external_data=False, verbose=False)
+        proto = program.model_proto
+        name_axes(proto, inputs, outputs)
+        tidy_nodes(proto, wrapped=True)
+        proto.producer_name, proto.producer_version = "tinyt", __version__
+        protos[role] = proto
+    with atomic_dir(out_dir) as tmp:
+        split = False
+        for role, proto in protos.items():
+            path = tmp / SEQ2SEQ_FILES[role]
+            split |= len(save_graph(proto, path, external=external_data)) > 1
+            onnx.checker.check_model(str(path), full_check=True)
+        ckpt.tokenizer.save(tmp / "tokenizer.json")
+        write_json(tmp / "config.json", hf_config)
+        write_json(tmp / "generation_config.json", generation_config(cfg, ckpt.tokenizer))
+        written = write_manifest(tmp, stage="export", source=checkpoint_source(checkpoint_dir),
+                                 options={"opset": opset, "with_past": True,
+                                          "external_data": split}, extra={
+            "graph": SEQ2SEQ, "opset": opset,
+            "int8": {file: int8.fp32_entry() for file in SEQ2SEQ_FILES.values()},
+            "io": {SEQ2SEQ_FILES[r]: io_spec(*contract[r]) for r in contract},
+            "exporter": "torch.onnx.export(dynamo=True)",
+            "versions": {"torch": torch.__version__, "onnx": onnx.__version__,
+                         "tinyt": __version__, "python": platform.python_version()},
+        })
+    return built(out_dir, written)
+
+
+def generation_config(cfg, tokenizer) -> dict:
+    """generation_config.json: the decoder's first token, where it stops, its padding, and
+    the first token generated where it is forced (BART-large-CNN's <s>, M2M100's language)."""
+    eos = tokenizer.eos_id
+    pad = getattr(tokenizer, "pad_id", None)
+    forced = {} if cfg.forced_bos_id is None else {"forced_bos_token_id": cfg.forced_bos_id}
+    return {"decoder_start_token_id": cfg.decoder_start_id, "eos_token_id": eos,
+            "pad_token_id": eos if pad is None else pad, "max_length": cfg.block_size,
+            "do_sample": False, "num_beams": 1, **forced}
