@@ -29,7 +29,7 @@ def test_config_is_frozen():
     ("n_head", 3, "n_embd=128 is invalid: must be divisible by n_head=3"),
     ("dropout", 1.0, "dropout=1.0"),
     ("pos_encoding", "alibi", "allowed: learned, sinusoidal, rotary"),
-    ("task", "seq2seq", "allowed: causal_lm, classifier"),
+    ("task", "translation", "allowed: causal_lm, classifier, encoder, token_classifier, seq2seq"),
     ("block_size", 2.5, "block_size=2.5"),
     ("bias", "yes", "bias='yes'"),
     ("num_labels", 3, "num_labels=3 is invalid: must be 0 for task='causal_lm'"),
