@@ -33,7 +33,7 @@ TARGET_CHARS = 160  # a longer first sentence is left out: a summary, not a para
 MIN_TARGET_WORDS = 2
 # Periods that do not end a sentence ("e.g. a file." is one sentence).
 _ABBREVIATIONS = {"e.g", "i.e", "eg", "ie", "(e.g", "(i.e", "(eg", "(ie", "etc", "vs", "cf",
-                  "approx", "resp", "no"}
+                  "approx", "resp"}
 _SIGNATURE = re.compile(r"[\w.]+\(")  # "S.find(sub[, start]) -> int": a signature, not prose
 FORMS = ("a .tsv file (source<TAB>target a line)",
          'a .jsonl file ({"source": ..., "target": ...} a line)',

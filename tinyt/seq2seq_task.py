@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tinyt.config import ModelConfig, TrainConfig
-from tinyt.errors import DataError
+from tinyt.errors import ConfigError, DataError
 from tinyt.seq2seq import greedy, shift_right
 from tinyt.seq2seq_data import ParallelData, encode_sides, output_text
 from tinyt.tokenizer import PAD_TOKEN, Tokenizer
@@ -24,10 +24,20 @@ from tinyt.tokenizer import PAD_TOKEN, Tokenizer
 IGNORE = -100  # the label of a padded target position: no loss
 
 
+def _sacrebleu():
+    """sacrebleu (the torch extra's), or a ConfigError saying how to install it."""
+    try:
+        import sacrebleu
+    except ImportError:
+        raise ConfigError("a seq2seq run scores its outputs with sacrebleu, which is not "
+                          "installed: pip install 'sacrebleu>=2' (tinyt's torch extra has it)"
+                          ) from None
+    return sacrebleu
+
+
 def text_metrics(hypotheses: list[str], references: list[str]) -> dict[str, float]:
     """Corpus chrF and BLEU (sacrebleu's defaults, one reference each), 0-100."""
-    import sacrebleu  # the torch extra's; imported when scores are asked for
-
+    sacrebleu = _sacrebleu()
     return {"chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
             "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score}
 
@@ -56,8 +66,7 @@ class Seq2SeqTask:
 
     def __init__(self, tok: Tokenizer, data: ParallelData, cfg: ModelConfig,
                  train_cfg: TrainConfig):
-        import sacrebleu  # noqa: F401  (fail before training, not at its first evaluation)
-
+        _sacrebleu()  # missing: fail before training, not at its first evaluation
         self.tok = tok
         if tok.pad_id is None:
             raise DataError(f"the tokenizer has no {PAD_TOKEN} token; an encoder-decoder's "
