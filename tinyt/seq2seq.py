@@ -142,8 +142,9 @@ def greedy(model: TinySeq2Seq, input_ids, attention_mask=None, *, max_new_tokens
         attention_mask = torch.ones_like(input_ids)
     B = input_ids.shape[0]
     cross = model.cross_kv(model.encode(input_ids, attention_mask))
-    out = torch.full((B, 1), model.config.decoder_start_id, dtype=torch.long)
-    done = torch.zeros(B, dtype=torch.bool)
+    out = torch.full((B, 1), model.config.decoder_start_id, dtype=torch.long,
+                     device=input_ids.device)
+    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     past = None
     for step in range(max_new_tokens):
         logits, past = model.decode(out[:, -1:], cross, attention_mask, past)
