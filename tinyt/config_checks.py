@@ -14,6 +14,9 @@ from tinyt.errors import ConfigError
 POS_ENCODINGS = ("learned", "sinusoidal", "rotary", "relative", "sinusoidal_fairseq")
 # The MLP: exact (erf) GELU; its tanh approximation (GPT-2's); SwiGLU (Llama's gated SiLU)
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu", "geglu_tanh", "geglu", "relu", "silu")
+# ReLU (T5, M2M100, NLLB) and SiLU (Marian) are the encoder-decoder families' MLPs: the other
+# tasks' exports, optimizer fusions and peers are proven with the GELU and gated ones only
+SEQ2SEQ_ACTIVATIONS = ("relu", "silu")
 # gated MLPs: act(gate) * up (SiLU: Llama's; GELU-tanh: Gemma's; exact GELU: ModernBERT's)
 GATED = ("swiglu", "geglu_tanh", "geglu")
 NORMS = ("layernorm", "rmsnorm")
@@ -189,6 +192,10 @@ def check_norms(cfg: Any) -> None:
 def check_mlp_and_embeddings(cfg: Any) -> None:
     _require(cfg.activation in ACTIVATIONS, "activation", cfg.activation,
              f"allowed: {', '.join(ACTIVATIONS)}")
+    others = [a for a in ACTIVATIONS if a not in SEQ2SEQ_ACTIVATIONS]
+    _require(cfg.task == "seq2seq" or cfg.activation not in SEQ2SEQ_ACTIVATIONS, "activation",
+             cfg.activation, f"{cfg.activation} is an encoder-decoder's (task='seq2seq'); "
+             f"task={cfg.task!r} allows: {', '.join(others)}")
     _require(cfg.n_inner is None or (_is_int(cfg.n_inner) and cfg.n_inner >= 1),
              "n_inner", cfg.n_inner, "must be null (4 * n_embd) or an integer >= 1")
     _require(isinstance(cfg.tie_weights, bool), "tie_weights", cfg.tie_weights,
