@@ -301,8 +301,8 @@ def small(command: str, work: Path) -> list[str]:
         args = [str(work / "corpus") if a == "my_corpus/" else a for a in args]
         if verb in ("train", "pipeline") and "--resume" not in args:
             task_clf = "--task" in args and args[args.index("--task") + 1] == "classifier"
-            if "--preset" not in args:
-                args += ["--preset", "test"]
+            if "--preset" not in args and "--skip-train" not in args:
+                args += ["--preset", "test"]  # (--skip-train's checkpoint is its own model)
             if "--data" not in args:
                 args += ["--data", str(work / ("labelled" if task_clf else "corpus"))]
             if verb == "train" and task_clf:
