@@ -23,19 +23,30 @@ CONTEXT = 131_072  # llama-131k's max_position_embeddings (Llama-3.2's)
 PEAK_RSS = 2 << 30  # bytes: a 2-layer, 64-wide model; the full-block checks asked for 824 GB
 
 
+# A small launcher runs the command and writes its child's peak RSS to a file: a child spawned
+# straight from this test process (vfork, then exec) starts its ru_maxrss at this process's
+# high-water mark, which under pytest-xdist is the worker's after every earlier test (2 GiB).
+LAUNCH = ("import os, subprocess, sys\n"
+          "p = subprocess.Popen(sys.argv[2:])\n"
+          "_, status, usage = os.wait4(p.pid, 0)\n"
+          "open(sys.argv[1], 'w').write(str(usage.ru_maxrss * 1024))\n"
+          "sys.exit(os.waitstatus_to_exitcode(status))\n")
+
+
 def measured(*args: str) -> tuple[subprocess.CompletedProcess, int, float]:
     """`python -m tinyt ARGS` in a child; (its result, its peak RSS in bytes, wall seconds).
-    os.wait4 reads that child's own peak (its waited-for descendants included), not that of
-    every child this test process ever had (RUSAGE_CHILDREN)."""
+    os.wait4 in the launcher reads that child's own peak (its waited-for descendants
+    included), not that of every child the launcher had (RUSAGE_CHILDREN)."""
+    import tempfile
+
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tinyt", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    proc.stdout.close()
-    return (subprocess.CompletedProcess(proc.args, proc.returncode, out, ""),
-            usage.ru_maxrss * 1024, time.perf_counter() - t)
+    with tempfile.TemporaryDirectory() as tmp:
+        peak = Path(tmp) / "peak"
+        proc = subprocess.run([sys.executable, "-c", LAUNCH, str(peak), sys.executable, "-m",
+                               "tinyt", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+        rss = int(peak.read_text())
+    return proc, rss, time.perf_counter() - t
 
 
 @pytest.fixture(scope="module")
