@@ -31,13 +31,24 @@ VERSIONS = ("tinyt", "onnxruntime", "ctranslate2", "optimum", "optimum-onnx", "t
 
 
 def _load_tinyt(path: Path, threads: int, **_) -> Translate:
+    import numpy as np
+
     import tinyt.runtime as rt
+    from tinyt.runtime.encoder_decoder import DecoderSteps
 
     model = rt.load(path, threads=threads)
 
     def translate(sources, n, beams):
         return [r.token_ids for r in model.generate_ids(sources, max_new_tokens=n,
                                                         num_beams=beams)]
+
+    def logits(source, prefix):  # the next token's, after the decoder's start and `prefix`
+        steps = DecoderSteps(model, *model.encode([source]))
+        z = steps.first(model.generation.decoder_start)
+        for tok in prefix:
+            z = steps(np.zeros(1, dtype=np.int64), np.array([tok], dtype=np.int64))
+        return z[0]
+    translate.logits = logits  # type: ignore[attr-defined]
     return translate
 
 
@@ -113,6 +124,8 @@ def worker(spec: dict) -> None:
     """Load one engine (spec: loader, path, threads, packages, options), then answer JSON lines
     on stdin until it closes:
     {"op": "translate", "sources", "n", "beams"} -> {"tokens": [[id, ...], ...]};
+    {"op": "logits", "source", "prefix", "ids"} -> those ids' next-token logits after the
+    decoder's start and prefix, and the largest |logit| (tinyt's engines: the reference);
     {"op": "time", "calls": [{"sources", "n", "beams"}], "settle", "block"} -> seconds per
     call, and the tokens each call's last run made ("made");
     {"op": "memory"}. The hello says ready (with the load's time and memory, the peak reset
@@ -144,6 +157,10 @@ def _answer(req: dict, translate: Translate) -> dict:
             times.append(timed(call, req["settle"], req["block"]))
             made.append(sum(map(len, last)))
         return {"times": times, "made": made}
+    if req["op"] == "logits":  # two ids' logits after a prefix, and the largest |logit|
+        z = translate.logits(req["source"], req["prefix"])  # type: ignore[attr-defined]
+        return {"values": [float(z[i]) for i in req["ids"]],
+                "magnitude": float(abs(z).max())}
     if req["op"] == "memory":
         return {"memory": memory()}
     return {"error": f"unknown op {req['op']!r}"}

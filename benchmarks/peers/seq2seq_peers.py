@@ -12,9 +12,11 @@ the same weights (issue "The Transformer itself": "Against the peers, on the sam
       1. same output first, at the first thread count: the greedy tokens of every engine on
          held-out sources (sentences of tinyt's retrieval set, 8 to 48 tokens, one at a
          time) against tinyt fp32's. An fp32 engine must give exactly its tokens, as the
-         decoder peers' must, or it is refused (skipped with the difference, never timed);
-         an INT8 engine reports its agreement. Beam search's tokens are compared too (told,
-         not required).
+         decoder peers' must, but for a tie at fp32 precision where they first part (tinyt's
+         logits there prefer its token by at most compare.TIE_FACTOR x reorder_bound: the
+         seq2seq verifier's rule), or it is refused (skipped with the difference, never
+         timed); an INT8 engine reports its agreement. Beam search's tokens are compared too
+         (told, not required).
       2. then time, rounds interleaved across the live workers (each round starting one
          worker on, a rest between workers): one sentence greedy, one sentence with beams,
          and a batch of sentences greedy (sentences per second); `settle` untimed calls, then
@@ -49,9 +51,9 @@ from . import formats
 from .engines import PeerEngine
 from .protocol import Worker
 from .seq2seq_adapters import VERSIONS, worker
+from .seq2seq_check import REFERENCE, check, tie_bound
 from .seq2seq_report import CT2_INT8, TARGET, markdown, rows, targets  # noqa: F401 (API)
 
-REFERENCE = "tinyt-fp32"
 REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
 MIN_FREE = 2 << 30  # bytes available, at least, when a worker starts
 CHECK_LENGTHS = (8, 48)  # the check's sources: lengths from, to (their </s> included)
@@ -133,7 +135,8 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     with tempfile.TemporaryDirectory() as logs:
         try:
             workers = _start(engine_rows, artifacts, threads, skipped, Path(logs), log)
-            agreement = check(workers, engine_rows, threads[0], plan, skipped, log)
+            agreement = check(workers, engine_rows, threads[0], plan, skipped,
+                              tie_bound(artifacts / engine_rows[0].artifact), log)
             raw, made = _time(workers, plan["calls"], rounds, settle, block, log)
             memory = {w.label: {"loaded": w.hello.get("loaded"),
                                 "load_s": w.hello.get("load_s"),
@@ -273,7 +276,7 @@ def inputs(artifacts: Path, check_sources: int, source_tokens: int, new_tokens: 
              {"sources": [one], "n": new_tokens, "beams": beams},
              {"sources": many, "n": new_tokens, "beams": 1}]
     return {"check": check, "new_tokens": new_tokens, "beams": beams, "batch": batch,
-            "calls": calls}
+            "eos": eos, "calls": calls}
 
 
 def _start(rows: list[PeerEngine], artifacts: Path, threads: list[int],
@@ -314,57 +317,6 @@ def start(e: PeerEngine, artifacts: Path, threads: int, log: Path | None = None)
                                     str(artifacts), "--worker", json.dumps(spec)],
                   {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "HF_HUB_OFFLINE": "1",
                    "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}, log)
-
-
-def check(workers: list[Worker], rows: list[PeerEngine], threads: int, plan: dict,
-          skipped: dict[str, str], log) -> dict[str, dict]:
-    """Each engine's greedy (and beam) tokens on the check's sources, from its worker at
-    `threads`, against the reference's. An engine that must give the reference's tokens and
-    does not, or cannot translate them, is skipped with why: every worker of it closed and
-    dropped from `workers`."""
-    exact = {e.name: e.exact for e in rows}
-    tokens: dict[str, dict[str, list]] = {}
-    for w in [w for w in workers if w.threads == threads]:
-        try:
-            tokens[w.name] = {
-                "greedy": [w.ask(op="translate", sources=[s], n=plan["new_tokens"],
-                                 beams=1)["tokens"][0] for s in plan["check"]],
-                "beams": [w.ask(op="translate", sources=[s], n=plan["new_tokens"],
-                                beams=plan["beams"])["tokens"][0] for s in plan["check"]]}
-        except RuntimeError as err:
-            skipped[w.name] = "failed the check: " + " ".join(str(err).split())[:300]
-    if REFERENCE not in tokens:
-        raise BenchError(f"the reference, {REFERENCE}, did not run: "
-                         f"{skipped.get(REFERENCE) or skipped.get(f'{REFERENCE}@{threads}t')}")
-    ref = tokens[REFERENCE]
-    agreement = {}
-    for name, got in tokens.items():
-        a = {k: _agree(got[k], ref[k]) for k in ("greedy", "beams")}
-        a.update(must_equal=REFERENCE if exact[name] else None)
-        agreement[name] = a
-        if exact[name] and not a["greedy"]["identical"]:
-            skipped[name] = (f"refused before timing: its greedy tokens differ from "
-                             f"{REFERENCE}'s on {a['greedy']['sources_differing']} of "
-                             f"{len(plan['check'])} sources (agreement "
-                             f"{a['greedy']['agreement']:.1%})")
-        log(f"{name}: greedy agreement {a['greedy']['agreement']:.1%}, beams "
-            f"{a['beams']['agreement']:.1%}" + (" — refused" if name in skipped else ""))
-    for w in [w for w in workers if w.name in skipped]:
-        w.close()
-        workers.remove(w)
-    return agreement
-
-
-def _agree(got: list[list[int]], ref: list[list[int]]) -> dict:
-    """Tokens equal to the reference's position by position (over the reference's tokens), the
-    sources whose tokens differ at all, and how many different outputs the sources gave (one:
-    weights that ignore their source, which a check cannot tell from a broken encoder)."""
-    same = sum(a == b for g, r in zip(got, ref) for a, b in zip(g, r))
-    total = sum(map(len, ref))
-    differ = sum(g != r for g, r in zip(got, ref))
-    return {"agreement": same / total if total else 1.0, "matching_tokens": same,
-            "tokens": total, "sources_differing": differ, "identical": differ == 0,
-            "distinct_outputs": len({tuple(g) for g in got})}
 
 
 def _time(workers: list[Worker], calls: list[dict], rounds: int, settle: int, block: int,

@@ -3,7 +3,6 @@
 name the sizes they checked; the runtime's KV buffers sized by the call or by max_context;
 a cache that cannot fit refused in one line before it is allocated; import-hf --context."""
 import json
-import os
 import subprocess
 import sys
 import time

@@ -70,6 +70,10 @@ def test_an_engine_running_another_model_is_refused_before_timing(result):
     out, r, _ = result
     said = r["skipped"]["ct2-other"]
     assert said.startswith("refused before timing: its greedy tokens differ from tinyt-fp32's")
+    assert "beyond a tie" in said
+    parted = r["agreement"]["ct2-other"]["greedy"]["ties"]
+    assert parted and not any(t["tie"] for t in parted)
+    assert all(t["margin"] > t["tie_bound"] for t in parted)
     assert not r["agreement"]["ct2-other"]["greedy"]["identical"]
     assert not any(k.startswith("ct2-other@") for k in (*r["rows"], *r["raw_s"]))
     assert "| ct2-other |" in (out / "results.md").read_text()
@@ -100,6 +104,35 @@ def test_results_hold_a_row_per_timed_engine_with_the_cpu(result):
         assert t["tinyt"] == "tinyt-fp32" and t["target_max"] == bench.TARGET
         assert t["met"] == (t["vs_ct2_int8"] <= bench.TARGET)
         assert "× CTranslate2 int8" in md
+
+
+class Reference:  # the reference's worker, answering the logits of two ids
+    def __init__(self, values):
+        self.values, self.asked = values, []
+
+    def ask(self, **req):
+        self.asked.append(req)
+        return {"values": self.values, "magnitude": 40.0}
+
+
+def test_tokens_parting_at_a_tie_are_the_same_computation():
+    """Where an fp32 engine's tokens first part from tinyt's, tinyt's own logits decide: a
+    margin within TIE_FACTOR x reorder_bound is two orders of the same sums; beyond, not."""
+    from tinyt.benchmarks.peers.seq2seq_check import ties
+
+    plan = {"check": [[5, 6, 0], [7, 0]], "eos": 0}
+    ref, got = [[1, 2, 3], [4, 4]], [[1, 2, 9], [4, 4]]
+    near = Reference([10.0, 10.0 - 1e-6])
+    (t,) = ties(near, plan, got, ref, lambda m: 1e-4 * m)
+    assert t == {"source": 0, "position": 2, "margin": pytest.approx(1e-6),
+                 "tie_bound": pytest.approx(4e-3), "tie": True}
+    assert near.asked == [{"op": "logits", "source": [5, 6, 0], "prefix": [1, 2],
+                           "ids": [3, 9]}]
+    (t,) = ties(Reference([10.0, 9.0]), plan, got, ref, lambda m: 1e-4 * m)
+    assert not t["tie"] and t["margin"] == 1.0
+    # one stopping sooner parts where it ended: its token there is </s>
+    (t,) = ties(near, plan, [[1, 2]], [[1, 2, 3]], lambda m: 1e-4 * m)
+    assert t["position"] == 2 and near.asked[-1]["ids"] == [3, 0]
 
 
 def test_sources_end_in_eos_at_the_lengths_asked(artifacts):
