@@ -14,7 +14,8 @@ from tinyt.config import ModelConfig, TrainConfig
 # The suite runs on two workers (pytest-xdist, `-n 2 --dist loadfile` in pyproject.toml): each
 # file whole on one worker, handed out in collection order. The longest files go first, so no
 # worker is left running one of them alone at the end.
-LONGEST_FIRST = ("tests/test_readme.py", "tests/export/test_families_chain.py",
+LONGEST_FIRST = ("tests/test_readme.py", "tests/export/test_families_dirs.py",
+                 "tests/export/test_families_chain.py",
                  "tests/real/test_minilm.py", "tests/test_faults.py", "tests/test_packaging.py")
 
 

@@ -8,14 +8,15 @@ and the runtime generating PyTorch's greedy tokens on each fp32 graph.
 One model carries every option at once (the graphs do not care which Hugging Face class it
 came from; tests/core/test_families.py maps each class to them), at Llama-3.2's 131,072-token
 context with its llama3 rope scaling, a window (12) shorter than the prompts, one layer without
-rotary and one full-attention layer. The slow test takes each family's own directory through
-the same stages."""
+rotary and one full-attention layer.
+tests/export/test_families_dirs.py takes each family's own directory through the same stages."""
 import json
 
 import numpy as np
 import onnx
 import pytest
 import torch
+from chain_fixtures import chain as _chain
 from hf_fixtures import save_hf, tokenizer
 
 from tinyt.checkpoint import load_checkpoint, save_checkpoint
@@ -35,21 +36,7 @@ EVERY = dict(block_size=131072, vocab_size=320, n_layer=3, n_head=4, n_kv_head=2
 PROMPT = list(range(40, 80))  # 40 tokens: past the window
 
 
-def _chain(ck, root):
-    from tinyt.export import export_onnx
-    from tinyt.export.optimize import optimize
-    from tinyt.export.quantize import quantize
-
-    out = {"onnx": export_onnx(ck, root / "onnx")}
-    out["opt"] = optimize(out["onnx"], root / "opt", target="cpu")
-    out["gqa"] = optimize(out["opt"], root / "gqa", target="gqa")
-    out["int8"] = quantize(out["opt"], root / "int8", bits=8, block_size=16)
-    out["int4"] = quantize(out["opt"], root / "int4", bits=4, block_size=16)
-    out["int8-gqa"] = optimize(out["int8"], root / "int8-gqa", target="gqa")
-    return out
-
-
-def _random_chain(settings: dict, root):
+def _random_chain(settings: dict, root, int4=False):
     """A random-weight model of `settings` (std 0.2: logits with margins for greedy), saved
     and taken through the chain."""
     torch.manual_seed(0)
@@ -57,13 +44,13 @@ def _random_chain(settings: dict, root):
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.2)
     ck = save_checkpoint(root / "ck", model, tokenizer())
-    return ck, _chain(ck, root)
+    return ck, _chain(ck, root, int4)
 
 
 @pytest.fixture(scope="module")
 def every(tmp_path_factory):
     """A random-weight model with every option."""
-    return _random_chain(EVERY, tmp_path_factory.mktemp("every"))
+    return _random_chain(EVERY, tmp_path_factory.mktemp("every"), int4=True)
 
 
 @pytest.mark.slow
@@ -250,39 +237,6 @@ def test_windowed_layers_keep_only_their_window(gemma):
         engine.stop()
 
 
-FAMILIES = {  # test id: (fixture, overrides)
-    "llama3.2": ("llama3.2", {}), "qwen3": ("qwen3", {}),
-    "mistral": ("mistral", dict(sliding_window=12)), "smollm3": ("smollm3", {}),
-    "granite": ("granite", {}),
-    "qwen2.5": ("qwen2.5", dict(use_sliding_window=True, sliding_window=10, max_window_layers=1)),
-    "llama-yarn": ("llama-131k", dict(rope_scaling={  # its factor is in the attention's scale
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})),
-    "gemma3": ("gemma3", dict(sliding_window=12)), "gemma2": ("gemma2", dict(sliding_window=12)),
-    "phi3.5": ("phi3.5", {}), "phi4-mini": ("phi4-mini", {}),
-    "olmo2": ("olmo2", dict(num_key_value_heads=2)),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_each_family_directory_through_every_stage(name, tmp_path):
-    """Each family as its Hugging Face directory, at its real context: every graph verifies
-    against PyTorch (which tests/core/test_families.py holds to transformers)."""
-    from tinyt.export import verify
-    from tinyt.hf import import_hf
-
-    fixture, overrides = FAMILIES[name]
-    save_hf(fixture, tmp_path / "hf", **overrides)
-    ck = import_hf(tmp_path / "hf", tmp_path / "ck", log=lambda s: None)
-    chain = _chain(ck, tmp_path)
-    for stage in ("onnx", "opt", "gqa"):
-        report = verify(ck, chain[stage])
-        assert report["passed"], (name, stage, report)
-    assert check_manifest(chain["int8-gqa"])["graph"] == "decoder_gqa"
-    _peers_run_the_artifacts(name, ck, chain)
-
-
-
 @pytest.mark.slow
 def test_longrope_graphs_switch_tables_and_the_runtime_recomputes_past_4096(tmp_path):
     """Phi-4-mini's form (LongRoPE from 4,096, 48 of 64 dims rotating) through every graph:
@@ -341,43 +295,6 @@ def test_edge_and_browser_packages_take_every_option(model, request, tmp_path):
         assert (web / "tinyt.mjs").is_file() and (web / "model.onnx").is_file()
         context = json.loads((web / "web.json").read_text())["context"]
         assert context == (4096 if model == "phi4" else 131072 if model == "every" else 32768)
-
-
-def _peers_run_the_artifacts(name, ck, chain):
-    """ONNX Runtime GenAI's loop (genai_config.json) and Optimum's ORTModelForCausalLM
-    (config.json of the family's class) on the fp32 and INT8 graphs: PyTorch's greedy tokens
-    from the fp32 graph, tinyt.runtime's on the same INT8 graph (random weights leave some
-    families' top logits within INT8's rounding of each other: Phi-3.5's part at token 8).
-    Optimum 0.1.0 sizes its first, empty past by hidden_size / heads, so on its own it refuses
-    a Qwen3 head_dim ("Got: 16 Expected: 32"); the peer benchmark's loader, used here, tells it
-    the export's head_dim (docs/model.md)."""
-    import importlib.util
-    import os
-
-    from tinyt.runtime import load
-
-    ids = list(range(40, 80))
-    fp32 = generate(load_checkpoint(ck).model, torch.tensor([ids]), 12, temperature=0)
-    int8 = load(chain["int8"], tune=False).generate_ids([ids], max_new_tokens=12,
-                                                       min_new_tokens=12)[0].token_ids
-    want = {"opt": fp32[0, 40:].tolist(), "int8": int8}
-    if importlib.util.find_spec("onnxruntime_genai"):
-        import onnxruntime_genai as og
-
-        from tinyt.benchmarks import peers
-
-        for stage in ("opt", "int8"):
-            config = og.Config(str(chain[stage]))
-            config.clear_providers()
-            assert list(peers.genai_greedy(og.Model(config), ids, 12))[:12] == want[stage], \
-                (name, stage)
-    if importlib.util.find_spec("optimum"):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from tinyt.benchmarks.peers.adapters import optimum
-
-        for stage in ("opt", "int8"):
-            got = optimum(chain[stage], chain[stage].parent, 1)(ids, 12)
-            assert got == want[stage], (name, stage)
 
 
 @pytest.mark.slow
