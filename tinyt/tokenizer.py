@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from tinyt.errors import ConfigError, DataError
 from tinyt.fsutil import read_json_object
@@ -178,6 +178,17 @@ class Tokenizer:
         returns its id."""
         self.hf.add_special_tokens([PAD_TOKEN])
         return self.hf.token_to_id(PAD_TOKEN)
+
+    def end_texts_with_eos(self) -> None:
+        """A post-processor that ends every text with <|endoftext|>, as Marian's, T5's and
+        BART's tokenizer.json end a source with </s>: an encoder-decoder trained here reads
+        its sources so ended (seq2seq_data.encode_sides), and encode_prompt (the runtime,
+        Optimum, transformers.js) then gives them so."""
+        if self.eos_id is None:
+            raise ConfigError(f"the tokenizer has no {self.eos_token} token to end a text with")
+        self.hf.post_processor = processors.TemplateProcessing(
+            single=f"$A {self.eos_token}", pair=f"$A {self.eos_token} $B {self.eos_token}",
+            special_tokens=[(self.eos_token, self.eos_id)])
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids

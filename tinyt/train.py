@@ -383,6 +383,7 @@ def _make_tokenizer(train_cfg: TrainConfig, model_cfg: ModelConfig, texts: list[
                else Tokenizer.train_bpe(texts, model_cfg.vocab_size))
         if model_cfg.task == "seq2seq":
             tok.add_pad()  # the padding and decoder start, after the trained ids
+            tok.end_texts_with_eos()  # a source as the model reads it (encode_prompt)
         payload = [tok.hf.to_str()]
     if dd.world > 1:
         dist.broadcast_object_list(payload, src=0)

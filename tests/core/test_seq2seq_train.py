@@ -272,6 +272,10 @@ def test_checkpoint_round_trip(s2s_ckpt, tmp_path):
     tok, cfg = ckpt.tokenizer, ckpt.config
     assert cfg.task == "seq2seq" and cfg.vocab_size == tok.vocab_size
     assert cfg.decoder_start_id == tok.pad_id == tok.vocab_size - 1 != tok.eos_id
+    # a source as training read it is what encode_prompt (the runtime, Optimum) gives
+    text = "def get_a(self):\n    return self.a"
+    assert tok.encode_prompt(text) == S.encode_sides(tok, [text], 64)[0]
+    assert tok.encode_prompt(text)[-1] == tok.eos_id and tok.start_id is None
     stored = load_file(str(s2s_ckpt / MODEL_FILE))
     assert "lm_head.weight" not in stored and "decoder.wte.weight" not in stored  # tied, shared
     assert ckpt.model.decoder.wte.weight is ckpt.model.encoder.wte.weight
