@@ -153,6 +153,8 @@ def generation_config(cfg, tokenizer) -> dict:
     eos = tokenizer.eos_id
     pad = getattr(tokenizer, "pad_id", None)
     forced = {} if cfg.forced_bos_id is None else {"forced_bos_token_id": cfg.forced_bos_id}
+    if cfg.bad_word_ids:  # never generated (Opus-MT's pad)
+        forced["bad_words_ids"] = [[i] for i in cfg.bad_word_ids]
     return {"decoder_start_token_id": cfg.decoder_start_id, "eos_token_id": eos,
             "pad_token_id": eos if pad is None else pad, "max_length": cfg.block_size,
             "do_sample": False, "num_beams": 1, **forced}

@@ -432,7 +432,7 @@ SEQ2SEQ: dict[str, tuple[str, str, dict]] = {
         encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=512,
         scale_embedding=True, activation_function="swish", share_encoder_decoder_embeddings=True,
         pad_token_id=58100, decoder_start_token_id=58100, eos_token_id=0,
-        forced_eos_token_id=0)),
+        forced_eos_token_id=0, bad_words_ids=[[58100]])),  # the pad never generated
     # google/flan-t5-small: 8 + 8 layers, 512 wide, 6 heads of d_kv 64 (384, not 512), d_ff 1024,
     # gated-gelu, lm_head of its own, 32 buckets to distance 128, 32,128 ids (pad 0 the start)
     "flan-t5": ("T5Config", "T5ForConditionalGeneration", dict(

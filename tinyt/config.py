@@ -151,6 +151,8 @@ class ModelConfig(_JsonMixin):
     shared_embeddings: bool = _opt(True, "seq2seq")  # the decoder reads the encoder's table
     forced_bos_id: int | None = _opt(None, "seq2seq")  # the first token generated, forced
     #                   (BART-large-CNN's <s>; M2M100's / NLLB's target language); None: chosen
+    bad_word_ids: tuple[int, ...] = _opt((), "seq2seq")  # ids never generated (Opus-MT's
+    #                   generation_config bans its pad: bad_words_ids [[58100]])
 
     def group(self, name: str) -> dict[str, Any]:
         """The fields of one group (GROUPS) and their values."""
@@ -160,7 +162,7 @@ class ModelConfig(_JsonMixin):
                 if f.metadata["group"] == name}
 
     def __post_init__(self) -> None:
-        for name in ("full_attention_layers", "nope_layers"):
+        for name in ("full_attention_layers", "nope_layers", "bad_word_ids"):
             if isinstance(getattr(self, name), list):  # JSON's spelling of a tuple
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         if isinstance(self.rope_scaling, dict):  # a copy: the caller's dict may change after

@@ -259,8 +259,11 @@ def check_seq2seq(cfg: Any) -> None:
     v = cfg.forced_bos_id
     _require(v is None or (_is_int(v) and 0 <= v < cfg.vocab_size), "forced_bos_id", v,
              f"must be null (none forced) or a token id in 0..{cfg.vocab_size - 1}")
+    v = cfg.bad_word_ids
+    _require(isinstance(v, tuple) and all(_is_int(i) and 0 <= i < cfg.vocab_size for i in v),
+             "bad_word_ids", v, f"must be a list of token ids in 0..{cfg.vocab_size - 1}")
     for name, off in (("decoder_start_id", 0), ("shared_embeddings", True),
-                      ("forced_bos_id", None)):
+                      ("forced_bos_id", None), ("bad_word_ids", ())):
         _require(seq2seq or getattr(cfg, name) == off, name, getattr(cfg, name),
                  f"is an encoder-decoder's: it needs task='seq2seq' (else {off!r})")
     _require(not seq2seq or cfg.pooling == "mean", "pooling", cfg.pooling,

@@ -130,7 +130,7 @@ def test_each_goes_back_to_its_class_bit_identically(case, imported, tmp_path):
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     gen = back.generation_config  # what generate starts, forces and stops at
     for key in ("decoder_start_token_id", "forced_bos_token_id", "eos_token_id",
-                "pad_token_id"):
+                "pad_token_id", "bad_words_ids"):
         assert getattr(gen, key) == getattr(theirs.generation_config, key), key
     again = load_checkpoint(import_hf(out, tmp_path / "again"))
     first = load_checkpoint(src)
@@ -146,7 +146,7 @@ def test_each_goes_back_to_its_class_bit_identically(case, imported, tmp_path):
                    final_logits_bias=True, embedding_multiplier=8.0, forced_bos_id=5)),
     ("MARIAN", dict(norm_placement="post", pos_encoding="sinusoidal", final_logits_bias=True,
                     activation="silu", embedding_multiplier=8.0, shared_embeddings=False,
-                    decoder_start_id=299)),
+                    decoder_start_id=299, bad_word_ids=(299,))),
     ("M2M100", dict(pos_encoding="sinusoidal_fairseq", position_offset=2, activation="relu",
                     embedding_multiplier=8.0, decoder_start_id=2)),
     ("T5", dict(norm="rmsnorm", bias=False, pos_encoding="relative", attention_multiplier=1.0,
@@ -182,6 +182,21 @@ def _config(name: str, **overrides) -> dict:
     return {**config.to_dict(), "architectures": [model_class]}
 
 
+def test_opus_mt_keeps_its_banned_pad_through_import_and_export(imported, tmp_path):
+    """Opus-MT's generation_config.json bans its pad (bad_words_ids [[58100]]): the checkpoint
+    keeps it, the ONNX export's generation_config.json carries it, and the runtime reads it
+    into its rules (tests/runtime: a bad word is never generated)."""
+    import tinyt.runtime as rt
+    from tinyt.export import export_onnx
+
+    _, _, src = imported("opus-mt")
+    cfg = load_checkpoint(src).config
+    assert cfg.bad_word_ids == (58100,)
+    out = export_onnx(src, tmp_path / "onnx")
+    assert json.loads((out / "generation_config.json").read_text())["bad_words_ids"] == [[58100]]
+    assert rt.load(out).generation.bad_words == ((58100,),)
+
+
 @pytest.mark.parametrize("name, overrides, says", [
     ("opus-mt", dict(decoder_vocab_size=32000, share_encoder_decoder_embeddings=False),
      "decoder_vocab_size=32000 with vocab_size=58101 is not implemented: a target vocabulary "
@@ -195,6 +210,8 @@ def _config(name: str, **overrides) -> dict:
      "runs); allowed: relu, gated-gelu"),
     ("mbart", dict(decoder_start_token_id=None, bos_token_id=None),
      "decoder_start_token_id=None: an encoder-decoder needs the id its decoder starts at"),
+    ("opus-mt", dict(bad_words_ids=[[5, 6]]),
+     "bad_words_ids=[[5, 6]] is not implemented: tinyt bans single tokens"),
 ])
 def test_what_tinyt_does_not_hold_is_refused_by_name(name, overrides, says):
     family = hf.family_of(_config(name), "config.json")

@@ -145,7 +145,8 @@ BART_DEFAULTS = {"max_position_embeddings": 1024, "tie_word_embeddings": True,
 ACT_FN = Spelling("activation", {"gelu": "gelu", "relu": "relu", "swish": "silu",
                                  "silu": "silu", "gelu_new": "gelu_tanh",
                                  "gelu_pytorch_tanh": "gelu_tanh"}, default="gelu")
-SEQ2SEQ_HOLDS = frozenset({"n_decoder_layer", "decoder_start_id", "forced_bos_id"})
+SEQ2SEQ_HOLDS = frozenset({"n_decoder_layer", "decoder_start_id", "forced_bos_id",
+                           "bad_word_ids"})
 
 
 def same_stacks(hf: dict[str, Any]) -> str | None:
@@ -197,6 +198,18 @@ def decoder_start(default: Callable[[dict[str, Any]], int | None]
     return read
 
 
+def bad_words(hf: dict[str, Any]) -> dict[str, Any]:
+    """bad_words_ids (generation_config.json's, else config.json's): the ids never generated,
+    each a one-token sequence (Opus-MT's [[pad]]); a longer sequence is refused by name."""
+    words = hf.get("bad_words_ids") or []
+    if not (isinstance(words, list) and all(
+            isinstance(w, list) and len(w) == 1 and isinstance(w[0], int)
+            and not isinstance(w[0], bool) for w in words)):
+        raise ConversionError(f"bad_words_ids={words!r} is not implemented: tinyt bans single "
+                              "tokens ([[id], ...]), not sequences of several")
+    return {"bad_word_ids": tuple(w[0] for w in words)}
+
+
 def decoder_vocab(hf: dict[str, Any]) -> str | None:
     size = hf.get("decoder_vocab_size")
     if size is not None and size != hf.get("vocab_size"):
@@ -213,5 +226,6 @@ def bart_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
             "encoder_ffn_dim": cfg.mlp_width, "decoder_ffn_dim": cfg.mlp_width,
             "scale_embedding": cfg.embedding_multiplier != 1.0,
             "decoder_start_token_id": cfg.decoder_start_id, "forced_eos_token_id": eos_id,
+            **({"bad_words_ids": [[i] for i in cfg.bad_word_ids]} if cfg.bad_word_ids else {}),
             "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
             "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "use_cache": True}

@@ -109,7 +109,8 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
 
 # generation_config.json's keys an encoder-decoder's import reads over config.json's
 # (the end is read with the tokenizer; the padding stays the model's, as its positions do)
-GENERATION_KEYS = ("decoder_start_token_id", "forced_bos_token_id", "bos_token_id")
+GENERATION_KEYS = ("decoder_start_token_id", "forced_bos_token_id", "bos_token_id",
+                   "bad_words_ids")
 
 
 def _generation_settings(directory: Path) -> dict[str, Any]:

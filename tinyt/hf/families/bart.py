@@ -19,6 +19,7 @@ from tinyt.hf.common import (
     BART_DEFAULTS,
     BART_KEYS,
     SEQ2SEQ_HOLDS,
+    bad_words,
     bart_written,
     decoder_layers,
     decoder_start,
@@ -47,7 +48,7 @@ BART_LIKE = dict(
 BART = Family(
     model_type="bart", architecture="BartForConditionalGeneration",
     features={**LEARNED, "norm_placement": "post"},
-    reads=(decoder_layers("encoder_layers", "decoder_layers"), embedding_scale(False),
+    reads=(bad_words, decoder_layers("encoder_layers", "decoder_layers"), embedding_scale(False),
            decoder_start(lambda hf: 2)),  # BartConfig's </s>
     **BART_LIKE,
 )
@@ -56,7 +57,7 @@ BART = Family(
 MBART = Family(  # mBART: BART pre-norm, with each stack's final layer_norm
     model_type="mbart", architecture="MBartForConditionalGeneration",
     features={**LEARNED, "norm_placement": "pre"},
-    reads=(decoder_layers("encoder_layers", "decoder_layers"), embedding_scale(False),
+    reads=(bad_words, decoder_layers("encoder_layers", "decoder_layers"), embedding_scale(False),
            decoder_start(lambda hf: None)),  # MBartConfig has none: its bos_token_id
     **BART_LIKE,
 )

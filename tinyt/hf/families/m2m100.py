@@ -25,6 +25,7 @@ from tinyt.hf.common import (
     BART_DEFAULTS,
     BART_KEYS,
     SEQ2SEQ_HOLDS,
+    bad_words,
     bart_written,
     decoder_layers,
     decoder_start,
@@ -65,7 +66,7 @@ M2M100 = Family(
               "pos_encoding": "sinusoidal_fairseq", "norm_placement": "pre",
               "shared_embeddings": True},
     refuses=(same_stacks,),
-    reads=(decoder_layers("encoder_layers", "decoder_layers"), embedding_scale(True),
+    reads=(bad_words, decoder_layers("encoder_layers", "decoder_layers"), embedding_scale(True),
            decoder_start(lambda hf: 2), read_positions),  # M2M100Config's </s>
     holds=SEQ2SEQ_HOLDS | {"embedding_multiplier", "position_offset"}, misfit=m2m100_misfit,
     written=m2m100_written,

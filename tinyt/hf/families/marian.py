@@ -12,8 +12,9 @@ the decoder starting at the padding.
 
 Generation: decoder_start_token_id (the pad, 58100 in Opus-MT en-de) is
 ModelConfig.decoder_start_id; the end (</s>, 0) is the tokenizer's EOS and the padding its
-<pad>. Opus-MT's generation_config bans the pad (bad_words_ids) and beams 4: tinyt's greedy
-does neither. Its tokenizer must be a tokenizer.json (tinyt/hf/tokens.py says why).
+<pad>. Opus-MT's generation_config bans the pad (bad_words_ids: ModelConfig.bad_word_ids, in
+the export's generation_config.json, which the runtime reads) and beams 4 (tinyt translate's
+default is greedy: --beams 4 as Opus-MT). Its tokenizer must be a tokenizer.json (tinyt/hf/tokens.py says why).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tinyt.hf.common import (
     BART_DEFAULTS,
     BART_KEYS,
     SEQ2SEQ_HOLDS,
+    bad_words,
     bart_written,
     decoder_layers,
     decoder_start,
@@ -43,7 +45,7 @@ MARIAN = Family(
               "pos_encoding": "sinusoidal", "norm_placement": "post",
               "final_logits_bias": True},
     refuses=(same_stacks, decoder_vocab),
-    reads=(decoder_layers("encoder_layers", "decoder_layers"), embedding_scale(False),
+    reads=(bad_words, decoder_layers("encoder_layers", "decoder_layers"), embedding_scale(False),
            decoder_start(lambda hf: hf.get("pad_token_id", 58100))),  # MarianConfig's
     holds=SEQ2SEQ_HOLDS | {"embedding_multiplier", "shared_embeddings"}, misfit=scale_misfit,
     written=lambda cfg, eos: {**bart_written(cfg, eos), "decoder_vocab_size": cfg.vocab_size,

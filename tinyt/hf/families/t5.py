@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from tinyt.config import ModelConfig
-from tinyt.hf.common import SEQ2SEQ_HOLDS, decoder_start
+from tinyt.hf.common import SEQ2SEQ_HOLDS, bad_words, decoder_start
 from tinyt.hf.family import Family, Spelling, Weight
 from tinyt.hf.tensors import OURS, weights
 from tinyt.hf.tokens import read_seq2seq_tokenizer, seq2seq_special_tokens
@@ -82,7 +82,8 @@ def t5_misfit(cfg: ModelConfig) -> str | None:
 def t5_written(cfg: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     return {"num_decoder_layers": cfg.decoder_layers, "d_kv": cfg.head_dim,
             "d_ff": cfg.mlp_width, "decoder_start_token_id": cfg.decoder_start_id,
-            "dropout_rate": 0.0, "bos_token_id": None, "use_cache": True}
+            "dropout_rate": 0.0, "bos_token_id": None, "use_cache": True,
+            **({"bad_words_ids": [[i] for i in cfg.bad_word_ids]} if cfg.bad_word_ids else {})}
 
 
 T5 = Family(
@@ -103,7 +104,8 @@ T5 = Family(
     features={"task": "seq2seq", "norm": "rmsnorm", "bias": False, "pos_encoding": "relative",
               "norm_placement": "pre", "attention_multiplier": 1.0,
               "shared_embeddings": True},
-    reads=(read_t5, decoder_start(lambda hf: hf.get("pad_token_id", 0))),  # T5's: the pad
+    reads=(bad_words, read_t5,
+           decoder_start(lambda hf: hf.get("pad_token_id", 0))),  # T5's: the pad
     holds=SEQ2SEQ_HOLDS | {"head_size", "relative_buckets", "relative_max_distance",
                            "logits_scaling"},
     misfit=t5_misfit, written=t5_written,
