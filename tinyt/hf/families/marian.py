@@ -14,7 +14,8 @@ Generation: decoder_start_token_id (the pad, 58100 in Opus-MT en-de) is
 ModelConfig.decoder_start_id; the end (</s>, 0) is the tokenizer's EOS and the padding its
 <pad>. Opus-MT's generation_config bans the pad (bad_words_ids: ModelConfig.bad_word_ids, in
 the export's generation_config.json, which the runtime reads) and beams 4 (tinyt translate's
-default is greedy: --beams 4 as Opus-MT). Its tokenizer must be a tokenizer.json (tinyt/hf/tokens.py says why).
+default is greedy: --beams 4 as Opus-MT). Its tokenizer must be a tokenizer.json
+(tinyt/hf/tokens.py says why).
 """
 from __future__ import annotations
 
