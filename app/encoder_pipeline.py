@@ -16,18 +16,17 @@ makes it by hand.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tinyt.artifacts import ENCODER_INT8, arguments, rows_for
+from tinyt.app.stage_rows import run_rows
+from tinyt.artifacts import ENCODER_INT8, rows_for
 from tinyt.config import ModelConfig
 from tinyt.contract import ENCODER
 from tinyt.errors import CheckpointError, DataError
 from tinyt.fsutil import write_text
-from tinyt.manifest import fresh, manifest_of
+from tinyt.manifest import manifest_of
 
 TASK_KINDS = {"encoder": ENCODER}  # a checkpoint's task -> the graph kind its rows make
 INT8_RECIPE = ("the word, position and token-type tables at 8 bits, the layers' matmuls fp32 "
@@ -44,10 +43,6 @@ STATIC_NOTE = ("static INT8 (QDQ, activations and tables per tensor) is not buil
 def encoder_pipeline(out: Path, ckpt: Path, cfg: ModelConfig, *, data: str | None = None,
                      bench: bool = True, log: Callable[[str], None] = print) -> Path:
     """Run (or bring up to date) an encoder's stages into `out`; returns the report's path."""
-    from tinyt.export import export_onnx, verify
-    from tinyt.export.optimize import optimize
-    from tinyt.export.quantize import quantize
-
     if data is not None:
         raise DataError(f"--data {data}: {ckpt} is a sentence encoder, whose INT8 report reads "
                         "queries and passages drawn from the standard library's docstrings "
@@ -58,23 +53,7 @@ def encoder_pipeline(out: Path, ckpt: Path, cfg: ModelConfig, *, data: str | Non
                               "optimize and quantize on it one by one (docs/encoders.md)")
     rows = rows_for(TASK_KINDS[cfg.task])
     timings: dict[str, Any] = {"train": "skipped (--skip-train)"}
-    stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
-    for v in rows:
-        source, target, options = arguments(v, out, checkpoint=ckpt)
-        if fresh(target, source):
-            log(f"[{v.step}] up to date: {target}")
-            timings[v.step] = "skipped"
-            continue
-        log(f"[{v.step}] running -> {target}")
-        t = time.perf_counter()
-        partial(stages[v.stage], source, target, **options)()
-        timings[v.step] = round(time.perf_counter() - t, 1)
-        log(f"[{v.step}] done in {timings[v.step]} s")
-    checks = {}
-    for v in (v for v in rows if v.verify):
-        report = verify(ckpt, out / v.dir, report_path=out / f"{v.dir}-verify.json")
-        checks[v.dir] = report["passed"]
-        log(f"[verify] {v.dir}: {'passed' if report['passed'] else 'FAILED'}")
+    checks = run_rows(rows, out, ckpt, timings, log)
     timed = None
     if bench:
         from tinyt.benchmarks.encoder_quick import run

@@ -16,17 +16,16 @@ Optimum) are the seq2seq peer benchmark's; the report says so.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tinyt.artifacts import SEQ2SEQ_VARIANTS, arguments, rows_for
+from tinyt.app.stage_rows import run_rows
+from tinyt.artifacts import SEQ2SEQ_VARIANTS, rows_for
 from tinyt.config import ModelConfig
 from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES
 from tinyt.fsutil import write_text
-from tinyt.manifest import fresh, manifest_of
+from tinyt.manifest import manifest_of
 
 BENCH_NOTE = ("not measured: `tinyt bench` times decoder-only graphs; an encoder-decoder's "
               "speed against its peers (CTranslate2, Optimum's ORTModelForSeq2SeqLM) is the "
@@ -38,29 +37,9 @@ def seq2seq_pipeline(out: Path, ckpt: Path, cfg: ModelConfig, *, data: str | Non
                      timings: dict[str, Any] | None = None) -> Path:
     """Run (or bring up to date) an encoder-decoder's stages into `out`; returns the report's
     path. timings: what ran before (training's seconds, or why it was skipped)."""
-    from tinyt.export import export_onnx, verify
-    from tinyt.export.optimize import optimize
-    from tinyt.export.quantize import quantize
-
     rows = rows_for(SEQ2SEQ)
     timings = dict(timings or {})
-    stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
-    for v in rows:
-        source, target, options = arguments(v, out, checkpoint=ckpt, data=data)
-        if fresh(target, source):
-            log(f"[{v.step}] up to date: {target}")
-            timings[v.step] = "skipped"
-            continue
-        log(f"[{v.step}] running -> {target}")
-        t = time.perf_counter()
-        partial(stages[v.stage], source, target, **options)()
-        timings[v.step] = round(time.perf_counter() - t, 1)
-        log(f"[{v.step}] done in {timings[v.step]} s")
-    checks = {}
-    for v in (v for v in rows if v.verify):
-        report = verify(ckpt, out / v.dir, report_path=out / f"{v.dir}-verify.json")
-        checks[v.dir] = report["passed"]
-        log(f"[verify] {v.dir}: {'passed' if report['passed'] else 'FAILED'}")
+    checks = run_rows(rows, out, ckpt, timings, log, data=data)
     log(f"[bench] skipped for an encoder-decoder: {BENCH_NOTE}" if bench
         else "[bench] skipped (--no-bench)")
     return write_report(out, ckpt, rows, checks, timings)
