@@ -142,6 +142,19 @@ def generate_cmd(
     typer.echo()
 
 
+def _texts(texts, file, verb: str) -> list[str]:
+    """The TEXT arguments, then --file's lines; a clear error where there are none."""
+    items = list(texts or [])
+    if file is not None:
+        try:
+            items += file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TinytError(f"--file {file}: cannot read it as UTF-8 text ({e})") from None
+    if not items:
+        raise TinytError(f"nothing to {verb}: give TEXT arguments or --file")
+    return items
+
+
 def translate_cmd(
     artifact: Annotated[Path, typer.Argument(help="Encoder-decoder (seq2seq) artifact "
                                                   "directory.")],
@@ -164,14 +177,7 @@ def translate_cmd(
     is written as \\n), with ONNX Runtime (no torch needed)."""
     import tinyt.runtime as rt
 
-    items = list(texts or [])
-    if file is not None:
-        try:
-            items += file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise TinytError(f"--file {file}: cannot read it as UTF-8 text ({e})") from None
-    if not items:
-        raise TinytError("nothing to translate: give TEXT arguments or --file")
+    items = _texts(texts, file, "translate")
     model = rt.load(artifact, provider=provider, threads=threads)
     if not isinstance(model, rt.Seq2SeqModel):
         raise TinytError(f"{artifact} is not an encoder-decoder; use 'tinyt " + (
@@ -227,14 +233,7 @@ def embed_cmd(
 
     import tinyt.runtime as rt
 
-    items = list(texts or [])
-    if file is not None:
-        try:
-            items += file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise TinytError(f"--file {file}: cannot read it as UTF-8 text ({e})") from None
-    if not items:
-        raise TinytError("nothing to embed: give TEXT arguments or --file")
+    items = _texts(texts, file, "embed")
     enc = rt.load(artifact, provider=provider, threads=threads)
     if not isinstance(enc, rt.Encoder):
         verb = "classify" if isinstance(enc, rt.Classifier) else "translate" \
