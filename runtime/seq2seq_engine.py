@@ -21,8 +21,8 @@ token's position from the past length, so the rows of one run must share their d
 position; padding a shorter row's cache would let its padding into the attention. A cohort is
 the rows admitted in one step: they stay in step until each ends, and sources of different
 lengths share its runs (the encoder mask pads them). Rows of different cohorts take their
-token in the same step, one decoder run per cohort. Measured on the 6-layer, 512-wide model of
-docs/serving.md (2 threads): a run of 8 rows costs about 2.3 runs of one row, so requests that
+token in the same step, one decoder run per cohort. Measured on a random 6-layer, 512-wide model
+(docs/serving.md, 2 threads): a run of 8 rows cost 1.9 runs of one row, so requests that
 arrive together (a list of prompts, n samples, a burst) batch best.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ class _Row:
     """A running request: its rules (the forced first token of its tgt_lang) and generator."""
     req: Request
     rules: Rules
-    rng: np.random.Generator | None
+    rng: np.random.Generator  # greedy draws nothing from it
 
 
 @dataclass
@@ -73,7 +73,8 @@ class _Cohort:
 class Seq2SeqEngine:
     """A thread that batches translation requests continuously on one Seq2SeqModel.
 
-        engine = Seq2SeqEngine(rt.load("artifacts/opus-mt"), max_batch=8).start()
+        model = rt.load("artifacts/opus-mt-onnx")
+        engine = Seq2SeqEngine(model, max_batch=8).start()
         ids = model.tokenizer.encode_prompt("Hello world.")
         req = engine.submit(ids, SamplingParams(max_new_tokens=64))
         print(req.wait().text); engine.stop()
@@ -208,8 +209,7 @@ class Seq2SeqEngine:
             if key not in seen:
                 budget -= len(key)
                 seen.add(key)
-            rng = np.random.default_rng(req.params.seed) if req.params.temperature > 0 else None
-            new.append(_Row(req, rules, rng))
+            new.append(_Row(req, rules, np.random.default_rng(req.params.seed)))
         self._live += len(new)
         return new
 
@@ -259,7 +259,8 @@ class Seq2SeqEngine:
         its text and logprob sent; the token to feed, or None where the row ended."""
         req, params = row.req, row.req.params
         if req.cancelled:
-            return self._end(row, "cancelled")
+            self._end(row, "cancelled")
+            return None
         history = [self._start, *req.out]
         z = logits.astype(np.float32, copy=True)  # [V]; the logits stay as logprobs read them
         if len(req.out) < params.min_new_tokens:
@@ -269,9 +270,11 @@ class Seq2SeqEngine:
         try:
             token = next_token(z, params, row.rng, history)
         except NonFiniteError as e:
-            return self._end(row, "error", str(e))
+            self._end(row, "error", str(e))
+            return None
         if token in self._eos:
-            return self._end(row, "eos")
+            self._end(row, "eos")
+            return None
         req.out.append(token)
         self.tokens_generated += 1
         text = req._text
@@ -285,7 +288,10 @@ class Seq2SeqEngine:
         final = text.finish() if reason else None
         piece = text.last_piece(final) if final is not None else text.piece()
         req._emit(Token(token, piece, time.perf_counter(), lp))
-        return token if reason is None else self._end(row, reason, final=final)
+        if reason is None:
+            return token
+        self._end(row, reason, final=final)
+        return None
 
     def _end(self, row: _Row, reason: str, error: str | None = None, *,
              final: str | None = None) -> None:
