@@ -22,8 +22,8 @@ position; padding a shorter row's cache would let its padding into the attention
 the rows admitted in one step: they stay in step until each ends, and sources of different
 lengths share its runs (the encoder mask pads them). Rows of different cohorts take their
 token in the same step, one decoder run per cohort. Measured on a random 6-layer, 512-wide model
-(docs/serving.md, 2 threads): a run of 8 rows cost 1.9 runs of one row, so requests that
-arrive together (a list of prompts, n samples, a burst) batch best.
+(docs/serving.md, 2 threads): a run of 8 rows cost about 2 runs of one row (1.9 and 2.1), so
+requests that arrive together (a list of prompts, n samples, a burst) batch best.
 """
 from __future__ import annotations
 
