@@ -13,7 +13,9 @@ from tinyt.errors import TinytError
 
 def serve_cmd(
     artifact: Annotated[Path, typer.Argument(help="Causal-LM artifact directory (the "
-                                                  "shared-cache pair batches best), or an "
+                                                  "shared-cache pair batches best), an "
+                                                  "encoder-decoder's (POST /v1/completions: "
+                                                  "the prompt is the source text), or an "
                                                   "encoder's (POST /v1/embeddings).")],
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")]
         = "127.0.0.1",
@@ -25,9 +27,10 @@ def serve_cmd(
                     "(default 32).")] = None,
     max_queue: Annotated[int, typer.Option(min=1, help="Requests waiting for a row before "
                                                        "429.")] = 64,
-    prefill_tokens: Annotated[int, typer.Option(
+    prefill_tokens: Annotated[Optional[int], typer.Option(
         min=1, help="Prompt tokens admitted between two decode steps (at least one "
-                    "request's): bounds the running rows' wait.")] = 64,
+                    "request's): bounds the running rows' wait (default 64; an "
+                    "encoder-decoder's source tokens: 512).")] = None,
     prefill_chunk: Annotated[Optional[int], typer.Option(
         min=1, help="Prompts in pieces of N tokens, one piece between two decode steps "
                     "(shared-cache graphs): the running rows wait for one piece at most.")]

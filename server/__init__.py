@@ -7,6 +7,8 @@
                                   response_format (json_object | json_schema)
       POST /v1/chat/completions   messages through the artifact's chat template; tools,
                                   tool_choice, parallel_tool_calls (message.tool_calls)
+    HTTP ── validate (seq2seq_jobs.py) ──▶ Seq2SeqEngine.submit (runtime/seq2seq_engine.py)
+      POST /v1/completions        an encoder-decoder's: prompt = the source text(s), tgt_lang
     HTTP ── validate ──▶ Embedder.submit (embeddings.py, an encoder artifact) ──▶ embeddings
       POST /v1/embeddings         input (str | [str] | [int] | [[int]]), encoding_format
                                   (float | base64); requests waiting together share runs
@@ -18,6 +20,7 @@
                 (runtime/constrain.py, llguidance); tool calls parsed, whole or streamed
     embeddings.py  Embedder: the encoder's thread, running the waiting requests together
     metrics.py  the Prometheus registry of one server
+    seq2seq_jobs.py  an encoder-decoder's completions request -> its Jobs (tgt_lang)
     handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
     answers.py  a request's Jobs, and OpenAI's choices, chunks, usage, logprobs objects
     streaming.py  ChunkStream: a streamed answer's server-sent chunks as tokens come
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 from tinyt.errors import ConfigError
 from tinyt.runtime.engine import Engine
+from tinyt.runtime.seq2seq_engine import SOURCE_TOKENS, Seq2SeqEngine
 
 from .embeddings import EMBED_BATCH, Embedder
 from .handlers import STOP_TIMEOUT_S, OpenAIServer, build_app
@@ -48,19 +52,23 @@ __all__ = ["serve", "build_app", "OpenAIServer", "Embedder", "DEFAULT_CONTEXT"]
 # does not fit the machine's memory.
 DEFAULT_CONTEXT = 4096
 DECODER_BATCH = 8  # rows in the running batch unless told (--max-batch)
+PREFILL_TOKENS = 64  # a decoder's prompt tokens between two steps unless told (--prefill-tokens)
 
 
 def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
-          max_batch: int | None = None, max_queue: int = 64, prefill_tokens: int = 64,
+          max_batch: int | None = None, max_queue: int = 64, prefill_tokens: int | None = None,
           prefill_chunk: int | None = None, max_context: int | None = None,
           api_key: str | None = None, model_id: str | None = None,
           spinning: bool | None = None, log_level: str = "info",
           prefix_cache_mb: int | None = None) -> None:
     """Load `artifact` (checked), bind, then serve it until SIGTERM / Ctrl-C (which stop
     taking requests, finish what runs and return). Prints the address it listens on.
-    A language model answers completions and chat; an encoder, /v1/embeddings.
-    max_batch: rows in the running batch (a decoder, default DECODER_BATCH) or inputs per
-    encoder run (an encoder, default EMBED_BATCH).
+    A language model answers completions and chat; an encoder-decoder, completions (the
+    prompt is the source text); an encoder, /v1/embeddings.
+    max_batch: rows in the running batch (a decoder or encoder-decoder, default
+    DECODER_BATCH) or inputs per encoder run (an encoder, default EMBED_BATCH).
+    prefill_tokens: prompt tokens admitted between two steps (default PREFILL_TOKENS; an
+    encoder-decoder's: source tokens, default SOURCE_TOKENS).
     max_context: tokens per row (prompt + generated), at most the model's; default
     min(block_size, DEFAULT_CONTEXT). GET /v1/models reports it as max_model_len (an
     encoder's: its max_length, the tokens one input may hold).
@@ -79,13 +87,15 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
         raise ConfigError(f"port={port!r} must be in 0..65535")
     lm = rt.load(artifact, threads=threads, spinning=spinning,
                  max_context=DEFAULT_CONTEXT if max_context is None else max_context)
-    if isinstance(lm, (rt.Classifier, rt.Seq2SeqModel)):
-        what = "a classifier" if isinstance(lm, rt.Classifier) else \
-            "an encoder-decoder (run it with tinyt translate or rt.load(...).generate)"
-        raise ConfigError(f"{artifact} is {what}; tinyt serve serves language models and "
-                          "encoders")
-    engine: Engine | Embedder
-    if isinstance(lm, rt.Encoder):
+    if isinstance(lm, rt.Classifier):
+        raise ConfigError(f"{artifact} is a classifier; tinyt serve serves language models, "
+                          "encoder-decoders and encoders")
+    engine: Engine | Seq2SeqEngine | Embedder
+    if isinstance(lm, rt.Seq2SeqModel):
+        engine, how = _seq2seq_engine(lm, artifact, max_batch=max_batch, max_queue=max_queue,
+                                      prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
+                                      prefix_cache_mb=prefix_cache_mb)
+    elif isinstance(lm, rt.Encoder):
         given = [flag for flag, value in (("--max-context", max_context),
                                           ("--prefill-chunk", prefill_chunk),
                                           ("--prefix-cache-mb", prefix_cache_mb))
@@ -100,7 +110,8 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
                f"{lm.max_length} tokens, {engine.max_batch} inputs per run")
     else:
         engine = Engine(lm, max_batch=DECODER_BATCH if max_batch is None else max_batch,
-                        max_queue=max_queue, prefill_tokens=prefill_tokens,
+                        max_queue=max_queue,
+                        prefill_tokens=PREFILL_TOKENS if prefill_tokens is None else prefill_tokens,
                         prefill_chunk=prefill_chunk,
                         prefix_cache_bytes=None if prefix_cache_mb is None
                         else prefix_cache_mb << 20)
@@ -123,3 +134,23 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
     # it found: with this one that is a no-op, and a deliberate stop exits 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     server.run(sockets=[sock])
+
+
+def _seq2seq_engine(model, artifact, *, max_batch: int | None, max_queue: int,
+                    prefill_tokens: int | None, prefill_chunk: int | None,
+                    prefix_cache_mb: int | None) -> tuple[Seq2SeqEngine, str]:
+    """An encoder-decoder's engine, and the line that says what it serves."""
+    given = [flag for flag, value in (("--prefill-chunk", prefill_chunk),
+                                      ("--prefix-cache-mb", prefix_cache_mb)) if value is not None]
+    if given:
+        raise ConfigError(f"{artifact} is an encoder-decoder: {' and '.join(given)} only apply to "
+                          "a decoder-only model's prompts; a source is read whole, once, by "
+                          "the encoder")
+    engine = Seq2SeqEngine(model, max_batch=DECODER_BATCH if max_batch is None else max_batch,
+                           max_queue=max_queue,
+                           prefill_tokens=SOURCE_TOKENS if prefill_tokens is None
+                           else prefill_tokens)
+    how = (f"an encoder-decoder: POST /v1/completions, the prompt its source text; max batch "
+           f"{engine.max_batch}, sources of at most {model.config.block_size} tokens, "
+           f"{model.context} target tokens; rows admitted together share each decoder run")
+    return engine, how

@@ -29,6 +29,7 @@ class Job:
     logprobs: int | None = None  # the engine's logprobs / prompt_logprobs for it
     prompt_logprobs: int | None = None
     constraint: GrammarConstraint | None = None  # what its tokens follow (structured output)
+    options: dict = dataclass_field(default_factory=dict)  # the engine's own (tgt_lang)
 
 
 @dataclass

@@ -14,8 +14,9 @@ methods, callable on its own with a request.
         offers it (lm-evaluation-harness tokenizes through them)
     GET /v1/models, /health, /metrics;  anything else: an OpenAI-style 404
 
-A server serves one model: a decoder answers completions and chat, an encoder embeddings; the
-other routes answer a 400 that names the ones its model serves.
+A server serves one model: a decoder answers completions and chat, an encoder-decoder
+completions (the prompt is the source text: seq2seq_jobs.py, runtime/seq2seq_engine.py), an
+encoder embeddings; the other routes answer a 400 that names the ones its model serves.
 
 Every ApiError becomes an OpenAI error body with its status (error); a ValueError from the
 runtime's own checks of what it was given becomes a 400.
@@ -37,8 +38,10 @@ from starlette.routing import Route
 from tinyt.errors import ApiError, ConfigError, QueueFull
 from tinyt.runtime.constrain import Constrainer, Grammar
 from tinyt.runtime.embed import Encoder
+from tinyt.runtime.encoder_decoder import Seq2SeqModel
 from tinyt.runtime.engine import Done, Engine, Request, Scored, Token
 from tinyt.runtime.generate import LanguageModel
+from tinyt.runtime.seq2seq_engine import Seq2SeqEngine
 
 from .answers import (
     Event,
@@ -70,6 +73,7 @@ from .schema import (
     sampling,
     stream_options,
 )
+from .seq2seq_jobs import SEQ2SEQ_FIELDS, seq2seq_jobs
 from .streaming import ChunkStream
 from .structured import Structure, structure, tool_message
 
@@ -85,19 +89,23 @@ def busy(e: QueueFull) -> ApiError:
 
 class OpenAIServer:
     """The handlers of one server over `engine` (started and stopped with the app): a
-    LanguageModel and its Engine, or an Encoder and its Embedder."""
+    LanguageModel and its Engine, a Seq2SeqModel and its Seq2SeqEngine, or an Encoder and its
+    Embedder."""
 
-    def __init__(self, lm: LanguageModel | Encoder, engine: Engine | Embedder, *, model_id: str,
+    def __init__(self, lm: LanguageModel | Seq2SeqModel | Encoder,
+                 engine: Engine | Seq2SeqEngine | Embedder, *, model_id: str,
                  api_key: str | None = None):
         self.lm, self.engine, self.model_id, self.api_key = lm, engine, model_id, api_key
         self.embedder = engine if isinstance(engine, Embedder) else None
+        self.seq2seq = isinstance(lm, Seq2SeqModel)
         self.metrics = Metrics(engine)
         source = None if self.embedder else lm.tokenizer.chat_template
         self.template = compile_template(source)
         self.tool_template = compile_template(source, tools=True)  # HF's 'tool_use' if named
         self.template_reads_tools = reads_tools(template_source(source, tools=True))
         self.texts = None if self.embedder else TokenTexts(lm.tokenizer)
-        # the tokens one input or sequence may hold: /v1/models' max_model_len
+        # the tokens one input or sequence (an encoder-decoder's: its target) may hold:
+        # /v1/models' max_model_len
         self.context = self.embedder.max_length if self.embedder else lm.context
         self.ready = False  # the engine runs: /health answers 200
 
@@ -238,9 +246,14 @@ class OpenAIServer:
                                 "KEY'" if not given else "the API key is not valid",
                            kind="authentication_error")
 
-    def serves(self, *, embeddings: bool) -> None:
+    def serves(self, *, embeddings: bool, chat: bool = False) -> None:
         """Nothing if this server's model does what the route asks; else a 400 naming the
         routes it serves."""
+        if self.seq2seq and (embeddings or chat):
+            route = "/v1/embeddings" if embeddings else "/v1/chat/completions"
+            raise ApiError(400, f"model {self.model_id!r} is an encoder-decoder: it translates or "
+                                "summarises a source text (POST /v1/completions, the source as "
+                                f"'prompt') and does not serve {route}", param="model")
         if embeddings and self.embedder is None:
             raise ApiError(400, f"model {self.model_id!r} is a language model: it generates text "
                                 "(POST /v1/completions, /v1/chat/completions) and makes no "
@@ -252,7 +265,8 @@ class OpenAIServer:
                                 "a language model for completions and chat", param="model")
 
     async def read_body(self, request: HttpRequest) -> dict:
-        return parse_body(await request.body(), self.model_id)
+        return parse_body(await request.body(), self.model_id,
+                          **({"accepted": SEQ2SEQ_FIELDS} if self.seq2seq else {}))
 
     def prompts(self, body: dict, *, chat: bool, tools: list | None = None
                 ) -> list[str | list[int]]:
@@ -310,7 +324,7 @@ class OpenAIServer:
                 for i, job in enumerate(jobs):
                     reqs.append(self.engine.submit(
                         job.ids, job.params, logprobs=job.logprobs,
-                        prompt_logprobs=job.prompt_logprobs,
+                        prompt_logprobs=job.prompt_logprobs, **job.options,
                         listener=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait,
                                                                            (i, ev)),
                         **({} if job.constraint is None else {"constraint": job.constraint})))
@@ -353,19 +367,14 @@ class OpenAIServer:
     async def generate(self, request: HttpRequest, *, chat: bool) -> Response:
         """A completion or chat completion, whole or streamed; ApiError for a bad request."""
         self.authorize(request)
-        self.serves(embeddings=False)
+        self.serves(embeddings=False, chat=chat)
         body = await self.read_body(request)
         stream, include_usage = stream_options(body)
         want = outputs(body, chat=chat, stream=stream)
-        wanted, tools = structure(body, chat=chat)
-        if wanted is not None and body.get("min_tokens"):  # end-of-text may be all it allows
-            raise ApiError(400, f"min_tokens cannot be combined with {wanted.param.split('.')[0]}"
-                                ": the grammar decides where the reply ends", param="min_tokens")
-        prompts = self.prompts(body, chat=chat, tools=tools)
-        grammar = None if wanted is None else await asyncio.to_thread(self.grammar, wanted)
-        jobs = self.jobs(prompts, body, self.lm.context if chat else COMPLETION_MAX_TOKENS,
-                         want, grammar)
-        calls = wanted is not None and wanted.kind == "tools"
+        if self.seq2seq:
+            jobs, calls = seq2seq_jobs(self.lm, body, want), False
+        else:
+            jobs, calls = await self.decoder_jobs(body, chat=chat, want=want)
         head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
                 "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model_id}
@@ -376,6 +385,19 @@ class OpenAIServer:
                                        prompt_tokens=prompt_tokens, calls=calls)
         return await self.stream(jobs, head, chat=chat, want=want, include_usage=include_usage,
                                  prompt_tokens=prompt_tokens, calls=calls)
+
+    async def decoder_jobs(self, body: dict, *, chat: bool, want: Outputs
+                           ) -> tuple[list[Job], bool]:
+        """A decoder's Jobs of a request, and whether they follow a tools grammar."""
+        wanted, tools = structure(body, chat=chat)
+        if wanted is not None and body.get("min_tokens"):  # end-of-text may be all it allows
+            raise ApiError(400, f"min_tokens cannot be combined with {wanted.param.split('.')[0]}"
+                                ": the grammar decides where the reply ends", param="min_tokens")
+        prompts = self.prompts(body, chat=chat, tools=tools)
+        grammar = None if wanted is None else await asyncio.to_thread(self.grammar, wanted)
+        jobs = self.jobs(prompts, body, self.lm.context if chat else COMPLETION_MAX_TOKENS,
+                         want, grammar)
+        return jobs, wanted is not None and wanted.kind == "tools"
 
     @staticmethod
     def _first_of(jobs: list[Job], prompt: int) -> Job:
@@ -467,7 +489,8 @@ class OpenAIServer:
 
 
 
-def build_app(lm: LanguageModel | Encoder, engine: Engine | Embedder, *, model_id: str,
+def build_app(lm: LanguageModel | Seq2SeqModel | Encoder,
+              engine: Engine | Seq2SeqEngine | Embedder, *, model_id: str,
               api_key: str | None = None) -> Starlette:
     """The Starlette application serving `engine` (started and stopped with the app)."""
     return OpenAIServer(lm, engine, model_id=model_id, api_key=api_key).app()

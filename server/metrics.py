@@ -1,6 +1,7 @@
 """Prometheus metrics of one `tinyt serve` (GET /metrics): requests by endpoint and status,
 prompt and generated tokens, time to the first token and between tokens, and the engine's
-queue depth and running rows, read when scraped."""
+queue depth and running rows, read when scraped (an encoder-decoder's engine: also the most
+rows one step and one decoder run took)."""
 from __future__ import annotations
 
 from typing import Protocol
@@ -48,6 +49,12 @@ class Metrics:
         Gauge("tinyt_shared_prompt_tokens", "prompt tokens copied from an identical prompt "
               "admitted with them (a request's n samples) instead of computed",
               registry=r).set_function(lambda: getattr(engine, "shared_prompt_tokens", 0))
+        if hasattr(engine, "widest_run"):  # an encoder-decoder's (runtime/seq2seq_engine.py)
+            for name, what in (("widest_step", "the most rows that took a token in one step"),
+                               ("widest_run", "the most rows in one run of the decoder"),
+                               ("decoder_runs", "runs of the decoder graphs")):
+                Gauge(f"tinyt_{name}" + ("_rows" if name != "decoder_runs" else ""), what,
+                      registry=r).set_function(lambda name=name: getattr(engine, name))
 
     def answered(self, endpoint: str, status: int) -> None:
         """One request of `endpoint` answered with `status`."""

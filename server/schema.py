@@ -63,10 +63,10 @@ def field(body: dict, name: str, kinds: tuple, default=None, *, check=None, allo
 def check_fields(body: Any, accepted: set[str] = ACCEPTED,
                  unsupported: dict[str, Any] | None = None) -> dict:
     """The body itself if it is a JSON object of fields tinyt reads (`accepted`); fields it
-    does not implement (`unsupported`, default UNSUPPORTED when `accepted` is ACCEPTED), and
+    does not implement (`unsupported`, default UNSUPPORTED when `accepted` holds ACCEPTED), and
     unknown ones, are refused by name."""
     if unsupported is None:
-        unsupported = UNSUPPORTED if accepted is ACCEPTED else {}
+        unsupported = UNSUPPORTED if accepted >= ACCEPTED else {}  # completions' (and more)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     refused = sorted(k for k, harmless in unsupported.items()

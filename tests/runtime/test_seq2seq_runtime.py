@@ -2,9 +2,7 @@
 greedy against tinyt.seq2seq.greedy, beam search against transformers' generate, sampling,
 argument checks and `tinyt translate`.
 
-The models are random but not flat: weights drawn at WEIGHT_STD make each step's choice clear
-(a near-uniform distribution would leave the order of candidates to rounding), and a bias on
-the end-of-sequence logit (EOS_BOOST) ends hypotheses at many lengths."""
+The models and their artifacts: tests/seq2seq_model.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,44 +12,17 @@ import numpy as np
 import pytest
 import torch
 from cli_run import run_cli
+from seq2seq_model import seq2seq_artifact
 
 import tinyt.runtime as rt
-from tinyt.checkpoint import save_checkpoint
-from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
-from tinyt.model import build_model
 from tinyt.runtime.beam import BeamParams, beam_search
 from tinyt.runtime.encoder_decoder import DecoderSteps
 from tinyt.runtime.rules import Rules
 from tinyt.seq2seq import greedy
 from tinyt.tokenizer import Tokenizer
 
-WEIGHT_STD = 0.3
-EOS_BOOST = 3.5
-LANGS = ["__de__", "__fr__"]  # M2M100's spelling, added to the byte-level tokenizer
-SHAPE = dict(task="seq2seq", n_layer=2, n_head=4, n_embd=64, block_size=64)
-T5_FORM = dict(pos_encoding="relative", norm="rmsnorm", bias=False, activation="geglu_tanh",
-               attention_multiplier=1.0, tie_weights=False)
 SOURCES = ["The cat sat on the mat.", "Hi", "A longer source, with some more words in it."]
-
-
-def _tokenizer() -> Tokenizer:
-    tok = Tokenizer.byte_level()  # 256 bytes, <|endoftext|> = 256 (eos)
-    tok.hf.add_special_tokens(LANGS)  # 257, 258
-    return tok
-
-
-def _model(**form):
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    cfg = ModelConfig(**SHAPE, vocab_size=tok.vocab_size, final_logits_bias=True, **form)
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, WEIGHT_STD)
-        model.final_logits_bias[0, tok.eos_id] = EOS_BOOST
-    return model, tok
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -67,17 +38,12 @@ def one_torch_thread():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """form -> (torch model, loaded runtime model), each exported once."""
-    from tinyt.export.exporter import export_onnx
-
     made = {}
 
     def get(form: str):
         if form not in made:
-            model, tok = _model(**({} if form == "learned" else T5_FORM))
-            root = tmp_path_factory.mktemp(f"s2s-{form}")
-            save_checkpoint(root / "ck", model, tok)
-            export_onnx(root / "ck", root / "onnx")
-            made[form] = model, rt.load(root / "onnx", threads=1)
+            model, path = seq2seq_artifact(tmp_path_factory.mktemp(f"s2s-{form}"), form)
+            made[form] = model, rt.load(path, threads=1)
         return made[form]
     return get
 
@@ -410,5 +376,6 @@ def test_translate_cli(learned, monkeypatch, capsys, tmp_path):
     assert code == 2 and "__de__, __fr__" in err
     code, out, err = run_cli(monkeypatch, capsys, "generate", art, "Hi")
     assert code == 2 and "tinyt translate" in err
-    code, out, err = run_cli(monkeypatch, capsys, "serve", art, "--port", "0")
-    assert code == 2 and "is an encoder-decoder (run it with tinyt translate" in err
+    code, out, err = run_cli(monkeypatch, capsys, "serve", art, "--port", "0",
+                             "--prefill-chunk", "4")  # served: tests/server/test_seq2seq_serve.py
+    assert code == 2 and "is an encoder-decoder: --prefill-chunk only apply" in err
