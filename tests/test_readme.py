@@ -60,6 +60,26 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
     ".venv/bin/python -m benchmarks.real_quality smol/": "scores real SmolLM2's artifacts: "
         "tests/real/test_smollm2.py recomputes their perplexity the same way",
     ".venv/bin/python -m pytest": "the test suite itself: CI runs it",
+    # the encoder-decoder (docs/seq2seq.md): its main job and translate at the test preset are
+    # tests/export/test_seq2seq_stages.py's and tests/runtime/test_seq2seq_runtime.py's; the
+    # Opus-MT-shaped peer chain is the Flan-T5 block's at Marian's form, which
+    # tests/benchmarks/test_seq2seq_peers.py runs (hf_shape opus-mt-test, import, export, the
+    # benchmark with every peer)
+    "tinyt pipeline --task seq2seq --out artifacts-s2s": "tests/export/test_seq2seq_stages.py "
+        "runs the encoder-decoder's main job (test preset)",
+    "tinyt translate artifacts-s2s/": "tests/runtime/test_seq2seq_runtime.py runs tinyt "
+                                      "translate on a trained encoder-decoder",
+    ".venv/bin/python -m tinyt.benchmarks.hf_shape opus-mt-en-de": "tests/benchmarks/"
+        "test_seq2seq_peers.py makes the test-sized Opus-MT shape the same way",
+    ".venv/bin/tinyt import-hf artifacts-opus-mt-peers/": "tests/benchmarks/"
+        "test_seq2seq_peers.py imports the test-sized Opus-MT shape",
+    ".venv/bin/tinyt pipeline --skip-train artifacts-opus-mt-peers/": "the Flan-T5 block runs "
+        "the same main job on an imported encoder-decoder",
+    ".venv/bin/tinyt quantize artifacts-opus-mt-peers/": "the Flan-T5 block runs the same "
+        "quantization",
+    ".venv/bin/python -m tinyt.benchmarks.peers.seq2seq_peers artifacts-opus-mt-peers":
+        "tests/benchmarks/test_seq2seq_peers.py runs the benchmark on the test-sized Opus-MT "
+        "shape",
     "pip install": "tests/test_packaging.py installs the wheel with the cpu extra in a fresh "
                    "venv",
     "bash scripts/setup-genai-builder.sh": "installs an environment: scripts/setup.sh runs it "
@@ -218,14 +238,11 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
                                                "--data long-docs",
     # the encoder-decoder peers at Opus-MT en-de's and Flan-T5-small's shapes -> their settings
     # at a test's size (2 + 2 layers, width 64, vocab 512), a few short calls
-    "hf_shape opus-mt-en-de artifacts-opus-mt-peers/hf":
-        "hf_shape opus-mt-test artifacts-opus-mt-peers/hf",
     "hf_shape flan-t5-small artifacts-flan-t5-peers/hf":
         "hf_shape flan-t5-test artifacts-flan-t5-peers/hf",
-    "--out benchmarks/results/seq2seq-opus-mt-en-de-epyc-avx2":
-        "--out seq2seq-opus-results --check-sources 2 --batch 4 --new-tokens 8",
     "--out benchmarks/results/seq2seq-flan-t5-small-epyc-avx2":
-        "--out seq2seq-t5-results --check-sources 2 --batch 4 --new-tokens 8",
+        "--out seq2seq-t5-results --check-sources 2 --batch 4 --new-tokens 8 --threads 1 "
+        "--rounds 1 --block 1",
     # (last: after the entries above that name artifacts-gpt2) GPT-2 small's shape at the test size is the main job's model (the test preset): its
     # artifacts stand in for artifacts-gpt2 and artifacts-gpt2-150 (their training and pipeline
     # are NOT_RUN), so the commands on them are the demo's, run once
@@ -237,6 +254,7 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
 # The documents whose blocks run, in the order their sections build on each other; README
 # last, as its runtime example loads what the documents' commands made.
 DOCUMENTS = ["docs/model.md", "docs/export.md", "docs/quantization.md", "docs/encoders.md",
+             "docs/seq2seq.md",
              "docs/peers.md",
              "docs/benchmarks.md", "docs/runtime.md", "docs/serving.md", "docs/packaging.md",
              "docs/architecture.md", "docs/reliability.md", "docs/status.md", "docs/testing.md",
@@ -303,7 +321,7 @@ def small(command: str, work: Path) -> list[str]:
             task_clf = "--task" in args and args[args.index("--task") + 1] == "classifier"
             if "--preset" not in args and "--skip-train" not in args:
                 args += ["--preset", "test"]  # (--skip-train's checkpoint is its own model)
-            if "--data" not in args:
+            if "--data" not in args and not _seq2seq(work, args):
                 args += ["--data", str(work / ("labelled" if task_clf else "corpus"))]
             if verb == "train" and task_clf:
                 args = _set(args, "--max-steps", "4")
@@ -312,7 +330,9 @@ def small(command: str, work: Path) -> list[str]:
         if verb == "quantize" and "--data" not in args:
             manifest = work / args[0] / "manifest.json"
             graph = json.loads(manifest.read_text())["graph"] if manifest.is_file() else None
-            if graph != "encoder":  # an encoder's report reads its built-in retrieval set
+            # an encoder's report reads its built-in retrieval set, an encoder-decoder's the
+            # built-in pairs (the synthetic corpus has no docstrings)
+            if graph not in ("encoder", "seq2seq"):
                 args += ["--data", str(work / ("labelled" if graph == "classifier" else
                                                "corpus"))]
         prefix = [sys.executable, "-m", "tinyt"] if at == 0 else argv[:at] + ["tinyt"]
@@ -345,6 +365,15 @@ def _set(args: list[str], flag: str, value: str) -> list[str]:
         args[args.index(flag) + 1] = value
         return args
     return args + [flag, value]
+
+
+def _seq2seq(work: Path, args: list[str]) -> bool:
+    """Whether `pipeline --skip-train CKPT` takes an encoder-decoder (its report reads the
+    built-in pairs, which the synthetic corpus has none of)."""
+    if "--skip-train" not in args:
+        return False
+    config = work / args[args.index("--skip-train") + 1] / "config.json"
+    return config.is_file() and json.loads(config.read_text())["model"]["task"] == "seq2seq"
 
 
 def _scratch(work: Path) -> None:
