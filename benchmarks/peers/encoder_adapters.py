@@ -12,7 +12,6 @@ protocol.py beside it.
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import json
 import sys
 import time
@@ -22,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 if __package__:
-    from .protocol import memory, serve, timed
+    from .protocol import memory, missing_package, serve, timed
 else:  # a worker's script: protocol.py is beside this file (sys.path[0])
-    from protocol import memory, serve, timed  # type: ignore[no-redef]
+    from protocol import memory, missing_package, serve, timed  # type: ignore[no-redef]
 
 VERSIONS = ("tinyt", "onnxruntime", "torch", "transformers", "tokenizers",
             "sentence-transformers", "optimum", "optimum-onnx", "fastembed", "numpy")
@@ -124,23 +123,13 @@ LOADERS = {"tinyt": _load_tinyt, "st_torch": _load_st_torch, "st_onnx": _load_st
            "optimum": _load_optimum, "fastembed": _load_fastembed}
 
 
-def _missing(packages) -> str | None:
-    for name in packages:
-        try:
-            if importlib.util.find_spec(name) is None:
-                return name
-        except ModuleNotFoundError:  # its parent package is absent
-            return name
-    return None
-
-
 def worker(spec: dict) -> None:
     """Load one engine, then answer JSON lines on stdin until it closes:
     {"op": "embed", "texts", "batch_size", "path"} -> the embeddings saved to path (.npy);
     {"op": "time", "calls": [{"texts", "batch_size"}], "settle", "block"} -> seconds per call;
     {"op": "memory"}. The hello says ready, a missing package, or the load's error."""
     def load():
-        missing = _missing(spec["packages"])
+        missing = missing_package(spec["packages"])
         if missing:
             return {"missing": missing}, None
         t = time.perf_counter()
@@ -176,7 +165,7 @@ def export_optimum(spec: dict) -> None:
     """Optimum's own export of ST_DIR's Transformer (export=True, then save_pretrained), with
     its tokenizer cut at max_seq_length as sentence-transformers cuts (fastembed reads the cut
     from tokenizer_config.json). Prints {"missing": package} where Optimum is absent."""
-    missing = _missing(("optimum.onnxruntime", "transformers"))
+    missing = missing_package(("optimum.onnxruntime", "transformers"))
     if missing:
         print(json.dumps({"missing": missing}))
         return

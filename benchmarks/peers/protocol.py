@@ -29,6 +29,19 @@ except ImportError:  # a peer's worker, where tinyt is not installed
     BenchError = RuntimeError  # type: ignore[misc,assignment]
 
 
+def missing_package(packages) -> str | None:
+    """The first of `packages` (dotted names) this python cannot import, or None."""
+    import importlib.util
+
+    for name in packages:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except ModuleNotFoundError:  # its parent package is absent
+            return name
+    return None
+
+
 def memory() -> dict | None:
     """This process's resident set now and its peak (VmRSS, VmHWM), in bytes; None where
     /proc does not say (not Linux)."""

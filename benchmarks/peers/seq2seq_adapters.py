@@ -16,14 +16,13 @@ their </s>; CTranslate2 takes them as its vocabulary's strings.
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .protocol import memory, reset_peak, serve, timed
+from .protocol import memory, missing_package, reset_peak, serve, timed
 
 Translate = Callable[[list[list[int]], int, int], list[list[int]]]
 VERSIONS = ("tinyt", "onnxruntime", "ctranslate2", "optimum", "optimum-onnx", "transformers",
@@ -110,16 +109,6 @@ LOADERS = {"tinyt": _load_tinyt, "ctranslate2": _load_ctranslate2, "optimum": _l
            "transformers": _load_transformers}
 
 
-def _missing(packages) -> str | None:
-    for name in packages:
-        try:
-            if importlib.util.find_spec(name) is None:
-                return name
-        except ModuleNotFoundError:  # its parent package is absent
-            return name
-    return None
-
-
 def worker(spec: dict) -> None:
     """Load one engine (spec: loader, path, threads, packages, options), then answer JSON lines
     on stdin until it closes:
@@ -131,7 +120,7 @@ def worker(spec: dict) -> None:
     {"op": "memory"}. The hello says ready (with the load's time and memory, the peak reset
     after it so that later it is the calls'), a missing package, or the load's error."""
     def load():
-        missing = _missing(spec["packages"])
+        missing = missing_package(spec["packages"])
         if missing:
             return {"missing": missing}, None
         t = time.perf_counter()
