@@ -2,9 +2,7 @@
 greedy against tinyt.seq2seq.greedy, beam search against transformers' generate, sampling,
 argument checks and `tinyt translate`.
 
-The models are random but not flat: weights drawn at WEIGHT_STD make each step's choice clear
-(a near-uniform distribution would leave the order of candidates to rounding), and a bias on
-the end-of-sequence logit (EOS_BOOST) ends hypotheses at many lengths."""
+The models are random but not flat (tests/seq2seq_fixtures.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,44 +12,18 @@ import numpy as np
 import pytest
 import torch
 from cli_run import run_cli
+from seq2seq_fixtures import T5_FORM, random_seq2seq
 
 import tinyt.runtime as rt
 from tinyt.checkpoint import save_checkpoint
-from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
-from tinyt.model import build_model
 from tinyt.runtime.beam import BeamParams, beam_search
 from tinyt.runtime.encoder_decoder import DecoderSteps
 from tinyt.runtime.rules import Rules
 from tinyt.seq2seq import greedy
 from tinyt.tokenizer import Tokenizer
 
-WEIGHT_STD = 0.3
-EOS_BOOST = 3.5
-LANGS = ["__de__", "__fr__"]  # M2M100's spelling, added to the byte-level tokenizer
-SHAPE = dict(task="seq2seq", n_layer=2, n_head=4, n_embd=64, block_size=64)
-T5_FORM = dict(pos_encoding="relative", norm="rmsnorm", bias=False, activation="geglu_tanh",
-               attention_multiplier=1.0, tie_weights=False)
 SOURCES = ["The cat sat on the mat.", "Hi", "A longer source, with some more words in it."]
-
-
-def _tokenizer() -> Tokenizer:
-    tok = Tokenizer.byte_level()  # 256 bytes, <|endoftext|> = 256 (eos)
-    tok.hf.add_special_tokens(LANGS)  # 257, 258
-    return tok
-
-
-def _model(**form):
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    cfg = ModelConfig(**SHAPE, vocab_size=tok.vocab_size, final_logits_bias=True, **form)
-    model = build_model(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, WEIGHT_STD)
-        model.final_logits_bias[0, tok.eos_id] = EOS_BOOST
-    return model, tok
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,7 +45,7 @@ def built(tmp_path_factory):
 
     def get(form: str):
         if form not in made:
-            model, tok = _model(**({} if form == "learned" else T5_FORM))
+            model, tok = random_seq2seq(**({} if form == "learned" else T5_FORM))
             root = tmp_path_factory.mktemp(f"s2s-{form}")
             save_checkpoint(root / "ck", model, tok)
             export_onnx(root / "ck", root / "onnx")
