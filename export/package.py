@@ -7,6 +7,7 @@
                          for a reduced ONNX Runtime build; checked vs model.onnx; a tinyt artifact
         format triton ─▶ OUT/<name>/config.pbtxt + OUT/<name>/1/model.onnx (Triton repository)
         format web    ─▶ a static page + ES module on ONNX Runtime Web (export/web/)
+    an encoder-decoder (seq2seq) artifact: its three graphs as ort or web (seq2seq_package.py)
 
 Pinned shapes (`fixed`) are for accelerators that cannot take dynamic shapes: batch_size,
 sequence_length and past_sequence_length become numbers in the graph; the runtime and
@@ -23,7 +24,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SEQ2SEQ, SEQ2SEQ_FILES, SHARED_CACHE_KIND
+from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SEQ2SEQ, SHARED_CACHE_KIND
 from tinyt.errors import PackageError
 from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir
@@ -153,11 +154,8 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     if format not in FORMATS:
         raise PackageError(f"format={format!r} is not one of {', '.join(FORMATS)}")
     if (manifest_of(src_dir) or {}).get("graph") == SEQ2SEQ:  # a missing one: refused below
-        raise PackageError(
-            f"{src_dir} is an encoder-decoder (seq2seq) artifact: its three graphs "
-            f"({', '.join(SEQ2SEQ_FILES.values())}) deploy as the directory is, run by "
-            "tinyt.runtime (rt.load, tinyt translate) and Optimum's ORTModelForSeq2SeqLM; "
-            f"tinyt package makes {', '.join(FORMATS)} packages of single-graph artifacts only")
+        from .seq2seq_package import package_seq2seq
+        return package_seq2seq(src_dir, out_dir, format=format, fixed=fixed)
     if format == "web":
         if fixed:
             raise PackageError("--fixed pins shapes for accelerators; the web package runs "
@@ -250,19 +248,7 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
             work.mkdir()
             _to_ort(src_dir / g, work, level)
             os.replace(work / ORT_FILE, out / ort_names[g])
-        from onnxruntime.tools.ort_format_model import create_config_from_models
-
-        root = logging.getLogger("ort_format_model.utils")
-        level_before, root.level = root.level, logging.WARNING  # it logs the file at INFO
-        try:
-            create_config_from_models([out / ort_names[g] for g in graphs],
-                                      out / OPERATORS_FILE, enable_type_reduction=False)
-        finally:
-            root.setLevel(level_before)
-        text = (out / OPERATORS_FILE).read_text()
-        (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*\n?", "", text).replace(
-            "# Generated from model/s:\n", "# Generated from model/s: "
-            + ", ".join(ort_names.values()) + "\n"))
+        write_operators(out, list(ort_names.values()))
         extra = manifest.records("quantization", "accuracy", "source_accuracy",
                                  "prefill_quantization", "prefill_accuracy",
                                  "prefill_equivalence", "pair", "layers")
@@ -295,6 +281,24 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
                              "max_abs": worst, "bound": tolerance, "magnitude": size}},
                          "greedy_equal": True})
     return built(out_dir, written)
+
+
+def write_operators(out: Path, ort_files: list[str]) -> None:
+    """required_operators.config of several .ort files in `out`: the operators a reduced ONNX
+    Runtime build needs to run them all, naming the files (not the temporary directory)."""
+    from onnxruntime.tools.ort_format_model import create_config_from_models
+
+    root = logging.getLogger("ort_format_model.utils")
+    level_before, root.level = root.level, logging.WARNING  # it logs the file at INFO
+    try:
+        create_config_from_models([out / f for f in ort_files], out / OPERATORS_FILE,
+                                  enable_type_reduction=False)
+    finally:
+        root.setLevel(level_before)
+    text = (out / OPERATORS_FILE).read_text()
+    (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*\n?", "", text).replace(
+        "# Generated from model/s:\n", "# Generated from model/s: " + ", ".join(ort_files)
+        + "\n"))
 
 
 def _step_logits(lm, ids: list[int], steps: int) -> list:

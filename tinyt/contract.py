@@ -210,6 +210,9 @@ def contract_for(cfg: ModelConfig, kind: str, compact: bool = True, hidden: bool
 # and transformers.js load the directory as they load an Optimum export).
 SEQ2SEQ_FILES = {"encoder": "encoder_model.onnx", "decoder": "decoder_model.onnx",
                  "decoder_with_past": "decoder_with_past_model.onnx"}
+# An ORT-format package's (`tinyt package --format ort`): the same graphs in ONNX Runtime's format
+SEQ2SEQ_ORT_FILES = {role: file.removesuffix(".onnx") + ".ort"
+                     for role, file in SEQ2SEQ_FILES.items()}
 SOURCE = "encoder_sequence_length"
 TARGET = "decoder_sequence_length"
 TARGET_PAST = "past_decoder_sequence_length"
