@@ -15,14 +15,12 @@ sequence_length and past_sequence_length become numbers in the graph; the runtim
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 import tempfile
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 
 from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SEQ2SEQ, SHARED_CACHE_KIND
 from tinyt.errors import PackageError
@@ -32,15 +30,14 @@ from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import manifest_of, write_manifest
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.fixed import AXES, capacity
-from tinyt.runtime.session import check_graphs_here, graph_session, ort_options
+from tinyt.runtime.session import check_graphs_here, graph_session
 
 from .compare import compare_graphs, grid_sizes, reorder_bound, within_bound
+from .ort_format import ORT_FILE, to_ort, write_operators
 from .stage import Built, built, copy_artifact_files, open_source, source_graph, source_versions
 from .triton import check_config, config_pbtxt
 
 FORMATS = ("onnx", "ort", "triton", "web")
-ORT_FILE = "model.ort"
-OPERATORS_FILE = "required_operators.config"
 # packaged vs source graph on the same inputs, every output: the same graph, perhaps optimized
 # at another level, so fp32 rounding in other orders at most (compare.reorder_bound)
 
@@ -122,28 +119,6 @@ def _check_same(src: Path, dst: Path, cfg, kind: str, fixed: dict[str, int]) -> 
                                for n, w in bad.items()))
     return {name: {k: w[k] for k in ("max_abs", "bound", "magnitude")}
             for name, w in found.items()}
-
-
-def _to_ort(onnx_path: Path, out: Path, level: str) -> None:
-    """model.ort (optimized at `level`, saved in ORT format) and the operator list a reduced
-    ONNX Runtime build needs for it."""
-    from onnxruntime.tools.ort_format_model import create_config_from_models
-
-    opts = ort_options(level=level, optimized_model=out / ORT_FILE)
-    opts.add_session_config_entry("session.save_model_format", "ORT")
-    # Constant folding would store a second copy of a shared table (the tied INT8 matrix's
-    # Reshape for GatherBlockQuantized: +0.26 MB on the demo); the graphs come folded already.
-    ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"],
-                         disabled_optimizers=["ConstantFolding"])
-    root = logging.getLogger("ort_format_model.utils")
-    level_before, root.level = root.level, logging.WARNING  # it logs the file at INFO
-    try:
-        create_config_from_models([out / ORT_FILE], out / OPERATORS_FILE,
-                                  enable_type_reduction=False)
-    finally:
-        root.setLevel(level_before)
-    text = (out / OPERATORS_FILE).read_text()  # name the model, not the temporary directory
-    (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*$", f"# - {ORT_FILE}", text))
 
 
 def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ort",
@@ -246,7 +221,7 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
         for g in graphs:
             work = Path(tmp) / g.removesuffix(".onnx")
             work.mkdir()
-            _to_ort(src_dir / g, work, level)
+            to_ort(src_dir / g, work, level)
             os.replace(work / ORT_FILE, out / ort_names[g])
         write_operators(out, list(ort_names.values()))
         extra = manifest.records("quantization", "accuracy", "source_accuracy",
@@ -281,24 +256,6 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
                              "max_abs": worst, "bound": tolerance, "magnitude": size}},
                          "greedy_equal": True})
     return built(out_dir, written)
-
-
-def write_operators(out: Path, ort_files: list[str]) -> None:
-    """required_operators.config of several .ort files in `out`: the operators a reduced ONNX
-    Runtime build needs to run them all, naming the files (not the temporary directory)."""
-    from onnxruntime.tools.ort_format_model import create_config_from_models
-
-    root = logging.getLogger("ort_format_model.utils")
-    level_before, root.level = root.level, logging.WARNING  # it logs the file at INFO
-    try:
-        create_config_from_models([out / f for f in ort_files], out / OPERATORS_FILE,
-                                  enable_type_reduction=False)
-    finally:
-        root.setLevel(level_before)
-    text = (out / OPERATORS_FILE).read_text()
-    (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*\n?", "", text).replace(
-        "# Generated from model/s:\n", "# Generated from model/s: " + ", ".join(ort_files)
-        + "\n"))
 
 
 def _step_logits(lm, ids: list[int], steps: int) -> list:
@@ -341,7 +298,7 @@ def _write_ort(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: str
                *, level: str, **_) -> dict:
     """The ORT format (model.ort), checked against the ONNX graph it came from."""
     copy_artifact_files(src_dir, out)
-    _to_ort(graph_path, out, level)
+    to_ort(graph_path, out, level)
     worst_ort = _check_same(graph_path, out / ORT_FILE, cfg, kind, pins)
     write_genai_config(out, cfg, kind=kind, fixed=pins, model_file=ORT_FILE)
     return {"ort": {"level": level, "model_file": ORT_FILE}, "model_file": ORT_FILE,

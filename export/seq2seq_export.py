@@ -1,5 +1,6 @@
 """An encoder-decoder's ONNX export: three graphs in Optimum's seq2seq layout
-(tinyt.contract.SEQ2SEQ_FILES), so ORTModelForSeq2SeqLM and transformers.js load the directory.
+(tinyt.contract.SEQ2SEQ_FILES), so ORTModelForSeq2SeqLM loads the directory (transformers.js
+too, given Optimum's merged decoder besides: tests/export/test_seq2seq_transformers_js.py).
 
     encoder_model.onnx            the source -> its hidden states, once per batch
     decoder_model.onnx            the first step: the target so far and the hidden states ->

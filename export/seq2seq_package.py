@@ -1,6 +1,6 @@
 """`tinyt package` of an encoder-decoder (seq2seq) artifact: its three graphs (fp32, or as the
 seq2seq quantize stage wrote them: INT8, INT4, qgemm, static) in ONNX Runtime's format, or as a
-web page (export/web/seq2seq.py).
+web page (export/web/seq2seq_page.py).
 
     ARTIFACT  encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx (+ config)
       ──format ort──▶ OUT/encoder_model.ort, decoder_model.ort, decoder_with_past_model.ort
@@ -8,7 +8,7 @@ web page (export/web/seq2seq.py).
                       required_operators.config (the three graphs' operators, for a reduced
                       ONNX Runtime build), config.json, generation_config.json,
                       tokenizer.json, manifest.json (a tinyt artifact: rt.load runs it)
-      ──format web──▶ export/web/seq2seq.py
+      ──format web──▶ export/web/seq2seq_page.py
       checked before it is written: each .ort graph against its source graph on the contract's
       random inputs over seq2seq_checks' grid (fp32 rounding in other orders at most), then the
       package, loaded by tinyt.runtime, gives the source's greedy tokens.
@@ -28,6 +28,7 @@ from tinyt.graphio import DATA_SUFFIX
 from tinyt.manifest import write_manifest
 from tinyt.runtime.session import check_graphs_here, graph_session
 
+from .ort_format import ORT_FILE, to_ort, write_operators
 from .seq2seq_checks import beyond_bound, check_cases, check_sizes, compare_graphs
 from .stage import Built, built, copy_artifact_files, open_source, source_versions
 
@@ -38,7 +39,7 @@ CHECK_NEW_TOKENS = 8
 # Why a format or an option does not apply to an encoder-decoder (the refusal's reason)
 REFUSED = {
     "onnx": "it is an ONNX artifact already, in Optimum's layout: deploy the directory as it "
-            "is (tinyt.runtime, Optimum's ORTModelForSeq2SeqLM and transformers.js load it)",
+            "is (tinyt.runtime and Optimum's ORTModelForSeq2SeqLM load it)",
     "triton": "Triton's ONNX Runtime backend serves one graph a model, and an encoder-decoder "
               "generates by running its three graphs in turn (an ensemble or a BLS model "
               "would drive the loop; tinyt does not write one)",
@@ -68,7 +69,7 @@ def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, f
                            "under protobuf's 2 GB only")
     check_graphs_here(src.manifest, list(SEQ2SEQ_FILES.values()), f"the {format} package")
     if format == "web":
-        from .web.seq2seq import package_seq2seq_web
+        from .web.seq2seq_page import package_seq2seq_web
         return package_seq2seq_web(src_dir, out_dir, src)
     return _package_ort(src_dir, out_dir, src)
 
@@ -77,15 +78,13 @@ def _package_ort(src_dir: Path, out_dir: Path, src) -> Built:
     """The three graphs in the ORT format, checked (module docstring)."""
     from tinyt.runtime import load
 
-    from .package import ORT_FILE, _to_ort, write_operators
-
     manifest, cfg, level = src.manifest, src.config, "extended"
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:
         copy_artifact_files(src_dir, out)
         for role, file in SEQ2SEQ_FILES.items():
             work = Path(tmp) / role
             work.mkdir()
-            _to_ort(src_dir / file, work, level)
+            to_ort(src_dir / file, work, level)
             os.replace(work / ORT_FILE, out / SEQ2SEQ_ORT_FILES[role])
         write_operators(out, list(SEQ2SEQ_ORT_FILES.values()))
         try:

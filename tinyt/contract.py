@@ -207,7 +207,8 @@ def contract_for(cfg: ModelConfig, kind: str, compact: bool = True, hidden: bool
 
 
 # The encoder-decoder's graphs, by role, under Optimum's file names (its ORTModelForSeq2SeqLM
-# and transformers.js load the directory as they load an Optimum export).
+# loads the directory as it loads an Optimum export; transformers.js reads Optimum's merged
+# decoder instead of the two decoder graphs).
 SEQ2SEQ_FILES = {"encoder": "encoder_model.onnx", "decoder": "decoder_model.onnx",
                  "decoder_with_past": "decoder_with_past_model.onnx"}
 # An ORT-format package's (`tinyt package --format ort`): the same graphs in ONNX Runtime's format

@@ -1,4 +1,4 @@
-"""`tinyt package` of an encoder-decoder (export/seq2seq_package.py, export/web/seq2seq.py): its
+"""`tinyt package` of an encoder-decoder (export/seq2seq_package.py, export/web/seq2seq_page.py): its
 three graphs, fp32 and as the seq2seq quantize stage writes them at 8 and 4 bits, in the ORT
 format (the package runs under tinyt.runtime to the source's greedy tokens, with one operator
 list for the three) and as a web package (its module under Node gives tinyt's ids and greedy
@@ -15,7 +15,8 @@ from seq2seq_fixtures import exported_seq2seq
 import tinyt.runtime as rt
 from tinyt.contract import SEQ2SEQ_FILES, SEQ2SEQ_ORT_FILES
 from tinyt.errors import PackageError, WebPackageError
-from tinyt.export.package import OPERATORS_FILE, package
+from tinyt.export.ort_format import OPERATORS_FILE
+from tinyt.export.package import package
 from tinyt.export.web import ort_web_dist
 
 try:

@@ -39,7 +39,7 @@ def packages(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fp32", "int8"])
 def test_page_translates_to_the_runtimes_greedy_tokens(packages, browser, name):  # noqa: F811
-    from tinyt.export.web.seq2seq import seq2seq_ties
+    from tinyt.export.web.seq2seq_page import seq2seq_ties
 
     src, pkg = packages[name]
     lm = rt.load(src, threads=1)
