@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from cli_run import run_cli
 from seq2seq_fixtures import exported_seq2seq
 
 import tinyt.runtime as rt
@@ -55,8 +56,9 @@ def test_ort_package_runs_to_the_sources_tokens(artifacts, name, tmp_path):
     ops = (pkg / OPERATORS_FILE).read_text()
     assert ", ".join(SEQ2SEQ_ORT_FILES.values()) in ops and "ai.onnx" in ops
     assert ("MatMulNBits" in ops) == (name != "fp32")
-    for worst in m["equivalence"]["worst"].values():  # every output group within its bound
-        assert all(w["max_abs"] <= w["bound"] for w in worst.values()), worst
+    worst = m["equivalence"]["worst"]  # every graph's output groups, each within its bound
+    assert {k.split()[0] for k in worst} == set(SEQ2SEQ_ORT_FILES.values())
+    assert all(w["max_abs"] <= w["bound"] for w in worst.values()), worst
     assert m["equivalence"]["greedy"]["equal"]
     if name != "fp32":  # each .ort graph's int8 record, under its own name
         assert set(m["int8"]) == set(SEQ2SEQ_ORT_FILES.values())
@@ -64,6 +66,16 @@ def test_ort_package_runs_to_the_sources_tokens(artifacts, name, tmp_path):
     tok = rt.load(src, threads=1).tokenizer
     rows = [tok.encode_prompt(t) for t in SOURCES]
     assert _greedy(pkg, rows) == _greedy(src, rows)
+
+
+def test_cli_packages_and_says_what_it_checked(artifacts, tmp_path, monkeypatch, capsys):
+    code, said, err = run_cli(monkeypatch, capsys, "package", artifacts["int4"], tmp_path / "o",
+                              "--format", "ort")
+    assert code == 0, err
+    assert "decoder_with_past_model.ort" in said and "max abs diff vs source graph" in said
+    code, said, err = run_cli(monkeypatch, capsys, "package", artifacts["int4"], tmp_path / "t",
+                              "--format", "triton")
+    assert code != 0 and "--format triton does not apply" in said + err
 
 
 def test_what_does_not_apply_is_refused_by_name(artifacts, tmp_path):
