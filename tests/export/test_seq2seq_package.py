@@ -108,7 +108,8 @@ def test_web_package_holds_the_page_and_was_checked_under_node(artifacts, name, 
             "tokenizer.json", "generation_config.json"} <= set(m["files"])
     checked = m["web"]["checked"]
     assert checked["greedy_equal"] and checked["sources"] >= 3
-    assert checked["greedy_ties"] < checked["sources"]  # not every row at a tie
+    if name == "fp32":  # clear choices (seq2seq_fixtures.WEIGHT_STD): no row at a tie
+        assert checked["greedy_ties"] == 0
     if name != "fp32":
         return
     # the module on source texts (its tokenizer adds their special tokens): the fp32 graphs'
