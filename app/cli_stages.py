@@ -155,7 +155,7 @@ def package(
     if format == "web":
         web = manifest["web"]
         typer.echo(f"files: {', '.join(manifest['files'])}")
-        decoders = ("decoder_with_past", "decoder", "decoder_gqa")
+        decoders = ("decoder_with_past", "decoder", "decoder_gqa", "seq2seq")
         what = "greedy tokens" if manifest.get("graph") in decoders else "outputs"
         typer.echo(f"checked under {web['checked']['runtime']} with onnxruntime-web "
                    f"{web['onnxruntime_web']}: tokenizer ids and {what} equal tinyt's")

@@ -7,6 +7,7 @@
                          for a reduced ONNX Runtime build; checked vs model.onnx; a tinyt artifact
         format triton ─▶ OUT/<name>/config.pbtxt + OUT/<name>/1/model.onnx (Triton repository)
         format web    ─▶ a static page + ES module on ONNX Runtime Web (export/web/)
+    an encoder-decoder (seq2seq) artifact: its three graphs as ort or web (seq2seq_package.py)
 
 Pinned shapes (`fixed`) are for accelerators that cannot take dynamic shapes: batch_size,
 sequence_length and past_sequence_length become numbers in the graph; the runtime and
@@ -14,16 +15,14 @@ sequence_length and past_sequence_length become numbers in the graph; the runtim
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 import tempfile
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 
-from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SEQ2SEQ, SEQ2SEQ_FILES, SHARED_CACHE_KIND
+from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SEQ2SEQ, SHARED_CACHE_KIND
 from tinyt.errors import PackageError
 from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir
@@ -31,15 +30,14 @@ from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import manifest_of, write_manifest
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.fixed import AXES, capacity
-from tinyt.runtime.session import check_graphs_here, graph_session, ort_options
+from tinyt.runtime.session import check_graphs_here, graph_session
 
 from .compare import compare_graphs, grid_sizes, reorder_bound, within_bound
+from .ort_format import ORT_FILE, to_ort, write_operators
 from .stage import Built, built, copy_artifact_files, open_source, source_graph, source_versions
 from .triton import check_config, config_pbtxt
 
 FORMATS = ("onnx", "ort", "triton", "web")
-ORT_FILE = "model.ort"
-OPERATORS_FILE = "required_operators.config"
 # packaged vs source graph on the same inputs, every output: the same graph, perhaps optimized
 # at another level, so fp32 rounding in other orders at most (compare.reorder_bound)
 
@@ -123,28 +121,6 @@ def _check_same(src: Path, dst: Path, cfg, kind: str, fixed: dict[str, int]) -> 
             for name, w in found.items()}
 
 
-def _to_ort(onnx_path: Path, out: Path, level: str) -> None:
-    """model.ort (optimized at `level`, saved in ORT format) and the operator list a reduced
-    ONNX Runtime build needs for it."""
-    from onnxruntime.tools.ort_format_model import create_config_from_models
-
-    opts = ort_options(level=level, optimized_model=out / ORT_FILE)
-    opts.add_session_config_entry("session.save_model_format", "ORT")
-    # Constant folding would store a second copy of a shared table (the tied INT8 matrix's
-    # Reshape for GatherBlockQuantized: +0.26 MB on the demo); the graphs come folded already.
-    ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"],
-                         disabled_optimizers=["ConstantFolding"])
-    root = logging.getLogger("ort_format_model.utils")
-    level_before, root.level = root.level, logging.WARNING  # it logs the file at INFO
-    try:
-        create_config_from_models([out / ORT_FILE], out / OPERATORS_FILE,
-                                  enable_type_reduction=False)
-    finally:
-        root.setLevel(level_before)
-    text = (out / OPERATORS_FILE).read_text()  # name the model, not the temporary directory
-    (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*$", f"# - {ORT_FILE}", text))
-
-
 def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ort",
             fixed: list[str] | dict[str, int] | None = None, name: str | None = None,
             device: str = "cpu", instances: int = 1, max_batch_size: int = 8) -> Built:
@@ -153,11 +129,8 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     if format not in FORMATS:
         raise PackageError(f"format={format!r} is not one of {', '.join(FORMATS)}")
     if (manifest_of(src_dir) or {}).get("graph") == SEQ2SEQ:  # a missing one: refused below
-        raise PackageError(
-            f"{src_dir} is an encoder-decoder (seq2seq) artifact: its three graphs "
-            f"({', '.join(SEQ2SEQ_FILES.values())}) deploy as the directory is, run by "
-            "tinyt.runtime (rt.load, tinyt translate) and Optimum's ORTModelForSeq2SeqLM; "
-            f"tinyt package makes {', '.join(FORMATS)} packages of single-graph artifacts only")
+        from .seq2seq_package import package_seq2seq
+        return package_seq2seq(src_dir, out_dir, format=format, fixed=fixed)
     if format == "web":
         if fixed:
             raise PackageError("--fixed pins shapes for accelerators; the web package runs "
@@ -248,21 +221,9 @@ def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:
         for g in graphs:
             work = Path(tmp) / g.removesuffix(".onnx")
             work.mkdir()
-            _to_ort(src_dir / g, work, level)
+            to_ort(src_dir / g, work, level)
             os.replace(work / ORT_FILE, out / ort_names[g])
-        from onnxruntime.tools.ort_format_model import create_config_from_models
-
-        root = logging.getLogger("ort_format_model.utils")
-        level_before, root.level = root.level, logging.WARNING  # it logs the file at INFO
-        try:
-            create_config_from_models([out / ort_names[g] for g in graphs],
-                                      out / OPERATORS_FILE, enable_type_reduction=False)
-        finally:
-            root.setLevel(level_before)
-        text = (out / OPERATORS_FILE).read_text()
-        (out / OPERATORS_FILE).write_text(re.sub(r"(?m)^# - .*\n?", "", text).replace(
-            "# Generated from model/s:\n", "# Generated from model/s: "
-            + ", ".join(ort_names.values()) + "\n"))
+        write_operators(out, list(ort_names.values()))
         extra = manifest.records("quantization", "accuracy", "source_accuracy",
                                  "prefill_quantization", "prefill_accuracy",
                                  "prefill_equivalence", "pair", "layers")
@@ -337,7 +298,7 @@ def _write_ort(out: Path, graph_path: Path, proto, src_dir: Path, cfg, kind: str
                *, level: str, **_) -> dict:
     """The ORT format (model.ort), checked against the ONNX graph it came from."""
     copy_artifact_files(src_dir, out)
-    _to_ort(graph_path, out, level)
+    to_ort(graph_path, out, level)
     worst_ort = _check_same(graph_path, out / ORT_FILE, cfg, kind, pins)
     write_genai_config(out, cfg, kind=kind, fixed=pins, model_file=ORT_FILE)
     return {"ort": {"level": level, "model_file": ORT_FILE}, "model_file": ORT_FILE,

@@ -1,5 +1,6 @@
 """An encoder-decoder's ONNX export: three graphs in Optimum's seq2seq layout
-(tinyt.contract.SEQ2SEQ_FILES), so ORTModelForSeq2SeqLM and transformers.js load the directory.
+(tinyt.contract.SEQ2SEQ_FILES), so ORTModelForSeq2SeqLM loads the directory (transformers.js
+too, given Optimum's merged decoder besides: tests/export/test_seq2seq_transformers_js.py).
 
     encoder_model.onnx            the source -> its hidden states, once per batch
     decoder_model.onnx            the first step: the target so far and the hidden states ->
@@ -132,7 +133,9 @@ def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, ops
             split |= len(save_graph(proto, path, external=external_data)) > 1
             onnx.checker.check_model(str(path), full_check=True)
         ckpt.tokenizer.save(tmp / "tokenizer.json")
-        write_json(tmp / "config.json", hf_config)
+        # transformers saves it for every encoder-decoder; transformers.js reads the model as
+        # one (its cache names, its generate loop) only where config.json says so
+        write_json(tmp / "config.json", {**hf_config, "is_encoder_decoder": True})
         write_json(tmp / "generation_config.json", generation_config(cfg, ckpt.tokenizer))
         written = write_manifest(tmp, stage="export", source=checkpoint_source(checkpoint_dir),
                                  options={"opset": opset, "with_past": True,

@@ -186,7 +186,8 @@ def check_contract(artifact: Artifact, session: ort.InferenceSession,
 
 def _seq2seq_contract(cfg, graph: str, model: str):
     """(inputs, outputs) of one of an encoder-decoder's graphs, by its file name."""
-    roles = {file: role for role, file in SEQ2SEQ_FILES.items()}
+    roles = {file: role for files in (SEQ2SEQ_FILES, contract.SEQ2SEQ_ORT_FILES)
+             for role, file in files.items()}
     if graph not in roles:
         raise ManifestError(f"{model} is not one of an encoder-decoder's graphs "
                             f"({', '.join(SEQ2SEQ_FILES.values())})")

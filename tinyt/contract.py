@@ -207,9 +207,13 @@ def contract_for(cfg: ModelConfig, kind: str, compact: bool = True, hidden: bool
 
 
 # The encoder-decoder's graphs, by role, under Optimum's file names (its ORTModelForSeq2SeqLM
-# and transformers.js load the directory as they load an Optimum export).
+# loads the directory as it loads an Optimum export; transformers.js reads Optimum's merged
+# decoder instead of the two decoder graphs).
 SEQ2SEQ_FILES = {"encoder": "encoder_model.onnx", "decoder": "decoder_model.onnx",
                  "decoder_with_past": "decoder_with_past_model.onnx"}
+# An ORT-format package's (`tinyt package --format ort`): the same graphs in ONNX Runtime's format
+SEQ2SEQ_ORT_FILES = {role: file.removesuffix(".onnx") + ".ort"
+                     for role, file in SEQ2SEQ_FILES.items()}
 SOURCE = "encoder_sequence_length"
 TARGET = "decoder_sequence_length"
 TARGET_PAST = "past_decoder_sequence_length"

@@ -1,6 +1,6 @@
 // Run a web package's module under Node (the same tinyt.mjs and ONNX Runtime Web WebAssembly
 // files the page loads): `node check.mjs PACKAGE_DIR < request.json > answer.json`, where the
-// request is {"encode": [texts], "decode": [ids], "generate": [{"prompt_ids": [...],
+// request is {"encode": [texts], "encode_prompt": [texts] (special tokens added), "decode": [ids], "generate": [{"prompt_ids": [...],
 // "max_new_tokens": n, ...}], "threads": 1} for a language model, and {"rows": [texts or pairs
 // [a, b]] (ids and token types, cut where the model cuts), "offsets": [texts] (tokens and their
 // [start, end)), "embed" | "classify" | "tag": [texts] (classify: pairs too)} for an encoder
@@ -20,6 +20,9 @@ try {
   });
   answer.load_ms = lm.loadMs;
   for (const text of request.encode || []) answer.encode.push(lm.tokenizer.encode(text));
+  for (const text of request.encode_prompt || []) {  // with the special tokens (a source's)
+    (answer.encode_prompt ||= []).push(lm.tokenizer.hf.encode(text, { add_special_tokens: true }).ids);
+  }
   for (const ids of request.decode || []) (answer.decode ||= []).push(lm.tokenizer.decode(ids));
   for (const text of request.rows || []) {  // a text, or a pair [a, b]
     const r = typeof text === "string" ? lm.tokenizer.encodeRow(text, lm.maxLength)

@@ -15,6 +15,8 @@
 //   await clf.classify(["a text"])                           // [{label, probabilities: {name: p}}]
 //   await clf.classify([["a premise", "a hypothesis"]])      // a pair: one input, as the runtime
 //   await clf.tag("a text")   // a token classifier's: [{token, start, end, label, probability}, ...]
+//   const mt = await load(".");                              // an encoder-decoder (seq2seq.mjs)
+//   await mt.generate("a source text", { maxNewTokens: 32 }) // its translation, as generate's
 //
 // generate() options: maxNewTokens (default 32), temperature (0: greedy), topK, topP, seed
 // (sampling is reproducible for a seed), stop (strings that end the text, cut before them),
@@ -196,7 +198,7 @@ export class Tokenizer {
 }
 
 // -- sampling: greedy, or temperature / top-k / top-p with a seeded generator -------------------
-function rng(seed) {  // mulberry32: small, fast, the same sequence for a seed on every browser
+export function rng(seed) {  // mulberry32: small, fast, the same sequence for a seed on every browser
   let a = (seed >>> 0) || 0x9e3779b9;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;
@@ -213,7 +215,7 @@ function argmax(x) {
   return best;
 }
 
-function sample(logits, { temperature, topK, topP }, random) {
+export function sample(logits, { temperature, topK, topP }, random) {
   for (let i = 0; i < logits.length; i++) {
     if (Number.isNaN(logits[i]) || logits[i] === Infinity) throw new TinytWebError(`the model produced a non-finite logit (${logits[i]}) at token ${i}`);
   }
@@ -237,7 +239,7 @@ function sample(logits, { temperature, topK, topP }, random) {
 
 // -- the model ---------------------------------------------------------------------------------
 // A turn of the event loop without setTimeout's 4 ms clamp (a token must not cost a timer tick).
-function yieldNow() {
+export function yieldNow() {
   return new Promise((resolve) => {
     const ch = new MessageChannel();
     ch.port1.onmessage = () => { ch.port1.close(); resolve(); };
@@ -465,9 +467,10 @@ export class TextModel {
   }
 }
 
-/** Load a packaged model from `base` (a URL of the package folder): a LanguageModel, or a
- * TextModel for an encoder or a (token) classifier. Options: numThreads (1: no
- * threads; more need cross-origin isolation), fetchBytes(url) to load files another way. */
+/** Load a packaged model from `base` (a URL of the package folder): a LanguageModel, a
+ * TextModel for an encoder or a (token) classifier, or a Seq2SeqModel (seq2seq.mjs) for an
+ * encoder-decoder. Options: numThreads (1: no threads; more need cross-origin isolation),
+ * fetchBytes(url) to load files another way. */
 export async function load(base = ".", { numThreads = 1, fetch: get = fetchBytes } = {}) {
   const t0 = performance.now();
   const url = (f) => `${base.replace(/\/$/, "")}/${f}`;
@@ -477,10 +480,10 @@ export async function load(base = ".", { numThreads = 1, fetch: get = fetchBytes
   try { tokJson = JSON.parse(new TextDecoder().decode(await get(url(web.tokenizer), "the tokenizer"))); }
   catch (e) { throw e instanceof TinytWebError ? e : new TinytWebError(`${web.tokenizer} is not valid JSON: ${e.message}`); }
   const tokenizer = new Tokenizer(tokJson);
-  const text = web.graph in TEXT_OUTPUT;
+  const text = web.graph in TEXT_OUTPUT, seq2seq = web.graph === "seq2seq";
   // a language model's logits are one per id; an encoder's table may have unused rows beyond the
   // tokenizer's ids, but no id past it
-  if (text ? tokenizer.vocabSize > web.vocab_size : tokenizer.vocabSize !== web.vocab_size) {
+  if (text || seq2seq ? tokenizer.vocabSize > web.vocab_size : tokenizer.vocabSize !== web.vocab_size) {
     throw new TinytWebError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocabulary is ${web.vocab_size}: they are not from the same artifact`);
   }
   ort.env.wasm.numThreads = numThreads;
@@ -493,7 +496,8 @@ export async function load(base = ".", { numThreads = 1, fetch: get = fetchBytes
       throw new TinytWebError(`ONNX Runtime Web cannot load ${f}: ${String(e.message || e).slice(0, 300)}`);
     }
   }
-  const model = text ? new TextModel(web, tokenizer, sessions[0])
+  const model = seq2seq ? new (await import("./seq2seq.mjs")).Seq2SeqModel(web, tokenizer, sessions)
+    : text ? new TextModel(web, tokenizer, sessions[0])
     : new LanguageModel(web, tokenizer, sessions[0], sessions[1]);
   model.loadMs = performance.now() - t0;
   return model;

@@ -197,8 +197,8 @@ def test_what_does_not_apply_to_an_encoder_decoder_is_refused(run, tmp_path):
     from tinyt.export.search import quantize_search
 
     out, _ = run
-    with pytest.raises(PackageError, match="encoder-decoder .* deploy as the directory is"):
-        package(out / "onnx-int8", tmp_path / "pkg", format="ort")
+    with pytest.raises(PackageError, match="encoder-decoder .*--format triton does not apply"):
+        package(out / "onnx-int8", tmp_path / "pkg", format="triton")
     with pytest.raises(OptimizeError, match="target 'gqa' is the decoder-only"):
         optimize(out / "onnx-int8", tmp_path / "gqa", target="gqa")
     with pytest.raises(QuantizeError, match="encoder-decoder .* chosen recipe"):

@@ -2,7 +2,7 @@
 greedy against tinyt.seq2seq.greedy, beam search against transformers' generate, sampling,
 argument checks and `tinyt translate`.
 
-The models and their artifacts: tests/seq2seq_model.py."""
+The models and their artifacts: tests/seq2seq_fixtures.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from cli_run import run_cli
-from seq2seq_model import seq2seq_artifact
+from seq2seq_fixtures import seq2seq_artifact
 
 import tinyt.runtime as rt
 from tinyt.errors import ConfigError

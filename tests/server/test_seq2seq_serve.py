@@ -2,7 +2,7 @@
 live server on a free loopback port, always stopped, answering /v1/completions (the prompt is
 the source text) as rt.load(artifact).generate does, token for token, alone or batched with
 others, whole or streamed; a request joining rows that already run; the OpenAI error of each
-request it cannot serve. The model: tests/seq2seq_model.py's small random one."""
+request it cannot serve. The model: tests/seq2seq_fixtures.py's small random one."""
 import json
 import threading
 import time
@@ -13,7 +13,7 @@ pytest.importorskip("starlette", reason="the serve extra is not installed")
 openai = pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
 
 from live_server import KEY, Server  # noqa: E402
-from seq2seq_model import seq2seq_artifact  # noqa: E402
+from seq2seq_fixtures import seq2seq_artifact  # noqa: E402
 
 import tinyt.runtime as rt  # noqa: E402
 from tinyt.runtime.engine import Done  # noqa: E402

@@ -1,17 +1,13 @@
-"""A small random encoder-decoder and its artifact, for the tests of the seq2seq runtime
-(tests/runtime/test_seq2seq_runtime.py) and of `tinyt serve` on it
-(tests/server/test_seq2seq_serve.py).
-
-The models are random but not flat: weights drawn at WEIGHT_STD make each step's choice clear
-(a near-uniform distribution would leave the order of candidates to rounding), and a bias on
-the end-of-sequence logit (EOS_BOOST) ends hypotheses at many lengths."""
+"""A small random encoder-decoder for the seq2seq tests (runtime, server, packages, page):
+weights drawn at WEIGHT_STD make each step's choice clear (a near-uniform distribution would
+leave the order of candidates to rounding), and a bias on the end-of-sequence logit (EOS_BOOST)
+ends hypotheses at many lengths."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-from tinyt.checkpoint import save_checkpoint
 from tinyt.config import ModelConfig
 from tinyt.model import build_model
 from tinyt.tokenizer import Tokenizer
@@ -24,17 +20,18 @@ T5_FORM = dict(pos_encoding="relative", norm="rmsnorm", bias=False, activation="
                attention_multiplier=1.0, tie_weights=False)
 
 
-def seq2seq_tokenizer() -> Tokenizer:
+def byte_tokenizer() -> Tokenizer:
+    """tinyt's byte-level tokenizer with LANGS added."""
     tok = Tokenizer.byte_level()  # 256 bytes, <|endoftext|> = 256 (eos)
     tok.hf.add_special_tokens(LANGS)  # 257, 258
     return tok
 
 
-def seq2seq_model(**form):
-    """(the torch model, its tokenizer): SHAPE in `form` (T5_FORM, or the learned positions
-    of tinyt's own with none)."""
+def random_seq2seq(**form):
+    """A random encoder-decoder on the byte-level tokenizer (form: config overrides, e.g.
+    T5_FORM): (the torch model, its tokenizer)."""
     torch.manual_seed(0)
-    tok = seq2seq_tokenizer()
+    tok = byte_tokenizer()
     cfg = ModelConfig(**SHAPE, vocab_size=tok.vocab_size, final_logits_bias=True, **form)
     model = build_model(cfg).eval()
     with torch.no_grad():
@@ -47,9 +44,21 @@ def seq2seq_model(**form):
 
 def seq2seq_artifact(root: Path, form: str = "learned"):
     """(the torch model, its exported artifact's directory under `root`): form 'learned'
-    or 't5'."""
+    (tinyt's own positions) or 't5' (T5_FORM)."""
+    from tinyt.checkpoint import save_checkpoint
     from tinyt.export.exporter import export_onnx
 
-    model, tok = seq2seq_model(**({} if form == "learned" else T5_FORM))
+    model, tok = random_seq2seq(**({} if form == "learned" else T5_FORM))
     save_checkpoint(root / "ck", model, tok)
     return model, export_onnx(root / "ck", root / "onnx")
+
+
+def exported_seq2seq(root: Path, quantized: tuple[int, ...] = ()) -> dict[str, Path]:
+    """seq2seq_artifact's fp32 export, and the seq2seq quantize stage's at each of
+    `quantized` bits: {"fp32": ..., "int8": ..., "int4": ...}."""
+    from tinyt.export.quantize import quantize
+
+    made = {"fp32": seq2seq_artifact(root)[1]}
+    for bits in quantized:
+        made[f"int{bits}"] = quantize(made["fp32"], root / f"int{bits}", bits=bits)
+    return made
