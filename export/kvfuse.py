@@ -151,3 +151,48 @@ def drop_dead(graph: onnx.GraphProto) -> None:
     del graph.value_info[:]
     graph.value_info.extend(keep_vi)
 
+
+
+def cross_attention_bnsh(proto: onnx.ModelProto) -> int:
+    """Rewrite, in place, every cross-attention MultiHeadAttention that reads a cached
+    encoder key / value graph input (BNSH) through a copy back to (B, S, C), to read the
+    input itself: the op takes a BNSH key and value (no bias on them), so a decode step no
+    longer copies every layer's cross keys and values twice (the Transpose here, MHA's own
+    back to BNSH):
+
+        past_key_values.i.encoder.key (B, N, S, H) ─Transpose─Reshape(0, 0, -1)─▶ MHA key
+        becomes  past_key_values.i.encoder.key ─▶ MHA key      (value the same)
+
+    Returns the number of attentions rewritten."""
+    graph = proto.graph
+    prod, inputs = producers(graph), {i.name for i in graph.input}
+    consts = {i.name: i for i in graph.initializer}
+    rewritten = 0
+    for node in graph.node:
+        if node.op_type != "MultiHeadAttention" or node.domain != CONTRIB_DOMAIN:
+            continue
+        ins = list(node.input) + [""] * (8 - len(node.input))
+        if ins[3] or any(ins[6:8]):
+            continue  # a bias on the keys / values, or a self-attention cache
+        sources = [_bnsh_input(name, prod, inputs, consts) for name in ins[1:3]]
+        if None in sources:
+            continue
+        node.input[1], node.input[2] = sources
+        rewritten += 1
+    if rewritten:
+        drop_dead(graph)
+    return rewritten
+
+
+def _bnsh_input(name: str, prod: dict, inputs: set, consts: dict) -> str | None:
+    """The graph input X when `name` is Reshape(Transpose(X, BNSH <-> BSNH), (0, 0, -1))."""
+    reshape = prod.get(name)
+    if reshape is None or reshape.op_type != "Reshape" or reshape.input[1] not in consts:
+        return None
+    if list(onnx.numpy_helper.to_array(consts[reshape.input[1]])) != [0, 0, -1]:
+        return None
+    transpose = prod.get(reshape.input[0])
+    if transpose is None or transpose.op_type != "Transpose" \
+            or _perm(transpose) != PERM_BSNH_BNSH or transpose.input[0] not in inputs:
+        return None
+    return transpose.input[0]

@@ -45,7 +45,7 @@ from tinyt.runtime.session import graph_session, ort_options
 
 from .compare import compare_graphs, grid, grid_sizes, within_bound
 from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
-from .kvfuse import attention_with_past
+from .kvfuse import attention_with_past, cross_attention_bnsh
 from .seq2seq_checks import (
     attention_report,
     beyond_bound,
@@ -380,6 +380,8 @@ def _optimize_seq2seq(src: Artifact, out_dir: Path, target: str, level: str) -> 
         paths = {}
         for role, file in SEQ2SEQ_FILES.items():
             fused, fusions = _fuse(protos.pop(role), target)
+            if bnsh := cross_attention_bnsh(fused):  # cached cross keys / values read in place
+                fusions["cross_attention_bnsh"] = bnsh
             saved = Path(tmp) / f"fused-{file}"
             external = len(save_graph(fused, saved)) > 1
             del fused  # one graph's copies at a time

@@ -51,7 +51,7 @@ def quantize_graphs(src: Artifact, protos: dict[str, onnx.ModelProto], out: Path
     else:
         for role, file in SEQ2SEQ_FILES.items():
             proto = protos.pop(role)
-            reports[file] = quantize_weights(proto, recipe)
+            reports[file] = quantize_weights(proto, recipe, head_gemm=True)
             save_graph(proto, out / file)
             del proto
     for file in SEQ2SEQ_FILES.values():

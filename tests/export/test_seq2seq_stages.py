@@ -120,6 +120,9 @@ def test_optimize_fuses_every_attention_and_keeps_outputs(run):
         "decoder_with_past_model.onnx": {"self": f"{layers} of {layers}",
                                          "cross": f"{layers} of {layers}"}}
     assert m["fusions"]["decoder_with_past_model.onnx"]["attention_with_past"] == layers
+    # the cached cross keys / values read in place (BNSH), no copy of them a step
+    assert m["fusions"]["decoder_with_past_model.onnx"]["cross_attention_bnsh"] == layers
+    assert "Transpose" not in m["op_counts"]["decoder_with_past_model.onnx"]
     for file in FILES:
         assert m["op_counts"][file]["com.microsoft.MultiHeadAttention"] == \
             (layers if file.startswith("encoder") else 2 * layers)
@@ -170,6 +173,12 @@ def test_qgemm_and_static_quantize_and_load(run, pairs_tsv, tmp_path):
     assert entry["u8s8_gemm"] and (entry["weight_bits"] == 7) == saturates_here()
     _check_report(qgemm.manifest["accuracy"])
     _translates(tmp_path / "qgemm")
+    for file in ("decoder_model.onnx", "decoder_with_past_model.onnx"):
+        # the lm_head an int8 GEMM too, final_logits_bias inside it: logits come from it
+        graph = onnx.load(tmp_path / "qgemm" / file, load_external_data=False).graph
+        head = next(n for n in graph.node if "logits" in n.output)
+        bias = any("final_logits_bias" in i.name for i in graph.initializer)  # Marian's
+        assert head.op_type == "DynamicQuantizeMatMul" and len(head.input) == 4 + bias, head
     if saturates_here():
         with pytest.raises(QuantizeError, match="saturate on this CPU"):
             quantize(out / "onnx-opt", tmp_path / "qgemm8", kernel="qgemm", reduce_range=False)
