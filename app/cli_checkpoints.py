@@ -129,7 +129,8 @@ def import_hf(
                                                    "(config.json, "
                                                    "model.safetensors or shards, tokenizer.json "
                                                    "[+ tokenizer_config.json]; GPT-2 may have "
-                                                   "vocab.json + merges.txt).")],
+                                                   "vocab.json + merges.txt); or a llama.cpp "
+                                                   "GGUF file of a Llama (MODEL.gguf).")],
     out: Annotated[Path, typer.Argument(help="tinyt checkpoint directory to write.")],
     context: Annotated[Optional[int], typer.Option(
         help="Keep a shorter context than the model's max_position_embeddings: N tokens, 2 to "
@@ -150,7 +151,9 @@ def import_hf(
     BartForConditionalGeneration, MBartForConditionalGeneration, MarianMTModel (Opus-MT),
     M2M100ForConditionalGeneration (M2M100, NLLB), T5ForConditionalGeneration (T5, Flan-T5).
     Anything else tinyt's model does not implement is refused by name
-    (tests/core/test_family_lists.py keeps this list the catalogue's)."""
+    (tests/core/test_family_lists.py keeps this list the catalogue's). A GGUF file (llama.cpp's;
+    needs the gguf package) of a Llama is read the same way: its Q4_0 / Q4_1 / Q8_0 blocks are
+    kept beside the fp32 weights for tinyt quantize to carry as they are."""
     from tinyt.hf import import_hf as run_import
 
     path = run_import(directory, out, context=context, log=lambda s: typer.echo(s, err=True))

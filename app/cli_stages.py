@@ -221,6 +221,11 @@ def quantize(
         help="Try the variants and keep the fastest whose validation loss is at most this "
              "fraction above the source's (0.02 = +2%; classifier: accuracy points; encoder: "
              "the recall@10 it may lose).")] = None,
+    gguf_blocks: Annotated[bool, typer.Option(
+        "--gguf-blocks",
+        help="A GGUF import's Q4_0 / Q4_1 / Q8_0 weights as MatMulNBits tables of their own "
+             "blocks, not quantized again (needs --block-size 32); the rest by the recipe.")]
+        = False,
 ) -> None:
     """Quantize weights (the tied embedding / lm_head once) and report the accuracy change."""
     from tinyt.export.quantize import quantize as run_quantize
@@ -231,11 +236,15 @@ def quantize(
                    calibration=calibration, per_channel=per_channel, reduce_range=reduce_range,
                    kernel=kernel, keep_8bit=keep_8bit or [], scheme=scheme,
                    scale_search=scale_search)
+    if max_loss_increase is not None and gguf_blocks:
+        from tinyt.errors import QuantizeError
+        raise QuantizeError("--gguf-blocks carries one table per weight as the GGUF stores it; "
+                            "--max-loss-increase searches recipes: use one or the other")
     if max_loss_increase is not None:
         path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg,
                                **choices)
     else:
-        path = run_quantize(src, out, data=data_arg, **choices)
+        path = run_quantize(src, out, data=data_arg, gguf_blocks=gguf_blocks, **choices)
     _say_quantized(path)
 
 
@@ -255,6 +264,10 @@ def _say_quantized(path) -> None:
                f"{', '.join(q['excluded']) or 'none'}; shared tables: {q['shared_tables']}")
     if q.get("kept_8bit"):
         typer.echo(f"kept at 8 bits: {', '.join(q['kept_8bit'])}")
+    if "gguf_blocks" in q:
+        g = q["gguf_blocks"]
+        typer.echo(f"GGUF blocks carried as stored: {len(g['carried'])} tables; by the recipe: "
+                   + (", ".join(f"{k} ({why})" for k, why in g["not_carried"].items()) or "none"))
     typer.echo(f"size: {q['bytes']:,} bytes = {q['size_ratio']:.1%} of the source")
     for key, value in a.items():
         if isinstance(value, float):

@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 from tinyt.graphio import CONTRIB_DOMAIN
 from tinyt.recipe import SCHEMES, QuantRecipe
 
+from .gguf_blocks import BITS, BLOCK, carried_table
 from .kvfuse import drop_dead
 
 
@@ -35,6 +36,8 @@ class QuantReport:
     kept_8bit: list[str] = field(default_factory=list)  # "module (op)" at 8 bits in a 4-bit run
     keep_8bit_used: set[str] = field(default_factory=set)  # the keep_8bit names that matched
     modules: set[str] = field(default_factory=set)  # every module holding a weight node
+    carried: list[str] = field(default_factory=list)  # "module (GGUF type)" taken as stored
+    not_carried: dict[str, str] = field(default_factory=dict)  # module -> why the recipe's
 
 
 # How a block's values map to 2^bits levels (tinyt.recipe.SCHEMES; one fp32 scale per block;
@@ -171,7 +174,8 @@ def channel_quantize(w: np.ndarray, qmax: int = 127) -> tuple[np.ndarray, np.nda
     return q, scales.astype(np.float32)
 
 
-def quantize_weights(proto: onnx.ModelProto, recipe: QuantRecipe, *,
+def quantize_weights(proto: onnx.ModelProto, recipe: QuantRecipe,
+                     gguf: dict[str, tuple[str, np.ndarray]] | None = None, *,
                      head_gemm: bool = False) -> QuantReport:
     """Rewrite `proto` in place as the (dynamic or weight-only) recipe says; see the module
     docstring. Returns what was done. head_gemm (with an int8 GEMM kernel): the tied lm_head
@@ -200,14 +204,18 @@ def quantize_weights(proto: onnx.ModelProto, recipe: QuantRecipe, *,
     reduce_range: 7-bit weights, for x86 without VNNI, whose u8 x s8 products can saturate.
     scheme / scale_search: how each block's values map to levels (SCHEMES). The scheme shapes
     the 4-bit tables; an 8-bit table (kept by keep_8bit) stays symmetric, the form whose
-    products tinyt/int8.py records exact on every CPU; the scale search applies to both."""
+    products tinyt/int8.py records exact on every CPU; the scale search applies to both.
+
+    gguf: a GGUF import's blocks by checkpoint weight name (tinyt.hf.gguf.read_blocks): a
+    weight with blocks becomes the table export/gguf_blocks.py makes of them, at their width
+    (Q8_0: 8 bits), once they are checked to dequantize to the graph's fp32 weight."""
     # accuracy_level: dynamic 4, weight-only 0, static None
     if recipe.accuracy_level is None or recipe.block_size is None:
         raise ValueError("quantize_weights makes MatMulNBits and int8 GEMM graphs; a static "
                          "recipe is export/qdq.py's")
     graph = proto.graph
     report = QuantReport()
-    rewrite = _Rewrite(graph, recipe, report, head_gemm=head_gemm)
+    rewrite = _Rewrite(graph, recipe, report, gguf or {}, head_gemm=head_gemm)
     new_nodes = [new for node in graph.node for new in rewrite.replace(node)]
     del graph.node[:]
     graph.node.extend(new_nodes)
@@ -230,8 +238,8 @@ class _Rewrite:
     block-quantized tables made so far (each once however many nodes read it) and the new
     initializers, with what was done recorded in `report`."""
 
-    def __init__(self, graph: onnx.GraphProto, recipe: QuantRecipe, report: QuantReport, *,
-                 head_gemm: bool = False):
+    def __init__(self, graph: onnx.GraphProto, recipe: QuantRecipe, report: QuantReport,
+                 gguf: dict[str, tuple[str, np.ndarray]], *, head_gemm: bool = False):
         self.recipe, self.report = recipe, report
         self.head_gemm = head_gemm and recipe.int8_gemm
         self.exclude, keep_8bit = list(recipe.exclude), list(recipe.keep_8bit)
@@ -244,9 +252,12 @@ class _Rewrite:
             if n.op_type == "Transpose" and n.input[0] in self.inits
             and [helper.get_attribute_value(a) for a in n.attribute] in ([], [[1, 0]])}
         self.width: dict[str, int] = {}  # weight -> its table's bits: the widest any reader asks
+        self.gguf = _gguf_weights(graph, self.inits, self.transposed, gguf, report)
         for node in graph.node:
             weight, _ = _weight_of(node, self.inits, self.transposed)
-            if weight is not None:
+            if weight in self.gguf:
+                self.width[weight] = BITS[self.gguf[weight][0]]
+            elif weight is not None:
                 keep = excluded_by(module_of(node, weight), keep_8bit)
                 if keep:
                     report.keep_8bit_used.add(keep)
@@ -296,6 +307,20 @@ class _Rewrite:
         """The block-quantized table of weight `name`, made once however many nodes read it:
         at 4 bits in the recipe's scheme, at 8 symmetric (the form tinyt/int8.py records
         exact)."""
+        if name in self.gguf and name not in self.tables:
+            kind, raw = self.gguf.pop(name)
+            table = carried_table(kind, raw, rows) if blk == BLOCK else \
+                f"the recipe's blocks of {blk} are not GGUF's {BLOCK}"
+            if isinstance(table, str):
+                self.report.not_carried[name] = table
+                self.width[name] = self.recipe.bits
+            else:
+                self.report.carried.append(f"{name} ({kind})")
+                self.new_inits.extend(numpy_helper.from_array(a, f"{name}_{part}") for a, part in
+                                      ((table.packed, f"q{table.bits}"), (table.scales, "scales"),
+                                       (table.zero_points, "zero_points")) if a is not None)
+                self.tables[name] = (f"{name}_q{table.bits}", f"{name}_scales", None
+                                     if table.zero_points is None else f"{name}_zero_points")
         if name not in self.tables:
             b, recipe = self.width[name], self.recipe
             q, s, z = block_quantize(rows, b, blk, recipe.scheme if b == 4 else "symmetric",
@@ -307,6 +332,30 @@ class _Rewrite:
             self.tables[name] = (f"{name}_q{b}", f"{name}_scales",
                                  None if z is None else f"{name}_zero_points")
         return self.tables[name]
+
+
+def _gguf_weights(graph: onnx.GraphProto, inits: dict, transposed: dict,
+                  gguf: dict[str, tuple[str, np.ndarray]], report: QuantReport
+                  ) -> dict[str, tuple[str, np.ndarray]]:
+    """The GGUF blocks by the graph's weight initializer, found through the module a node
+    reads it in (its checkpoint name: module + '.weight'; the tied table by the embedding's);
+    a table with float zero points (Q4_1) is left out where a Gather reads it
+    (GatherBlockQuantized takes packed integer zero points)."""
+    out, gathered = {}, set()
+    for node in graph.node:
+        weight, _ = _weight_of(node, inits, transposed)
+        if weight is None:
+            continue
+        if node.op_type == "Gather":
+            gathered.add(weight)
+        found = gguf.get(f"{module_of(node, weight)}.weight")
+        if found is not None:
+            out.setdefault(weight, found)
+    for weight in sorted(gathered & set(out)):
+        if out[weight][0] == "Q4_1":
+            report.not_carried[weight] = "Q4_1's float zero points: a Gather reads this table"
+            del out[weight]
+    return out
 
 
 def _weight_of(node: onnx.NodeProto, inits: dict, transposed: dict) -> tuple[str | None, bool]:

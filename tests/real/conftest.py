@@ -52,5 +52,13 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The Q4_1 GGUF file itself (what smollm2_dir was made from)."""
+    from tests.real.build import GGUF
+
+    return _real("gguf", GGUF) / GGUF
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     return _real("minilm", "modules.json")

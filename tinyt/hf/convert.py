@@ -54,15 +54,17 @@ CHECK_TOKENS = 64  # prompt length of the logits check, unless positions are a l
 def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
               context: int | None = None, log: Callable[[str], None] = lambda s: None) -> Path:
     """Write a tinyt checkpoint from a local Hugging Face directory of a catalogue family
-    (GPT2LMHeadModel, LlamaForCausalLM, ..., BertModel, ..., T5ForConditionalGeneration);
-    returns out. An encoder-decoder's generation_config.json start and forced first token are
-    read over config.json's.
+    (GPT2LMHeadModel, LlamaForCausalLM, ..., BertModel, ..., T5ForConditionalGeneration), or
+    from a GGUF file of a Llama (tinyt/hf/gguf.py); returns out. An encoder-decoder's
+    generation_config.json start and forced first token are read over config.json's.
 
     context: keep a shorter context than the model's max_position_embeddings (block_size = N,
     2 <= N <= the model's). Exact for the positions kept: computed rotary positions do not
     depend on it (refused where a rope scaling would), and a learned table (GPT-2) keeps its
     first N rows. The checkpoint's metrics record {"context": N, "model_context": the model's}."""
     directory, out = Path(directory), Path(out)
+    if directory.is_file():  # a GGUF file (llama.cpp's): its own reader, the same tail
+        return _import_gguf(directory, out, context=context, log=log)
     if not directory.is_dir():
         raise CheckpointError(f"Hugging Face model directory {directory} does not exist")
     check_import_target(out)
@@ -99,12 +101,30 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     state = state_from_hf(family, tensors, cfg, source)
     kept = {}
     if context is not None:
-        cfg, state = _shorter_context(cfg, state, context, str(directory / "config.json"))
+        cfg, state = shorter_context(cfg, state, context, str(directory / "config.json"))
         kept = {"context": cfg.block_size, "model_context": model_context}
         log(f"context: {cfg.block_size} of the model's {model_context} tokens")
     return save_import(out, cfg, tok, state, source=source, log=log, labels=labels, metrics={
         "imported_from": "huggingface", "architecture": family.architecture,
         "source_dir": str(directory.resolve()), **kept})
+
+
+def _import_gguf(path: Path, out: Path, *, context: int | None,
+                 log: Callable[[str], None]) -> Path:
+    """import_hf of a GGUF file: tinyt.hf.gguf reads it; the checkpoint also holds the
+    file's Q4_0 / Q4_1 / Q8_0 blocks (gguf.BLOCKS_FILE) for the quantize stage."""
+    from tinyt.hf.gguf import BLOCKS_FILE, read_gguf_model, write_blocks
+
+    check_import_target(out)
+    read = read_gguf_model(path, log)
+    cfg, state, kept = read.config, read.state, {}
+    if context is not None:
+        cfg, state = shorter_context(cfg, state, context, f"GGUF file {path}")
+        kept = {"context": cfg.block_size, "model_context": read.config.block_size}
+        log(f"context: {cfg.block_size} of the model's {read.config.block_size} tokens")
+    return save_import(out, cfg, read.tokenizer, state, source=f"GGUF file {path}", log=log,
+                       metrics={**read.metrics, **kept},
+                       files=lambda tmp: write_blocks(tmp / BLOCKS_FILE, read.blocks))
 
 
 # generation_config.json's keys an encoder-decoder's import reads over config.json's
@@ -123,7 +143,7 @@ def _generation_settings(directory: Path) -> dict[str, Any]:
     return {k: gen[k] for k in GENERATION_KEYS if k in gen}
 
 
-def _shorter_context(cfg: ModelConfig, state: dict[str, torch.Tensor], context: int,
+def shorter_context(cfg: ModelConfig, state: dict[str, torch.Tensor], context: int,
                      source: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The config and weights of the model at `context` tokens (import-hf --context)."""
     if not (isinstance(context, int) and not isinstance(context, bool)
