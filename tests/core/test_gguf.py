@@ -12,9 +12,9 @@ import struct
 import numpy as np
 import pytest
 import torch
+from conftest import run_tinyt
+from gguf_fixtures import SIZE, hf_state, tokens, write_gguf
 
-from tests.conftest import run_tinyt
-from tests.gguf_fixtures import SIZE, hf_state, tokens, write_gguf
 from tinyt.checkpoint import load_checkpoint
 from tinyt.errors import CheckpointError, ConversionError
 from tinyt.hf import HF_LOGITS_ATOL, LLAMA, import_hf, state_from_hf

@@ -15,8 +15,8 @@ import shutil
 
 import numpy as np
 import pytest
+from gguf_fixtures import write_gguf
 
-from tests.gguf_fixtures import write_gguf
 from tinyt.errors import QuantizeError
 from tinyt.export.gguf_blocks import BITS, dequantize_table, nbits_table
 
