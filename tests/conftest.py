@@ -19,6 +19,18 @@ LONGEST_FIRST = ("tests/test_readme.py", "tests/export/test_families_dirs.py",
                  "tests/real/test_minilm.py", "tests/test_faults.py", "tests/test_packaging.py")
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The README test's slowest commands (its record_property, which pytest-xdist carries
+    back from the worker): where its time goes, in CI's output too."""
+    for report in (r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])
+                   if getattr(r, "when", None) == "call"):
+        costs = dict(report.user_properties).get("command_seconds")
+        if costs:
+            terminalreporter.write_sep("=", "the README test's slowest commands")
+            for seconds, command in costs[:25]:
+                terminalreporter.write_line(f"{seconds:7.1f} s  {command[:110]}")
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))

@@ -489,6 +489,9 @@ def _matches(command: str, table: dict) -> str | None:
     return next((p for p in table if command.startswith(p)), None)
 
 
+COSTS: list[tuple[float, str]] = []  # (seconds, command) of each command run
+
+
 def _run_block(commands: list[str], work: Path, env: dict, proven: dict) -> int:
     """Run one block's commands in `work`, each as far as `proven` (form -> engines, of the
     commands run in `work` before) leaves it something to prove; returns how many ran."""
@@ -503,7 +506,8 @@ def _run_block(commands: list[str], work: Path, env: dict, proven: dict) -> int:
         start = time.perf_counter()
         proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
                               timeout=600)
-        print(f"{time.perf_counter() - start:6.1f} s  {command}")  # pytest -s shows the costs
+        COSTS.append((time.perf_counter() - start, command))
+        print(f"{COSTS[-1][0]:6.1f} s  {command}")  # pytest -s shows the costs
         expected = FAILS_HERE.get(_matches(command, FAILS_HERE) or "")
         if expected:
             assert proc.returncode == expected[0] and expected[1] in proc.stderr, \
@@ -516,7 +520,15 @@ def _run_block(commands: list[str], work: Path, env: dict, proven: dict) -> int:
 
 
 @pytest.mark.slow
-def test_every_readme_command_runs_at_small_size(tmp_path):
+def test_every_readme_command_runs_at_small_size(tmp_path, record_property):
+    COSTS.clear()  # the commands' seconds, the slowest printed at the run's end (conftest.py)
+    try:
+        _run_every_block(tmp_path)
+    finally:
+        record_property("command_seconds", sorted(COSTS, reverse=True))
+
+
+def _run_every_block(tmp_path):
     import shutil
 
     results = ROOT / "benchmarks" / "results"
