@@ -148,19 +148,25 @@ def u8s8_exact() -> bool | None:
     return True
 
 
-def physical_cores(cpuinfo: str | None = None) -> int:
-    """Physical cores (hyper-threads counted once); the logical count where unknown."""
+def physical_cores(cpuinfo: str | None = None, allowed: set[int] | None = None) -> int:
+    """Physical cores this process may run on (hyper-threads counted once): the processors of
+    its CPU affinity mask (taskset, a container's cpuset; `allowed`, else os.sched_getaffinity)
+    grouped by core; the mask's size where /proc/cpuinfo says nothing of cores."""
     if cpuinfo is None:
         cpuinfo = _cpuinfo()
-    cores, phys = set(), "0"
+    if allowed is None and hasattr(os, "sched_getaffinity"):
+        allowed = os.sched_getaffinity(0)
+    cores, processor, phys = set(), None, "0"
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
-        if key == "physical id":
+        if key == "processor":
+            processor = int(value) if value.strip().isdigit() else None
+        elif key == "physical id":
             phys = value.strip()
-        elif key == "core id":
+        elif key == "core id" and (allowed is None or processor is None or processor in allowed):
             cores.add((phys, value.strip()))
-    return len(cores) or os.cpu_count() or 1
+    return len(cores) or (len(allowed) if allowed else os.cpu_count() or 1)
 
 
 def available_memory(meminfo: str | None = None, cgroup: Path | None = None) -> int | None:

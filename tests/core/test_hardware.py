@@ -61,3 +61,17 @@ def test_the_probe_graph_is_the_graph_it_says():
                               producer_name="tinyt")
     model.ir_version = 7
     assert model.SerializeToString() == PROBE_GRAPH
+
+
+# two sockets of two cores with hyper-threads: processors 0-3 on socket 0 (cores 0, 1 twice),
+# 4-7 on socket 1
+TWO_SOCKETS = "".join(f"processor\t: {p}\nphysical id\t: {p // 4}\ncore id\t\t: {p % 2}\n\n"
+                      for p in range(8))
+
+
+def test_physical_cores_are_those_the_process_may_run_on():
+    from tinyt.hardware import physical_cores
+    assert physical_cores(TWO_SOCKETS, allowed=set(range(8))) == 4
+    assert physical_cores(TWO_SOCKETS, allowed={0, 2}) == 1  # one core's two hyper-threads
+    assert physical_cores(TWO_SOCKETS, allowed={0, 1, 4}) == 3  # taskset -c 0,1,4
+    assert physical_cores("", allowed={3, 5}) == 2  # no cores listed: the mask's size
