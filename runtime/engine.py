@@ -32,12 +32,9 @@ events are runtime/request.py's.
 """
 from __future__ import annotations
 
-import collections
-import contextlib
 import heapq
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,6 +42,7 @@ from tinyt.contract import SHARED_CACHE_KIND
 from tinyt.errors import ConfigError, NonFiniteError, QueueFull
 
 from .detok import TextStream
+from .engine_loop import EngineLoop
 from .generate import LanguageModel
 from .request import Done, Request, Scored, Token
 from .rows import ENGINE_LOWER, SeparateRows, SharedRows, rows_independent
@@ -61,7 +59,7 @@ __all__ = ["DEFAULT_PREFIX_BYTES", "ENGINE_LOWER", "Done", "Engine", "QueueFull"
 DEFAULT_PREFIX_BYTES = 256 << 20
 
 
-class Engine:
+class Engine(EngineLoop):
     """A thread that batches requests continuously on one loaded model.
 
         engine = Engine(rt.load("artifacts/onnx-int8-gqa"), max_batch=8).start()
@@ -89,7 +87,8 @@ class Engine:
                 f"{original} tokens (a sequence's whole cache made again there), and the rows "
                 f"of one batch share one table: serve it with a context of at most {original} "
                 f"(rt.load's max_context, --max-context); this one is {lm.context}")
-        self.lm, self.max_batch, self.max_queue = lm, max_batch, max_queue
+        super().__init__(max_queue=max_queue)
+        self.lm, self.max_batch = lm, max_batch
         # Prompt tokens admitted between two steps (at least one request's): the running rows
         # wait for those prompts, so this bounds the time between their tokens.
         self.prefill_tokens = prefill_tokens
@@ -108,15 +107,9 @@ class Engine:
         self._filling: dict[int, list] = {}
         self.prefix_cache_bytes = self._prefix_budget(prefix_cache_bytes)
         self.rows = self._make_rows()
-        self._waiting: collections.deque[Request] = collections.deque()
         self._running: dict[int, Request] = {}
         self._rngs: dict[int, np.random.Generator | None] = {}
         self._free = list(range(max_batch))  # a heap: the lowest free row is taken first
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self.steps_run = 0  # decode steps, for metrics
-        self.tokens_generated = 0
 
     def _prefix_budget(self, wanted: int | None) -> int:
         """The prefix store's bytes: `wanted` (None: DEFAULT_PREFIX_BYTES where reuse is
@@ -156,11 +149,6 @@ class Engine:
         return getattr(self.rows, "shared_prompt_tokens", 0)
 
     # -- the caller's side ------------------------------------------------------------------
-    def start(self) -> Engine:
-        self._thread = threading.Thread(target=self._run, name="tinyt-engine", daemon=True)
-        self._thread.start()
-        return self
-
     def submit(self, prompt_ids: list[int], params: SamplingParams, *,
                listener: Callable[[Token | Done | Scored], None] | None = None,
                logprobs: int | None = None, prompt_logprobs: int | None = None,
@@ -179,83 +167,49 @@ class Engine:
             self.lm.check_scoring()
         req = Request(ids, params, listener=listener, logprobs=logprobs,
                       prompt_logprobs=prompt_logprobs, constraint=constraint)
-        with self._cond:
-            if self._stopping:
-                raise QueueFull("the engine is stopping and takes no new requests")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue "
-                                f"{self.max_queue})")
-            self._waiting.append(req)
-            self._cond.notify()
+        self._enqueue(req)
         return req
-
-    @contextlib.contextmanager
-    def together(self) -> Iterator[None]:
-        """Requests submitted inside wait for the engine's next step together, so one step
-        admits them all where rows and its prompt budget allow: a request's n samples, whose
-        prompt then runs once (the engine's lock, re-entrant, is held meanwhile)."""
-        with self._cond:
-            yield
-
-    def stop(self, *, cancel: bool = False, timeout: float | None = 30.0) -> None:
-        """Take no new requests; finish what runs and waits (cancel=True: cancel it), then
-        end the thread."""
-        with self._cond:
-            self._stopping = True
-            if cancel:
-                for req in [*self._waiting, *self._running.values(),
-                            *(f[0] for f in self._filling.values())]:
-                    req.cancel()
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def queue_depth(self) -> int:
-        return len(self._waiting)
 
     @property
     def running(self) -> int:
         return len(self._running)
 
-    # -- the engine's thread ------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._waiting or self._running or self._filling
-                                    or self._stopping)
-                if self._stopping and not self._waiting and not self._running \
-                        and not self._filling:
-                    return
-                new: dict[int, Request] = {}
-                budget = self.prefill_tokens
-                runs: set[tuple[int, ...]] = set()  # prompts this step computes (admit's twins)
-                while self._waiting and self._free and (
-                        self.prefill_chunk or not new
-                        or len(self._waiting[0].prompt_ids) <= budget
-                        or tuple(self._waiting[0].prompt_ids) in runs):  # a copy: no budget
-                    req = self._waiting.popleft()
-                    if req.cancelled:
-                        req._emit(Done("cancelled", ""))
-                        continue
-                    new[heapq.heappop(self._free)] = req
-                    key = tuple(req.prompt_ids)
-                    if key not in runs or req.prompt_logprobs is not None:
-                        budget -= len(req.prompt_ids)
-                    if req.prompt_logprobs is None:
-                        runs.add(key)
-            try:
-                self._iterate(new)
-            except Exception as e:  # a broken model: every request learns it, none hangs
-                filling = [f[0] for f in self._filling.values()]
-                for req in [*new.values(), *self._running.values(), *filling]:
-                    if req.done is None:
-                        req._emit(Done("error", "", f"{type(e).__name__}: {e}"))
-                with self._cond:
-                    self._running.clear()
-                    self._filling.clear()
-                    self._free = list(range(self.max_batch))
-                    self.rows = self._make_rows()
+    # -- the engine's thread (EngineLoop's loop) ------------------------------------------------
+    def _busy(self) -> bool:
+        return bool(self._running or self._filling)
+
+    def _admit(self) -> dict[int, Request]:
+        """The waiting requests this step takes, by row: as many as free rows and the prompt
+        budget allow, at least one; a prompt admitted twice (n samples) counts once, as its
+        copy runs no prompt."""
+        new: dict[int, Request] = {}
+        budget = self.prefill_tokens
+        runs: set[tuple[int, ...]] = set()  # prompts this step computes (admit's twins)
+        while self._waiting and self._free and (
+                self.prefill_chunk or not new
+                or len(self._waiting[0].prompt_ids) <= budget
+                or tuple(self._waiting[0].prompt_ids) in runs):  # a copy: no budget
+            req = self._waiting.popleft()
+            if req.cancelled:
+                req._emit(Done("cancelled", ""))
+                continue
+            new[heapq.heappop(self._free)] = req
+            key = tuple(req.prompt_ids)
+            if key not in runs or req.prompt_logprobs is not None:
+                budget -= len(req.prompt_ids)
+            if req.prompt_logprobs is None:
+                runs.add(key)
+        return new
+
+    def _in_flight(self, new: dict[int, Request] | None) -> list[Request]:
+        return [*(new or {}).values(), *self._running.values(),
+                *(f[0] for f in self._filling.values())]
+
+    def _reset(self) -> None:
+        self._running.clear()
+        self._filling.clear()
+        self._free = list(range(self.max_batch))
+        self.rows = self._make_rows()
 
     def _iterate(self, new: dict[int, Request]) -> None:
         for row, req in list(self._running.items()):  # cancelled: freed within a step

@@ -27,20 +27,18 @@ requests that arrive together (a list of prompts, n samples, a burst) batch best
 """
 from __future__ import annotations
 
-import collections
-import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from tinyt.errors import ConfigError, NonFiniteError, QueueFull
+from tinyt.errors import ConfigError, NonFiniteError
 
 from .arguments import token_rows
 from .detok import TextStream
 from .encoder_decoder import DecoderSteps, Seq2SeqModel
+from .engine_loop import EngineLoop
 from .request import Done, Request, Scored, Token
 from .rules import Rules
 from .sampling import SamplingParams, next_token
@@ -70,7 +68,7 @@ class _Cohort:
     logits: np.ndarray
 
 
-class Seq2SeqEngine:
+class Seq2SeqEngine(EngineLoop):
     """A thread that batches translation requests continuously on one Seq2SeqModel.
 
         model = rt.load("artifacts/opus-mt-onnx")
@@ -80,13 +78,16 @@ class Seq2SeqEngine:
         print(req.wait().text); engine.stop()
     """
 
+    THREAD_NAME = "tinyt-seq2seq"
+
     def __init__(self, model: Seq2SeqModel, *, max_batch: int = 8, max_queue: int = 64,
                  prefill_tokens: int = SOURCE_TOKENS):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue),
                             ("prefill_tokens", prefill_tokens)):
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ConfigError(f"{name}={value!r} must be an integer >= 1")
-        self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
+        super().__init__(max_queue=max_queue)
+        self.model, self.max_batch = model, max_batch
         self.prefill_tokens = prefill_tokens
         self.batched = True  # rows of a cohort share each decoder run
         gen = model.generation
@@ -94,24 +95,13 @@ class Seq2SeqEngine:
         # generate's text skips special tokens (a language token, padding): so does the stream
         self._special = {i for i, t in model.tokenizer.hf.get_added_tokens_decoder().items()
                          if t.special}
-        self._waiting: collections.deque[tuple[Request, Rules]] = collections.deque()
         self._cohorts: list[_Cohort] = []
         self._live = 0  # rows in the cohorts
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self.steps_run = 0  # steps (one token for every running row), for metrics
-        self.tokens_generated = 0
         self.decoder_runs = 0  # runs of the decoder graphs (a cohort's first, then its steps)
         self.widest_step = 0  # the most rows that took a token in one step
         self.widest_run = 0  # the most rows in one decoder run
 
     # -- the caller's side ------------------------------------------------------------------
-    def start(self) -> Seq2SeqEngine:
-        self._thread = threading.Thread(target=self._run, name="tinyt-seq2seq", daemon=True)
-        self._thread.start()
-        return self
-
     def submit(self, source_ids: list[int], params: SamplingParams, *,
                listener: Callable[[Token | Done | Scored], None] | None = None,
                logprobs: int | None = None, prompt_logprobs: int | None = None,
@@ -134,63 +124,26 @@ class Seq2SeqEngine:
             check_top(logprobs, "logprobs")
         rules = self.model.settings(max_new_tokens=params.max_new_tokens, tgt_lang=tgt_lang).rules
         req = Request(ids, params, listener=listener, logprobs=logprobs)
-        with self._cond:
-            if self._stopping:
-                raise QueueFull("the engine is stopping and takes no new requests")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue "
-                                f"{self.max_queue})")
-            self._waiting.append((req, rules))
-            self._cond.notify()
+        self._enqueue((req, rules))
         return req
-
-    @contextlib.contextmanager
-    def together(self) -> Iterator[None]:
-        """Requests submitted inside wait for the engine's next step together, so one step
-        admits them into one cohort where rows and its source budget allow."""
-        with self._cond:
-            yield
-
-    def stop(self, *, cancel: bool = False, timeout: float | None = 30.0) -> None:
-        """Take no new requests; finish what runs and waits (cancel=True: cancel it), then
-        end the thread."""
-        with self._cond:
-            self._stopping = True
-            if cancel:
-                for req in [r for r, _ in self._waiting]:
-                    req.cancel()
-                for cohort in self._cohorts:
-                    for row in cohort.rows:
-                        row.req.cancel()
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def queue_depth(self) -> int:
-        return len(self._waiting)
 
     @property
     def running(self) -> int:
         return self._live
 
-    # -- the engine's thread ------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._waiting or self._cohorts or self._stopping)
-                if self._stopping and not self._waiting and not self._cohorts:
-                    return
-                new = self._admit()
-            try:
-                self._iterate(new)
-            except Exception as e:  # a broken model: every request learns it, none hangs
-                rows = [*new, *(row for cohort in self._cohorts for row in cohort.rows)]
-                for row in rows:
-                    if row.req.done is None:
-                        row.req._emit(Done("error", "", f"{type(e).__name__}: {e}"))
-                with self._cond:
-                    self._cohorts, self._live = [], 0
+    # -- the engine's thread (EngineLoop's loop) ------------------------------------------------
+    def _busy(self) -> bool:
+        return bool(self._cohorts)
+
+    @staticmethod
+    def _request(item: tuple[Request, Rules]) -> Request:
+        return item[0]
+
+    def _in_flight(self, new: list[_Row] | None) -> list[Request]:
+        return [row.req for row in [*(new or ()), *(r for c in self._cohorts for r in c.rows)]]
+
+    def _reset(self) -> None:
+        self._cohorts, self._live = [], 0
 
     def _admit(self) -> list[_Row]:
         """The waiting requests this step takes (the caller holds the lock): as many as free
