@@ -18,6 +18,9 @@ any duplicate of it) is never on both sides. Exact duplicate pairs are dropped.
 from __future__ import annotations
 
 import ast
+import collections
+import functools
+import hashlib
 import json
 import os
 import re
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from tinyt import data as D
 from tinyt.errors import DataError
+from tinyt.fsutil import write_json
 
 SOURCE_CHARS = 600  # a function's code is cut at the line end that passes this many chars
 TARGET_CHARS = 160  # a longer first sentence is left out: a summary, not a paragraph
@@ -89,9 +93,7 @@ def function_pairs(text: str) -> list[tuple[str, str]]:
         return []  # not Python 3 (a template, a test's bad input): nothing to learn from
     lines = text.splitlines()
     pairs = []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
+    for node in _functions(tree):
         doc = ast.get_docstring(node)
         if not doc or len(node.body) < 2:
             continue
@@ -105,6 +107,20 @@ def function_pairs(text: str) -> list[tuple[str, str]]:
         source = _cut(textwrap.dedent("\n".join(code)).splitlines(), SOURCE_CHARS)
         pairs.append((source, target))
     return pairs
+
+
+_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def _functions(tree: ast.AST):
+    """The functions and methods of a module in ast.walk's order (breadth first), without
+    entering expressions, which hold no statements (the walk then visits ~1 node in 8)."""
+    queue = collections.deque([tree])
+    while queue:
+        node = queue.popleft()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+        queue.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, _HOLDS_STATEMENTS))
 
 
 def _code_pairs(root: Path, pattern: str, skip: set[str], source: str) -> ParallelData:
@@ -203,13 +219,49 @@ def split_pairs(source: str, pairs: list[tuple[str, str]]) -> ParallelData:
                         [p for p in pairs if p[0] in held])
 
 
+@functools.lru_cache(maxsize=1)
+def _stdlib_pairs(root: Path) -> ParallelData:
+    """The built-in pairs: parsing the library's ~600 files takes 5-10 s, and the training,
+    each quantization's report and the peers' check all read them, so they are read once a
+    process and kept on disk (cache_dir(), JSON) under a key of what they are made from: the
+    files' paths, sizes and modification times, and the code that extracts them."""
+    files = D._walk(root, "*.py", D._SKIP_DIRS)
+    key = hashlib.sha256(Path(__file__).read_bytes() + Path(D.__file__).read_bytes())
+    for f in files:
+        st = f.stat()
+        key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    cache = cache_dir() / f"stdlib-pairs-{key.hexdigest()[:24]}.json"
+    try:
+        kept = json.loads(cache.read_text(encoding="utf-8"))
+        return ParallelData(kept["source"], [(s, t) for s, t in kept["train"]],
+                            [(s, t) for s, t in kept["val"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: made again
+    made = _code_pairs(root, "*.py", D._SKIP_DIRS,
+                       f"Python standard library functions -> docstrings ({root})")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_json(cache, {"source": made.source, "train": made.train, "val": made.val})
+    except OSError:
+        pass  # a read-only home: read again next time
+    return made
+
+
+def cache_dir() -> Path:
+    """Where tinyt keeps what it derives from files that rarely change: $TINYT_CACHE, else
+    $XDG_CACHE_HOME/tinyt, else ~/.cache/tinyt."""
+    if os.environ.get("TINYT_CACHE"):
+        return Path(os.environ["TINYT_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tinyt"
+
+
 def load_pairs(data: str | os.PathLike | None = None) -> ParallelData:
     """The built-in standard-library pairs (data=None), or a user's .tsv, .jsonl or
     directory of .py files."""
     if data is None:
-        root = D.stdlib_dir()
-        return _code_pairs(root, "*.py", D._SKIP_DIRS,
-                           f"Python standard library functions -> docstrings ({root})")
+        built_in = _stdlib_pairs(D.stdlib_dir())
+        return ParallelData(built_in.source, list(built_in.train), list(built_in.val))
     path = Path(data)
     if not path.exists():
         raise DataError(f"seq2seq data {path} does not exist; pass {', '.join(FORMS)}")

@@ -143,6 +143,33 @@ def test_code_directory_split_by_file_is_disjoint_deterministic_and_deduplicated
         == {f"plain{int(n[1:3])}" for n in held}
 
 
+def test_the_built_in_pairs_are_kept_on_disk_under_a_key_of_their_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYT_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "lib"
+    root.mkdir()
+    for i in range(6):
+        (root / f"m{i}.py").write_text(MODULE.replace("plain", f"plain{i}"))
+    S._stdlib_pairs.cache_clear()
+    first = S._stdlib_pairs(root)
+    (kept,) = (tmp_path / "cache").glob("stdlib-pairs-*.json")
+    parse = S._code_pairs
+    S._stdlib_pairs.cache_clear()
+    monkeypatch.setattr(S, "_code_pairs", lambda *a: pytest.fail("parsed again"))
+    assert S._stdlib_pairs(root) == first  # read from the disk
+    monkeypatch.setattr(S, "_code_pairs", parse)
+    S._stdlib_pairs.cache_clear()
+    kept.write_text("{not json")  # an unreadable copy is made again
+    assert S._stdlib_pairs(root) == first and json.loads(kept.read_text())["val"]
+    (root / "m0.py").write_text(MODULE.replace("plain", "changed"))  # another key
+    S._stdlib_pairs.cache_clear()
+    changed = S._stdlib_pairs(root)
+    assert len(list((tmp_path / "cache").glob("stdlib-pairs-*.json"))) == 2
+    sources = {s for s, _ in changed.train + changed.val}
+    assert any(s.startswith("def changed") for s in sources)
+    assert not any(s.startswith("def plain0(") for s in sources)
+    S._stdlib_pairs.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def stdlib_pairs():
     return S.load_pairs()
