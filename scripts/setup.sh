@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve,web,eval);
+# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve,web,eval,audio);
 # with `peers`, also .venv-genai-builder (scripts/setup-genai-builder.sh); with `web`,
 # onnxruntime-web, @huggingface/tokenizers and the system Chromium (scripts/setup-web.sh);
 # with `dev`, the real models of the `real` tests (scripts/setup-real.sh).
@@ -7,7 +7,7 @@
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-cpu,export,dev,optimum,bench,triton,peers,serve,web,eval}"
+extras="${1:-cpu,export,dev,optimum,bench,triton,peers,serve,web,eval,audio}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
@@ -21,12 +21,15 @@ esac
 case ",$extras," in  # the browser target: onnxruntime-web, tokenizers (npm), the system Chromium
   *,web,*) bash scripts/setup-web.sh ;;
 esac
-case ",$extras," in  # an emulated AVX2-only CPU for the int8 tests (docs/testing.md): qemu-user
-  *,dev,*)
-    if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null \
-        && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user \
-        >/dev/null || echo "setup: qemu-user not installed; the emulated-CPU test skips" >&2
+case ",$extras," in  # Debian packages of the tests (docs/testing.md): qemu-user, an emulated
+  *,dev,*)          # AVX2-only CPU for the int8 tests; espeak-ng, speech for the audio tests
+    missing=()
+    [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null && missing+=(qemu-user)
+    command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+    if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        "${missing[@]}" >/dev/null || echo "setup: ${missing[*]} not installed; the tests" \
+        "that need them skip, naming it" >&2
     fi ;;
 esac
 case ",$extras," in  # the real models of the `real` tests (scripts/setup-real.sh): ~180 MB
