@@ -422,9 +422,20 @@ def _is_benchmark(argv: list[str]) -> bool:
         or re.search(r"/(benchmarks|lab)/\w+\.py$", argv[1]))
 
 
+def _alias(argv: list[str]) -> list[str]:
+    """The command another spelling of which runs the same code: `tinyt bench X --peers` is
+    the peer benchmark at its defaults (app/cli.py calls benchmarks.peers.run; its --peers
+    dispatch is tests/benchmarks/test_bench.py's)."""
+    if argv[1:4] == ["-m", "tinyt", "bench"] and "--peers" in argv:
+        return _peers_small([argv[0], "-m", "benchmarks.peers",
+                             *[a for a in argv[4:] if a != "--peers"]])
+    return argv
+
+
 def proof(argv: list[str]) -> tuple[tuple[str, ...], frozenset[str]]:
     """What a command proves: (its form, the peer engines it runs). The form is argv without
     the FIGURE_ONLY flags (and a benchmark's --out) and with COUNT_ONLY values as 0 or N."""
+    argv = _alias(argv)
     bench = _is_benchmark(argv)
     form: list[str] = []
     engines: set[str] = set()
@@ -441,10 +452,18 @@ def proof(argv: list[str]) -> tuple[tuple[str, ...], frozenset[str]]:
     return tuple(form), frozenset(engines)
 
 
+# The benchmarks' forms proven in any work directory, shared by the blocks that run side by
+# side (a benchmark's results are read by nothing; an artifact a command makes is read by the
+# commands after it in its own directory, so other forms stay in each directory's `proven`)
+BENCH_PROVEN: dict = {}
+
+
 def _once(argv: list[str], proven: dict) -> list[str] | None:
     """The command cut to what it proves beyond `proven` (form -> engines run), which it
     updates; None where nothing is left. A benchmark keeps its first --threads only."""
     form, engines = proof(argv)
+    if _is_benchmark(_alias(argv)):
+        proven = BENCH_PROVEN
     if form in proven and engines <= proven[form]:
         return None
     if _is_benchmark(argv) and argv.count("--threads") > 1:
@@ -522,6 +541,7 @@ def _run_block(commands: list[str], work: Path, env: dict, proven: dict) -> int:
 @pytest.mark.slow
 def test_every_readme_command_runs_at_small_size(tmp_path, record_property):
     COSTS.clear()  # the commands' seconds, the slowest printed at the run's end (conftest.py)
+    BENCH_PROVEN.clear()
     try:
         _run_every_block(tmp_path)
     finally:
@@ -601,3 +621,14 @@ def _run_every_block(tmp_path):
 ])
 def test_commands_are_made_small(command, expected, tmp_path):
     assert expected in " ".join(small(command, tmp_path))
+
+
+def test_the_cli_peers_and_the_peer_benchmark_are_one_form(tmp_path):
+    cli = small("tinyt bench artifacts --peers --out artifacts/peers", tmp_path)
+    module = small(".venv/bin/python -m benchmarks.peers artifacts --out "
+                   "benchmarks/results/peers-demo --rounds 10", tmp_path)
+    assert proof(cli) == proof(module)
+    BENCH_PROVEN.clear()
+    assert _once(cli, {}) == cli and _once(module, {}) is None  # proven in another directory
+    assert _once(small("tinyt bench artifacts --out artifacts/bench", tmp_path), {})  # not peers
+    BENCH_PROVEN.clear()
