@@ -189,11 +189,6 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     cfg = ckpt.config
     kind = graph_kind(cfg, with_past)
     if kind == SEQ2SEQ:
-        if cfg.n_mels is not None:
-            raise ExportError(f"{checkpoint_dir} is a speech model (Whisper: its source is "
-                              f"{cfg.n_mels} mel bins of audio); its ONNX export in Optimum's "
-                              "speech layout is not built yet (issue 52): tinyt export-hf "
-                              "writes it back for transformers")
         if not with_past:
             raise ExportError("an encoder-decoder exports with its caches (Optimum's three "
                               "graphs); --no-cache is for decoder-only LMs")

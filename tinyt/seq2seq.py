@@ -80,9 +80,14 @@ class TinySeq2Seq(nn.Module):
 
     def encode(self, input_ids, attention_mask=None):
         """The encoder's output (B, S, C) for the source (B, S), or an audio encoder's
-        features (B, n_mels, 2S); attention_mask 1 = token (audio: none)."""
+        features (B, n_mels, 2S); attention_mask 1 = token (audio: none, every frame)."""
+        if self.config.n_mels is not None:
+            S = self.source_ones(input_ids).shape[1]  # checks the features' shape
+            positions = torch.arange(S, device=input_ids.device).unsqueeze(0)  # (1, S)
+            memory, _ = self.encoder(input_ids, positions, None, None, is_causal=False)
+            return memory
         if attention_mask is None:
-            attention_mask = self.source_ones(input_ids)
+            attention_mask = torch.ones_like(input_ids)
         positions = positions_from_mask(attention_mask, attention_mask.shape[1])
         memory, _ = self.encoder(input_ids, positions, source_mask(attention_mask), None,
                                  is_causal=False)
@@ -95,7 +100,8 @@ class TinySeq2Seq(nn.Module):
 
     def decode(self, decoder_input_ids, cross, attention_mask, past_key_values=None):
         """decoder_input_ids (B, T) after past_key_values' P tokens (per layer (key, value)
-        of (B, nkv, P, hs)); cross: cross_kv(memory); attention_mask (B, S): the source's.
+        of (B, nkv, P, hs)); cross: cross_kv(memory); attention_mask (B, S): the source's
+        (None: every source vector, an audio encoder's).
         Returns logits (B, T, vocab) and the self-attention cache, per layer (B, nkv, P+T,
         hs). The target has no padding: every row starts at decoder_start_id together."""
         T = decoder_input_ids.shape[1]
@@ -105,7 +111,9 @@ class TinySeq2Seq(nn.Module):
         mask = causal_mask(None, P, T, device)
         keys = torch.arange(P + T, device=device).unsqueeze(0) if P else None
         x, presents = self.decoder(decoder_input_ids, positions, mask, past_key_values,
-                                   is_causal=False, cross=(cross, memory_mask(attention_mask)),
+                                   is_causal=False, cross=(cross, None if attention_mask
+                                                           is None else
+                                                           memory_mask(attention_mask)),
                                    key_positions=keys)
         return self.logits(x), presents
 
@@ -123,8 +131,8 @@ class TinySeq2Seq(nn.Module):
         if decoder_input_ids is None:
             raise ConfigError("a seq2seq forward needs decoder_input_ids (the target shifted "
                               "right, decoder_start_id first)")
-        if attention_mask is None:
-            attention_mask = self.source_ones(input_ids)
+        if attention_mask is None and self.config.n_mels is None:
+            attention_mask = torch.ones_like(input_ids)
         memory = self.encode(input_ids, attention_mask)
         logits, _ = self.decode(decoder_input_ids, self.cross_kv(memory), attention_mask)
         return logits
@@ -159,8 +167,8 @@ def greedy(model: TinySeq2Seq, input_ids, attention_mask=None, *, max_new_tokens
     forced_bos_id: the first generated token (NLLB's / M2M100's target language);
     vocab_limit: ids from it on are never chosen (a vocabulary padded beyond its tokenizer,
     T5's 32,128 for 32,100 pieces, as the runtime chooses)."""
-    if attention_mask is None:
-        attention_mask = model.source_ones(input_ids)
+    if attention_mask is None and model.config.n_mels is None:
+        attention_mask = torch.ones_like(input_ids)
     B = input_ids.shape[0]
     cross = model.cross_kv(model.encode(input_ids, attention_mask))
     out = torch.full((B, 1), model.config.decoder_start_id, dtype=torch.long,

@@ -229,18 +229,3 @@ def test_a_generation_config_of_another_tokenizer_is_refused(tmp_path):
             "alignment_heads has [2, 0]: each is [decoder layer < 2, head < 6]")):
         read_speech(tmp_path, {}, Tokenizer(whisper_tokenizer(51865)), cfg)
 
-
-def test_onnx_export_of_a_speech_model_is_refused_by_name(tmp_path):
-    from tinyt.checkpoint import save_checkpoint
-    from tinyt.errors import ExportError
-    from tinyt.export import export_onnx
-    from tinyt.model import build_model
-    from tinyt.tokenizer import Tokenizer
-
-    cfg = ModelConfig(task="seq2seq", vocab_size=300, n_layer=1, n_head=2, n_embd=32,
-                      n_mels=8, source_positions=10, shared_embeddings=False)
-    src = save_checkpoint(tmp_path / "ck", build_model(cfg), Tokenizer.byte_level())
-    with pytest.raises(ExportError, match=re.escape("is a speech model (Whisper: its source is "
-                                                    "8 mel bins of audio)")):
-        export_onnx(src, tmp_path / "onnx")
-    assert not (tmp_path / "onnx").exists()
