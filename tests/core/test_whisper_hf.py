@@ -26,6 +26,8 @@ from tinyt.errors import ConfigError, ConversionError
 from tinyt.hf import import_hf, to_hf
 
 TARGET = 40  # tokens of the teacher-forced target
+# transformers' save moves config.json's generation keys into generation_config.json, and says so
+pytestmark = pytest.mark.filterwarnings("ignore:Moving the following attributes")
 _made: dict[str, tuple] = {}
 
 
@@ -229,3 +231,27 @@ def test_a_generation_config_of_another_tokenizer_is_refused(tmp_path):
             "alignment_heads has [2, 0]: each is [decoder layer < 2, head < 6]")):
         read_speech(tmp_path, {}, Tokenizer(whisper_tokenizer(51865)), cfg)
 
+
+
+def test_config_json_generation_keys_of_older_saves_come_back(tmp_path):
+    """openai/whisper-* config.json files hold forced_decoder_ids, suppress_tokens and
+    begin_suppress_tokens themselves (saved before transformers moved them to
+    generation_config.json): export-hf writes them back where they were. 64 wide, 1 + 1."""
+    from whisper_fixtures import generation_config
+
+    src = tmp_path / "hf"
+    save_whisper("tiny", src, d_model=64, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                 encoder_layers=1, decoder_layers=1)
+    config = json.loads((src / "config.json").read_text())
+    gen = generation_config(51865, 1)
+    config.update(forced_decoder_ids=[[1, 50259], [2, 50359], [3, 50363]],
+                  suppress_tokens=gen["suppress_tokens"], begin_suppress_tokens=[220, 50257])
+    (src / "config.json").write_text(json.dumps(config))
+    out = to_hf(import_hf(src, tmp_path / "ck"), tmp_path / "out")
+    back = json.loads((out / "config.json").read_text())
+    back.pop("tinyt")
+    assert {k: v for k, v in back.items() if k != "transformers_version"} == \
+        {k: v for k, v in config.items() if k != "transformers_version"}
+    assert json.loads((out / "generation_config.json").read_text()) == \
+        json.loads((src / "generation_config.json").read_text())
