@@ -253,8 +253,8 @@ def seq2seq_contract(cfg: ModelConfig) -> dict[str, tuple[list[TensorSpec], list
     encoder = ([TensorSpec("input_ids", "int64", (BATCH, SOURCE)),
                 TensorSpec("attention_mask", "int64", (BATCH, SOURCE))],
                [TensorSpec("last_hidden_state", "float32", (BATCH, SOURCE, cfg.n_embd))])
-    if cfg.n_mels is not None:  # speech: features in, a fixed number of frames out
-        frames = cfg.source_positions
+    if cfg.n_mels is not None and cfg.source_positions is not None:  # speech: features in,
+        frames = cfg.source_positions  # a fixed number of frames out (the config checks both)
         source = source[1:]
         encoder = ([TensorSpec("input_features", "float32", (BATCH, cfg.n_mels, 2 * frames))],
                    [TensorSpec("last_hidden_state", "float32", (BATCH, frames, cfg.n_embd))])
