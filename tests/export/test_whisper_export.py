@@ -6,7 +6,8 @@ source positions, narrowed to 64 wide, 1 + 1 layers) written as encoder_model.on
 Checked: each graph against PyTorch (the encoder on espeak-ng speech, the first step, then
 steps through both caches); Optimum's ORTModelForSpeechSeq2Seq loads the directory unchanged
 and its logits equal transformers' on the source model; its generate (Whisper's rules:
-forced language and task, suppressed tokens) makes transformers' tokens; the generation
+forced language and task, suppressed tokens; greedy, 3 beams, with timestamps) makes
+transformers' tokens; the generation
 config and the special tokens' ids go with the artifact; the stages tinyt does not run on it
 yet are refused by name.
 
@@ -92,14 +93,15 @@ def test_optimum_loads_it_unchanged_and_generates_transformers_tokens(exported):
         want = theirs(input_features=x, decoder_input_ids=ids).logits
     got = ours(input_features=x, decoder_input_ids=ids).logits
     assert float((got - want).abs().max()) <= ONNX_ATOL
-    settings = dict(language="en", task="transcribe", max_new_tokens=12, num_beams=1,
-                    do_sample=False)
-    a = theirs.generate(x, **settings)
-    b = ours.generate(x, **settings)
-    assert a.tolist() == b.tolist()
-    # transformers returns the tokens after the forced prompt: none of them suppressed
-    assert a.shape[1] >= 1 and not set(a[0].tolist()) & set(
-        theirs.generation_config.suppress_tokens)
+    for extra in ({}, {"num_beams": 3}, {"return_timestamps": True}):
+        settings = dict(language="en", task="transcribe", max_new_tokens=12, do_sample=False,
+                        **extra)
+        a = theirs.generate(x, **settings)
+        b = ours.generate(x, **settings)
+        assert a.tolist() == b.tolist(), extra
+        # transformers returns the tokens after the forced prompt: none of them suppressed
+        assert a.shape[1] >= 1 and not set(a[0].tolist()) & set(
+            theirs.generation_config.suppress_tokens)
 
 
 def test_the_generation_config_and_tokens_go_with_it(exported):
