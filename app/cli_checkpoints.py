@@ -149,7 +149,8 @@ def import_hf(
     encoders BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (a
     sentence-transformers directory too) and their classification heads; the encoder-decoders
     BartForConditionalGeneration, MBartForConditionalGeneration, MarianMTModel (Opus-MT),
-    M2M100ForConditionalGeneration (M2M100, NLLB), T5ForConditionalGeneration (T5, Flan-T5).
+    M2M100ForConditionalGeneration (M2M100, NLLB), T5ForConditionalGeneration (T5, Flan-T5);
+    speech: WhisperForConditionalGeneration (its tokens and generation_config.json kept).
     Anything else tinyt's model does not implement is refused by name
     (tests/core/test_family_lists.py keeps this list the catalogue's). A GGUF file (llama.cpp's;
     needs the gguf package) of a Llama is read the same way: its Q4_0 / Q4_1 / Q8_0 blocks are
@@ -174,7 +175,8 @@ def export_hf(
     BertModel, DistilBertModel, RobertaModel, XLMRobertaModel, ModernBertModel (in
     sentence-transformers' layout when they pool) or their classification heads;
     encoder-decoders as BartForConditionalGeneration, MBartForConditionalGeneration,
-    MarianMTModel, M2M100ForConditionalGeneration or T5ForConditionalGeneration. For
+    MarianMTModel, M2M100ForConditionalGeneration or T5ForConditionalGeneration; speech
+    as WhisperForConditionalGeneration. For
     transformers, CTranslate2, llama.cpp's converter, vLLM. Its outputs are checked first."""
     import json
 

@@ -25,7 +25,7 @@ import onnx
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import SEQ2SEQ_FILES, seq2seq_contract
+from tinyt.contract import SEQ2SEQ_FILES, refuse_speech, seq2seq_contract
 from tinyt.graphio import CONTRIB_DOMAIN, load_graph
 from tinyt.manifest import Artifact
 from tinyt.runtime.feeds import check_tokens
@@ -42,6 +42,7 @@ def open_graphs(src: Artifact) -> dict[str, onnx.ModelProto]:
     """Each graph of the source by role, its weights checked finite, after the runtime's own
     checks of it (the contract, config.json against the graph, one probe run), so that a
     mismatch is refused by name before a stage runs it."""
+    refuse_speech(src.config, "this stage (optimize, quantize)")
     protos = {}
     for role, file in SEQ2SEQ_FILES.items():
         protos[role] = load_graph(src.path / file)

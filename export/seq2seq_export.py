@@ -8,6 +8,9 @@ too, given Optimum's merged decoder besides: tests/export/test_seq2seq_transform
                                   cross-attention keys / values (computed once, here)
     decoder_with_past_model.onnx  every later step: reads both caches, grows the first
 
+A speech model (Whisper's) has Optimum's ORTModelForSpeechSeq2Seq layout: the encoder reads
+input_features (B, n_mels, 3000) and the decoders take no encoder_attention_mask.
+
 The three share no weights on disk: each graph holds what it reads (the decoders hold the
 decoder's, the encoder the encoder's; a shared embedding table is in the encoder and the
 decoders both, as Optimum's export has it).
@@ -28,6 +31,7 @@ from tinyt.checkpoint import Checkpoint
 from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES, seq2seq_contract
 from tinyt.fsutil import atomic_dir, write_json
 from tinyt.graphio import save_graph
+from tinyt.hf.speech import SPEECH_FILE, load_speech
 from tinyt.manifest import checkpoint_source, io_spec, write_manifest
 
 from .graph_names import name_axes, tidy_nodes
@@ -73,6 +77,59 @@ class NextStepGraph(nn.Module):
         return (logits, *(t for kv in present for t in kv))
 
 
+class SpeechEncoderGraph(nn.Module):
+    """Whisper's encoder: log-mel features -> hidden states (no mask: every frame)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features):
+        return self.model.encode(input_features)
+
+
+class SpeechFirstStepGraph(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, encoder_hidden_states):
+        cross = self.model.cross_kv(encoder_hidden_states)
+        logits, present = self.model.decode(input_ids, cross, None)
+        return (logits, *(t for own, kv in zip(present, cross) for t in (*own, *kv)))
+
+
+class SpeechNextStepGraph(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, past):
+        layers = [past[4 * i:4 * i + 4] for i in range(len(past) // 4)]
+        own = tuple((k, v) for k, v, _, _ in layers)
+        cross = tuple((ck, cv) for _, _, ck, cv in layers)
+        logits, present = self.model.decode(input_ids, cross, None, own)
+        return (logits, *(t for kv in present for t in kv))
+
+
+WRAPPERS = {False: {"encoder": EncoderGraph, "decoder": FirstStepGraph,
+                    "decoder_with_past": NextStepGraph},
+            True: {"encoder": SpeechEncoderGraph, "decoder": SpeechFirstStepGraph,
+                   "decoder_with_past": SpeechNextStepGraph}}  # by "is it speech"
+
+
+def _speech_examples(cfg, text: dict[str, tuple[dict, dict]]) -> dict[str, tuple[dict, dict]]:
+    """A speech model's examples: features of the fixed length in, no source mask."""
+    features = torch.randn(EXAMPLE_BATCH, cfg.n_mels, 2 * cfg.source_positions,
+                           generator=torch.Generator().manual_seed(0))
+    out = {"encoder": ({"input_features": features}, {"input_features": {0: Dim.DYNAMIC}})}
+    for role in ("decoder", "decoder_with_past"):
+        kwargs, shapes = text[role]
+        out[role] = ({k: v for k, v in kwargs.items() if k != "encoder_attention_mask"},
+                     {k: v for k, v in shapes.items() if k != "encoder_attention_mask"})
+    return out
+
+
 def _examples(cfg) -> dict[str, tuple[dict, dict]]:
     """Each graph's example kwargs and dynamic shapes."""
     B, E, T, P = EXAMPLE_BATCH, EXAMPLE_SOURCE, EXAMPLE_TARGET, EXAMPLE_PAST
@@ -88,7 +145,7 @@ def _examples(cfg) -> dict[str, tuple[dict, dict]]:
         past += [torch.randn(*kv[:2], P, kv[3], generator=g) for _ in range(2)]
         past += [torch.randn(*kv[:2], E, kv[3], generator=g) for _ in range(2)]
     both = {0: dyn, 1: dyn}
-    return {
+    text = {
         "encoder": ({"input_ids": ids, "attention_mask": mask},
                     {"input_ids": both, "attention_mask": both}),
         "decoder": ({"encoder_attention_mask": mask, "input_ids": target,
@@ -100,6 +157,7 @@ def _examples(cfg) -> dict[str, tuple[dict, dict]]:
                               {"encoder_attention_mask": both, "input_ids": both,
                                "past": [{0: dyn, 2: dyn}] * len(past)}),
     }
+    return text if cfg.n_mels is None else _speech_examples(cfg, text)
 
 
 def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, opset: int,
@@ -107,8 +165,7 @@ def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, ops
     """Write the three graphs, the tokenizer, config.json and generation_config.json."""
     cfg = ckpt.config
     model = ckpt.model.eval()
-    wrappers = {"encoder": EncoderGraph, "decoder": FirstStepGraph,
-                "decoder_with_past": NextStepGraph}
+    wrappers = WRAPPERS[cfg.n_mels is not None]
     contract = seq2seq_contract(cfg)
     examples = _examples(cfg)
     protos = {}
@@ -136,7 +193,11 @@ def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, ops
         # transformers saves it for every encoder-decoder; transformers.js reads the model as
         # one (its cache names, its generate loop) only where config.json says so
         write_json(tmp / "config.json", {**hf_config, "is_encoder_decoder": True})
-        write_json(tmp / "generation_config.json", generation_config(cfg, ckpt.tokenizer))
+        speech = load_speech(checkpoint_dir)  # Whisper's: its own, and its tokens' ids
+        write_json(tmp / "generation_config.json", speech["generation_config"] if speech
+                   and speech["generation_config"] else generation_config(cfg, ckpt.tokenizer))
+        if speech is not None:
+            write_json(tmp / SPEECH_FILE, speech)
         written = write_manifest(tmp, stage="export", source=checkpoint_source(checkpoint_dir),
                                  options={"opset": opset, "with_past": True,
                                           "external_data": split}, extra={

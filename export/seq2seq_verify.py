@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES, seq2seq_cache_names
+from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES, refuse_speech, seq2seq_cache_names
 from tinyt.runtime.session import graph_session
 from tinyt.seq2seq import greedy
 
@@ -181,6 +181,7 @@ def verify_seq2seq(ckpt, onnx_dir: Path, seed: int = 0, gen_tokens: int = 64
     naming the graph, `worst` per graph and output group, `generation`)."""
     model, tokenizer = ckpt.model.eval(), ckpt.tokenizer
     cfg = model.config
+    refuse_speech(cfg, "verify")
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
     S = min(cfg.block_size, 64)
     rows = side_rows(tokenizer, SOURCES, S)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from tinyt.contract import SEQ2SEQ_FILES, SEQ2SEQ_ORT_FILES, seq2seq_cache_names
+from tinyt.contract import SEQ2SEQ_FILES, SEQ2SEQ_ORT_FILES, refuse_speech, seq2seq_cache_names
 from tinyt.errors import ConfigError, ManifestError, NonFiniteError
 from tinyt.tokenizer import Tokenizer
 
@@ -339,6 +339,7 @@ def load_seq2seq(artifact: Artifact, tokenizer: Tokenizer, *, provider: str, thr
                  max_context: int | None = None) -> Seq2SeqModel:
     """The three sessions of an encoder-decoder artifact, each checked against its contract
     (runtime/session.py), as one Seq2SeqModel; an ORT-format package's .ort files."""
+    refuse_speech(artifact.config, "tinyt's runtime")
     files = SEQ2SEQ_ORT_FILES if artifact.manifest.package_format == "ort" else SEQ2SEQ_FILES
     sessions = {role: create_session(artifact, provider=provider, threads=threads,
                                      spinning=spinning, level=level, graph=file)

@@ -153,6 +153,11 @@ class ModelConfig(_JsonMixin):
     #                   (BART-large-CNN's <s>; M2M100's / NLLB's target language); None: chosen
     bad_word_ids: tuple[int, ...] = _opt((), "seq2seq")  # ids never generated (Opus-MT's
     #                   generation_config bans its pad: bad_words_ids [[58100]])
+    n_mels: int | None = _opt(None, "seq2seq")  # the source is log-mel features (B, n_mels,
+    #                   2 * source_positions frames) through two convolutions with GELU, the
+    #                   second of stride 2 (Whisper's audio encoder); None: token ids
+    source_positions: int | None = _opt(None, "seq2seq")  # an audio encoder's position table
+    #                   (Whisper's max_source_positions, 1,500: 30 s); None: no audio
 
     def group(self, name: str) -> dict[str, Any]:
         """The fields of one group (GROUPS) and their values."""

@@ -266,12 +266,33 @@ def check_seq2seq(cfg: Any) -> None:
                       ("forced_bos_id", None), ("bad_word_ids", ())):
         _require(seq2seq or getattr(cfg, name) == off, name, getattr(cfg, name),
                  f"is an encoder-decoder's: it needs task='seq2seq' (else {off!r})")
+    check_audio(cfg)
     _require(not seq2seq or cfg.pooling == "mean", "pooling", cfg.pooling,
              "pools an encoder's tokens: a seq2seq model keeps the default")
     _require(not seq2seq or not cfg.sliding_window, "sliding_window", cfg.sliding_window,
              "is not built for task='seq2seq'")
     _require(not seq2seq or cfg.type_vocab_size == 0, "type_vocab_size",
              cfg.type_vocab_size, "is not built for task='seq2seq'")
+
+
+def check_audio(cfg: Any) -> None:
+    """An audio encoder (n_mels, source_positions: Whisper's) goes with an encoder-decoder
+    whose encoder has no token table and a position table of its own."""
+    mels, frames = cfg.n_mels, cfg.source_positions
+    _require(mels is None or (cfg.task == "seq2seq" and _is_int(mels) and mels >= 1),
+             "n_mels", mels, "must be null (the source is token ids) or, with "
+             "task='seq2seq', an integer >= 1 (Whisper's 80, large-v3's 128)")
+    _require((frames is None) == (mels is None) and (frames is None or (
+        _is_int(frames) and frames >= 1)), "source_positions", frames,
+             "is an audio encoder's position table: an integer >= 1 with n_mels, else null")
+    if mels is None:
+        return
+    _require(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding,
+             "an audio encoder-decoder's positions are tables (Whisper's): 'learned'")
+    _require(not cfg.shared_embeddings, "shared_embeddings", cfg.shared_embeddings,
+             "an audio encoder has no token table to share: false")
+    _require(cfg.position_offset == 0, "position_offset", cfg.position_offset,
+             "must be 0 with an audio encoder")
 
 
 # rope_scaling's types as transformers computes them (modeling_rope_utils): each type's

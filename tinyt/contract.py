@@ -20,6 +20,10 @@ its ORTModelForCausalLM and similar loops understand tinyt's graphs.
                                    past_key_values.{i}.decoder.key/.value [B, nkv, P, hs],
                                    past_key_values.{i}.encoder.key/.value [B, nkv, E, hs]
                                 -> logits, present.{i}.decoder.key/.value [B, nkv, P+T, hs]
+      speech (Whisper's, Optimum's ORTModelForSpeechSeq2Seq layout): the encoder reads
+                                   input_features [B, n_mels, 2 x source_positions]
+                                -> last_hidden_state [B, source_positions, C]; the decoders
+                                   take no encoder_attention_mask (every frame is attended)
 """
 from __future__ import annotations
 
@@ -227,6 +231,14 @@ def seq2seq_cache_names(n_layer: int, prefix: str, stacks: tuple[str, ...]) -> l
             for kv in ("key", "value")]
 
 
+def refuse_speech(cfg: ModelConfig, what: str) -> None:
+    """A speech (Whisper) artifact, refused by name where tinyt does not run its graphs yet."""
+    if cfg.n_mels is not None:
+        raise ConfigError(f"{what} of a speech (Whisper) artifact is not built yet (issue 52): "
+                          "Optimum's ORTModelForSpeechSeq2Seq runs its three graphs as they "
+                          "are, and tinyt export-hf writes the checkpoint for transformers")
+
+
 def seq2seq_contract(cfg: ModelConfig) -> dict[str, tuple[list[TensorSpec], list[TensorSpec]]]:
     """(inputs, outputs) of each of an encoder-decoder's graphs, by role (SEQ2SEQ_FILES)."""
     n = cfg.decoder_layers
@@ -238,11 +250,17 @@ def seq2seq_contract(cfg: ModelConfig) -> dict[str, tuple[list[TensorSpec], list
 
     source = [TensorSpec("encoder_attention_mask", "int64", (BATCH, SOURCE)),
               TensorSpec("input_ids", "int64", (BATCH, TARGET))]
+    encoder = ([TensorSpec("input_ids", "int64", (BATCH, SOURCE)),
+                TensorSpec("attention_mask", "int64", (BATCH, SOURCE))],
+               [TensorSpec("last_hidden_state", "float32", (BATCH, SOURCE, cfg.n_embd))])
+    if cfg.n_mels is not None and cfg.source_positions is not None:  # speech: features in,
+        frames = cfg.source_positions  # a fixed number of frames out (the config checks both)
+        source = source[1:]
+        encoder = ([TensorSpec("input_features", "float32", (BATCH, cfg.n_mels, 2 * frames))],
+                   [TensorSpec("last_hidden_state", "float32", (BATCH, frames, cfg.n_embd))])
     logits = TensorSpec("logits", "float32", (BATCH, TARGET, cfg.vocab_size))
     return {
-        "encoder": ([TensorSpec("input_ids", "int64", (BATCH, SOURCE)),
-                     TensorSpec("attention_mask", "int64", (BATCH, SOURCE))],
-                    [TensorSpec("last_hidden_state", "float32", (BATCH, SOURCE, cfg.n_embd))]),
+        "encoder": encoder,
         "decoder": ([*source, TensorSpec("encoder_hidden_states", "float32",
                                          (BATCH, SOURCE, cfg.n_embd))],
                     [logits, *caches("present", ("decoder", "encoder"), TARGET)]),

@@ -6,6 +6,10 @@ the MLP — built from the same Trunk and blocks as tinyt's decoder-only and enc
     source ──encoder──▶ memory ──each layer's c_kv, once──▶ cross keys / values
     target (shifted right: decoder_start_id first) ──decoder (self cache, cross kv)──▶ logits
 
+An audio encoder-decoder (n_mels set: Whisper's) reads log-mel features (B, n_mels, 2S) as
+its source, through two convolutions (tinyt.trunk.AudioStem) and a table of S positions;
+every one of its S vectors is attended (no source mask).
+
 Training reads the whole shifted target at once (teacher forcing); generation runs the
 encoder once per batch and steps the decoder through its self-attention cache, the cross
 keys and values computed once (`cross_kv`), as Optimum's exported seq2seq graphs do.
@@ -18,7 +22,7 @@ import torch.nn.functional as F
 
 from tinyt.config import ModelConfig
 from tinyt.errors import ConfigError
-from tinyt.trunk import Trunk, _init_weights, causal_mask, positions_from_mask
+from tinyt.trunk import Trunk, _init_weights, causal_mask, positions_from_mask, sinusoids
 
 
 def source_mask(attention_mask):
@@ -45,7 +49,7 @@ class TinySeq2Seq(nn.Module):
         if cfg.task != "seq2seq":
             raise ConfigError(f"TinySeq2Seq needs task='seq2seq', got {cfg.task!r}")
         self.config = cfg
-        self.encoder = Trunk(cfg)
+        self.encoder = Trunk(cfg, audio=cfg.n_mels is not None)
         self.decoder = Trunk(cfg, layers=cfg.decoder_layers, cross=True)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.final_logits_bias:  # BART's and Marian's: a buffer, as transformers keeps it
@@ -53,16 +57,38 @@ class TinySeq2Seq(nn.Module):
         else:
             self.final_logits_bias = None
         _init_weights(self, cfg.n_layer + cfg.decoder_layers)
+        if cfg.n_mels is not None:  # Whisper's fixed sinusoid, a table it stores and loads
+            with torch.no_grad():
+                self.encoder.wpe.weight.copy_(sinusoids(cfg.source_positions, cfg.n_embd))
         if cfg.shared_embeddings:  # one Parameter, read by both stacks
             self.decoder.wte = self.encoder.wte
         if cfg.tie_weights:
             self.lm_head.weight = self.decoder.wte.weight
 
+    def source_ones(self, source):
+        """The mask of a source without padding (B, S): token ids (B, S), or an audio
+        encoder's features (B, n_mels, 2S), whose length must be its table's (Whisper's 3,000
+        frames: transformers refuses any other)."""
+        if self.config.n_mels is None:
+            return torch.ones_like(source)
+        frames = 2 * self.config.source_positions
+        if source.dim() != 3 or source.shape[1:] != (self.config.n_mels, frames):
+            raise ConfigError(f"an audio encoder reads features (batch, {self.config.n_mels}, "
+                              f"{frames}); got {tuple(source.shape)} (runtime/audio.log_mel "
+                              "pads or cuts to 30 s)")
+        return torch.ones(source.shape[0], frames // 2, dtype=torch.long, device=source.device)
+
     def encode(self, input_ids, attention_mask=None):
-        """The encoder's output (B, S, C) for the source (B, S); attention_mask 1 = token."""
+        """The encoder's output (B, S, C) for the source (B, S), or an audio encoder's
+        features (B, n_mels, 2S); attention_mask 1 = token (audio: none, every frame)."""
+        if self.config.n_mels is not None:
+            S = self.source_ones(input_ids).shape[1]  # checks the features' shape
+            positions = torch.arange(S, device=input_ids.device).unsqueeze(0)  # (1, S)
+            memory, _ = self.encoder(input_ids, positions, None, None, is_causal=False)
+            return memory
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        positions = positions_from_mask(attention_mask, input_ids.shape[1])
+        positions = positions_from_mask(attention_mask, attention_mask.shape[1])
         memory, _ = self.encoder(input_ids, positions, source_mask(attention_mask), None,
                                  is_causal=False)
         return memory
@@ -74,7 +100,8 @@ class TinySeq2Seq(nn.Module):
 
     def decode(self, decoder_input_ids, cross, attention_mask, past_key_values=None):
         """decoder_input_ids (B, T) after past_key_values' P tokens (per layer (key, value)
-        of (B, nkv, P, hs)); cross: cross_kv(memory); attention_mask (B, S): the source's.
+        of (B, nkv, P, hs)); cross: cross_kv(memory); attention_mask (B, S): the source's
+        (None: every source vector, an audio encoder's).
         Returns logits (B, T, vocab) and the self-attention cache, per layer (B, nkv, P+T,
         hs). The target has no padding: every row starts at decoder_start_id together."""
         T = decoder_input_ids.shape[1]
@@ -84,7 +111,9 @@ class TinySeq2Seq(nn.Module):
         mask = causal_mask(None, P, T, device)
         keys = torch.arange(P + T, device=device).unsqueeze(0) if P else None
         x, presents = self.decoder(decoder_input_ids, positions, mask, past_key_values,
-                                   is_causal=False, cross=(cross, memory_mask(attention_mask)),
+                                   is_causal=False, cross=(cross, None if attention_mask
+                                                           is None else
+                                                           memory_mask(attention_mask)),
                                    key_positions=keys)
         return self.logits(x), presents
 
@@ -102,7 +131,7 @@ class TinySeq2Seq(nn.Module):
         if decoder_input_ids is None:
             raise ConfigError("a seq2seq forward needs decoder_input_ids (the target shifted "
                               "right, decoder_start_id first)")
-        if attention_mask is None:
+        if attention_mask is None and self.config.n_mels is None:
             attention_mask = torch.ones_like(input_ids)
         memory = self.encode(input_ids, attention_mask)
         logits, _ = self.decode(decoder_input_ids, self.cross_kv(memory), attention_mask)
@@ -138,7 +167,7 @@ def greedy(model: TinySeq2Seq, input_ids, attention_mask=None, *, max_new_tokens
     forced_bos_id: the first generated token (NLLB's / M2M100's target language);
     vocab_limit: ids from it on are never chosen (a vocabulary padded beyond its tokenizer,
     T5's 32,128 for 32,100 pieces, as the runtime chooses)."""
-    if attention_mask is None:
+    if attention_mask is None and model.config.n_mels is None:
         attention_mask = torch.ones_like(input_ids)
     B = input_ids.shape[0]
     cross = model.cross_kv(model.encode(input_ids, attention_mask))

@@ -40,6 +40,30 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.act(h)))
 
 
+class AudioStem(nn.Module):
+    """Whisper's audio front end, in place of a token table: log-mel features (B, n_mels, L)
+    -> gelu(conv1) (kernel 3, padding 1) -> gelu(conv2) (kernel 3, stride 2, padding 1) ->
+    (B, ceil(L / 2), C), one vector per 20 ms."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.conv1 = nn.Conv1d(cfg.n_mels, cfg.n_embd, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(cfg.n_embd, cfg.n_embd, kernel_size=3, stride=2, padding=1)
+        self.act = nn.GELU()  # exact, as Whisper's
+
+    def forward(self, features):
+        x = self.act(self.conv2(self.act(self.conv1(features))))  # (B, C, L/2)
+        return x.transpose(1, 2)  # (B, L/2, C)
+
+
+def sinusoids(length: int, channels: int) -> torch.Tensor:
+    """Whisper's encoder positions (length, channels): the sines of every frequency, then the
+    cosines, frequency i = 10000^(-i / (channels/2 - 1)); a table, stored with the weights."""
+    inv = torch.exp(-math.log(10000) / (channels // 2 - 1) * torch.arange(channels // 2))
+    angles = torch.arange(length).view(-1, 1) * inv.view(1, -1)
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x)) (each branch times
     residual_multiplier, Granite's; with post_norms each branch's output normalised before
@@ -89,15 +113,21 @@ class Block(nn.Module):
 class Trunk(nn.Module):
     """Token + position embeddings (or rotary angles, or T5's relative bias, for the
     attention), the blocks, and the final norm. An encoder-decoder has two: the encoder's
-    (cfg.n_layer blocks) and the decoder's (`layers` blocks with cross-attention)."""
+    (cfg.n_layer blocks) and the decoder's (`layers` blocks with cross-attention). An audio
+    encoder (`audio`, Whisper's) reads log-mel features through its stem, not a token table,
+    and has a position table of cfg.source_positions rows."""
 
-    def __init__(self, cfg: ModelConfig, layers: int | None = None, cross: bool = False):
+    def __init__(self, cfg: ModelConfig, layers: int | None = None, cross: bool = False,
+                 audio: bool = False):
         super().__init__()
         layers = cfg.n_layer if layers is None else layers
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.stem = AudioStem(cfg) if audio else None
+        self.wte = None if audio else nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = self.rope = self.rope_local = self.rel = None
         self.position_offset = cfg.position_offset
-        if cfg.pos_encoding == "learned":  # RoBERTa's rows before its offset are never read
+        if audio:
+            self.wpe = nn.Embedding(cfg.source_positions, cfg.n_embd)
+        elif cfg.pos_encoding == "learned":  # RoBERTa's rows before its offset are never read
             self.wpe = nn.Embedding(cfg.block_size + cfg.position_offset, cfg.n_embd)
         elif cfg.pos_encoding.startswith("sinusoidal"):
             self.wpe = SinusoidalPositions(cfg.n_embd, cfg.pos_encoding)
@@ -119,12 +149,13 @@ class Trunk(nn.Module):
 
     def forward(self, input_ids, position_ids, mask, past_key_values, is_causal: bool,
                 window_mask=None, token_type_ids=None, cross=None, key_positions=None):
-        """window_mask: the mask of the layers that attend through the sliding window;
+        """input_ids: token ids (B, T), or an audio encoder's features (B, n_mels, 2T);
+        window_mask: the mask of the layers that attend through the sliding window;
         token_type_ids (B, T): rows of the token-type table (None: row 0, as transformers);
         cross: (each layer's encoder keys and values, the source's mask), a decoder's;
         key_positions (B, P+T): the keys' positions for the relative bias (None: the
         queries', which have no past)."""
-        x = self.wte(input_ids)  # (B, T, C)
+        x = self.wte(input_ids) if self.stem is None else self.stem(input_ids)  # (B, T, C)
         if self.embedding_multiplier != 1.0:
             x = x * self.embedding_multiplier
         if self.wtt is not None:

@@ -9,7 +9,7 @@ spellings, traits, weight names both ways, readers, refusals and tokenizer kind.
 checks and both tails are shared:
 
     families/    one file a family (gpt2, llama, gemma, phi3, olmo2, bert, modernbert, bart,
-                 marian, m2m100, t5)
+                 marian, m2m100, t5, whisper)
     family.py    the entry's dataclasses; config.json <-> ModelConfig through an entry
     common.py    what several families' config.json files share (rotary keys, windows, the
                  encoder-decoders' keys)
@@ -45,6 +45,7 @@ from tinyt.hf.catalogue import (
     ROBERTA,
     SMOLLM3,
     T5,
+    WHISPER,
     XLM_ROBERTA,
     encoder_config,
     family_of,
@@ -60,7 +61,7 @@ from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
 __all__ = ["BART", "BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
            "HF_LOGITS_ATOL", "LLAMA", "M2M100", "MARIAN", "MBART", "MISTRAL", "MODERNBERT",
-           "OLMO2", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5",
+           "OLMO2", "PHI3", "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5", "WHISPER",
            "XLM_ROBERTA", "ConversionError", "Family", "Spelling", "Weight", "config_from_hf",
            "encoder_config", "family_of", "gpt2_config", "hf_config", "hf_state", "import_hf",
            "llama_config", "read_hf_weights", "seq2seq_config", "state_from_hf",

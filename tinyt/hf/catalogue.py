@@ -27,6 +27,7 @@ from tinyt.hf.families.modernbert import MODERNBERT
 from tinyt.hf.families.olmo2 import OLMO2
 from tinyt.hf.families.phi3 import PHI3
 from tinyt.hf.families.t5 import T5
+from tinyt.hf.families.whisper import WHISPER
 from tinyt.hf.family import Family, hf_config, misfit, with_head
 from tinyt.hf.weights import state_from_hf
 from tinyt.tokenizer import Tokenizer
@@ -34,7 +35,7 @@ from tinyt.tokenizer import Tokenizer
 # export-hf takes the first that holds a model: the plainer classes first
 CATALOGUE = (GPT2, LLAMA, QWEN2, MISTRAL, QWEN3, SMOLLM3, GRANITE, GEMMA3, GEMMA2, PHI3, OLMO2,
              BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, MODERNBERT,
-             BART, MBART, MARIAN, M2M100, T5)
+             BART, MBART, MARIAN, M2M100, T5, WHISPER)
 TASKS = {"causal_lm": "causal LMs", "classifier": "classifiers", "encoder": "encoders",
          "token_classifier": "token classifiers",
          "seq2seq": "encoder-decoders"}  # a task's name in messages
@@ -123,6 +124,7 @@ def state_from_llama(tensors: dict[str, torch.Tensor], cfg: ModelConfig,
 
 __all__ = ["BART", "BERT", "CATALOGUE", "DISTILBERT", "GEMMA2", "GEMMA3", "GPT2", "GRANITE",
            "LLAMA", "M2M100", "MARIAN", "MBART", "MISTRAL", "MODERNBERT", "OLMO2", "PHI3",
-           "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5", "TASKS", "WRITERS", "XLM_ROBERTA",
+           "QWEN2", "QWEN3", "ROBERTA", "SMOLLM3", "T5", "TASKS", "WHISPER", "WRITERS",
+           "XLM_ROBERTA",
            "encoder_config", "family_of", "gpt2_config", "llama_config", "seq2seq_config",
            "seq2seq_pad", "state_from_llama", "writer_for"]

@@ -39,6 +39,7 @@ from tinyt.fsutil import atomic_dir, read_json_object, write_json
 from tinyt.hf.catalogue import GPT2, WRITERS, family_of, seq2seq_pad, writer_for
 from tinyt.hf.family import Family, config_from_hf, for_class, hf_config, labels_of
 from tinyt.hf.sentence import LEGACY, MODULES, POOLING, read_sentence_modules
+from tinyt.hf.speech import SPEECH_FILE, load_speech, read_speech
 from tinyt.hf.weights import hf_state, read_hf_weights, state_from_hf
 
 # tinyt vs transformers on the same weights, logits max abs diff. The same fp32 arithmetic in
@@ -99,12 +100,19 @@ def import_hf(directory: str | os.PathLike, out: str | os.PathLike, *,
     if dropped:
         log(f"not imported (tinyt's {family.architecture} has no use for them): {dropped}")
     state = state_from_hf(family, tensors, cfg, source)
+    files = None
+    if cfg.n_mels is not None:  # Whisper's tokens and generation settings, kept beside
+        speech = read_speech(root, hf_cfg, tok, cfg)
+        files = lambda tmp: write_json(tmp / SPEECH_FILE, speech)  # noqa: E731
+        log(f"speech: {len(speech['tokens']['languages'])} languages, "
+            f"{speech['tokens']['timestamps']} timestamps")
     kept = {}
     if context is not None:
         cfg, state = shorter_context(cfg, state, context, str(directory / "config.json"))
         kept = {"context": cfg.block_size, "model_context": model_context}
         log(f"context: {cfg.block_size} of the model's {model_context} tokens")
-    return save_import(out, cfg, tok, state, source=source, log=log, labels=labels, metrics={
+    return save_import(out, cfg, tok, state, source=source, log=log, labels=labels,
+                       files=files, metrics={
         "imported_from": "huggingface", "architecture": family.architecture,
         "source_dir": str(directory.resolve()), **kept})
 
@@ -227,6 +235,9 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
         roles = _encoder_tokens(tok, cfg)  # defaults are its real vocabulary's: ModernBERT's
         settings.update({f"{role}_id": tok.hf.token_to_id(roles[role])  # pad is 50,283)
                          for role in ("pad_token", "cls_token", "sep_token") if role in roles})
+    speech = load_speech(checkpoint_dir)  # Whisper's generation settings, as they came
+    if speech is not None:
+        settings.update(speech["config"])
     hf_class = getattr(transformers, family.architecture)
     if cfg.attn_softcap is not None:  # transformers' SDPA path leaves Gemma 2's cap out
         settings["attn_implementation"] = "eager"
@@ -239,7 +250,7 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
     zeroed = sorted(k for k in missing if family.drops and k.endswith(family.drops))
     shared = family.shared if cfg.task == "seq2seq" and cfg.shared_embeddings else ()
     missing = [k for k in missing if not k.endswith(family.buffers) and k not in zeroed
-               and not (k == "lm_head.weight" and cfg.tie_weights) and k not in shared]
+               and not (k == family.head and cfg.tie_weights) and k not in shared]
     if missing or unexpected:
         raise ConversionError(f"weights did not map: missing {missing}, unexpected {unexpected}")
     if cfg.tie_weights:
@@ -267,6 +278,10 @@ def _write_hf(family: Family, ckpt: Checkpoint, checkpoint_dir: str | os.PathLik
         if zeroed:
             meta["tinyt"]["pooler"] = {"tensors": zeroed, "weights": POOLER_NOTE.format(
                 arch=family.architecture)}
+        if speech is not None:  # where the source had them (transformers moves them)
+            meta.update(speech["config"])
+            if speech["generation_config"]:
+                write_json(tmp / "generation_config.json", speech["generation_config"])
         write_json(tmp / "config.json", meta)
     return Path(out_dir)
 
@@ -313,7 +328,8 @@ def _check_outputs(model, hf, family: Family, cfg: ModelConfig) -> tuple[str, fl
     if cfg.task == "causal_lm":
         output, worst = "logits", _logits_diff(model, hf, cfg)
     elif cfg.task == "seq2seq":
-        output, worst = "logits", _seq2seq_diff(model, hf, cfg)
+        output, worst = "logits", (_seq2seq_diff if cfg.n_mels is None else _speech_diff)(
+            model, hf, cfg)
     else:
         output, worst = _encoder_diff(model, hf, cfg)
     if not worst <= HF_LOGITS_ATOL:
@@ -350,6 +366,21 @@ def _seq2seq_diff(model, hf, cfg: ModelConfig) -> float:
     with torch.no_grad():
         ours = model.eval()(ids, mask, target)
         theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+    return float((ours - theirs).abs().max())
+
+
+def _speech_diff(model, hf, cfg: ModelConfig) -> float:
+    """An audio encoder-decoder's teacher-forced logits' max abs difference: two sources of
+    features in log-mel's range ([-1.5, 1.5]: (log10 + 4) / 4) and a target of CHECK_TOKENS
+    // 2 tokens from decoder_start_id."""
+    g = torch.Generator().manual_seed(0)
+    features = torch.rand(2, cfg.n_mels, 2 * cfg.source_positions, generator=g) * 3 - 1.5
+    target = torch.randint(0, cfg.vocab_size, (2, min(cfg.block_size, CHECK_TOKENS // 2)),
+                           generator=g)
+    target[:, 0] = cfg.decoder_start_id
+    with torch.no_grad():
+        ours = model.eval()(features, None, target)
+        theirs = hf(input_features=features, decoder_input_ids=target).logits
     return float((ours - theirs).abs().max())
 
 

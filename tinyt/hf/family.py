@@ -105,6 +105,10 @@ class Family:
     heads: tuple[Head, ...] = ()  # the task classes around the base model (BertFor...)
     outside: tuple[str, ...] = ()  # HF name prefixes of a head's tensors, outside `base`
     shared: tuple[str, ...] = ()
+    head: str = "lm_head.weight"  # the output projection's name (Whisper's proj_out.weight)
+    absent: tuple[str, ...] = ()  # name endings of parts of a stacked tensor the class lacks,
+    #                   zeros in tinyt's (Whisper's k_proj.bias: a key bias adds q.b to every
+    #                   key's score alike, which the softmax cancels, so it is left out)
 
     def __post_init__(self) -> None:
         named = {*self.keys.values(), *self.features, *(s.field for s in self.spelled.values())}

@@ -15,6 +15,7 @@ enc.blk / dec.blk), and the decoder's block adds its cross-attention:
     dec.cross_q    decoder.h.{i}.cross.c_q           model.decoder.layers.{i}.encoder_attn.q_proj
     dec.cross_kv   decoder.h.{i}.cross.c_kv          encoder_attn.k_proj | v_proj (stacked)
     dec.cross_norm decoder.h.{i}.ln_x                encoder_attn_layer_norm
+    enc.conv1      encoder.stem.conv1                (Whisper) model.encoder.conv1
     enc.attn_rel_b encoder.rel.weight                (T5) encoder.block.0.layer.0.SelfAttention.
                                                      relative_attention_bias.weight
 
@@ -65,6 +66,8 @@ OURS.update({
     "dec.cross_kv": "decoder.h.{i}.cross.c_kv.{w}",  # k, v fused [2 nkv * hs, C]
     "dec.cross_out": "decoder.h.{i}.cross.c_proj.{w}",
     "logits_bias": "final_logits_bias",  # a buffer [1, vocab] (BART's, Marian's)
+    "enc.conv1": "encoder.stem.conv1.{w}",  # an audio encoder's stem (Whisper's)
+    "enc.conv2": "encoder.stem.conv2.{w}",
 })
 STACKED = {"attn_qkv": qkv_rows, "ffn_up": gate_up_rows,  # how stacked HF tensors split back
            "enc.attn_qkv": qkv_rows, "dec.attn_qkv": qkv_rows, "enc.ffn_up": gate_up_rows,

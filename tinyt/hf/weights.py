@@ -27,7 +27,6 @@ from tinyt.model import build_model
 
 SAFETENSORS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
-HEAD = "lm_head.weight"  # the one name outside the base model, in tinyt and in HF
 # the table a tied head is: a decoder-only model's, an encoder-decoder's decoder's (the
 # encoder's where the two stacks share it, and tinyt holds it once)
 EMBEDDINGS = ("transformer.wte.weight", "decoder.wte.weight", "encoder.wte.weight")
@@ -148,7 +147,8 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
         if key.endswith((".gamma", ".beta")) and "LayerNorm" in key:  # old BERT saves' names,
             key = key.removesuffix(".gamma") + ".weight" if key.endswith(".gamma") \
                 else key.removesuffix(".beta") + ".bias"  # as transformers renames them
-        if key != HEAD and not key.startswith(family.base) and not key.startswith(family.outside):
+        if key != family.head and not key.startswith(family.base) \
+                and not key.startswith(family.outside):
             key = family.base + key  # a base-model save (GPT2Model, LlamaModel)
         sd[key], original[key] = value, name
     used: set[str] = set()
@@ -163,7 +163,8 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
 
     state, paired = {}, {}
     for p in pairs(family, cfg):
-        parts = [take(name) for name in p.theirs]
+        parts = [torch.zeros(p.rows[j]) if p.rows and name.endswith(family.absent)
+                 and name not in sd else take(name) for j, name in enumerate(p.theirs)]
         if p.conv1d:
             parts = [t.t() for t in parts]  # Conv1D [in, out] -> Linear [out, in]
         if p.ours is None:
@@ -174,10 +175,11 @@ def state_from_hf(family: Family, tensors: dict[str, torch.Tensor], cfg: ModelCo
         paired[p.ours] = p.theirs[0]
         state[p.ours] = parts[0] if len(parts) == 1 else torch.cat(parts)  # rows stacked
     embedding = next((paired[t] for t in EMBEDDINGS if t in paired), None)
-    if cfg.tie_weights and HEAD in sd and embedding is not None:
-        used.add(HEAD)
-        if not torch.equal(sd[HEAD], sd[embedding]):
-            raise CheckpointError(f"{source}: tie_word_embeddings is true but {HEAD} differs "
+    head = family.head
+    if cfg.tie_weights and head in sd and embedding is not None:
+        used.add(head)
+        if not torch.equal(sd[head], sd[embedding]):
+            raise CheckpointError(f"{source}: tie_word_embeddings is true but {head} differs "
                                   f"from {embedding}")
     unexpected = sorted(original[k] for k in set(sd) - used)  # as the file names them
     if unexpected:  # a weight tinyt would drop is a model tinyt does not implement
@@ -211,5 +213,7 @@ def hf_state(family: Family, model: torch.nn.Module) -> dict[str, torch.Tensor]:
             continue
         parts = sd[p.ours].split(list(p.rows)) if p.rows else (sd[p.ours],)
         for name, t in zip(p.theirs, parts):
+            if p.rows and name.endswith(family.absent):  # not in the class (softmax-exact)
+                continue
             out[name] = (t.t() if p.conv1d else t).contiguous().clone()  # Linear -> Conv1D
     return out

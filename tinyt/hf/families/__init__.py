@@ -13,6 +13,7 @@ traits it turns on (`features`), which the model and the graph stages read.
     marian.py      Marian (Opus-MT)
     m2m100.py      M2M100, NLLB
     t5.py          T5 v1.0, v1.1 / Flan-T5
+    whisper.py     Whisper (speech: an audio encoder-decoder)
 
 tinyt.hf.catalogue assembles them, in the order export-hf tries them.
 """
