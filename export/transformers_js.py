@@ -6,14 +6,17 @@ the layout transformers.js loads unchanged, as a local or Hub model
       ──▶ OUT/config.json          the source's, `transformers.js_config.dtype` naming the files
           OUT/generation_config.json, tokenizer.json, tokenizer_config.json (the source's, or
                                    one naming the tokenizer's end token)
-          OUT/onnx/encoder_model{S}.onnx         the source's encoder, as it is
+          OUT/onnx/encoder_model{S}.onnx         the source's encoder
           OUT/onnx/decoder_model_merged{S}.onnx  the two decoder graphs as one (seq2seq_merge),
                                                  each weight once
+          a quantized token table's GatherBlockQuantized, which transformers.js' ONNX Runtime
+          Web lacks, as standard ops on the same bytes (plain_gather)
           OUT/manifest.json
       {S}: transformers.js' file suffix for the dtype (its utils/dtypes.js): fp32 '', an 8-bit
       artifact q8 '_quantized', a 4-bit one q4 '_q4' (DTYPES)
       checked before it is written: the merged graph against the two decoder graphs under ONNX
-      Runtime (seq2seq_merge.check_merged: fp32 rounding in other orders at most), then the
+      Runtime (seq2seq_merge.check_merged), the encoder against the source's on seq2seq_checks'
+      grid (fp32 rounding in other orders at most, each), then the
       package's encoder and merged decoder, driven as transformers.js drives them (the caches
       empty on the first step, the first step's cross-attention cache kept), give
       tinyt.runtime's greedy tokens on the source.
@@ -38,7 +41,9 @@ from tinyt.graphio import load_graph, save_graph
 from tinyt.manifest import Artifact, write_manifest
 from tinyt.runtime.session import graph_session, session_options
 
-from .seq2seq_checks import check_sizes, check_cases
+from .compare import max_abs, max_abs_diff, reorder_bound
+from .plain_gather import OP, plain_gathers
+from .seq2seq_checks import check_cases, check_sizes, graph_feeds, role_cases
 from .seq2seq_merge import check_merged, merge_decoders, merged_feeds
 from .stage import Built, built
 
@@ -48,9 +53,6 @@ DTYPES = {None: ("fp32", ""), 8: ("q8", "_quantized"), 4: ("q4", "_q4")}
 CHECK_SOURCES = ("The cat sat on the mat.", "def add(a, b):\n    return a + b",
                  "Hello, world! How are you today?")
 CHECK_NEW_TOKENS = 12
-# ONNX Runtime Web builds without this operator (transformers.js 4.3.2's 1.31.0-dev among them)
-# cannot load a graph that keeps a quantized token table
-NEEDS = "GatherBlockQuantized"
 
 
 def onnx_files(bits: int | None) -> dict[str, str]:
@@ -75,30 +77,37 @@ def package_transformers_js(src_dir: Path, out_dir: Path, src: Artifact) -> Buil
     lm = load(src_dir, threads=1, tune=False)
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:
         (out / "onnx").mkdir()
-        decoders = {r: src_dir / SEQ2SEQ_FILES[r] for r in ("decoder", "decoder_with_past")}
-        merged = merge_decoders(load_graph(decoders["decoder"]),
-                                load_graph(decoders["decoder_with_past"]), cfg)
+        graphs = {r: load_graph(src_dir / f) for r, f in SEQ2SEQ_FILES.items()}
+        before = sum(n.op_type == OP for p in graphs.values() for n in p.graph.node)
+        left = {r: plain_gathers(p) for r, p in graphs.items()}  # in place
+        rewritten = before - sum(map(len, left.values()))
+        save_graph(graphs["encoder"], out / files["encoder"], external=False)
+        merged = merge_decoders(graphs["decoder"], graphs["decoder_with_past"], cfg)
         save_graph(merged, Path(tmp) / SEQ2SEQ_MERGED_FILE, external=False)
+        decoders = {r: src_dir / SEQ2SEQ_FILES[r] for r in ("decoder", "decoder_with_past")}
         try:
-            worst = check_merged(decoders, Path(tmp) / SEQ2SEQ_MERGED_FILE, cfg,
-                                 lambda p: graph_session(p, threads=1))
+            merged_worst = check_merged(decoders, Path(tmp) / SEQ2SEQ_MERGED_FILE, cfg,
+                                        lambda p: graph_session(p, threads=1))
+            encoder_worst = check_encoder(src_dir / SEQ2SEQ_FILES["encoder"],
+                                          out / files["encoder"], cfg)
         except ValueError as e:  # an output of another shape
-            raise PackageError(f"the merged decoder does not match its two graphs: {e}") \
+            raise PackageError(f"the package's graphs do not match their sources: {e}") \
                 from None
-        bad = [f"{branch} {group}: max abs diff {w['max_abs']:.3g} > {w['bound']:.3g} at "
-               f"{w['case']}" for branch, groups in worst.items() for group, w in groups.items()
-               if not w["max_abs"] <= w["bound"]]
+        worst = {**{f"{files['encoder']} {g}": w for g, w in encoder_worst.items()},
+                 **{f"{files['decoder_merged']} {b} {g}": w
+                    for b, groups in merged_worst.items() for g, w in groups.items()}}
+        bad = [f"{k}: max abs diff {w['max_abs']:.3g} > {w['bound']:.3g} at {w['case']}"
+               for k, w in worst.items() if not w["max_abs"] <= w["bound"]]
         if bad:
-            raise PackageError("the merged decoder differs from its two graphs beyond fp32 "
+            raise PackageError("the package's graphs differ from their sources beyond fp32 "
                                "rounding: " + "; ".join(bad))
         shutil.move(Path(tmp) / SEQ2SEQ_MERGED_FILE, out / files["decoder_merged"])
-        shutil.copy2(src_dir / SEQ2SEQ_FILES["encoder"], out / files["encoder"])
         _write_hf_files(src_dir, out, lm, dtype)
         greedy = check_greedy(out, files, lm)
-        ops = {op for n in merged.graph.node[0].attribute for op in (x.op_type for x in n.g.node)}
-        notes = [f"the graphs keep the token table quantized ({NEEDS}), which transformers.js "
-                 "4.3.2's ONNX Runtime Web (1.31.0-dev) lacks: they load there once its runtime "
-                 "has it; tinyt's page (--format web) runs them"] if NEEDS in ops else []
+        kept = sorted({n for names in left.values() for n in names})
+        notes = [f"{', '.join(kept)} kept as {OP} (a layout plain_gather does not rewrite), "
+                 "which transformers.js 4.3.2's ONNX Runtime Web (1.31.0-dev) lacks"] if kept \
+            else []
         int8 = manifest.record("int8") or {}
         sizes = {"package": sum((out / f).stat().st_size for f in files.values()),
                  "source": sum((src_dir / f).stat().st_size for f in SEQ2SEQ_FILES.values())}
@@ -110,11 +119,10 @@ def package_transformers_js(src_dir: Path, out_dir: Path, src: Artifact) -> Buil
                                                      ("decoder_merged", "decoder_model.onnx"))
                             if (e := int8.get(f)) is not None},
                    "versions": manifest.versions,
-                   "transformers_js": {"dtype": dtype, "files": files, "graph_bytes": sizes},
-                   "equivalence": {"worst": {f"{files['decoder_merged']} {b} {g}": w
-                                             for b, gs in worst.items() for g, w in gs.items()},
-                                   "sizes": check_sizes(cfg, check_cases(cfg)),
-                                   "greedy": greedy}})
+                   "transformers_js": {"dtype": dtype, "files": files, "graph_bytes": sizes,
+                                       "plain_gathers": rewritten},
+                   "equivalence": {"worst": worst, "greedy": greedy,
+                                   "sizes": check_sizes(cfg, check_cases(cfg))}})
     return built(out_dir, written)
 
 
@@ -135,6 +143,33 @@ def _write_hf_files(src_dir: Path, out: Path, lm, dtype: str) -> None:
             settings["eos_token"] = tok.eos_token
         (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n",
                                                    encoding="utf-8")
+
+
+def check_encoder(source: Path, candidate: Path, cfg) -> dict[str, dict]:
+    """{output: worst max-abs difference, the source's largest |value|, its bound, the case}
+    of the package's encoder against the source's on seq2seq_checks' grid (graphs as written)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    runs = [(c, graph_feeds(cfg, "encoder", c, rng))
+            for c in role_cases("encoder", check_cases(cfg))]
+    ref = graph_session(source, threads=1)
+    want = [ref.run(None, f) for _, f in runs]
+    del ref
+    sess, worst = graph_session(candidate, threads=1), {}
+    for (case, f), xs in zip(runs, want):
+        for o, x, y in zip(sess.get_outputs(), xs, sess.run(None, f)):
+            if x.shape != y.shape:
+                raise ValueError(f"{candidate.name} {o.name}: shape {y.shape} where the "
+                                 f"source's is {x.shape}")
+            w = worst.setdefault(o.name, {"max_abs": 0.0, "magnitude": 0.0, "case": None})
+            d = max_abs_diff(x, y)
+            if not d <= w["max_abs"]:
+                w.update(max_abs=d, case=dict(zip(("batch", "source"), case[:2])))
+            w["magnitude"] = max(w["magnitude"], max_abs(x))
+    for w in worst.values():
+        w["bound"] = reorder_bound(cfg, w["magnitude"], cfg.n_layer)
+    return worst
 
 
 class _Branch:
