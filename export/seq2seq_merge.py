@@ -91,6 +91,18 @@ def _content(t: onnx.TensorProto) -> tuple:
             hashlib.sha256(numpy_helper.to_array(t).tobytes()).hexdigest())
 
 
+def _outer_name(name: str, key: tuple, role: str, own: set[str], other: set[str],
+                other_weights: dict[str, tuple], taken: set[str]) -> str:
+    """A weight's name in the outer graph: its own, unless another tensor or value holds it
+    there or in the other graph (the other graph's equal weight may), else suffixed by role."""
+    def free(n: str) -> bool:
+        return n not in taken and (n not in other or other_weights.get(n) == key)
+    out, k = name, 1
+    while not free(out) or (out != name and out in own):
+        out, k = f"{name}.{BRANCH[role]}{k if k > 1 else ''}", k + 1
+    return out
+
+
 def _hoist(protos: dict[str, onnx.ModelProto]) -> list[onnx.TensorProto]:
     """Move each graph's weights to one outer list, equal tensors (type, shape, bytes) once,
     renaming their uses where a name means something else in the other graph; returns the
@@ -103,10 +115,6 @@ def _hoist(protos: dict[str, onnx.ModelProto]) -> list[onnx.TensorProto]:
     taken: set[str] = set()
     for role, proto in protos.items():
         g, (other,) = proto.graph, [r for r in protos if r != role]
-
-        def free(name: str, key: tuple) -> bool:  # nothing else of this name, in or out
-            return (name not in taken
-                    and (name not in used[other] or weights[other].get(name) == key))
         rename, keep = {}, []
         for t in g.initializer:
             if _stays(t):
@@ -115,14 +123,13 @@ def _hoist(protos: dict[str, onnx.ModelProto]) -> list[onnx.TensorProto]:
             key = weights[role][t.name]
             name = by_content.get(key)
             if name is None:
-                name, k = t.name, 1
-                while not free(name, key) or (name != t.name and name in used[role]):
-                    name, k = f"{t.name}.{BRANCH[role]}{k if k > 1 else ''}", k + 1
+                name = _outer_name(t.name, key, role, used[role], used[other], weights[other],
+                                   taken)
                 by_content[key], copy = name, onnx.TensorProto()
+                taken.add(name)
                 copy.CopyFrom(t)
                 copy.name = name
                 outer.append(copy)
-                taken.add(name)
             if name != t.name:
                 rename[t.name] = name
         del g.initializer[:]
