@@ -24,12 +24,15 @@ OP = "GatherBlockQuantized"
 
 
 def _static_shape(g: onnx.GraphProto, name: str) -> list[int] | None:
-    """The shape of an initializer, or of a Reshape of one to an initializer shape."""
+    """The shape of a uint8 initializer, or of a Reshape of one to an initializer shape."""
     inits = {t.name: t for t in g.initializer}
     if name in inits:
-        return list(inits[name].dims)
+        t = inits[name]
+        return list(t.dims) if t.data_type == onnx.TensorProto.UINT8 else None
     for node in g.node:
         if name in node.output and node.op_type == "Reshape" and node.input[1] in inits:
+            if _static_shape(g, node.input[0]) is None:
+                return None
             shape = numpy_helper.to_array(inits[node.input[1]]).tolist()
             return shape if all(d > 0 for d in shape) else None
     return None

@@ -15,11 +15,10 @@ the layout transformers.js loads unchanged, as a local or Hub model
       {S}: transformers.js' file suffix for the dtype (its utils/dtypes.js): fp32 '', an 8-bit
       artifact q8 '_quantized', a 4-bit one q4 '_q4' (DTYPES)
       checked before it is written: the merged graph against the two decoder graphs under ONNX
-      Runtime (seq2seq_merge.check_merged), the encoder against the source's on seq2seq_checks'
-      grid (fp32 rounding in other orders at most, each), then the
-      package's encoder and merged decoder, driven as transformers.js drives them (the caches
-      empty on the first step, the first step's cross-attention cache kept), give
-      tinyt.runtime's greedy tokens on the source.
+      Runtime (seq2seq_merge.check_merged), the encoder against the source's, on seq2seq_checks'
+      grid (fp32 rounding in other orders at most, each); then the package's encoder and
+      merged decoder, driven as transformers.js drives them (the caches empty on the first
+      step, the first step's cross-attention cache kept), give tinyt.runtime's greedy tokens.
 
 Why a format of its own and not a part of `--format web`: transformers.js reads a Hugging Face
 model directory (an `onnx/` folder, file names by dtype), where the web page reads its three
@@ -48,7 +47,8 @@ from .seq2seq_merge import check_merged, merge_decoders, merged_feeds
 from .stage import Built, built
 
 # transformers.js' dtype by the artifact's weight bits, and its file suffix for that dtype
-# (utils/dtypes.js DEFAULT_DTYPE_SUFFIX_MAPPING in @huggingface/transformers 3.x and 4.x)
+# (utils/dtypes.js DEFAULT_DTYPE_SUFFIX_MAPPING, the same in @huggingface/transformers 3.x and
+# 4.3.2)
 DTYPES = {None: ("fp32", ""), 8: ("q8", "_quantized"), 4: ("q4", "_q4")}
 CHECK_SOURCES = ("The cat sat on the mat.", "def add(a, b):\n    return a + b",
                  "Hello, world! How are you today?")
