@@ -177,7 +177,7 @@ def package(
                    f"{manifest['capacity_tokens']} tokens per sequence)")
     typer.echo(f"max abs diff vs source graph: {worst:.2e} "
                f"(fp32 rounding bound {bound:.2e} at the smallest output)")
-    for note in manifest.get("notes", []):
+    for note in manifest.get("transformers_js", {}).get("notes", []):
         typer.echo(f"note: {note}")
     typer.echo(f"package: {path}")
 

@@ -113,14 +113,14 @@ def package_transformers_js(src_dir: Path, out_dir: Path, src: Artifact) -> Buil
                  "source": sum((src_dir / f).stat().st_size for f in SEQ2SEQ_FILES.values())}
         written = write_manifest(
             out, stage="package", source=src.record(), options={"format": "transformers-js"},
-            extra={"graph": SEQ2SEQ, "package_format": "transformers-js", "notes": notes,
+            extra={"graph": SEQ2SEQ, "package_format": "transformers-js",
                    **manifest.records("quantization", "accuracy", "opset"),
                    "int8": {files[r]: e for r, f in (("encoder", "encoder_model.onnx"),
                                                      ("decoder_merged", "decoder_model.onnx"))
                             if (e := int8.get(f)) is not None},
                    "versions": manifest.versions,
                    "transformers_js": {"dtype": dtype, "files": files, "graph_bytes": sizes,
-                                       "plain_gathers": rewritten},
+                                       "plain_gathers": rewritten, "notes": notes},
                    "equivalence": {"worst": worst, "greedy": greedy,
                                    "sizes": check_sizes(cfg, check_cases(cfg))}})
     return built(out_dir, written)

@@ -21,7 +21,7 @@ from seq2seq_fixtures import exported_seq2seq
 
 import tinyt.runtime as rt
 from tinyt.contract import SEQ2SEQ_FILES, SEQ2SEQ_ORT_FILES, seq2seq_cache_names
-from tinyt.errors import PackageError, WebPackageError
+from tinyt.errors import ManifestError, PackageError, WebPackageError
 from tinyt.export.ort_format import OPERATORS_FILE
 from tinyt.export.package import package
 from tinyt.export.web import ort_web_dist
@@ -160,7 +160,9 @@ def test_transformers_js_package_runs_its_merged_decoder_as_the_two_graphs(artif
     # the quantized token tables (two a graph) as standard ops on the same bytes: transformers.js'
     # ONNX Runtime Web has no GatherBlockQuantized
     assert m["transformers_js"]["plain_gathers"] == (0 if name == "fp32" else 6)
-    assert m["notes"] == []
+    assert m["transformers_js"]["notes"] == []
+    with pytest.raises(ManifestError, match="a transformers.js package .*subfolder='onnx'"):
+        rt.load(pkg, threads=1)  # its graphs are under onnx/, by transformers.js' names
     for f in (encoder, merged):
         ops = {n.op_type for n in onnx.load(str(pkg / f)).graph.node}
         ops |= {x.op_type for n in onnx.load(str(pkg / f)).graph.node for a in n.attribute
