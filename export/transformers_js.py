@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import onnxruntime as ort
@@ -75,36 +74,11 @@ def package_transformers_js(src_dir: Path, out_dir: Path, src: Artifact) -> Buil
                            f"for {', '.join(f'{b}-bit' for b in DTYPES if b)} or fp32 ones")
     dtype, files = DTYPES[bits][0], onnx_files(bits)
     lm = load(src_dir, threads=1, tune=False)
-    with tempfile.TemporaryDirectory() as tmp, atomic_dir(out_dir) as out:
+    with atomic_dir(out_dir) as out:
         (out / "onnx").mkdir()
-        graphs = {r: load_graph(src_dir / f) for r, f in SEQ2SEQ_FILES.items()}
-        before = sum(n.op_type == OP for p in graphs.values() for n in p.graph.node)
-        left = {r: plain_gathers(p) for r, p in graphs.items()}  # in place
-        rewritten = before - sum(map(len, left.values()))
-        save_graph(graphs["encoder"], out / files["encoder"], external=False)
-        merged = merge_decoders(graphs["decoder"], graphs["decoder_with_past"], cfg)
-        save_graph(merged, Path(tmp) / SEQ2SEQ_MERGED_FILE, external=False)
-        decoders = {r: src_dir / SEQ2SEQ_FILES[r] for r in ("decoder", "decoder_with_past")}
-        try:
-            merged_worst = check_merged(decoders, Path(tmp) / SEQ2SEQ_MERGED_FILE, cfg,
-                                        lambda p: graph_session(p, threads=1))
-            encoder_worst = check_encoder(src_dir / SEQ2SEQ_FILES["encoder"],
-                                          out / files["encoder"], cfg)
-        except ValueError as e:  # an output of another shape
-            raise PackageError(f"the package's graphs do not match their sources: {e}") \
-                from None
-        worst = {**{f"{files['encoder']} {g}": w for g, w in encoder_worst.items()},
-                 **{f"{files['decoder_merged']} {b} {g}": w
-                    for b, groups in merged_worst.items() for g, w in groups.items()}}
-        bad = [f"{k}: max abs diff {w['max_abs']:.3g} > {w['bound']:.3g} at {w['case']}"
-               for k, w in worst.items() if not w["max_abs"] <= w["bound"]]
-        if bad:
-            raise PackageError("the package's graphs differ from their sources beyond fp32 "
-                               "rounding: " + "; ".join(bad))
-        shutil.move(Path(tmp) / SEQ2SEQ_MERGED_FILE, out / files["decoder_merged"])
+        worst, kept, rewritten = _write_graphs(src_dir, out, files, cfg)
         _write_hf_files(src_dir, out, lm, dtype)
         greedy = check_greedy(out, files, lm)
-        kept = sorted({n for names in left.values() for n in names})
         notes = [f"{', '.join(kept)} kept as {OP} (a layout plain_gather does not rewrite), "
                  "which transformers.js 4.3.2's ONNX Runtime Web (1.31.0-dev) lacks"] if kept \
             else []
@@ -124,6 +98,36 @@ def package_transformers_js(src_dir: Path, out_dir: Path, src: Artifact) -> Buil
                    "equivalence": {"worst": worst, "greedy": greedy,
                                    "sizes": check_sizes(cfg, check_cases(cfg))}})
     return built(out_dir, written)
+
+
+def _write_graphs(src_dir: Path, out: Path, files: dict[str, str], cfg
+                  ) -> tuple[dict[str, dict], list[str], int]:
+    """The encoder and the merged decoder, quantized gathers made plain, each checked against
+    its source graphs: (the worst difference per "file [branch] output", the gathers kept,
+    how many were rewritten); PackageError beyond fp32 rounding."""
+    graphs = {r: load_graph(src_dir / f) for r, f in SEQ2SEQ_FILES.items()}
+    before = sum(n.op_type == OP for p in graphs.values() for n in p.graph.node)
+    left = [n for p in graphs.values() for n in plain_gathers(p)]  # rewritten in place
+    save_graph(graphs["encoder"], out / files["encoder"], external=False)
+    merged = out / files["decoder_merged"]
+    save_graph(merge_decoders(graphs["decoder"], graphs["decoder_with_past"], cfg), merged,
+               external=False)
+    del graphs
+    decoders = {r: src_dir / SEQ2SEQ_FILES[r] for r in ("decoder", "decoder_with_past")}
+    try:
+        branches = check_merged(decoders, merged, cfg, lambda p: graph_session(p, threads=1))
+        encoder = check_encoder(src_dir / SEQ2SEQ_FILES["encoder"], out / files["encoder"], cfg)
+    except ValueError as e:  # an output of another shape
+        raise PackageError(f"the package's graphs do not match their sources: {e}") from None
+    worst = {**{f"{files['encoder']} {g}": w for g, w in encoder.items()},
+             **{f"{files['decoder_merged']} {b} {g}": w
+                for b, groups in branches.items() for g, w in groups.items()}}
+    bad = [f"{k}: max abs diff {w['max_abs']:.3g} > {w['bound']:.3g} at {w['case']}"
+           for k, w in worst.items() if not w["max_abs"] <= w["bound"]]
+    if bad:
+        raise PackageError("the package's graphs differ from their sources beyond fp32 "
+                           "rounding: " + "; ".join(bad))
+    return worst, sorted(set(left)), before - len(left)
 
 
 def _write_hf_files(src_dir: Path, out: Path, lm, dtype: str) -> None:
