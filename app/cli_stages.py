@@ -125,8 +125,10 @@ def package(
                                              "quantized).")],
     out: Annotated[Path, typer.Argument(help="Package directory to write.")],
     format: Annotated[str, typer.Option(help="ort (ONNX Runtime mobile format + operator "
-                                             "list), triton (model repository), onnx, or web "
-                                             "(a page + ES module on ONNX Runtime Web).")
+                                             "list), triton (model repository), onnx, web "
+                                             "(a page + ES module on ONNX Runtime Web), or "
+                                             "transformers-js (an encoder-decoder as "
+                                             "transformers.js loads it).")
                       ] = "ort",
     fixed: Annotated[Optional[list[str]], typer.Option(
         help="Pin an axis, AXIS=N (repeat): batch_size, sequence_length, "
@@ -175,6 +177,8 @@ def package(
                    f"{manifest['capacity_tokens']} tokens per sequence)")
     typer.echo(f"max abs diff vs source graph: {worst:.2e} "
                f"(fp32 rounding bound {bound:.2e} at the smallest output)")
+    for note in manifest.get("transformers_js", {}).get("notes", []):
+        typer.echo(f"note: {note}")
     typer.echo(f"package: {path}")
 
 

@@ -7,7 +7,8 @@
                          for a reduced ONNX Runtime build; checked vs model.onnx; a tinyt artifact
         format triton ─▶ OUT/<name>/config.pbtxt + OUT/<name>/1/model.onnx (Triton repository)
         format web    ─▶ a static page + ES module on ONNX Runtime Web (export/web/)
-    an encoder-decoder (seq2seq) artifact: its three graphs as ort or web (seq2seq_package.py)
+    an encoder-decoder (seq2seq) artifact: its three graphs as ort or web, or as transformers.js
+    loads an encoder-decoder, --format transformers-js (seq2seq_package.py)
 
 Pinned shapes (`fixed`) are for accelerators that cannot take dynamic shapes: batch_size,
 sequence_length and past_sequence_length become numbers in the graph; the runtime and
@@ -37,7 +38,7 @@ from .ort_format import ORT_FILE, to_ort, write_operators
 from .stage import Built, built, copy_artifact_files, open_source, source_graph, source_versions
 from .triton import check_config, config_pbtxt
 
-FORMATS = ("onnx", "ort", "triton", "web")
+FORMATS = ("onnx", "ort", "triton", "web", "transformers-js")
 # packaged vs source graph on the same inputs, every output: the same graph, perhaps optimized
 # at another level, so fp32 rounding in other orders at most (compare.reorder_bound)
 
@@ -131,6 +132,13 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     if (manifest_of(src_dir) or {}).get("graph") == SEQ2SEQ:  # a missing one: refused below
         from .seq2seq_package import package_seq2seq
         return package_seq2seq(src_dir, out_dir, format=format, fixed=fixed)
+    if format == "transformers-js":
+        raise PackageError(
+            f"{src_dir} is not an encoder-decoder (seq2seq) artifact: --format transformers-js "
+            "writes the encoder and merged decoder transformers.js runs for one. A decoder, "
+            "classifier or encoder graph uses Optimum's input and output names already: "
+            "transformers.js loads its model.onnx as onnx/model.onnx beside config.json and "
+            "the tokenizer's files")
     if format == "web":
         if fixed:
             raise PackageError("--fixed pins shapes for accelerators; the web package runs "

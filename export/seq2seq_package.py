@@ -9,6 +9,8 @@ web page (export/web/seq2seq_page.py).
                       ONNX Runtime build), config.json, generation_config.json,
                       tokenizer.json, manifest.json (a tinyt artifact: rt.load runs it)
       ──format web──▶ export/web/seq2seq_page.py
+      ──format transformers-js──▶ export/transformers_js.py (onnx/encoder_model.onnx and
+                      Optimum's onnx/decoder_model_merged.onnx, as transformers.js loads them)
       checked before it is written: each .ort graph against its source graph on the contract's
       random inputs over seq2seq_checks' grid (fp32 rounding in other orders at most), then the
       package, loaded by tinyt.runtime, gives the source's greedy tokens.
@@ -50,13 +52,14 @@ REFUSED = {
 
 def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: str,
                     fixed: list[str] | dict[str, int] | None = None) -> Built:
-    """An encoder-decoder's ORT-format or web package (module docstring); returns out_dir."""
+    """An encoder-decoder's ORT-format, web or transformers.js package (module docstring);
+    returns out_dir."""
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     why = REFUSED["fixed"] if fixed else REFUSED.get(format)
     if why:
         raise PackageError(f"{src_dir} is an encoder-decoder (seq2seq) artifact: "
                            f"{'--fixed' if fixed else f'--format {format}'} does not apply, as "
-                           f"{why}. It packages as --format ort or --format web")
+                           f"{why}. It packages as --format ort, web or transformers-js")
     src = open_source(src_dir, out_dir)
     if src.manifest.stage == "package":
         raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
@@ -64,13 +67,16 @@ def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, f
     external = [f + DATA_SUFFIX for f in SEQ2SEQ_FILES.values()
                 if (src_dir / (f + DATA_SUFFIX)).exists()]
     if external:
+        holder = {"ort": "ORT format", "web": "page"}.get(format, "merged decoder")
         raise PackageError(f"{src_dir} keeps weights in external data ({', '.join(external)}); "
-                           f"the {'ORT format' if format == 'ort' else 'page'} holds a graph "
-                           "under protobuf's 2 GB only")
+                           f"the {holder} holds a graph under protobuf's 2 GB only")
     check_graphs_here(src.manifest, list(SEQ2SEQ_FILES.values()), f"the {format} package")
     if format == "web":
         from .web.seq2seq_page import package_seq2seq_web
         return package_seq2seq_web(src_dir, out_dir, src)
+    if format == "transformers-js":
+        from .transformers_js import package_transformers_js
+        return package_transformers_js(src_dir, out_dir, src)
     return _package_ort(src_dir, out_dir, src)
 
 

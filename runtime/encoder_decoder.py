@@ -340,6 +340,12 @@ def load_seq2seq(artifact: Artifact, tokenizer: Tokenizer, *, provider: str, thr
     """The three sessions of an encoder-decoder artifact, each checked against its contract
     (runtime/session.py), as one Seq2SeqModel; an ORT-format package's .ort files."""
     refuse_speech(artifact.config, "tinyt's runtime")
+    if artifact.manifest.package_format == "transformers-js":
+        made_from = artifact.manifest.source.get("path", "its source")
+        raise ManifestError(f"{artifact.path} is a transformers.js package (tinyt package "
+                            "--format transformers-js): load it with transformers.js, or "
+                            "Optimum's ORTModelForSeq2SeqLM with subfolder='onnx'; "
+                            f"tinyt.runtime loads the artifact it was made from ({made_from})")
     files = SEQ2SEQ_ORT_FILES if artifact.manifest.package_format == "ort" else SEQ2SEQ_FILES
     sessions = {role: create_session(artifact, provider=provider, threads=threads,
                                      spinning=spinning, level=level, graph=file)

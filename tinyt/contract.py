@@ -268,3 +268,21 @@ def seq2seq_contract(cfg: ModelConfig) -> dict[str, tuple[list[TensorSpec], list
                                                 TARGET_PAST)],
                               [logits, *caches("present", ("decoder",), TARGET_TOTAL)]),
     }
+
+
+# Optimum's merged decoder, the one transformers.js runs (`tinyt package --format
+# transformers-js`): the two decoder graphs as the branches of one If on USE_CACHE_BRANCH
+SEQ2SEQ_MERGED_FILE = "decoder_model_merged.onnx"
+USE_CACHE_BRANCH = "use_cache_branch"
+
+
+def seq2seq_merged_contract(cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """(inputs, outputs) of decoder_model_merged.onnx: every input of the two decoder graphs
+    and USE_CACHE_BRANCH bool [1] (False: the first step, the caches fed empty; True: a cached
+    step, the hidden states fed but unread); the first decoder graph's outputs, the
+    cross-attention ones empty on a cached step (the caller keeps the first step's)."""
+    graphs = seq2seq_contract(cfg)
+    first, cached = graphs["decoder"][0], graphs["decoder_with_past"][0]
+    names = {s.name for s in first}
+    return ([*first, *(s for s in cached if s.name not in names),
+             TensorSpec(USE_CACHE_BRANCH, "bool", (1,))], graphs["decoder"][1])

@@ -40,7 +40,7 @@ RECORDS = ("graph", "model_file", "prefill_model_file", "opset", "io", "versions
            "quantization", "prefill_quantization", "accuracy", "source_accuracy",
            "prefill_accuracy", "prefill_source", "prefill_equivalence", "equivalence",
            "long_context", "search", "fixed_shape", "capacity_tokens", "package_format", "ort",
-           "web", "pair", "prefill_chunk", "layers")
+           "web", "transformers_js", "pair", "prefill_chunk", "layers")
 
 
 @dataclass(frozen=True)

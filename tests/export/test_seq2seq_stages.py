@@ -248,3 +248,26 @@ def test_optimum_loads_the_export_and_generates_tinyt_tokens(marian, monkeypatch
         want = ours.generate_ids([ids], max_new_tokens=12)[0]
         tail = [0] if want.finish_reason == "eos" else []  # Optimum keeps the end token
         assert got == [58100, *want.token_ids, *tail], text
+
+
+def test_optimum_loads_the_transformers_js_package_merged(marian, monkeypatch, tmp_path):
+    """The package transformers.js loads (`tinyt package --format transformers-js`) is Optimum's
+    layout too: ORTModelForSeq2SeqLM opens its onnx/ folder on the merged decoder."""
+    pytest.importorskip("optimum.onnxruntime", reason="the optimum extra is not installed")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    from tinyt.export.package import package
+
+    pkg = package(marian, tmp_path / "tjs", format="transformers-js")
+    model = ORTModelForSeq2SeqLM.from_pretrained(pkg, subfolder="onnx",
+                                                 provider="CPUExecutionProvider")
+    assert model.decoder.is_merged
+    ours = rt.load(marian, threads=1)
+    ids = ours.tokenizer.encode_prompt("A longer source, with several words in it")
+    x = torch.tensor([ids])
+    got = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12,
+                         do_sample=False, num_beams=1)[0].tolist()
+    want = ours.generate_ids([ids], max_new_tokens=12)[0]
+    tail = [0] if want.finish_reason == "eos" else []
+    assert got == [58100, *want.token_ids, *tail]

@@ -1,18 +1,24 @@
 """transformers.js (web/transformers-js, opt-in: bash scripts/setup-transformers-js.sh) on
-tinyt's encoder-decoder export, an Opus-MT-shaped Marian (tests/hf_fixtures.py's opus-mt,
-imported and exported), in headless Chromium as a local model.
+tinyt's encoder-decoder package, an Opus-MT-shaped Marian (tests/hf_fixtures.py's opus-mt,
+imported, exported, then `tinyt package --format transformers-js`), in headless Chromium as a
+local model, the package's directory copied as it is.
 
-What it loads, and why the directory as tinyt writes it is not enough: transformers.js runs an
-encoder-decoder on two sessions, `onnx/encoder_model.onnx` and `onnx/decoder_model_merged.onnx`
-(Optimum's merged decoder: the first-step and the cached graph as the branches of one `If` on a
+What it loads: transformers.js runs an encoder-decoder on two sessions,
+`onnx/encoder_model{suffix}.onnx` and `onnx/decoder_model_merged{suffix}.onnx` (Optimum's
+merged decoder: the first-step and the cached graph as the branches of one `If` on a
 `use_cache_branch` input, the cross cache fed empty on the first step); it never opens
-`decoder_model.onnx` or `decoder_with_past_model.onnx`, so the files as they are fail on the
-missing merged graph, by name (checked below). Given that graph -- made from tinyt's own two
-decoder graphs by Optimum's `merge_decoders`, their outputs' exporter metadata dropped so that
-the two branches' outputs match -- and config.json's `is_encoder_decoder` (which tinyt's export
-writes), it translates to tinyt.runtime's greedy tokens. One difference of rules: transformers.js
-reads `forced_eos_token_id` from config.json (Marian's 0) and forces it at the last position,
-where tinyt.runtime, as transformers' and Optimum's generate, reads generation_config.json only."""
+`decoder_model.onnx` or `decoder_with_past_model.onnx`, so the export's own directory fails on
+the missing merged graph, by name (checked below). The package holds the merged graph tinyt
+makes itself (export/seq2seq_merge.py), config.json's `is_encoder_decoder` (without it
+transformers.js runs the model as a decoder) and `transformers.js_config.dtype` (which file
+suffix to read: no dtype option is passed here). The fp32 and INT8 packages translate to
+tinyt.runtime's greedy tokens; the INT4 one parts only at a tie of the runtime's own logits
+(web/seq2seq_page.seq2seq_ties: the native 4-bit MatMulNBits computes with int8 activations,
+WebAssembly's does not). The quantized packages load because the package writes the token
+table's GatherBlockQuantized, which this ONNX Runtime Web lacks, as standard ops
+(export/plain_gather.py). One difference of rules: transformers.js reads `forced_eos_token_id` from config.json
+(Marian's 0) and forces it at the last position, where tinyt.runtime, as transformers' and
+Optimum's generate, reads generation_config.json only."""
 from __future__ import annotations
 
 import json
@@ -34,7 +40,8 @@ env.allowLocalModels = true; env.allowRemoteModels = false; env.localModelPath =
 env.backends.onnx.wasm.numThreads = 1;
 env.backends.onnx.wasm.wasmPaths = new URL("./", location.href).href;  // no CDN: the copies here
 window.tjs = {
-  async load() { window.tjs.model = await AutoModelForSeq2SeqLM.from_pretrained("m", { dtype: "fp32", device: "wasm" }); },
+  async load(name, dtype) {  // dtype undefined: config.json's transformers.js_config.dtype
+    window.tjs.model = await AutoModelForSeq2SeqLM.from_pretrained(name, { device: "wasm", ...(dtype ? { dtype } : {}) }); },
   async generate(ids, n) {
     const x = new Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
     const mask = new Tensor("int64", new BigInt64Array(ids.length).fill(1n), [1, ids.length]);
@@ -51,10 +58,12 @@ pytestmark = [needs_browser, pytest.mark.slow, pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory):
-    """The Opus-MT-shaped fixture imported and exported by tinyt."""
+    """The Opus-MT-shaped fixture imported and exported by tinyt, and quantized at 8 and 4 bits:
+    {"fp32": ..., "int8": ..., "int4": ...}."""
     from hf_fixtures import save_seq2seq
 
     from tinyt.export import export_onnx
+    from tinyt.export.quantize import quantize
     from tinyt.hf import import_hf
 
     root = tmp_path_factory.mktemp("marian-tjs")
@@ -63,63 +72,71 @@ def marian(tmp_path_factory):
     try:
         save_seq2seq("opus-mt", root / "hf")
         import_hf(root / "hf", root / "ck")
-        return export_onnx(root / "ck", root / "onnx")
+        made = {"fp32": export_onnx(root / "ck", root / "onnx")}
+        for bits in (8, 4):
+            made[f"int{bits}"] = quantize(made["fp32"], root / f"int{bits}", bits=bits)
+        return made
     finally:
         torch.set_num_threads(before)
 
 
-def merged_decoder(artifact: Path, out: Path) -> None:
-    """Optimum's decoder_model_merged.onnx from the artifact's two decoder graphs."""
-    import onnx
-    from optimum.onnx import merge_decoders
-
-    protos = [onnx.load(str(artifact / f)) for f in ("decoder_model.onnx",
-                                                      "decoder_with_past_model.onnx")]
-    for proto in protos:  # torch's exporter names each output's node: the branches differ
-        for output in proto.graph.output:
-            del output.metadata_props[:]
-    merge_decoders(*protos, strict=False, save_path=str(out))
-
-
-def test_transformers_js_translates_with_the_merged_decoder_to_tinyts_tokens(marian, browser):  # noqa: F811
-    pytest.importorskip("optimum.onnx", reason="the optimum extra makes the merged decoder")
+@pytest.mark.parametrize("name", ["fp32", "int8", "int4"])
+def test_transformers_js_translates_tinyts_package_to_tinyts_tokens(marian, name, browser,  # noqa: F811
+                                                                    tmp_path):
+    from tinyt.export.package import package
+    from tinyt.export.web.seq2seq_page import seq2seq_ties
     from tinyt.export.web.serve import start
 
-    config = json.loads((marian / "config.json").read_text())
+    src = marian[name]
+    config = json.loads((src / "config.json").read_text())
     assert config["model_type"] == "marian" and config["is_encoder_decoder"] is True
-    lm = rt.load(marian, threads=1)
+    pkg = package(src, tmp_path / "tjs", format="transformers-js")
+    assert pkg.manifest["transformers_js"]["dtype"] == {"fp32": "fp32", "int8": "q8",
+                                                        "int4": "q4"}[name]
+    lm = rt.load(src, threads=1)
     with tempfile.TemporaryDirectory() as tmp:
         site, dist = Path(tmp), TJS / "@huggingface" / "transformers" / "dist"
         shutil.copy2(dist / "transformers.min.js", site)
         for f in ("ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm"):
             shutil.copy2(TJS / "onnxruntime-web" / "dist" / f, site)
-        model = site / "models" / "m"
-        (model / "onnx").mkdir(parents=True)
+        shutil.copytree(pkg, site / "models" / "tinyt")  # the package, as it is
+        export = site / "models" / "export"  # the export's own files, in transformers.js' places
+        (export / "onnx").mkdir(parents=True)
         for f in ("config.json", "generation_config.json", "tokenizer.json",
                   "tokenizer_config.json"):
-            shutil.copy2(marian / f, model)
+            shutil.copy2(src / f, export)
         for f in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"):
-            shutil.copy2(marian / f, model / "onnx" / f)
+            shutil.copy2(src / f, export / "onnx" / f)
         (site / "index.html").write_text(PAGE)
         server, _ = start(site, 0)
         page = browser.new_page()
         try:
             page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
             page.wait_for_function("window.tjsReady === true", timeout=60_000)
-            with pytest.raises(Exception, match=r"onnx/decoder_model_merged\.onnx"):
-                page.evaluate("() => window.tjs.load()")  # the files as tinyt writes them
-            merged_decoder(marian, model / "onnx" / "decoder_model_merged.onnx")
-            page.evaluate("() => window.tjs.load()")
-            for text in ("The cat sat on the mat.", "A longer source, with several words in it"):
-                ids = lm.tokenizer.encode_prompt(text)
-                got = page.evaluate(f"() => window.tjs.generate({ids}, {NEW_TOKENS})")
-                want = lm.generate_ids([ids], max_new_tokens=NEW_TOKENS)[0]
+            if name == "fp32":  # the export's own graphs (INT8's encoder stops it sooner)
+                with pytest.raises(Exception, match=r"onnx/decoder_model_merged\.onnx"):
+                    page.evaluate("() => window.tjs.load('export', 'fp32')")
+            page.evaluate("() => window.tjs.load('tinyt')")
+            texts = ("The cat sat on the mat.", "A longer source, with several words in it",
+                     "Hello")
+            rows = [lm.tokenizer.encode_prompt(t) for t in texts]
+            got, want = [], []
+            for ids in rows:
+                g = page.evaluate(f"() => window.tjs.generate({ids}, {NEW_TOKENS})")
+                w = lm.generate_ids([ids], max_new_tokens=NEW_TOKENS)[0]
                 start_id, eos = config["decoder_start_token_id"], config["forced_eos_token_id"]
-                assert got[0] == start_id, got
-                if want.finish_reason == "eos":  # ended before the forced last position
-                    assert got[1:] == [*want.token_ids, eos], (text, got, want)
-                else:  # the last position: config.json's forced_eos_token_id there
-                    assert got[1:] == [*want.token_ids[:NEW_TOKENS - 1], eos], (text, got, want)
+                assert g[0] == start_id, g
+                # the last position: config.json's forced_eos_token_id there, where the runtime
+                # had not ended already
+                forced = [*w.token_ids, eos] if w.finish_reason == "eos" else \
+                    [*w.token_ids[:NEW_TOKENS - 1], eos]
+                if name != "int4":
+                    assert g[1:] == forced, (ids, g, w)
+                ended = g[1:-1] if g[-1] == eos else g[1:]  # its end, forced or chosen, left out
+                got.append(ended[:NEW_TOKENS - 1])
+                want.append(w.token_ids[:NEW_TOKENS - 1])
+            if name == "int4":  # WebPackageError where a row parts beyond a tie
+                seq2seq_ties(lm, rows, got, want)
         finally:
             page.close()
             server.shutdown()
