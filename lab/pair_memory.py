@@ -1,0 +1,117 @@
+"""What a shared-cache artifact holds in memory and how fast its phases run: the measure behind
+docs/quantization.md's "the pair's weights once" (issue 51).
+
+    # one artifact a fresh process: RSS (and USS / PSS) after the load, after a prompt of
+    # PROMPT tokens and STEPS decode steps (4,096 together by default), and the peak
+    .venv/bin/python -m lab.pair_memory memory DIR --threads 1 [--tune]
+    # prefill of 128 tokens and decode ms/token, artifacts interleaved round by round
+    .venv/bin/python -m lab.pair_memory speed DIR [DIR ...] --threads 1 --rounds 5
+
+Memory is read in the measuring process itself, so run `memory` once a process (a fresh
+interpreter each time: never inside a pytest worker, whose heap holds other tests' models).
+Files: the bytes of every file the manifest lists. RSS counts a file page mapped twice
+twice; PSS divides it among its mappings, USS counts only what no other process maps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from tinyt.manifest import read_manifest
+
+
+def files_mb(directory: Path) -> float:
+    """MB of the files the artifact's manifest lists (graphs, their data, config, tokenizer)."""
+    return sum((directory / f).stat().st_size for f in read_manifest(directory)["files"]) / 1e6
+
+
+def memory_mb() -> dict[str, float]:
+    info = psutil.Process().memory_full_info()
+    return {"rss": info.rss / 1e6, "uss": info.uss / 1e6, "pss": info.pss / 1e6}
+
+
+def _ids(n: int, vocab: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(3, vocab, n).tolist()
+
+
+def memory(directory: Path, threads: int, tune: bool, prompt: int, steps: int) -> dict:
+    import tinyt.runtime as rt
+
+    before = memory_mb()
+    t = time.perf_counter()
+    lm = rt.load(directory, threads=threads, tune=tune)
+    load_s = time.perf_counter() - t
+    loaded = memory_mb()
+    cache = lm.new_cache(1, prompt + steps + 1)
+    logits = cache.prefill([_ids(prompt, min(lm.tokenizer.vocab_size, lm.config.vocab_size))], 0)
+    nxt, active = np.array([int(logits[0].argmax())]), np.array([True])
+    for _ in range(steps):
+        nxt = np.array([int(cache.step(nxt, active)[0].argmax())])
+    after = memory_mb()
+    return {"artifact": str(directory), "files_mb": round(files_mb(directory), 1),
+            "threads": threads, "tune": tune, "load_s": round(load_s, 2),
+            "plan": None if lm.plan is None else lm.plan.describe(),
+            "sessions": 1 + (lm.prefill_session is not None),
+            "before": before, "loaded": loaded, "tokens": prompt + steps, "after": after,
+            # ru_maxrss: kilobytes on Linux
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3}
+
+
+def speed(dirs: list[Path], threads: int, rounds: int, prompt: int, steps: int) -> dict:
+    """Median ms of a `prompt`-token prefill and of one decode step (mean of `steps` after a
+    prompt), each artifact loaded with tune=False (prompts through its prompt graph, if it
+    has one), the artifacts taking turns every round; the first round is not kept."""
+    import tinyt.runtime as rt
+
+    lms = {str(d): rt.load(d, threads=threads, tune=False, spinning=False) for d in dirs}
+    times: dict[str, dict[str, list[float]]] = {d: {"prefill": [], "decode": []} for d in lms}
+    for r in range(rounds + 1):
+        for d, lm in lms.items():
+            ids = _ids(prompt, min(lm.tokenizer.vocab_size, lm.config.vocab_size), seed=r)
+            cache = lm.new_cache(1, prompt + steps + 1)
+            t = time.perf_counter()
+            logits = cache.prefill([ids], 0)
+            pre = time.perf_counter() - t
+            nxt, active = np.array([int(logits[0].argmax())]), np.array([True])
+            t = time.perf_counter()
+            for _ in range(steps):
+                nxt = np.array([int(cache.step(nxt, active)[0].argmax())])
+            dec = (time.perf_counter() - t) / steps
+            if r:
+                times[d]["prefill"].append(pre * 1e3)
+                times[d]["decode"].append(dec * 1e3)
+    return {d: {k: {"median": round(statistics.median(v), 2), "min": round(min(v), 2),
+                    "all": [round(x, 2) for x in v]} for k, v in t.items()}
+            for d, t in times.items()} | {"threads": threads, "rounds": rounds,
+                                           "prompt": prompt, "steps": steps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=("memory", "speed"))
+    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tune", action="store_true", help="memory: load as rt.load's default "
+                    "does (the tuner's timed choices); else tune=False")
+    ap.add_argument("--prompt", type=int, help="tokens of the prompt (memory: 4032, speed: 128)")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    if args.what == "memory":
+        if len(args.dirs) != 1:
+            ap.error("memory: one artifact a process")
+        out = memory(args.dirs[0], args.threads, args.tune, args.prompt or 4032, args.steps)
+    else:
+        out = speed(args.dirs, args.threads, args.rounds, args.prompt or 128, args.steps)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
