@@ -222,6 +222,11 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
     # prompts through the step graph at `threads`, steps elsewhere: its workers must not spin
     # after a prompt while the other session decodes (a "prompt" session, opened now)
     final = decode_key(champion), prompt_key(best_prompt, champion)
+    if final[0] != final[1] and final[0][0] == final[1][0]:  # one graph, two sessions
+        plan.reasons.append(
+            f"memory: {final[0][0]} is held twice (steps at {champion[1]} thread(s), prompts at "
+            f"{threads}): each session packs its own copy of the weights; tune=False holds "
+            "them once")
     pool.keep(*final)
     return plan, pool.get(final[0]), pool.get(final[1])
 

@@ -96,3 +96,23 @@ def test_the_old_pair_still_loads_and_runs_its_prompt_graph(built):
     assert lm.prefill_session is not None and lm.plan.prompt_graph == "prefill.onnx"
     out = lm.generate_details(["def alpha", "x"], max_new_tokens=4)
     assert all(len(r.token_ids) == 4 for r in out)
+
+
+@pytest.mark.parametrize("one_thread, sessions", [(0.5, 2), (2.0, 1)])
+def test_the_plan_says_when_the_one_graph_is_held_twice(built, monkeypatch, one_thread,
+                                                        sessions):
+    """A session packs its own copy of the weights (ONNX Runtime's Python API shares no
+    pre-packed weights between sessions): steps at 1 thread beside prompts at 2 are two
+    sessions of one graph, and the plan says so; steps at 2 share the prompts' session."""
+    from tinyt.runtime import tuning
+
+    def measured(artifact, decode, prompt):  # the timings given, not measured
+        return {f"decode:{g}@{n}": (one_thread if n == 1 else 1.0) for g, n in decode} | \
+            {f"prompt:{g}": 1.0 for g in prompt}
+
+    monkeypatch.setattr(tuning, "_measure", measured)
+    lm = rt.load(built / "onnx-int4-gqa", threads=2, tune=True)
+    assert lm.plan.prompt_graph == lm.plan.decode_graph == "model.onnx"
+    assert 1 + (lm.prefill_session is not None) == sessions
+    assert any(r.startswith("memory: model.onnx is held twice") for r in lm.plan.reasons) \
+        == (sessions == 2)
