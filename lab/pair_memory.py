@@ -2,7 +2,8 @@
 docs/quantization.md's "the pair's weights once" (issue 51).
 
     # one artifact a fresh process: RSS (and USS / PSS) after the load, after a prompt of
-    # PROMPT tokens and STEPS decode steps (4,096 together by default), and the peak
+    # PROMPT tokens and STEPS decode steps (4,096 together by default), then again once the
+    # C heap's freed pages are handed back (runtime.session.return_freed_memory), and the peak
     .venv/bin/python -m lab.pair_memory memory DIR --threads 1 [--tune]
     # prefill of 128 tokens and decode ms/token, artifacts interleaved round by round
     .venv/bin/python -m lab.pair_memory speed DIR [DIR ...] --threads 1 --rounds 5
@@ -55,11 +56,15 @@ def memory(directory: Path, threads: int, tune: bool, prompt: int, steps: int) -
     for _ in range(steps):
         nxt = np.array([int(cache.step(nxt, active)[0].argmax())])
     after = memory_mb()
+    from tinyt.runtime.session import return_freed_memory
+
+    return_freed_memory()  # what the prompt pass freed (its attention scores, its MLP rows)
     return {"artifact": str(directory), "files_mb": round(files_mb(directory), 1),
             "threads": threads, "tune": tune, "load_s": round(load_s, 2),
             "plan": None if lm.plan is None else lm.plan.describe(),
             "sessions": 1 + (lm.prefill_session is not None),
             "before": before, "loaded": loaded, "tokens": prompt + steps, "after": after,
+            "after_trimmed": memory_mb(),
             # ru_maxrss: kilobytes on Linux
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3}
 

@@ -206,6 +206,14 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
         times = _measure(artifact, {}, {g: pool.get(prompt_key(g)) for g in prompts})
         best_prompt = _choose(prompt_file, {g: times[f"prompt:{g}"] for g in prompts})
         plan.matches.append(_match(times, f"prompt:{prompt_file}", f"prompt:{best_prompt}"))
+    if champion[0] == best_prompt and champion[1] != threads and tune != "speed":
+        # one graph, two sessions: each packs its own copy of the weights (ONNX Runtime's
+        # Python API shares no pre-packed weights), so the steps join the prompts' session
+        plan.reasons.append(
+            f"memory: steps at {champion[1]} thread(s) measured faster, but beside prompts at "
+            f"{threads} they would hold {best_prompt}'s weights twice: steps at {threads} on "
+            "the prompts' session (tune='speed' holds them twice)")
+        champion = (champion[0], threads)
     for m in plan.matches:
         plan.measured_ms |= m["ms"]
     plan.tuned = True
@@ -225,7 +233,7 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
     if final[0] != final[1] and final[0][0] == final[1][0]:  # one graph, two sessions
         plan.reasons.append(
             f"memory: {final[0][0]} is held twice (steps at {champion[1]} thread(s), prompts at "
-            f"{threads}): each session packs its own copy of the weights; tune=False holds "
+            f"{threads}): each session packs its own copy of the weights; tune=True holds "
             "them once")
     pool.keep(*final)
     return plan, pool.get(final[0]), pool.get(final[1])

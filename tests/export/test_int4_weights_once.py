@@ -98,12 +98,15 @@ def test_the_old_pair_still_loads_and_runs_its_prompt_graph(built):
     assert all(len(r.token_ids) == 4 for r in out)
 
 
-@pytest.mark.parametrize("one_thread, sessions", [(0.5, 2), (2.0, 1)])
-def test_the_plan_says_when_the_one_graph_is_held_twice(built, monkeypatch, one_thread,
-                                                        sessions):
+@pytest.mark.parametrize("one_thread, tune, sessions, says", [
+    (0.5, True, 1, "memory: steps at 1 thread(s) measured faster"),
+    (0.5, "speed", 2, "memory: model.onnx is held twice"),
+    (2.0, True, 1, None)])
+def test_the_tuner_holds_one_graph_once(built, monkeypatch, one_thread, tune, sessions, says):
     """A session packs its own copy of the weights (ONNX Runtime's Python API shares no
-    pre-packed weights between sessions): steps at 1 thread beside prompts at 2 are two
-    sessions of one graph, and the plan says so; steps at 2 share the prompts' session."""
+    pre-packed weights between sessions): steps at 1 thread beside prompts at 2 would be two
+    sessions of one graph. tune=True keeps one (the steps join the prompts' session, and the
+    plan says why); tune="speed" keeps both, and says what it costs."""
     from tinyt.runtime import tuning
 
     def measured(artifact, decode, prompt):  # the timings given, not measured
@@ -111,8 +114,10 @@ def test_the_plan_says_when_the_one_graph_is_held_twice(built, monkeypatch, one_
             {f"prompt:{g}": 1.0 for g in prompt}
 
     monkeypatch.setattr(tuning, "_measure", measured)
-    lm = rt.load(built / "onnx-int4-gqa", threads=2, tune=True)
+    lm = rt.load(built / "onnx-int4-gqa", threads=2, tune=tune)
     assert lm.plan.prompt_graph == lm.plan.decode_graph == "model.onnx"
     assert 1 + (lm.prefill_session is not None) == sessions
-    assert any(r.startswith("memory: model.onnx is held twice") for r in lm.plan.reasons) \
-        == (sessions == 2)
+    assert lm.plan.decode_threads == (1 if sessions == 2 else 2)
+    memory = [r for r in lm.plan.reasons if r.startswith("memory:")]
+    assert memory == ([] if says is None else [memory[0]]) and \
+        (says is None or memory[0].startswith(says))
