@@ -7,6 +7,9 @@ docs/quantization.md's "the pair's weights once" (issue 51).
     .venv/bin/python -m lab.pair_memory memory DIR --threads 1 [--tune]
     # prefill of 128 tokens and decode ms/token, artifacts interleaved round by round
     .venv/bin/python -m lab.pair_memory speed DIR [DIR ...] --threads 1 --rounds 5
+    # one Qwen3-0.6B layer's weight matmuls over 128 rows: the qgemm prompt graph's int8 GEMM
+    # against the 4-bit MatMulNBits the one graph runs prompts with (lab/step_kernels.py kinds)
+    .venv/bin/python -m lab.pair_memory kernels --prompt 128 --rounds 11
 
 Memory is read in the measuring process itself, so run `memory` once a process (a fresh
 interpreter each time: never inside a pytest worker, whose heap holds other tests' models).
@@ -98,10 +101,50 @@ def speed(dirs: list[Path], threads: int, rounds: int, prompt: int, steps: int) 
                                            "prompt": prompt, "steps": steps}
 
 
+# one Qwen3-0.6B layer's weight matmuls (name, K, N): q + k + v, o, gate + up, down
+QWEN3_LAYER = [("qkv", 1024, 4096), ("o", 2048, 1024), ("gate_up", 1024, 6144),
+               ("down", 3072, 1024)]
+KERNELS = ("qgemm", "nbits-b4-k32-a4-z")  # the pair's prompt kernel, the INT4 graph's (asym.)
+
+
+def kernels(rows: int, rounds: int, threads: int) -> dict:
+    """Median and min ms of QWEN3_LAYER's matmuls over `rows` rows in each of KERNELS, one
+    session each, interleaved round by round (the first run of each not kept)."""
+    import onnx
+    import onnxruntime as ort
+
+    from lab.step_kernels import build
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    runs = {}
+    for kind in KERNELS:
+        model = onnx.load_from_string(build(kind, QWEN3_LAYER)[0])
+        for v in (*model.graph.input, *model.graph.output):  # [1, K] -> [rows, K]
+            v.type.tensor_type.shape.dim[0].dim_value = rows
+        sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.random.default_rng(1).standard_normal((rows, i.shape[1]))
+                 .astype(np.float32) for i in sess.get_inputs()}
+        runs[kind] = lambda s=sess, f=feeds: s.run(None, f)
+        runs[kind]()
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, run in runs.items():
+            t = time.perf_counter()
+            run()
+            times[k].append((time.perf_counter() - t) * 1e3)
+    return {k: {"median": round(statistics.median(v), 2), "min": round(min(v), 2)}
+            for k, v in times.items()} | {"rows": rows, "threads": threads, "rounds": rounds,
+                                          "layer": QWEN3_LAYER}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("memory", "speed"))
-    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("what", choices=("memory", "speed", "kernels"))
+    ap.add_argument("dirs", nargs="*", type=Path)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tune", action="store_true", help="memory: load as rt.load's default "
                     "does (the tuner's timed choices); else tune=False")
@@ -109,11 +152,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    if args.what == "memory":
+    if args.what == "kernels":
+        out = kernels(args.prompt or 128, args.rounds, args.threads)
+    elif args.what == "memory":
         if len(args.dirs) != 1:
             ap.error("memory: one artifact a process")
         out = memory(args.dirs[0], args.threads, args.tune, args.prompt or 4032, args.steps)
     else:
+        if not args.dirs:
+            ap.error("speed: name the artifacts")
         out = speed(args.dirs, args.threads, args.rounds, args.prompt or 128, args.steps)
     print(json.dumps(out))
 
