@@ -27,6 +27,11 @@ is at most the step graph's (an INT4 pair's int8 prompt graph; not an INT8 pair'
 per-tensor activation scales cost more than the step graph's blocks of 64). tune="speed"
 times it anyway, and the plan's reasons say which was left out and why.
 
+A graph's weights are held once: every session pre-packs its own copy of them (ONNX Runtime's
+Python API shares no pre-packed weights between sessions), so under tune=True steps that would
+run on a second session of the graph that runs the prompts (a one-graph artifact at 1 thread
+beside prompts at `threads`) join the prompts' session; tune="speed" keeps both and says so.
+
 Candidates are timed two at a time, the choice so far against the next candidate, in
 interleaved rounds (median of each); the challenger replaces the choice only when it is at
 least MARGIN faster, so noise does not flip a choice. Only the two sessions of a match are

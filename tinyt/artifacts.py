@@ -9,7 +9,7 @@ times the rows marked timed, and the peer benchmark's engines run rows named in 
                           │                  ├─quantize qgemm──────▶ onnx-int8-qgemm ┘
                           │                  ├─quantize qgemm-rows─▶ onnx-int8-rows ─gqa─▶
                           │                  │                        onnx-int8-rows-gqa
-                          │                  ├─quantize 4-bit─▶ onnx-int4 ─gqa─▶ onnx-int4-gqa (one graph)
+                          │                  ├─quantize 4-bit─▶ onnx-int4 ─gqa─▶ onnx-int4-gqa
                           │                  ├─4-bit, lm_head 8─▶ onnx-int4-head8 ─gqa─▶ ...-gqa
                           │                  └─4-bit blocks of 128, lm_head 8─▶
                           │                           onnx-int4-k128-head8 ─gqa─▶ ...-gqa
