@@ -14,9 +14,9 @@ from tinyt.export.quantize import quantize
 from tinyt.graphio import graph_files
 from tinyt.manifest import check_manifest
 
-# A shared-cache graph holds its source's weights plus or minus what the conversion changes
-# beside them (GroupQueryAttention's inputs for the mask subgraph it removes): at Qwen3-0.6B's
-# widths (4 layers) 0.02% fewer bytes than its source. "One copy": at most 1.1x the source
+# A shared-cache graph holds its source's weights plus or minus the few constants the
+# conversion changes beside them: at Qwen3-0.6B's widths (4 layers) 0.02% fewer bytes than
+# its source. "One copy": at most 1.1x the source
 # graph's bytes, the budget against the GenAI builder's int4.
 ONE_COPY = 1.1
 
