@@ -27,6 +27,11 @@ is at most the step graph's (an INT4 pair's int8 prompt graph; not an INT8 pair'
 per-tensor activation scales cost more than the step graph's blocks of 64). tune="speed"
 times it anyway, and the plan's reasons say which was left out and why.
 
+A graph's weights are held once: every session pre-packs its own copy of them (ONNX Runtime's
+Python API shares no pre-packed weights between sessions), so under tune=True steps that would
+run on a second session of the graph that runs the prompts (a one-graph artifact at 1 thread
+beside prompts at `threads`) join the prompts' session; tune="speed" keeps both and says so.
+
 Candidates are timed two at a time, the choice so far against the next candidate, in
 interleaved rounds (median of each); the challenger replaces the choice only when it is at
 least MARGIN faster, so noise does not flip a choice. Only the two sessions of a match are
@@ -206,6 +211,14 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
         times = _measure(artifact, {}, {g: pool.get(prompt_key(g)) for g in prompts})
         best_prompt = _choose(prompt_file, {g: times[f"prompt:{g}"] for g in prompts})
         plan.matches.append(_match(times, f"prompt:{prompt_file}", f"prompt:{best_prompt}"))
+    if champion[0] == best_prompt and champion[1] != threads and tune != "speed":
+        # one graph, two sessions: each packs its own copy of the weights (ONNX Runtime's
+        # Python API shares no pre-packed weights), so the steps join the prompts' session
+        plan.reasons.append(
+            f"memory: steps at {champion[1]} thread(s) measured faster, but beside prompts at "
+            f"{threads} they would hold {best_prompt}'s weights twice: steps at {threads} on "
+            "the prompts' session (tune='speed' holds them twice)")
+        champion = (champion[0], threads)
     for m in plan.matches:
         plan.measured_ms |= m["ms"]
     plan.tuned = True
@@ -222,6 +235,11 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
     # prompts through the step graph at `threads`, steps elsewhere: its workers must not spin
     # after a prompt while the other session decodes (a "prompt" session, opened now)
     final = decode_key(champion), prompt_key(best_prompt, champion)
+    if final[0] != final[1] and final[0][0] == final[1][0]:  # one graph, two sessions
+        plan.reasons.append(
+            f"memory: {final[0][0]} is held twice (steps at {champion[1]} thread(s), prompts at "
+            f"{threads}): each session packs its own copy of the weights; tune=True holds "
+            "them once")
     pool.keep(*final)
     return plan, pool.get(final[0]), pool.get(final[1])
 

@@ -142,9 +142,12 @@ VARIANTS: tuple[Variant, ...] = (
             {"bits": 4, "block_size": INT4_BLOCK}, made_by="peers", bench="ort-int4",
             timed=True,
             note=f"MatMulNBits 4-bit, block {INT4_BLOCK}, made from onnx-opt"),
+    # one graph for prompts and steps, its weights once: a qgemm prompt graph beside it held a
+    # second, 8-bit copy (Qwen3-0.6B's shape: 1,023 MB of files, 1.5 GB resident, against
+    # the builder int4's 395 MB and 0.7 GB) for a faster prompt pass (docs/quantization.md)
     Variant("onnx-int4-gqa", "onnx-int4", "optimize", "shared-cache-int4", SHARED_CACHE_KIND,
-            {"target": "gqa"}, prefill_from="onnx-int8-qgemm", made_by="peers",
-            note=_PAIR.format("4-bit")),
+            {"target": "gqa"}, made_by="peers",
+            note="shared KV cache; prompts and steps on the 4-bit graph (its weights once)"),
     # the builder's int4 with its tied table at 8 bits (its shared int8 embeddings): the table
     # decides the argmax, and at Gemma 3's 262,144 ids it is most of the model
     Variant("onnx-int4-head8", "onnx-opt", "quantize", "quantize-int4-head8", DECODER_WITH_PAST,
