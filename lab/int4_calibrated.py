@@ -99,9 +99,11 @@ def ort_layers(proto: onnx.ModelProto, algo: str, scheme: str, block: int,
         config = mq.KQuantWeightOnlyQuantConfig()
     else:
         config = mq.RTNWeightOnlyQuantConfig()
+    others = [n.name for n in proto.graph.node  # the rotary tables' small MatMul: left
+              if n.op_type == "MatMul" and not n.name.startswith("/transformer/h.")]
     q = mq.MatMulNBitsQuantizer(proto, bits=4, block_size=block, is_symmetric=symmetric,
                                 accuracy_level=4, op_types_to_quantize=("MatMul",),
-                                algo_config=config)
+                                nodes_to_exclude=others, algo_config=config)
     q.process()
     return q.model.model
 
@@ -128,10 +130,40 @@ def build(src, proto: onnx.ModelProto, v: dict, batches: list[dict], out: Path) 
             "kept_8bit": report.kept_8bit, **record}
 
 
+def alignment(proto: onnx.ModelProto, layer: int = 5) -> dict:
+    """Relative squared weight error of layer `layer`'s c_attn and c_fc under tinyt's blocks
+    (no scale search) and under Q4_1's own form (blocks of 32, min / max, a float minimum),
+    with the share of values each re-finds exactly: what the weights' GGUF origin favours."""
+    from tinyt.export.blockquant import block_quantize, dequantize
+
+    inits = {i.name: i for i in proto.graph.initializer}
+    out = {}
+    for node in proto.graph.node:
+        if node.name not in (f"/transformer/h.{layer}/attn/c_attn/MatMul",
+                             f"/transformer/h.{layer}/mlp/c_fc/MatMul"):
+            continue
+        rows = np.ascontiguousarray(onnx.numpy_helper.to_array(inits[node.input[1]]).T)
+        norm, tiny = float(np.square(rows).sum()), 1e-6 * float(np.abs(rows).max())
+        forms = {}
+        for blk, scheme in ((32, "asymmetric"), (64, "asymmetric"), (64, "symmetric")):
+            q, scales, zeros = block_quantize(rows, 4, blk, scheme, False)
+            forms[f"{scheme}-k{blk}"] = dequantize(q, scales, 4, zeros)
+        x = rows.reshape(rows.shape[0], -1, 32)
+        lo, hi = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
+        step = np.where(hi > lo, (hi - lo) / 15, 1)
+        forms["q4_1-form-k32"] = (np.rint((x - lo) / step) * step + lo).reshape(rows.shape)
+        out[node.name] = {k: {"relative_squared_error": float(np.square(v - rows).sum()) / norm,
+                              "exact_share": float(np.mean(np.abs(v - rows) <= tiny))}
+                          for k, v in forms.items()}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="the fp32 decoder artifact (onnx-opt)")
-    ap.add_argument("--variants", required=True, help="comma-separated (module docstring)")
+    ap.add_argument("--variants", default="", help="comma-separated (module docstring)")
+    ap.add_argument("--alignment", action="store_true",
+                    help="also the weight error of layer 5's c_attn / c_fc per block form")
     ap.add_argument("--out", type=Path, help="write results.json here (appended by variant)")
     a = ap.parse_args()
     src = open_source(a.src)
@@ -148,7 +180,13 @@ def main() -> None:
         "heldout": "pydoc topics, 4 windows of 512 tokens at ids[500 i:]",
         "fp32_perplexity": perplexity(src.path / "model.onnx", cfg, windows), "rows": {}}
     print(f"fp32 perplexity {results['fp32_perplexity']:.4f}", flush=True)
-    for name in a.variants.split(","):
+    if a.alignment:
+        results["alignment"] = alignment(proto)
+        print(json.dumps(results["alignment"], indent=1), flush=True)
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(results, indent=1))
+    for name in filter(None, a.variants.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             row = build(src, proto, parse(name), batches, Path(tmp) / "model.onnx")
             row["perplexity"] = perplexity(Path(tmp) / "model.onnx", cfg, windows)

@@ -11,6 +11,10 @@ exactness record, the runtime's batching) asks it instead of comparing option st
     kernel       nbits | qgemm | qgemm-rows  nbits        nbits
     bits         8 | 4 (qgemm kernels: 8)    8 | 4        8
 
+awq and max_bytes (4-bit blocks only) calibrate the rounding on activations of training text:
+activation-aware scales per input channel (export/awq.py) and the weight tables whose 4 bits
+move the logits most kept at 8 bits within a byte budget for the model file (export/mixed.py).
+
 The manifest keeps the keys the stage has always written under "options" (`options()`), and
 the whole recipe under "quantization"."recipe" (`to_json()`); `from_manifest` reads every form
 of "options" written so far (keys an older stage did not write take the value it used then).

@@ -136,3 +136,12 @@ def test_awq_and_mixed_precision_keep_the_chosen_tables_at_8_bits_within_budget(
     assert set(awq) >= {f"transformer.h.{i}.{m}" for i in range(2)
                         for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
     assert all(r["output_error_vs_plain"] <= 1.0 for r in awq.values())  # α = 0 is tried
+
+
+def test_the_cli_takes_awq_and_a_budget_and_names_what_they_need(lm_onnx, tmp_path):
+    from conftest import run_tinyt
+
+    done = run_tinyt("quantize", lm_onnx, tmp_path / "q", "--awq", "--max-mb", "1")
+    assert done.returncode != 0 and "awq=True calibrates 4-bit MatMulNBits blocks (bits=4" \
+        in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "q").exists()
