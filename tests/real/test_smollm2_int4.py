@@ -4,10 +4,11 @@ the Q4_1 blocks these weights were dequantized from), perplexity recomputed thro
 tinyt.runtime on held-out prose as tests/real/test_smollm2.py scores the INT8 artifacts.
 
 Bound: PERPLEXITY_GOAL, issue 51's target at no more than 112 MB (the GenAI builder's
-k_quant_mixed reaches +10.6% at 112 MB on the same weights); measured +{see
-benchmarks/results/int4-calibrated-smollm2-135m-epyc-avx2}. Slow: import, export and optimize
-(~3.5 min on 2 shared cores) and the calibration (~5 min: the scales' search over 121 matmuls
-and one fp32 pass per weight table for its sensitivity) are far beyond a minute.
+k_quant_mixed reaches +10.6% at 112 MB on the same weights); lab/int4_calibrated.py measured
++7.9% at 111.9 MB for this recipe (benchmarks/results/int4-calibrated-smollm2-135m-epyc-avx2).
+Slow: import, export and optimize (~3.5 min on 2 cores) and the calibration (the scales'
+search over 121 matmuls, then one fp32 pass of 256 tokens per weight table for its
+sensitivity: ~7 min of CPU, 27-31 min on 2 shared cores) are far beyond a minute.
 """
 import pytest
 
