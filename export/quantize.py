@@ -157,7 +157,7 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
             "quantization": {
                 "quantized": report.quantized, "excluded": report.excluded,
                 "skipped": report.skipped, "shared_tables": report.shared_tables,
-                **({"kept_8bit": report.kept_8bit} if recipe.keep_8bit else {}),
+                **({"kept_8bit": report.kept_8bit} if report.kept_8bit else {}),
                 "contrib_domain": CONTRIB_DOMAIN, "bytes": out_bytes,
                 "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
                 "rows_independent": independent, "recipe": recipe.to_json(),

@@ -126,6 +126,8 @@ def test_awq_and_mixed_precision_keep_the_chosen_tables_at_8_bits_within_budget(
     mixed = q["calibrated_4bit"]["mixed"]
     chosen = mixed["kept_8bit"]
     assert chosen and q["bytes"] <= base + room and mixed["estimated_bytes"] <= base + room
+    assert len(q["kept_8bit"]) >= len(chosen), q["kept_8bit"]  # "module (op)", a tied table's
+    # two readers each
     graph = onnx.load(str(out / "model.onnx")).graph
     bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in graph.node
             if n.op_type == "MatMulNBits"}
