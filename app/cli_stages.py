@@ -230,6 +230,15 @@ def quantize(
         help="A GGUF import's Q4_0 / Q4_1 / Q8_0 weights as MatMulNBits tables of their own "
              "blocks, not quantized again (needs --block-size 32); the rest by the recipe.")]
         = False,
+    awq: Annotated[bool, typer.Option(
+        "--awq",
+        help="With --bits 4 (a decoder): activation-aware scales per input channel, searched "
+             "on each matmul's output error over calibration windows of the training split, "
+             "folded into the norm before it where the graph allows.")] = False,
+    max_mb: Annotated[Optional[float], typer.Option(
+        help="With --bits 4 (a decoder): keep the weight tables whose 4 bits move the logits "
+             "most at 8 bits while the model file stays within this many MB (10^6 bytes).")]
+        = None,
 ) -> None:
     """Quantize weights (the tied embedding / lm_head once) and report the accuracy change."""
     from tinyt.export.quantize import quantize as run_quantize
@@ -240,15 +249,18 @@ def quantize(
                    calibration=calibration, per_channel=per_channel, reduce_range=reduce_range,
                    kernel=kernel, keep_8bit=keep_8bit or [], scheme=scheme,
                    scale_search=scale_search)
-    if max_loss_increase is not None and gguf_blocks:
+    calibrated = dict(awq=awq, max_bytes=None if max_mb is None else int(max_mb * 1e6))
+    if max_loss_increase is not None and (gguf_blocks or awq or max_mb is not None):
         from tinyt.errors import QuantizeError
-        raise QuantizeError("--gguf-blocks carries one table per weight as the GGUF stores it; "
-                            "--max-loss-increase searches recipes: use one or the other")
+        raise QuantizeError("--max-loss-increase searches recipes; --gguf-blocks (one table per "
+                            "weight as the GGUF stores it), --awq and --max-mb make one: use "
+                            "one or the other")
     if max_loss_increase is not None:
         path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg,
                                **choices)
     else:
-        path = run_quantize(src, out, data=data_arg, gguf_blocks=gguf_blocks, **choices)
+        path = run_quantize(src, out, data=data_arg, gguf_blocks=gguf_blocks, **choices,
+                            **calibrated)
     _say_quantized(path)
 
 

@@ -47,7 +47,7 @@ from tinyt.tokenizer import Tokenizer
 
 from .accuracy import classifier_report, encoder_accuracy, lm_accuracy
 from .blockquant import QuantReport, quantize_weights
-from .qdq import quantize_qdq
+from .qdq import calibration_batches, quantize_qdq
 from .seq2seq_accuracy import seq2seq_report
 from .seq2seq_checks import open_graphs
 from .seq2seq_quantize import quantize_graphs
@@ -98,7 +98,8 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
              reduce_range: bool | None = None, search: dict | None = None,
              kernel: str = "nbits", keep_8bit: list[str] | tuple[str, ...] = (),
              scheme: str | None = None, scale_search: bool | None = None,
-             gguf_blocks: bool = False) -> Built:
+             gguf_blocks: bool = False, awq: bool = False,
+             max_bytes: int | None = None) -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). The
     keywords make one QuantRecipe (tinyt/recipe.py), which says what each allows. Static
@@ -110,7 +111,10 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     tinyt.recipe.DEFAULT_SCHEME for the bits (4: asymmetric with the search, 8: symmetric).
     gguf_blocks: the weights a GGUF import kept as Q4_0 / Q4_1 / Q8_0 blocks become
     MatMulNBits tables of those blocks, not quantized again (export/gguf_blocks.py); the
-    others follow the recipe."""
+    others follow the recipe. awq (bits=4): activation-aware scales per input channel,
+    searched on each matmul's output error over calibration windows of the training split
+    (export/awq.py); max_bytes (bits=4): the weight tables whose 4 bits move the logits most
+    kept at 8 bits while the model file stays within these bytes (export/mixed.py)."""
     src = open_source(src_dir, out_dir)  # an Artifact already opened: not hashed again
     src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
@@ -122,7 +126,12 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
         mode=mode, bits=bits, block_size=block_size, kernel=kernel, exclude=exclude,
         keep_8bit=keep_8bit, scheme=scheme, scale_search=scale_search,
         reduce_range=bool(preset["reduce_range"]), calibration=calibration,
-        per_channel=per_channel, activation_type=str(preset["activation_type"]))
+        per_channel=per_channel, activation_type=str(preset["activation_type"]), awq=awq,
+        max_bytes=max_bytes)
+    if recipe.calibrated and (kind in TEXT_KINDS or kind == SEQ2SEQ or gguf_blocks):
+        what = "gguf_blocks, which carries the stored blocks" if gguf_blocks else kind
+        raise QuantizeError(f"awq={awq}, max_bytes={max_bytes}: calibrated 4-bit weights are "
+                            f"for a decoder's graph (its logits score each table), not {what}")
     if kind == SEQ2SEQ:
         return _quantize_seq2seq(src, out_dir, recipe, preset, data)
     proto = source_graph(src)
@@ -148,12 +157,13 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
             "quantization": {
                 "quantized": report.quantized, "excluded": report.excluded,
                 "skipped": report.skipped, "shared_tables": report.shared_tables,
-                **({"kept_8bit": report.kept_8bit} if recipe.keep_8bit else {}),
+                **({"kept_8bit": report.kept_8bit} if report.kept_8bit else {}),
                 "contrib_domain": CONTRIB_DOMAIN, "bytes": out_bytes,
                 "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
                 "rows_independent": independent, "recipe": recipe.to_json(),
                 **({"calibration_window": check_tokens(cfg)} if recipe.static else {}),
                 **({"calibration_set": calibrated} if calibrated else {}),
+                **({"calibrated_4bit": report.calibrated} if recipe.calibrated else {}),
                 **({"gguf_blocks": {"carried": report.carried,
                                     "not_carried": report.not_carried}} if gguf_blocks else {}),
             },
@@ -206,6 +216,18 @@ def _quantized_graph(src: Artifact, proto: onnx.ModelProto, path: Path, recipe: 
     if recipe.static:
         report, calibrated = quantize_qdq(src.path / ONNX_FILE, path, src.config, src.kind,
                                           tokenizer, recipe, data=data)
+    elif recipe.calibrated:
+        from .mixed import calibrate
+
+        batches, calibrated = calibration_batches(tokenizer, src.config, src.kind, data)
+        rounding, record = calibrate(proto, recipe, batches)
+        report = quantize_weights(proto, rounding, gguf)
+        report.calibrated = record
+        save_graph(proto, path)
+        if recipe.max_bytes is not None and _bytes(path) > recipe.max_bytes:
+            raise QuantizeError(f"the quantized model is {_bytes(path):,} bytes, beyond "
+                                f"max_bytes={recipe.max_bytes:,} (estimated "
+                                f"{record['mixed']['estimated_bytes']:,})")
     else:
         report = quantize_weights(proto, recipe, gguf)
         save_graph(proto, path)

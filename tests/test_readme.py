@@ -57,6 +57,9 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
                             "the pipeline's",
     "ct2-transformers-converter --model ~/.cache/tinyt/real/": "CTranslate2's conversion of a "
         "real model, for scale: tests/benchmarks/test_peers.py runs its converter",
+    ".venv/bin/python -m lab.int4_calibrated smol/": "INT4 variants of real SmolLM2 (an hour "
+        "on 2 cores): tests/real/test_smollm2_int4.py quantizes the kept one and checks its "
+        "perplexity",
     ".venv/bin/python -m benchmarks.real_quality smol/": "scores real SmolLM2's artifacts: "
         "tests/real/test_smollm2.py recomputes their perplexity the same way",
     ".venv/bin/python -m pytest": "the test suite itself: CI runs it",

@@ -11,6 +11,10 @@ exactness record, the runtime's batching) asks it instead of comparing option st
     kernel       nbits | qgemm | qgemm-rows  nbits        nbits
     bits         8 | 4 (qgemm kernels: 8)    8 | 4        8
 
+awq and max_bytes (4-bit blocks only) calibrate the rounding on activations of training text:
+activation-aware scales per input channel (export/awq.py) and the weight tables whose 4 bits
+move the logits most kept at 8 bits within a byte budget for the model file (export/mixed.py).
+
 The manifest keeps the keys the stage has always written under "options" (`options()`), and
 the whole recipe under "quantization"."recipe" (`to_json()`); `from_manifest` reads every form
 of "options" written so far (keys an older stage did not write take the value it used then).
@@ -95,6 +99,11 @@ class QuantRecipe:
     keep_8bit: tuple[str, ...] = ()  # modules kept at 8 bits in a 4-bit run
     reduce_range: bool = False  # 7-bit weights in the u8 x s8 GEMMs (x86 without VNNI)
     scales: ActivationScales | None = None  # static mode's calibrated activations
+    # 4-bit blocks calibrated on activations (export/awq.py, export/mixed.py): per input
+    # channel scales searched on each matmul's output error (AWQ), and a byte budget for the
+    # model file within which the matmuls whose 4 bits move the logits most stay at 8
+    awq: bool = False
+    max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -142,9 +151,30 @@ class QuantRecipe:
                                 "mode static and kernels "
                                 f"{', '.join(U8S8_KERNELS)}; this is mode={self.mode!r}, "
                                 f"kernel={self.kernel!r}")
+        self._check_calibrated()
         if self.static != (self.scales is not None):
             raise QuantizeError(f"scales={self.scales!r}: static mode calibrates activation "
                                 "scales (ActivationScales), and only static mode does")
+
+    def _check_calibrated(self) -> None:
+        """awq and max_bytes shape 4-bit MatMulNBits blocks, nothing else."""
+        if not isinstance(self.awq, bool):
+            raise QuantizeError(f"awq={self.awq!r} must be True or False")
+        if self.max_bytes is not None and (isinstance(self.max_bytes, bool) or not isinstance(
+                self.max_bytes, int) or self.max_bytes <= 0):
+            raise QuantizeError(f"max_bytes={self.max_bytes!r} must be a positive number of "
+                                "bytes (the model file's), or None")
+        for name, on in (("awq", self.awq), ("max_bytes", self.max_bytes is not None)):
+            if on and (self.bits != 4 or not self.block_wise):
+                raise QuantizeError(
+                    f"{name}={getattr(self, name)!r} calibrates 4-bit MatMulNBits blocks (bits=4, "
+                    f"mode dynamic or weight-only, kernel nbits); this is bits={self.bits}, "
+                    f"mode={self.mode!r}, kernel={self.kernel!r}")
+
+    @property
+    def calibrated(self) -> bool:
+        """The weights depend on activations of calibration text (awq, max_bytes)."""
+        return self.awq or self.max_bytes is not None
 
     @classmethod
     def request(cls, *, mode: str = "dynamic", bits: int = 8,
@@ -153,7 +183,8 @@ class QuantRecipe:
                 keep_8bit: list[str] | tuple[str, ...] = (), scheme: str | None = None,
                 scale_search: bool | None = None, reduce_range: bool = False,
                 calibration: str = "minmax", per_channel: bool = True,
-                activation_type: str = "uint8") -> QuantRecipe:
+                activation_type: str = "uint8", awq: bool = False,
+                max_bytes: int | None = None) -> QuantRecipe:
         """The recipe of `tinyt.export.quantize`'s keyword arguments: scheme / scale_search
         None take DEFAULT_SCHEME for the bits where MatMulNBits blocks are made; what the mode
         does not use is dropped as quantize always has (a block size in static mode,
@@ -175,7 +206,7 @@ class QuantRecipe:
                      keep_8bit=_modules("keep_8bit", keep_8bit),
                      reduce_range=bool(reduce_range) and u8s8,
                      scales=ActivationScales(calibration, per_channel, activation_type)
-                     if static else None)
+                     if static else None, awq=awq, max_bytes=max_bytes)
         if not static:  # unused here, but a wrong name is still a mistake worth naming
             _one_of("calibration", calibration, CALIBRATIONS)
         return recipe
@@ -246,7 +277,9 @@ class QuantRecipe:
                 **({"calibration": s.calibration, "per_channel": s.per_channel}
                    if s is not None else {"block_size": self.block_size}),
                 **({"scheme": self.scheme, "scale_search": self.scale_search}
-                   if self.block_wise else {})}
+                   if self.block_wise else {}),
+                **({"awq": True} if self.awq else {}),
+                **({"max_bytes": self.max_bytes} if self.max_bytes is not None else {})}
 
     def to_json(self) -> dict[str, Any]:
         """Every field, JSON-ready (the manifest's "quantization"."recipe")."""
@@ -270,7 +303,7 @@ class QuantRecipe:
         before --kernel (no key: nbits), before reduce_range was recorded beside the static
         preset (read from "hardware_preset"), before --keep-8bit (none), before --scheme and
         --scale-search (symmetric blocks without the search, what those stages made), before
-        --exclude (none)."""
+        --exclude (none), before awq and max_bytes (off)."""
         mode = options.get("mode", "dynamic")
         static = mode == "static"
         kernel = options.get("kernel", "nbits")
@@ -288,7 +321,8 @@ class QuantRecipe:
                    scales=ActivationScales(options.get("calibration", "minmax"),
                                            options.get("per_channel", True),
                                            preset.get("activation_type", "uint8"))
-                   if static else None)
+                   if static else None, awq=options.get("awq", False),
+                   max_bytes=options.get("max_bytes"))
 
 
 def recorded(quantization: Mapping[str, Any] | None) -> QuantRecipe | None:
