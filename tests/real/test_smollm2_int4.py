@@ -21,6 +21,10 @@ MAX_BYTES = 112 * 10**6
 
 @pytest.fixture(scope="module")
 def smol_opt(smollm2_dir, tmp_path_factory):
+    from .test_smollm2 import IN_CI
+    if IN_CI:  # beside the suite, past CI's 90 minutes, as the main job on SmolLM2
+        pytest.skip("calibrated INT4 on real SmolLM2 (~30 min on 2 cores) does not fit CI's 90 "
+                    "minutes beside the suite: TINYT_REAL_MAIN_JOB=1 runs it (docs/testing.md)")
     from tinyt.export import export_onnx
     from tinyt.export.optimize import optimize
     from tinyt.hf import import_hf
