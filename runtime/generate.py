@@ -40,6 +40,9 @@ from .score import HEAD_ROWS, HeadGraph, HeadGraphs, Logprob, check_top, logprob
 from .session import Artifact
 from .steps import Steps, bound_steps, cpu_steps, fixed_steps, rerun_steps, shared_steps
 
+# The KV cache's numpy type from the graph's past inputs (float32 otherwise)
+KV_DTYPES = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}
+
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -79,7 +82,8 @@ class LanguageModel:
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
-        self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
+        # float16 on GPU variants; int8 in a shared-cache graph made with --kv-cache int8
+        self._kv_dtype = KV_DTYPES.get(past[0].type, np.float32) if past else np.float32
         # The most tokens a sequence can hold: block_size, or a pinned graph's window, or
         # less where the caller says (max_context: rt.load checks it).
         self.context = self.config.block_size if artifact.fixed is None else min(
@@ -185,7 +189,7 @@ class LanguageModel:
         return self._pad
 
     @property
-    def kv_dtype(self) -> type[np.floating]:
+    def kv_dtype(self) -> type[np.number]:
         """The KV cache's element type, as the graph's past inputs declare it."""
         return self._kv_dtype
 
