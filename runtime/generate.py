@@ -29,7 +29,7 @@ from tinyt.rope import longrope_original
 from tinyt.tokenizer import Tokenizer
 
 from .arguments import prompt_text, sampling_kwargs, token_rows
-from .cache import CachePool, SharedCache, capacity_for, check_kv_fits
+from .cache import CachePool, SharedCache, capacity_for, check_kv_fits, graph_kv_dtype
 from .detok import TextStream, stop_cut
 from .feeds import left_pad, prefill_feeds
 from .fixed import capacity
@@ -39,9 +39,6 @@ from .sampling import Constraint, SamplingParams, next_token
 from .score import HEAD_ROWS, HeadGraph, HeadGraphs, Logprob, check_top, logprobs_of
 from .session import Artifact
 from .steps import Steps, bound_steps, cpu_steps, fixed_steps, rerun_steps, shared_steps
-
-# The KV cache's numpy type from the graph's past inputs (float32 otherwise)
-KV_DTYPES = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 @dataclass(frozen=True)
@@ -81,9 +78,7 @@ class LanguageModel:
         # on CPU plain numpy feeds measured as fast (lab/cpu_iobinding.py).
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
-        past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
-        # float16 on GPU variants; int8 in a shared-cache graph made with --kv-cache int8
-        self._kv_dtype = KV_DTYPES.get(past[0].type, np.float32) if past else np.float32
+        self._kv_dtype = graph_kv_dtype(session)  # float16 on GPU variants, int8 (--kv-cache)
         # The most tokens a sequence can hold: block_size, or a pinned graph's window, or
         # less where the caller says (max_context: rt.load checks it).
         self.context = self.config.block_size if artifact.fixed is None else min(
