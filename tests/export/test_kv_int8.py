@@ -65,6 +65,8 @@ def test_graph_and_manifest_record_the_int8_cache(qwen3_like):
     m = json.loads((qwen3_like["int8"] / "manifest.json").read_text())
     assert m["options"]["kv_cache"] == {"dtype": "int8", "scales": "per-channel",
                                         "margin": 1.25}
+    assert KVCacheRecipe.from_json(m["options"]["kv_cache"]) == KVCacheRecipe("int8")
+    assert KVCacheRecipe.from_json(None) == KVCacheRecipe()  # made before --kv-cache
     kv = m["kv_cache"]
     assert kv["calibration"]["split"] == "train" and kv["calibration"]["tokens"] > 0
     assert kv["check"]["logits_max_abs"] <= kv["check"]["tolerance"]
@@ -119,6 +121,8 @@ def test_bad_values_and_graphs_it_cannot_apply_to_are_named(qwen3_like, lm_onnx,
                  kv_scales="per-row")
     with pytest.raises(QuantizeError, match="kv_margin=0.5"):
         KVCacheRecipe("int8", margin=0.5)
+    with pytest.raises(QuantizeError, match=r"kv_cache keys \['bits'\]"):
+        KVCacheRecipe.from_json({"dtype": "int8", "bits": 8})
     with pytest.raises(OptimizeError, match="target 'cpu' keeps its source's float cache"):
         optimize(lm_onnx, tmp_path / "c", kv_cache="int8")
     with pytest.raises(SharedCacheError, match="KV-cache decoder"):  # a graph without a cache
