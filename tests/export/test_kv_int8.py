@@ -113,7 +113,7 @@ def test_greedy_tokens_equal_through_generate_and_the_engine_in_every_row(qwen3_
     assert outs == alone and engine.steps_run < sum(map(len, alone))
 
 
-def test_bad_values_and_graphs_it_cannot_apply_to_are_named(qwen3_like, lm_onnx, tmp_path):
+def test_bad_values_and_graphs_it_cannot_apply_to_are_named(qwen3_like, tmp_path):
     with pytest.raises(QuantizeError, match="kv_cache='int4' is not one of float32, int8"):
         optimize(qwen3_like["opt"], tmp_path / "a", target="gqa", kv_cache="int4")
     with pytest.raises(QuantizeError, match="kv_scales='per-row'"):
@@ -124,6 +124,6 @@ def test_bad_values_and_graphs_it_cannot_apply_to_are_named(qwen3_like, lm_onnx,
     with pytest.raises(QuantizeError, match=r"kv_cache keys \['bits'\]"):
         KVCacheRecipe.from_json({"dtype": "int8", "bits": 8})
     with pytest.raises(OptimizeError, match="target 'cpu' keeps its source's float cache"):
-        optimize(lm_onnx, tmp_path / "c", kv_cache="int8")
+        optimize(qwen3_like["opt"], tmp_path / "c", kv_cache="int8")
     with pytest.raises(SharedCacheError, match="KV-cache decoder"):  # a graph without a cache
         optimize(qwen3_like["gqa"], tmp_path / "d", target="gqa", kv_cache="int8")
