@@ -17,6 +17,73 @@ from tinyt.recipe import KVCacheRecipe
 PROMPTS = ["def alpha(beta", "import os\n", "    return ", "class A:\n    x = 1\n"]
 
 
+def _gqa_int8(nh, kvh, d, past):
+    """One GroupQueryAttention with rotary on int8 caches, per channel, as kv_int8 writes it."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    shapes = {"query": [1, 1, nh * d], "key": [1, 1, kvh * d], "value": [1, 1, kvh * d],
+              "past_key": [1, kvh, past, d], "past_value": [1, kvh, past, d],
+              "seqlens_k": [1], "total_sequence_length": [], "cos": [past, d // 2],
+              "sin": [past, d // 2], "k_scale": [kvh * d], "v_scale": [kvh * d]}
+    types = {"past_key": T.INT8, "past_value": T.INT8, "seqlens_k": T.INT32,
+             "total_sequence_length": T.INT32}
+    names = [*list(shapes)[:9], "", "", "", "k_scale", "v_scale"]
+    node = h.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
+                       domain="com.microsoft", num_heads=nh, kv_num_heads=kvh, do_rotary=1,
+                       k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL",
+                       kv_cache_bit_width=8)
+    graph = h.make_graph([node], "g", [h.make_tensor_value_info(n, types.get(n, T.FLOAT), s)
+                                       for n, s in shapes.items()],
+                         [h.make_tensor_value_info(o, T.INT8 if o != "out" else T.FLOAT, None)
+                          for o in node.output])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 21),
+                                              h.make_opsetid("com.microsoft", 1)])
+
+
+def test_onnx_runtime_quantizes_rotated_keys_per_kv_head_and_channel():
+    """What the int8 cache rests on (ONNX Runtime's CPU kernel): the new token's key, after its
+    rotary, and value are written as clip(round(x / scale)) with scale[kv head * head_dim +
+    channel], and attention reads every cached token as int8 x scale. Against float64 numpy:
+    sums of head_dim products and of the past's terms, within a few fp32 roundings of them."""
+    import onnxruntime as ort
+
+    from tinyt.export.compare import FP32_U
+
+    nh, kvh, d, past, n = 4, 2, 16, 8, 4  # n tokens cached, the new one at position n
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, h * d)).astype(np.float32) for h in (nh, kvh, kvh))
+    pk, pv = (rng.integers(-100, 100, (1, kvh, past, d)).astype(np.int8) for _ in range(2))
+    ks, vs = ((0.01 + 0.03 * rng.random(kvh * d)).astype(np.float32) for _ in range(2))
+    angle = np.arange(past)[:, None] / 10000 ** (np.arange(0, d, 2) / d)
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    sess = ort.InferenceSession(_gqa_int8(nh, kvh, d, past).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    out, pk2, pv2 = sess.run(None, dict(
+        query=q, key=k, value=v, past_key=pk, past_value=pv, seqlens_k=np.array([n], np.int32),
+        total_sequence_length=np.array(n + 1, np.int32), cos=cos, sin=sin, k_scale=ks,
+        v_scale=vs))
+
+    def turn(x):  # [heads, d] at position n, halves (GroupQueryAttention's non-interleaved)
+        a, b = x[:, : d // 2], x[:, d // 2:]
+        return np.concatenate([a * cos[n] - b * sin[n], b * cos[n] + a * sin[n]], axis=1)
+    ks2, vs2 = ks.reshape(kvh, d), vs.reshape(kvh, d)
+    want_k = np.clip(np.round(turn(k.reshape(kvh, d).astype(np.float64)) / ks2), -128, 127)
+    want_v = np.clip(np.round(v.reshape(kvh, d) / vs2), -128, 127)
+    assert (pk2[0, :, n] == want_k).all() and (pv2[0, :, n] == want_v).all()
+    assert (pk2[0, :, :n] == pk[0, :, :n]).all()  # the cached tokens stay as they were
+    keys = pk2[0, :, : n + 1].astype(np.float64) * ks2[:, None]
+    values = pv2[0, :, : n + 1].astype(np.float64) * vs2[:, None]
+    qs = turn(q.reshape(nh, d).astype(np.float64))
+    want = []
+    for head in range(nh):
+        g = head // (nh // kvh)
+        p = np.exp(qs[head] @ keys[g].T / np.sqrt(d))
+        want.append(p / p.sum() @ values[g])
+    size = float(np.abs(values).max())
+    assert np.abs(out.ravel() - np.concatenate(want)).max() <= 8 * FP32_U * (d + n + 1) * size
+
+
 @pytest.fixture(scope="module")
 def qwen3_like(tmp_path_factory, corpus_dir):
     """Qwen3's settings at a test size (grouped kv heads, rotary, q/k norms per head, RMSNorm,
