@@ -7,8 +7,8 @@ and the int8 graph checked against the float32-cache one before it is kept.
     GQA(..., past_k, past_v, ...) ──▶ GQA(..., past_k int8, past_v int8, ..., k_scale, v_scale;
         k_quant_type = v_quant_type = PER_CHANNEL | PER_TENSOR, kv_cache_bit_width = 8)
 
-What ONNX Runtime (1.32, CPU) does with it, checked against numpy (lab probe, docs/
-quantization.md): the new tokens' keys (after their rotary) and values are written to the
+What ONNX Runtime (1.32, CPU) does with it, checked against numpy (tests/export/
+test_kv_int8.py): the new tokens' keys (after their rotary) and values are written to the
 int8 buffer as clip(round(x / scale), -128, 127), and attention reads every cached token,
 the new ones included, as int8 x scale. PER_CHANNEL takes kv_heads x head_dim scales (head
 major), PER_TENSOR one. A step after 4,096 tokens reads a quarter of the bytes: the op alone at
