@@ -10,12 +10,14 @@
         pieces of PIECE tokens through the cache (each piece attends to the cached ones, as
         chunked prefill does), per span of positions
     python -m tinyt.benchmarks.kv_int8 decode FP32_GQA INT8_GQA OUT.json
-        decode step time after 4,096 and 8,192 tokens, the two artifacts' steps interleaved
+        decode step time after 256, 4,096 and 8,192 tokens, the two artifacts' steps
+        interleaved
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +27,9 @@ PIECE = 512  # tokens a prompt piece
 SPANS = (0, 1024, 2048, 4096, 8192)  # perplexity per span of positions
 ROUNDS, RUNS = 15, 20  # op: interleaved rounds, runs a round
 PASTS = (4096, 8192)
+# decode: a short past too, so that what the cache's length adds to a step shows apart from the
+# weights' part (the same at every length)
+DECODE_PASTS = (256, *PASTS)
 
 
 def _op_graph(kind: str, capacity: int):
@@ -130,7 +135,9 @@ def quality(fp32_dir: Path, int8_dir: Path, context: int, windows: int) -> dict:
     for w in range(windows):
         row = ids[w * step: w * step + context]
         for k, lm in lms.items():
+            t = time.perf_counter()
             nll[k].append(_nll(lm, row))
+            print(f"window {w} {k}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     spans = [(a, min(b, context)) for a, b in zip(SPANS, SPANS[1:]) if a < context]
     res = {"context": context, "windows": windows, "held_out_tokens": len(ids), "piece": PIECE,
            "perplexity": {}, "by_position": {}}
@@ -147,16 +154,17 @@ def quality(fp32_dir: Path, int8_dir: Path, context: int, windows: int) -> dict:
 
 
 def decode(fp32_dir: Path, int8_dir: Path, steps: int) -> dict:
-    """Each artifact's cache filled to each of PASTS tokens, then `steps` decode steps of
-    each, alternating one step at a time."""
+    """Each artifact's cache filled to each of DECODE_PASTS tokens, then `steps` decode steps
+    of each, alternating one step at a time; "added" is each length's median less the short
+    past's (what reading the longer cache costs)."""
     import tinyt.runtime as rt
 
     lms = {"float32": rt.load(fp32_dir, threads=1, tune=False),
            "int8": rt.load(int8_dir, threads=1, tune=False)}
-    caches = {k: lm.new_cache(1, max(PASTS) + 2 * steps) for k, lm in lms.items()}
-    ids = (np.arange(max(PASTS), dtype=np.int64) * 7919 % 8000 + 1).tolist()
+    caches = {k: lm.new_cache(1, max(DECODE_PASTS) + 2 * steps) for k, lm in lms.items()}
+    ids = (np.arange(max(DECODE_PASTS), dtype=np.int64) * 7919 % 8000 + 1).tolist()
     res: dict = {"steps": steps, "ms": {}}
-    for past in PASTS:
+    for past in DECODE_PASTS:
         for c in caches.values():
             while int(c.lens[0]) < past:
                 n = int(c.lens[0])
@@ -171,6 +179,9 @@ def decode(fp32_dir: Path, int8_dir: Path, steps: int) -> dict:
                                 for k, v in times.items()}
         for c in caches.values():  # back to `past` tokens for the next fill
             c.lens[0] = past
+    short = res["ms"][str(DECODE_PASTS[0])]
+    res["added_ms"] = {p: {k: v["median"] - short[k]["median"] for k, v in res["ms"][p].items()}
+                       for p in map(str, PASTS)}
     return res
 
 

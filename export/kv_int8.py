@@ -70,15 +70,14 @@ def calibration_rows(tokenizer, cfg, data: str | None) -> list[list[int]]:
     return [list(map(int, row)) for row in x]
 
 
-def _rotary_layers(proto: onnx.ModelProto) -> dict[int, int]:
-    """layer -> its rotated channels (GroupQueryAttention's do_rotary; cos_cache's half width
-    times two), for the layers whose node turns q and k."""
-    shapes = {t.name: list(t.dims) for t in proto.graph.initializer}
+def _rotary_layers(proto: onnx.ModelProto, cfg) -> dict[int, int]:
+    """layer -> its rotated channels (the config's rotary_dims), for the layers whose
+    GroupQueryAttention turns q and k (do_rotary; SmolLM3's no-rope layers do not)."""
     out = {}
     for node, layer in _gqa_nodes(proto):
         attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
-        if attrs.get("do_rotary") and len(node.input) > 7 and node.input[7] in shapes:
-            out[layer] = 2 * shapes[node.input[7]][-1]
+        if attrs.get("do_rotary"):
+            out[layer] = cfg.rotary_dims
     return out
 
 
@@ -92,7 +91,7 @@ def calibrate(lm, proto: onnx.ModelProto, rows: list[list[int]]) -> dict[int, li
     """Per layer, [max |key|, max |value|] per kv head and channel ([kv_heads, head_dim]) of
     the float32-cache model `lm` (a LanguageModel on the shared-cache graph `proto`) over the
     prompts `rows`, keys by their rotary pairs' norms."""
-    turns = _rotary_layers(proto)
+    turns = _rotary_layers(proto, lm.config)
     ranges: dict[int, list[np.ndarray]] = {}
     for row in rows:
         cache = lm.new_cache(1, len(row))

@@ -129,6 +129,12 @@ def test_graph_and_manifest_record_the_int8_cache(qwen3_like):
         for at in (kv_int8.K_SCALE_INPUT, kv_int8.V_SCALE_INPUT):
             scale = inits[node.input[at]]  # a scale per kv head and channel, all positive
             assert scale.shape == (cfg.kv_heads * cfg.head_dim,) and (scale > 0).all()
+        # a key channel's range is its rotary pair's (c, c + head_dim / 2): every position's
+        k = inits[node.input[kv_int8.K_SCALE_INPUT]].reshape(cfg.kv_heads, cfg.head_dim)
+        half = cfg.head_dim // 2
+        assert np.array_equal(k[:, :half], k[:, half:])
+        v = inits[node.input[kv_int8.V_SCALE_INPUT]].reshape(cfg.kv_heads, cfg.head_dim)
+        assert not np.array_equal(v[:, :half], v[:, half:])  # values: each channel its own
     m = json.loads((qwen3_like["int8"] / "manifest.json").read_text())
     assert m["options"]["kv_cache"] == {"dtype": "int8", "scales": "per-channel",
                                         "margin": 1.25}
