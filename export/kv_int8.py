@@ -59,14 +59,29 @@ def kv_bound(cfg, recipe: KVCacheRecipe, magnitude: float) -> float:
 
 
 def calibration_rows(tokenizer, cfg, data: str | None) -> list[list[int]]:
-    """CALIBRATION_WINDOWS windows of the corpus' training split (`data`: as quantize's; None:
-    the built-in corpus), each begun as the model's sequences are."""
+    """CALIBRATION_WINDOWS windows of CALIBRATION_TOKENS (at most the context) of the corpus'
+    training split (`data`: as quantize's; None: the built-in corpus), each begun as the
+    model's sequences are."""
+    return _windows(tokenizer, data, "train", CALIBRATION_WINDOWS,
+                    min(CALIBRATION_TOKENS, cfg.block_size))
+
+
+def check_rows(tokenizer, cfg, data: str | None) -> list[list[int]]:
+    """Two prompts of the corpus' validation split (not the calibration's text), twice the
+    calibration's length where the context allows: a key or value that only a later position
+    makes (a rotary the calibration did not reach) shows there."""
+    return _windows(tokenizer, data, "val", 2,
+                    max(2, min(2 * CALIBRATION_TOKENS, cfg.block_size - CHECK_STEPS - 2)))
+
+
+def _windows(tokenizer, data: str | None, split: str, count: int, length: int
+             ) -> list[list[int]]:
     from tinyt import data as D
 
     corpus = D.load_corpus(data)
-    tokens = D.encode_documents(tokenizer, corpus.train[:200])
-    W = min(CALIBRATION_TOKENS, cfg.block_size, max(len(tokens) - 2, 2) // 2)
-    x, _ = D.lm_eval_windows(tokens, W, CALIBRATION_WINDOWS, start=tokenizer.start_id)
+    tokens = D.encode_documents(tokenizer, getattr(corpus, split)[:200])
+    length = min(length, max(len(tokens) - 2, 4) // 2)
+    x, _ = D.lm_eval_windows(tokens, length, count, start=tokenizer.start_id)
     return [list(map(int, row)) for row in x]
 
 
@@ -181,14 +196,6 @@ def check_int8(fp32_lm, int8_lm, cfg, recipe: KVCacheRecipe, rows: list[list[int
     return {"logits_max_abs": worst, "logits_magnitude": size, "tolerance": bound,
             "top1_agreement": same / total, "prompts": len(rows),
             "tokens": sum(map(len, rows)) + len(rows) * CHECK_STEPS}
-
-
-def check_rows(tokenizer, cfg, data: str | None) -> list[list[int]]:
-    """Two prompts of the corpus' validation split (not the calibration's text)."""
-    from tinyt import data as D
-
-    length = max(2, min(256, cfg.block_size - CHECK_STEPS - 2))
-    return D.held_out_prompts(tokenizer, D.load_corpus(data).val, 2, length, minimum=1)
 
 
 def write_int8(path: Path, kv_scales: dict[int, list[np.ndarray]],
