@@ -62,7 +62,7 @@ LOWER = "the rows or the tokens (max_new_tokens, max_context / --max-context, ma
 
 # The KV cache's numpy type from a graph's past inputs: float16 on GPU variants, int8 in a
 # shared-cache graph made with --kv-cache int8 (export/kv_int8.py), else float32
-KV_DTYPES = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}
+KV_DTYPES: dict[str, type[np.number]] = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 def graph_kv_dtype(session: ort.InferenceSession) -> type[np.number]:
