@@ -71,6 +71,15 @@ def optimize(
     prefill_from: Annotated[Optional[Path], typer.Option(
         help="gqa: another quantization of the same model (quantize --kernel qgemm) whose "
              "graph runs the prompts, sharing the KV cache with SRC's.")] = None,
+    kv_cache: Annotated[str, typer.Option(
+        help="gqa: the KV cache's type, float32 or int8 (scales per layer calibrated on "
+             "--kv-data's training split; docs/quantization.md).")] = "float32",
+    kv_scales: Annotated[str, typer.Option(
+        help="--kv-cache int8: per-channel (a scale per kv head and channel) or "
+             "per-tensor.")] = "per-channel",
+    kv_data: Annotated[Optional[str], typer.Option(
+        help="--kv-cache int8: the corpus to calibrate on (default: the one the source's "
+             "quantization read, else the built-in one).")] = None,
     fuse_embedding: Annotated[bool, typer.Option(
         help="An encoder with a position table (BERT, DistilBERT, RoBERTa): its embeddings in "
              "one EmbedLayerNormalization (off: slower on CPU, and not quantized).")] = False,
@@ -82,7 +91,10 @@ def optimize(
     if prefill_from is not None and target != "gqa":
         raise TinytError("--prefill-from goes with --target gqa")
     path = run_optimize(src, out, target=target, level=level, prefill_from=prefill_from,
-                        **({"fuse_embedding": True} if fuse_embedding else {}))
+                        **({"fuse_embedding": True} if fuse_embedding else {}),
+                        **({"kv_cache": kv_cache, "kv_scales": kv_scales, "kv_data": kv_data}
+                           if (kv_cache, kv_scales, kv_data) != ("float32", "per-channel", None)
+                           else {}))
     manifest = path.manifest  # the stage says what it did
     if target == "gqa":
         eq = manifest["equivalence"]
@@ -99,6 +111,13 @@ def optimize(
             typer.echo(f"prompts run by {manifest['prefill_model_file']} (from {prefill_from}); "
                        f"the pair vs {src}: logits max abs diff {p['logits_max_abs']:.2e}, "
                        f"top-1 agreement {p['top1_agreement']:.0%}")
+        if "kv_cache" in manifest:
+            kv = manifest["kv_cache"]
+            c = kv["check"]
+            typer.echo(f"int8 KV cache ({kv['scales']}, calibrated on {kv['calibration']['tokens']}"
+                       f" tokens of {kv['calibration']['data']}): logits max abs diff vs the "
+                       f"float32 cache {c['logits_max_abs']:.3g} (tolerance "
+                       f"{c['tolerance']:.3g}), top-1 agreement {c['top1_agreement']:.0%}")
         typer.echo(f"onnx: {path}")
         return
     worst = manifest["equivalence"]["worst"]

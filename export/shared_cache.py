@@ -7,6 +7,10 @@ export/gqa_graph.py; runtime/cache.py runs it.
 
     SRC (decoder_with_past) ──gqa_graph.to_gqa──▶ model.onnx ─┐
     [PREFILL_FROM ──gqa_graph.to_gqa──▶ prefill.onnx] ────────┴─checks─▶ OUT + manifest
+
+With kv_cache int8 (export/kv_int8.py) the checked graphs are then rewritten to int8 caches
+with scales calibrated on the step graph, the same scales in both graphs of a pair (they
+share the buffers), and checked against their float32-cache form.
 """
 from __future__ import annotations
 
@@ -17,14 +21,16 @@ from typing import Any
 
 from tinyt.contract import DECODER_WITH_PAST, ONNX_FILE, SHARED_CACHE_KIND
 from tinyt.errors import SharedCacheError
-from tinyt.graphio import save_graph
+from tinyt.graphio import copy_graph, save_graph
 from tinyt.manifest import Artifact, Manifest
+from tinyt.recipe import KVCacheRecipe
 
 from .gqa_graph import to_gqa
 from .shared_cache_checks import _gqa_model, check_against_source, check_pair, fp32_lineage
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 
 PREFILL_FILE = "prefill.onnx"
+RANGE = {"per-channel": "kv head and channel", "per-tensor": "tensor"}  # an int8 cache's scales
 
 
 def _convert(src: Artifact, tmp: Path, name: str) -> tuple[Path, dict]:
@@ -48,13 +54,18 @@ def _convert(src: Artifact, tmp: Path, name: str) -> tuple[Path, dict]:
 
 
 def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                 prefill_from: str | os.PathLike | None = None) -> Built:
+                 prefill_from: str | os.PathLike | None = None,
+                 kv_cache: KVCacheRecipe | None = None, kv_data: str | None = None) -> Built:
     """Write the shared-cache (GroupQueryAttention) variant of a cpu-optimized decoder
     artifact, fp32 or quantized; checked against its source first. Returns out_dir.
 
     prefill_from: another artifact of the same model (e.g. `quantize --kernel qgemm`, whose
     int8 GEMMs are fast over a prompt's rows) whose converted graph runs the prompts, while
-    src's runs the decode steps; both read and write one cache (runtime/cache.py)."""
+    src's runs the decode steps; both read and write one cache (runtime/cache.py).
+    kv_cache: what the cache holds (tinyt.recipe.KVCacheRecipe; None: float32); int8 is
+    calibrated on the training split of kv_data (as quantize's data; None: the corpus the
+    source's quantization read, else the built-in one)."""
+    kv_cache = kv_cache or KVCacheRecipe()
     src = open_source(src_dir, out_dir)
     src_dir, manifest, cfg = src.path, src.manifest, src.config
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,13 +94,51 @@ def shared_cache(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                 **({"prefill_accuracy": prefill.manifest.accuracy}
                    if prefill.manifest.accuracy else {}),
                 pair=check_pair(src_dir, path, p_path, cfg, prefill.manifest.quantization))
+        if kv_cache.quantized:
+            if kv_data is None:
+                kv_data = manifest.options.get("data")
+            extra["kv_cache"] = _int8_cache(src, path, graphs[1] if len(graphs) > 1 else None,
+                                            extra.get("prefill_quantization"), kv_cache, kv_data)
         if manifest.accuracy:  # a quantized source: this artifact's own report
             extra["accuracy"] = _own_accuracy(src, path, graphs[1] if len(graphs) > 1 else None,
                                               extra.get("prefill_quantization"))
         return write_artifact(out_dir, src, graphs, stage="shared-cache", options={
             "level": manifest.options.get("level"),
-            "prefill_from": None if prefill_from is None else str(prefill_from)},
+            "prefill_from": None if prefill_from is None else str(prefill_from),
+            "kv_cache": kv_cache.to_json()},
             extra=extra, genai=False)
+
+
+def _int8_cache(src: Artifact, path: Path, prefill: Path | None,
+                prefill_quantization: dict | None, recipe: KVCacheRecipe,
+                data: str | None) -> dict:
+    """Calibrate the int8 cache's scales on the float32-cache graph(s), rewrite them in place,
+    check the result against them (export/kv_int8.py); the manifest's "kv_cache" record."""
+    import onnx
+
+    from . import kv_int8
+
+    cfg = src.config
+    fp32 = _gqa_model(src.path, path, cfg, prefill, prefill_quantization)
+    rows = kv_int8.calibration_rows(fp32.tokenizer, cfg, data)
+    proto = onnx.load(str(path), load_external_data=False)  # the rotary tables' shapes
+    kv_scales = kv_int8.scales(kv_int8.calibrate(fp32, proto, rows), recipe)
+    checks = kv_int8.check_rows(fp32.tokenizer, cfg, data)
+    with tempfile.TemporaryDirectory() as tmp:  # the float32 graphs, for the check
+        graphs = [p for p in (path, prefill) if p is not None]
+        keep = [copy_graph(p, tmp)[0] for p in graphs]
+        for p in graphs:
+            kv_int8.write_int8(p, kv_scales, recipe)
+        ref = _gqa_model(src.path, keep[0], cfg, keep[1] if prefill else None,
+                         prefill_quantization)
+        int8 = _gqa_model(src.path, path, cfg, prefill, prefill_quantization)
+        check = kv_int8.check_int8(ref, int8, cfg, recipe, checks)
+    return {**recipe.to_json(), "calibration": {
+        "data": data or "built-in corpus", "split": "train", "windows": len(rows),
+        "tokens": sum(map(len, rows)),
+        "rule": f"max |x| per {RANGE[recipe.scales]} (keys: of their rotary pairs' norms) x "
+                f"{recipe.margin}, / 127; beyond: clipped"},
+        "check": check}
 
 
 def _own_accuracy(src: Artifact, path: Path, prefill: Path | None,

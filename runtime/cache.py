@@ -60,6 +60,17 @@ LOWER = "the rows or the tokens (max_new_tokens, max_context / --max-context, ma
         "--max-batch)"
 
 
+# The KV cache's numpy type from a graph's past inputs: float16 on GPU variants, int8 in a
+# shared-cache graph made with --kv-cache int8 (export/kv_int8.py), else float32
+KV_DTYPES: dict[str, type[np.number]] = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}
+
+
+def graph_kv_dtype(session: ort.InferenceSession) -> type[np.number]:
+    """The element type of `session`'s KV cache inputs (float32 where it has none)."""
+    past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
+    return KV_DTYPES.get(past[0].type, np.float32) if past else np.float32
+
+
 def capacity_for(tokens: int, context: int) -> int:
     """The capacity of a cache for `tokens` (prompt + new tokens): the next power of two, at
     least MIN_CAPACITY, at most `context`."""
@@ -107,7 +118,7 @@ class SharedCache:
     and `lower`, what to make smaller)."""
 
     def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, batch: int,
-                 capacity: int, *, kv_dtype=np.float32,
+                 capacity: int, *, kv_dtype=None,
                  prefill_session: ort.InferenceSession | None = None, lower: str = LOWER):
         names = {i.name for i in session.get_inputs()}
         if prefill_session is not None and \
@@ -117,6 +128,7 @@ class SharedCache:
                               "differently (one was made by an older tinyt): make both again "
                               "with `tinyt optimize --target gqa`")
         compact = WINDOW_INPUTS[0] in names
+        kv_dtype = graph_kv_dtype(session) if kv_dtype is None else kv_dtype
         check_kv_fits(cfg, batch, capacity, kv_dtype, lower=lower, compact=compact)
         self.session, self.cfg, self.B, self.capacity = session, cfg, batch, capacity
         # windowed layers with buffers of their own (module docstring): which, and how long

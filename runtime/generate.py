@@ -29,7 +29,7 @@ from tinyt.rope import longrope_original
 from tinyt.tokenizer import Tokenizer
 
 from .arguments import prompt_text, sampling_kwargs, token_rows
-from .cache import CachePool, SharedCache, capacity_for, check_kv_fits
+from .cache import CachePool, SharedCache, capacity_for, check_kv_fits, graph_kv_dtype
 from .detok import TextStream, stop_cut
 from .feeds import left_pad, prefill_feeds
 from .fixed import capacity
@@ -78,8 +78,7 @@ class LanguageModel:
         # on CPU plain numpy feeds measured as fast (lab/cpu_iobinding.py).
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
-        past = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
-        self._kv_dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
+        self._kv_dtype = graph_kv_dtype(session)  # float16 on GPU variants, int8 (--kv-cache)
         # The most tokens a sequence can hold: block_size, or a pinned graph's window, or
         # less where the caller says (max_context: rt.load checks it).
         self.context = self.config.block_size if artifact.fixed is None else min(
@@ -185,7 +184,7 @@ class LanguageModel:
         return self._pad
 
     @property
-    def kv_dtype(self) -> type[np.floating]:
+    def kv_dtype(self) -> type[np.number]:
         """The KV cache's element type, as the graph's past inputs declare it."""
         return self._kv_dtype
 

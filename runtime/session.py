@@ -202,7 +202,7 @@ _CONFIG_AXES = {("logits", 2): "vocab_size", ("logits", 1): "num_labels",
                 ("past_key_values", 1): "kv_heads", ("present", 1): "kv_heads",
                 ("past_key_values", 3): "head_dim", ("present", 3): "head_dim"}
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
-           "tensor(float16)": np.float16}
+           "tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 def _probe(artifact: Artifact, session: ort.InferenceSession, model: str) -> None:

@@ -63,7 +63,7 @@ def shared_steps(caches: CachePool, feeds: dict[str, np.ndarray], new_tokens: in
 
 
 def fixed_steps(session: ort.InferenceSession, config: ModelConfig, kind: str, fixed: dict,
-                feeds: dict[str, np.ndarray], kv_dtype: type[np.floating]) -> Steps:
+                feeds: dict[str, np.ndarray], kv_dtype: type[np.number]) -> Steps:
     """Steps on a graph pinned to fixed shapes: a window of fixed size (runtime/fixed.py)."""
     window = FixedWindow(session, config, kind, fixed, len(feeds["input_ids"]),
                          kv_dtype=kv_dtype)

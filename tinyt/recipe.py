@@ -343,3 +343,56 @@ def rows_independent(quantization: Mapping[str, Any] | None) -> bool | None:
         return recipe.rows_independent
     flag = quantization.get("rows_independent") if isinstance(quantization, Mapping) else None
     return flag if isinstance(flag, bool) else None
+
+
+# --- the shared-cache graph's KV cache (`tinyt optimize --target gqa --kv-cache`) ----------
+KV_CACHE_TYPES = ("float32", "int8")
+# int8: a scale per (kv head, channel) of each layer's keys and values, or one per tensor;
+# ONNX Runtime's GroupQueryAttention takes both (k_quant_type / v_quant_type)
+KV_SCALE_TYPES = ("per-channel", "per-tensor")
+# The calibrated range is max |x| over the calibration text times this: a key or value beyond
+# it at run time is clipped to +-127 levels. 1.25 leaves a quarter of headroom for text unlike
+# the calibration's at a cost of 1/4 of a level's resolution (export/kv_int8.py says why).
+KV_MARGIN = 1.25
+
+
+@dataclass(frozen=True)
+class KVCacheRecipe:
+    """What the shared-cache graph keeps its KV cache in, validated on construction: float32
+    (as the source's graph), or int8 with scales calibrated per layer (export/kv_int8.py)."""
+    dtype: str = "float32"
+    scales: str = "per-channel"
+    margin: float = KV_MARGIN
+
+    def __post_init__(self) -> None:
+        _one_of("kv_cache", self.dtype, KV_CACHE_TYPES)
+        _one_of("kv_scales", self.scales, KV_SCALE_TYPES)
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) \
+                or not 1.0 <= self.margin <= 4.0:
+            raise QuantizeError(f"kv_margin={self.margin!r} must be a number from 1 to 4 (the "
+                                "calibrated max |x| is multiplied by it; beyond it is clipped)")
+        object.__setattr__(self, "margin", float(self.margin))
+
+    @property
+    def quantized(self) -> bool:
+        return self.dtype == "int8"
+
+    @property
+    def ort_quant_type(self) -> str:
+        """GroupQueryAttention's k_quant_type / v_quant_type."""
+        return "PER_CHANNEL" if self.scales == "per-channel" else "PER_TENSOR"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> KVCacheRecipe:
+        """The record's recipe; None (a manifest written before --kv-cache): float32."""
+        if data is None:
+            return cls()
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise QuantizeError(f"kv_cache keys {unknown} are not KVCacheRecipe's: "
+                                f"{', '.join(sorted(known))}")
+        return cls(**data)
