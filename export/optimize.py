@@ -343,16 +343,7 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
             fusions["skip_layer_norm_as_sum"] = unfused
         if fuse_embedding:
             fusions["embed_layer_norm"] = embed_layer_norm(optimized, cfg)
-    counts = op_counts(optimized)
-    attention = sum(counts.get(f"{CONTRIB}.{op}", 0) for op in ATTENTION_OPS)
-    if target != "portable" and attention < fused_attention_layers(cfg):
-        raise OptimizeError(f"attention fused in {attention} of {cfg.n_layer} layers for target "
-                            f"{target!r}; ops now: {dict(counts)}")
-    if target == "cpu":
-        _check_fusions(cfg, kind, counts, fusions, fuse_embedding)
-    contrib = sorted(k for k in counts if k.startswith(CONTRIB))
-    if target == "portable" and contrib:
-        raise OptimizeError(f"the portable graph still holds contrib ops {contrib}")
+    counts, contrib = _counted(optimized, cfg, kind, target, fusions, fuse_embedding)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ONNX_FILE
         save_graph(optimized, path)
@@ -374,6 +365,24 @@ def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: 
             "contrib_ops": contrib, "equivalence": {"worst": worst,
                                                     "sizes": grid_sizes(cfg, grid(cfg, kind))},
             "versions": source_versions(src, onnxscript=onnxscript.__version__)})
+
+
+def _counted(optimized, cfg, kind: str, target: str, fusions: dict,
+             fuse_embedding: bool) -> tuple[dict, list[str]]:
+    """The optimized graph's op counts and contrib ops, checked: attention fused in every
+    layer (but for target portable), the CPU target's fusions as its family declares them, no
+    contrib op in a portable graph."""
+    counts = op_counts(optimized)
+    attention = sum(counts.get(f"{CONTRIB}.{op}", 0) for op in ATTENTION_OPS)
+    if target != "portable" and attention < fused_attention_layers(cfg):
+        raise OptimizeError(f"attention fused in {attention} of {cfg.n_layer} layers for target "
+                            f"{target!r}; ops now: {dict(counts)}")
+    if target == "cpu":
+        _check_fusions(cfg, kind, counts, fusions, fuse_embedding)
+    contrib = sorted(k for k in counts if k.startswith(CONTRIB))
+    if target == "portable" and contrib:
+        raise OptimizeError(f"the portable graph still holds contrib ops {contrib}")
+    return counts, contrib
 
 
 def _optimize_seq2seq(src: Artifact, out_dir: Path, target: str, level: str) -> Built:

@@ -129,22 +129,9 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if format not in FORMATS:
         raise PackageError(f"format={format!r} is not one of {', '.join(FORMATS)}")
-    if (manifest_of(src_dir) or {}).get("graph") == SEQ2SEQ:  # a missing one: refused below
-        from .seq2seq_package import package_seq2seq
-        return package_seq2seq(src_dir, out_dir, format=format, fixed=fixed)
-    if format == "transformers-js":
-        raise PackageError(
-            f"{src_dir} is not an encoder-decoder (seq2seq) artifact: --format transformers-js "
-            "writes the encoder and merged decoder transformers.js runs for one. A decoder, "
-            "classifier or encoder graph uses Optimum's input and output names already: "
-            "transformers.js loads its model.onnx as onnx/model.onnx beside config.json and "
-            "the tokenizer's files")
-    if format == "web":
-        if fixed:
-            raise PackageError("--fixed pins shapes for accelerators; the web package runs "
-                               "dynamic shapes on WebAssembly: drop --fixed")
-        from .web import package_web
-        return package_web(src_dir, out_dir)
+    routed = _elsewhere(src_dir, out_dir, format, fixed)
+    if routed is not None:
+        return routed
     src = open_source(src_dir, out_dir)
     manifest = src.manifest
     if manifest.graph == SHARED_CACHE_KIND:
@@ -209,6 +196,28 @@ def package(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: s
             written = write_manifest(out, stage="package", source=src.record(),
                                      options=options, extra=extra)
     return built(out_dir, written)
+
+
+def _elsewhere(src_dir: Path, out_dir: Path, format: str, fixed) -> Built | None:
+    """The packages other modules make (an encoder-decoder's in any format, the web page's),
+    or None for this module's; the transformers.js layout refused for a single graph."""
+    if (manifest_of(src_dir) or {}).get("graph") == SEQ2SEQ:  # a missing one: refused below
+        from .seq2seq_package import package_seq2seq
+        return package_seq2seq(src_dir, out_dir, format=format, fixed=fixed)
+    if format == "transformers-js":
+        raise PackageError(
+            f"{src_dir} is not an encoder-decoder (seq2seq) artifact: --format transformers-js "
+            "writes the encoder and merged decoder transformers.js runs for one. A decoder, "
+            "classifier or encoder graph uses Optimum's input and output names already: "
+            "transformers.js loads its model.onnx as onnx/model.onnx beside config.json and "
+            "the tokenizer's files")
+    if format == "web":
+        if fixed:
+            raise PackageError("--fixed pins shapes for accelerators; the web package runs "
+                               "dynamic shapes on WebAssembly: drop --fixed")
+        from .web import package_web
+        return package_web(src_dir, out_dir)
+    return None
 
 
 def _package_shared_cache_ort(src_dir: Path, out_dir: Path, src) -> Built:

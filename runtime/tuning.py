@@ -219,6 +219,22 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
             f"{threads} they would hold {best_prompt}'s weights twice: steps at {threads} on "
             "the prompts' session (tune='speed' holds them twice)")
         champion = (champion[0], threads)
+    _settle(plan, champion, best_prompt, step_file, prompt_file, threads)
+    # prompts through the step graph at `threads`, steps elsewhere: its workers must not spin
+    # after a prompt while the other session decodes (a "prompt" session, opened now)
+    final = decode_key(champion), prompt_key(best_prompt, champion)
+    if final[0] != final[1] and final[0][0] == final[1][0]:  # one graph, two sessions
+        plan.reasons.append(
+            f"memory: {final[0][0]} is held twice (steps at {champion[1]} thread(s), prompts at "
+            f"{threads}): each session packs its own copy of the weights; tune=True holds "
+            "them once")
+    pool.keep(*final)
+    return plan, pool.get(final[0]), pool.get(final[1])
+
+
+def _settle(plan: Plan, champion: tuple[str, int], best_prompt: str, step_file: str,
+            prompt_file: str, threads: int) -> None:
+    """The tuned plan: its choices, the times measured, and why each default was left."""
     for m in plan.matches:
         plan.measured_ms |= m["ms"]
     plan.tuned = True
@@ -232,16 +248,6 @@ def plan_sessions(artifact: Artifact, *, threads: int, spinning: bool | None,
     if best_prompt != prompt_file:
         plan.reasons.append(f"prompts: {best_prompt} measured faster than {prompt_file} on this "
                             "CPU")
-    # prompts through the step graph at `threads`, steps elsewhere: its workers must not spin
-    # after a prompt while the other session decodes (a "prompt" session, opened now)
-    final = decode_key(champion), prompt_key(best_prompt, champion)
-    if final[0] != final[1] and final[0][0] == final[1][0]:  # one graph, two sessions
-        plan.reasons.append(
-            f"memory: {final[0][0]} is held twice (steps at {champion[1]} thread(s), prompts at "
-            f"{threads}): each session packs its own copy of the weights; tune=True holds "
-            "them once")
-    pool.keep(*final)
-    return plan, pool.get(final[0]), pool.get(final[1])
 
 
 class _Sessions:
