@@ -1,15 +1,15 @@
 """The int8 KV cache (`tinyt optimize --target gqa --kv-cache int8`) against the float32 one:
 
-    python -m tinyt.benchmarks.kv_int8 op OUT.json
+    python -m tinyt.benchmarks.kv_cache_bench op OUT.json
         GroupQueryAttention alone, one decode step at Qwen3-0.6B's heads (16 q, 8 kv, head_dim
         128) after 4,096 and 8,192 tokens, 1 thread: float32, int8 per tensor, int8 per
         channel caches, interleaved rounds
-    python -m tinyt.benchmarks.kv_int8 quality FP32_GQA INT8_GQA OUT.json [--context N]
+    python -m tinyt.benchmarks.kv_cache_bench quality FP32_GQA INT8_GQA OUT.json [--context N]
         perplexity of two shared-cache artifacts of one model on held-out prose (Python's
         pydoc topics, benchmarks.real_quality.heldout_text) in windows of N tokens, run in
         pieces of PIECE tokens through the cache (each piece attends to the cached ones, as
         chunked prefill does), per span of positions
-    python -m tinyt.benchmarks.kv_int8 decode FP32_GQA INT8_GQA OUT.json
+    python -m tinyt.benchmarks.kv_cache_bench decode FP32_GQA INT8_GQA OUT.json
         decode step time after 256, 4,096 and 8,192 tokens, the two artifacts' steps
         interleaved
 """
