@@ -140,16 +140,22 @@ def compare_graphs(source: dict[str, Path], candidate: dict[str, Path], cfg: Mod
                 if x.shape != y.shape:
                     raise ValueError(f"{file} {name}: shape {y.shape} where its source gives "
                                      f"{x.shape}, at {dict(zip(CASE_KEYS, case))}")
-                w = worst.setdefault(output_group(name),
-                                     {"max_abs": 0.0, "magnitude": 0.0, "case": None})
-                d = max_abs_diff(x, y)
-                if not d <= w["max_abs"]:  # NaN is worse than anything
-                    w.update(max_abs=d, case=dict(zip(CASE_KEYS, case)))
-                w["magnitude"] = max(w["magnitude"], max_abs(x))
+                note_worst(worst, name, x, y, dict(zip(CASE_KEYS, case)))
         for w in worst.values():
             w["bound"] = reorder_bound(cfg, w["magnitude"], layers_of(cfg, role))
         out[file] = worst
     return out
+
+
+def note_worst(worst: dict[str, dict[str, Any]], name: str, x: np.ndarray, y: np.ndarray,
+               at: dict) -> None:
+    """Keep, per output group, the largest |x - y| seen (NaN the worst), where, and the
+    largest |x| (the bound's magnitude)."""
+    w = worst.setdefault(output_group(name), {"max_abs": 0.0, "magnitude": 0.0, "case": None})
+    d = max_abs_diff(x, y)
+    if not d <= w["max_abs"]:  # NaN is worse than anything
+        w.update(max_abs=d, case=at)
+    w["magnitude"] = max(w["magnitude"], max_abs(x))
 
 
 def beyond_bound(worst: dict[str, dict[str, dict[str, Any]]]) -> list[str]:

@@ -34,8 +34,8 @@ from tinyt.config import ModelConfig
 from tinyt.contract import USE_CACHE_BRANCH, seq2seq_contract, seq2seq_merged_contract
 from tinyt.errors import PackageError
 
-from .compare import max_abs, max_abs_diff, reorder_bound
-from .seq2seq_checks import CASE_KEYS, check_cases, graph_feeds, output_group, role_cases
+from .compare import reorder_bound
+from .seq2seq_checks import CASE_KEYS, check_cases, graph_feeds, note_worst, role_cases
 
 ROLES = ("decoder", "decoder_with_past")
 BRANCH = {"decoder": "first_step", "decoder_with_past": "cached_step"}
@@ -234,12 +234,7 @@ def check_merged(sources: dict[str, Path], merged: Path, cfg: ModelConfig, opene
                 if x.shape != y.shape:
                     raise ValueError(f"{name}: shape {y.shape} where {sources[role].name} gives "
                                      f"{x.shape}, at {at}")
-                w = worst.setdefault(output_group(name),
-                                     {"max_abs": 0.0, "magnitude": 0.0, "case": None})
-                d = max_abs_diff(x, y)
-                if not d <= w["max_abs"]:  # NaN is worse than anything
-                    w.update(max_abs=d, case=at)
-                w["magnitude"] = max(w["magnitude"], max_abs(x))
+                note_worst(worst, name, x, y, at)
         for w in worst.values():
             w["bound"] = reorder_bound(cfg, w["magnitude"], cfg.decoder_layers)
         out[BRANCH[role]] = worst

@@ -10,6 +10,7 @@ import tinyt.runtime as rt
 from tinyt.artifacts import BY_DIR, arguments
 from tinyt.export.compare import reorder_bound
 from tinyt.export.optimize import optimize
+from tinyt.export.package import _step_logits
 from tinyt.export.quantize import quantize
 from tinyt.graphio import graph_files
 from tinyt.manifest import check_manifest
@@ -43,20 +44,6 @@ def _bytes(directory, graph="model.onnx") -> int:
 def _sha(directory) -> list[str]:
     return [hashlib.sha256(p.read_bytes()).hexdigest()
             for p in graph_files(directory / "model.onnx")]
-
-
-def _step_logits(lm, ids: list[int], steps: int) -> list[np.ndarray]:
-    """Last-token logits of a prompt, then of `steps` greedy steps, as generation runs them."""
-    from tinyt.contract import DECODER_WITH_PAST
-    from tinyt.runtime.feeds import prefill_feeds
-
-    run = lm.steps(prefill_feeds(lm.config, DECODER_WITH_PAST, np.array([ids], np.int64),
-                                 np.ones((1, len(ids)), np.int64)))
-    out = [next(run)[0, -1].copy()]
-    for _ in range(steps):
-        out.append(run.send((np.array([out[-1].argmax()]), np.ones(1, bool)))[0, -1].copy())
-    run.close()
-    return out
 
 
 def test_the_int4_variant_is_one_graph_of_one_copy(built):
