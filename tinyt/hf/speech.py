@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tinyt.errors import ConversionError
+from tinyt.fsutil import read_json_object
 
 SPEECH_FILE = "speech.json"  # in a checkpoint: {"tokens", "generation_config", "config"}
 CONFIG_KEYS = ("begin_suppress_tokens", "suppress_tokens", "forced_decoder_ids")
@@ -116,12 +117,7 @@ def read_speech(directory: Path, hf_cfg: dict[str, Any], tok, cfg) -> dict[str, 
     path = Path(directory) / "generation_config.json"
     gen: dict[str, Any] = {}
     if path.is_file():
-        try:
-            gen = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ConversionError(f"{path} is not JSON: {e}") from None
-        if not isinstance(gen, dict):
-            raise ConversionError(f"{path} must be a JSON object")
+        gen = read_json_object(path, ConversionError)
         check_generation(gen, tokens, cfg)
     return {"tokens": tokens, "generation_config": gen,
             "config": {k: hf_cfg[k] for k in CONFIG_KEYS if k in hf_cfg}}
