@@ -35,6 +35,8 @@ from .sampling import nonfinite_error
 # step(parents [R] int64, tokens [R] int64) -> logits [R, V]: row i continues row parents[i]
 # of the previous call (of the first logits, at the first step) with token tokens[i].
 StepFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+# head(logits [R, V], k) -> each row's k best log-probabilities [R, k], best first, and ids
+TopFn = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 EARLY_STOPPING = (False, True, "never")
 
 
@@ -73,11 +75,14 @@ class _Source:
 
 def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int]],
                 params: BeamParams, *, eos: Sequence[int], max_new_tokens: int,
-                rules: Rules | None = None) -> list[tuple[list[int], str]]:
+                rules: Rules | None = None, head: TopFn | None = None
+                ) -> list[tuple[list[int], str]]:
     """Each source's best hypothesis: its generated tokens (the eos that ended it left out)
     and why it ended ('eos' or 'length'). first: the logits [B, V] of each source's one row
     (the prompt's last position, or the decoder's start token); prefixes: each source's
-    tokens before the generated ones (for the rules' n-grams); step: see StepFn."""
+    tokens before the generated ones (for the rules' n-grams); step: see StepFn; head: each
+    row's best log-probabilities (runtime/heads.BeamHead), used at the steps no rule
+    touches (numpy's log_softmax otherwise)."""
     K, eos_ids = params.num_beams, frozenset(int(e) for e in eos)
     if max_new_tokens == 0:
         return [([], "length") for _ in prefixes]
@@ -86,13 +91,17 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
     rows = list(range(len(srcs)))  # the source of each row of `logits`
     logits, made = first, 0
     while made < max_new_tokens:
-        peak = logits.max(axis=-1)
-        if not np.isfinite(peak).all():
-            raise nonfinite_error(peak[~np.isfinite(peak)][0])
-        logp = _log_softmax(logits)
-        if rules is not None and rules.active:
-            rules.apply(logp, [srcs[s].prefix + srcs[s].beams[i]
-                               for s, i in _row_beams(rows)], made)
+        ruled = rules is not None and rules.active
+        if head is not None and not ruled:
+            logp, ids = head(logits, keep)
+            if not np.isfinite(logp[:, 0]).all():  # a NaN or inf makes its row's all NaN
+                _check_finite(logits)
+        else:
+            _check_finite(logits)
+            logp, ids = _log_softmax(logits), None
+            if ruled:
+                rules.apply(logp, [srcs[s].prefix + srcs[s].beams[i]
+                                   for s, i in _row_beams(rows)], made)
         parents: list[int] = []
         tokens: list[int] = []
         next_rows: list[int] = []
@@ -100,8 +109,8 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
         for s, (a, b) in starts.items():
             src = srcs[s]
             cand = logp[a:b] + np.asarray(src.scores, dtype=np.float32)[:, None]
-            _advance(src, cand, a, params, eos_ids, keep, made, max_new_tokens,
-                     parents, tokens)
+            best = _best(cand, None if ids is None else ids[a:b], keep, made)
+            _advance(src, best, a, params, eos_ids, made, max_new_tokens, parents, tokens)
             next_rows += [s] * (len(parents) - len(next_rows))
         made += 1
         if made >= max_new_tokens or not parents:
@@ -112,12 +121,18 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
             for _, hyp, by_eos in (src.finished[0] for src in srcs)]
 
 
-def _advance(src: _Source, cand: np.ndarray, first_row: int, params: BeamParams,
-             eos_ids: frozenset[int], keep: int, made: int, max_new_tokens: int,
-             parents: list[int], tokens: list[int]) -> None:
-    """One step of one source: its candidates cand [beams, V] (accumulated log-probabilities)
-    become finished hypotheses and the next beams (appended to parents / tokens as rows)."""
-    K, V = params.num_beams, cand.shape[1]
+def _check_finite(logits: np.ndarray) -> None:
+    peak = logits.max(axis=-1)
+    if not np.isfinite(peak).all():
+        raise nonfinite_error(peak[~np.isfinite(peak)][0])
+
+
+def _best(cand: np.ndarray, ids: np.ndarray | None, keep: int, made: int
+          ) -> list[tuple[int, int, float]]:
+    """A source's best `keep` continuations (beam, token, accumulated log-probability), best
+    first, of cand [beams, V] (ids None) or of each beam's best: cand [beams, k] with their
+    token ids [beams, k]."""
+    width = cand.shape[1]
     flat = cand.ravel()
     finite = int(np.isfinite(flat).sum())
     if finite == 0:
@@ -125,12 +140,21 @@ def _advance(src: _Source, cand: np.ndarray, first_row: int, params: BeamParams,
                           "or the banned words rule out the whole vocabulary")
     n = min(keep, finite)
     top = np.argpartition(-flat, n - 1)[:n] if n < flat.size else np.arange(flat.size)
-    top = top[np.argsort(-flat[top], kind="stable")]
+    top = top[np.argsort(-flat[top], kind="stable")][:n]
+    toks = top % width if ids is None else ids.ravel()[top]
+    return list(zip((top // width).tolist(), toks.tolist(), flat[top].tolist()))
+
+
+def _advance(src: _Source, best: list[tuple[int, int, float]], first_row: int,
+             params: BeamParams, eos_ids: frozenset[int], made: int, max_new_tokens: int,
+             parents: list[int], tokens: list[int]) -> None:
+    """One step of one source: its best continuations (_best) become finished hypotheses and
+    the next beams (appended to parents / tokens as rows)."""
+    K = params.num_beams
     last = made + 1 >= max_new_tokens
     beams: list[list[int]] = []
     scores: list[float] = []
-    for rank, i in enumerate(top.tolist()):
-        beam, tok, score = divmod(i, V) + (float(flat[i]),)
+    for rank, (beam, tok, score) in enumerate(best):
         if tok in eos_ids or last:
             if rank < K:  # (a source that may add none has left: _done)
                 length = made + 1  # the tokens generated, the eos included

@@ -30,6 +30,7 @@ from .arguments import prompt_text, token_rows
 from .beam import BeamParams, beam_search
 from .generate import GenerationResult
 from .greedy import stopped
+from .heads import BeamHead
 from .rules import Rules
 from .sampling import SamplingParams, next_token
 from .session import Artifact, create_session
@@ -158,6 +159,7 @@ class Seq2SeqModel:
         # text stands for them (as LanguageModel)
         self._choosable = (tokenizer.vocab_size if tokenizer.vocab_size < self.config.vocab_size
                            else None)
+        self.beam_head = BeamHead.like(sessions["decoder_with_past"])
 
     def choosable(self, logits: np.ndarray) -> np.ndarray:
         """Logits [R, V] cut to the ids the tokenizer has."""
@@ -196,7 +198,8 @@ class Seq2SeqModel:
         if settings.beams.num_beams > 1:
             prefix = [[self.generation.decoder_start]] * len(rows)
             out = beam_search(first, steps, prefix, settings.beams, eos=self.generation.eos,
-                              max_new_tokens=settings.max_new_tokens, rules=settings.rules)
+                              max_new_tokens=settings.max_new_tokens, rules=settings.rules,
+                              head=self.beam_head)
         else:
             out = self._sample(first, steps, len(rows), settings)
         skip = {"skip_special_tokens": True}

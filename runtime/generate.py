@@ -34,6 +34,7 @@ from .detok import TextStream, stop_cut
 from .feeds import left_pad, prefill_feeds
 from .fixed import capacity
 from .greedy import greedy_one, stopped
+from .heads import BeamHead
 from .lm_beams import beam_settings, lm_beam_search
 from .sampling import Constraint, SamplingParams, next_token
 from .score import HEAD_ROWS, HeadGraph, HeadGraphs, Logprob, check_top, logprobs_of
@@ -77,6 +78,7 @@ class LanguageModel:
         # On an accelerator the KV cache stays in device memory between steps (I/O binding);
         # on CPU plain numpy feeds measured as fast (lab/cpu_iobinding.py).
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
+        self.beam_head = BeamHead.like(session)  # beam search's top-k (a session at first use)
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         self._kv_dtype = graph_kv_dtype(session)  # float16 on GPU variants, int8 (--kv-cache)
         # The most tokens a sequence can hold: block_size, or a pinned graph's window, or

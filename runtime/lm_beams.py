@@ -73,7 +73,8 @@ def lm_beam_search(lm, rows: list[list[int]], max_new_tokens: int, params: BeamP
     first, step = make(lm, rows, params.num_beams, room)
     eos = [] if lm.tokenizer.eos_id is None else [lm.tokenizer.eos_id]
     out = beam_search(first, step, rows, params, eos=eos, max_new_tokens=room,
-                      rules=Rules(max_new_tokens=room, no_repeat_ngram_size=ngram))
+                      rules=Rules(max_new_tokens=room, no_repeat_ngram_size=ngram),
+                      head=lm.beam_head)
     return [(ids, "context" if reason == "length" and room < max_new_tokens else reason)
             for ids, reason in out]
 

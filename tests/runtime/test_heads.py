@@ -1,0 +1,68 @@
+"""runtime/heads.BeamHead: beam search's top-k read from a small ONNX Runtime graph chooses as
+numpy's log_softmax over the whole rows does."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinyt.errors import NonFiniteError
+from tinyt.runtime.beam import BeamParams, _log_softmax, beam_search
+from tinyt.runtime.heads import BeamHead
+
+V = 700
+
+
+def test_the_head_gives_each_rows_best_log_probabilities():
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((5, V)) * 4).astype(np.float32)
+    logits[2, 10] = -np.inf  # a ruled-out token stays out
+    values, ids = BeamHead(1)(logits, 8)
+    want = _log_softmax(logits)
+    order = np.argsort(-want, axis=1, kind="stable")[:, :8]
+    assert ids.shape == values.shape == (5, 8)
+    np.testing.assert_array_equal(ids, order)
+    # LogSoftmax in float32 either way: each value within a few ulps of |logp| <= ~30
+    np.testing.assert_allclose(values, np.take_along_axis(want, order, 1), rtol=0, atol=2e-5)
+    assert (np.diff(values, axis=1) <= 0).all()
+
+
+def _model(seed: int, eos: int):
+    """Logits of a fake decoder: a function of each row's tokens so far (no cache)."""
+    seqs: list[list[int]] = []
+
+    def logits_of(seq):
+        rng = np.random.default_rng([seed, *seq])
+        z = (rng.standard_normal(V) * 3).astype(np.float32)
+        z[eos] += 0.4 * len(seq)  # longer hypotheses end more often
+        return z
+
+    def first(prefixes):
+        seqs[:] = [list(p) for p in prefixes]
+        return np.stack([logits_of(s) for s in seqs])
+
+    def step(parents, tokens):
+        seqs[:] = [seqs[p] + [int(t)] for p, t in zip(parents, tokens)]
+        return np.stack([logits_of(s) for s in seqs])
+    return first, step
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("params", [BeamParams(4), BeamParams(3, 2.0, "never"),
+                                    BeamParams(5, -0.5, True)])
+def test_beam_search_chooses_the_same_with_the_head(seed, params):
+    prefixes = [[1, 2], [3], [4, 5, 6]]
+    runs = []
+    for head in (None, BeamHead(2)):
+        first, step = _model(seed, eos=0)
+        runs.append(beam_search(first(prefixes), step, prefixes, params, eos=[0],
+                                max_new_tokens=12, head=head))
+    assert runs[0] == runs[1]
+    assert {reason for _, reason in runs[0]} <= {"eos", "length"}
+
+
+def test_a_nonfinite_row_is_refused_by_name():
+    logits = np.zeros((2, V), dtype=np.float32)
+    logits[1, 3] = np.nan
+    with pytest.raises(NonFiniteError):
+        beam_search(logits, lambda p, t: logits, [[1], [2]], BeamParams(2), eos=[0],
+                    max_new_tokens=3, head=BeamHead(1))
