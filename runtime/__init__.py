@@ -26,7 +26,6 @@ from .embed import Encoder
 from .encoder_decoder import Seq2SeqModel, load_seq2seq
 from .generate import GenerationResult, LanguageModel
 from .sampling import SamplingParams
-from .speech import Segment, SpeechModel, Transcription, load_speech_model
 from .session import (
     PROVIDERS,
     ProviderError,
@@ -36,6 +35,7 @@ from .session import (
     resolve_threads,
     return_freed_memory,
 )
+from .speech import Segment, SpeechModel, Transcription, load_speech_model
 from .tuning import Plan, check_tune, plan_sessions
 
 __all__ = ["load", "LanguageModel", "Classifier", "Encoder", "TokenClassifier", "TokenLabel",

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyt.contract import SEQ2SEQ_FILES
+from tinyt.contract import SEQ2SEQ_FILES, SPEECH_FILE
 from tinyt.errors import ConfigError, ManifestError
-from tinyt.hf.speech import load_speech
+from tinyt.fsutil import read_json_object
 from tinyt.tokenizer import Tokenizer
 
 from .audio import HOP, N_FRAMES, load_audio, log_mel
@@ -170,10 +170,12 @@ class SpeechModel:
 
     def __init__(self, artifact: Artifact, sessions: dict, tokenizer: Tokenizer, *,
                  max_context: int | None = None):
-        speech = load_speech(artifact.path)
-        if speech is None:
-            raise ManifestError(f"{artifact.path} has no speech.json (Whisper's special tokens "
-                                "and generation settings): export it again with tinyt export")
+        path = artifact.path / SPEECH_FILE
+        if not path.is_file():
+            raise ManifestError(f"{artifact.path} has no {SPEECH_FILE} (Whisper's special "
+                                "tokens and generation settings): export it again with tinyt "
+                                "export")
+        speech = read_json_object(path, ManifestError)
         self.artifact, self.sessions, self.tokenizer = artifact, sessions, tokenizer
         # its caches, loops and settings; max_context: the decoder's positions (448 at most)
         self.decoder = Seq2SeqModel(artifact, sessions, tokenizer, max_context=max_context)
@@ -196,7 +198,8 @@ class SpeechModel:
         if isinstance(code, str) and code.lower() in self.languages:
             return self.languages[code.lower()]
         raise ConfigError(f"language={language!r} is not one of this model's languages; it "
-                          f"takes the codes {', '.join(self.languages)} (None: detect it)")
+                          f"takes the codes {', '.join(sorted(self.languages))} (None: detect "
+                          "it)")
 
     def _prefix(self, language: str | None, task: str, timestamps: bool) -> list[int]:
         """The decoder's prompt after any previous text: start, language, task, and
@@ -325,7 +328,7 @@ class SpeechModel:
         tokens: list[int] = []
         while seek < total:
             if progress is not None:
-                progress(seek * FRAME_SECONDS, total * FRAME_SECONDS)
+                progress(round(seek * FRAME_SECONDS, 2), round(total * FRAME_SECONDS, 2))
             window, frames = self._cut(features, seek)
             if seek:
                 memory = self.encode(window)
@@ -339,7 +342,7 @@ class SpeechModel:
                 tokens += piece
             seek += max(advance, 1)  # (a timestamp pair never ends at 0.00)
         if progress is not None:
-            progress(total * FRAME_SECONDS, total * FRAME_SECONDS)
+            progress(*(2 * (round(total * FRAME_SECONDS, 2),)))
         return segments, tokens
 
     def _text(self, tokens: Sequence[int]) -> str:
