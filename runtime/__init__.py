@@ -35,7 +35,7 @@ from .session import (
     resolve_threads,
     return_freed_memory,
 )
-from .speech import Segment, SpeechModel, Transcription, load_speech_model
+from .transcribe import Segment, SpeechModel, Transcription, load_speech_model
 from .tuning import Plan, check_tune, plan_sessions
 
 __all__ = ["load", "LanguageModel", "Classifier", "Encoder", "TokenClassifier", "TokenLabel",

@@ -30,7 +30,7 @@ from .arguments import prompt_text, token_rows
 from .beam import BeamParams, beam_search
 from .generate import GenerationResult
 from .greedy import stopped
-from .rules import Rules
+from .rules import Rules, StepRules
 from .sampling import SamplingParams, next_token
 from .session import Artifact, create_session
 
@@ -89,7 +89,7 @@ class Settings:
     max_new_tokens: int
     sampling: SamplingParams
     beams: BeamParams
-    rules: Rules
+    rules: StepRules  # Rules, or a model's own (runtime/transcribe.py's WhisperRules)
 
 
 class DecoderSteps:
@@ -100,7 +100,7 @@ class DecoderSteps:
     reorder, a finished row dropped) and the cross cache expanded to the rows' sources only
     when they change."""
 
-    def __init__(self, model: Seq2SeqModel, memory: np.ndarray, mask: np.ndarray):
+    def __init__(self, model: Seq2SeqModel, memory: np.ndarray, mask: np.ndarray | None):
         self.model, self.memory, self.mask_src = model, memory, mask
         n = model.config.decoder_layers
         self._past = seq2seq_cache_names(n, "past_key_values", ("decoder", "encoder"))
@@ -117,7 +117,7 @@ class DecoderSteps:
         prompt = np.asarray([start] if isinstance(start, (int, np.integer)) else start,
                             dtype=np.int64)
         feeds = {"input_ids": np.tile(prompt, (B, 1)), "encoder_hidden_states": self.memory}
-        if self._masked:
+        if self._masked and self.mask_src is not None:
             feeds["encoder_attention_mask"] = self.mask_src
         out = self.model.sessions["decoder"].run(self._first_out, feeds)
         caches = out[1:]  # per layer: decoder key, value, encoder key, value
@@ -140,7 +140,7 @@ class DecoderSteps:
             raise ConfigError(f"the decoder has no position {position}: this model reads at "
                               f"most {self.model.context} target tokens")
         feeds = {"input_ids": tokens[:, None]}
-        if self._masked:
+        if self._masked and self.mask is not None:
             feeds["encoder_attention_mask"] = self.mask
         caches = iter(self.own), iter(self.cross)
         for i, name in enumerate(self._past):

@@ -125,9 +125,9 @@ class WhisperRules:
                 scores[:, T + self.max_initial + 1:] = -np.inf
         logp = _log_softmax(scores.astype(np.float32))
         for k in range(len(scores)):
-            stamps = logp[k, T:]
-            peak = stamps.max()
-            total = peak + np.log(np.exp(stamps - peak).sum()) if np.isfinite(peak) else peak
+            row = logp[k, T:]
+            peak = row.max()
+            total = peak + np.log(np.exp(row - peak).sum()) if np.isfinite(peak) else peak
             if total > logp[k, :T].max():
                 scores[k, :T] = -np.inf
 
