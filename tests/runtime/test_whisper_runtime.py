@@ -1,4 +1,4 @@
-"""tinyt's own transcription (runtime/speech.py) against transformers'
+"""tinyt's own transcription (runtime/transcribe.py) against transformers'
 WhisperForConditionalGeneration.generate on the same random-weight Whisper
 (tests/whisper_fixtures.py: tiny's shape, and large-v3-turbo's 128 mel bins and vocabulary,
 slow) and the same features of espeak-ng speech: the generated tokens identical for greedy and
