@@ -16,7 +16,9 @@ def serve_cmd(
                                                   "shared-cache pair batches best), an "
                                                   "encoder-decoder's (POST /v1/completions: "
                                                   "the prompt is the source text), or an "
-                                                  "encoder's (POST /v1/embeddings).")],
+                                                  "encoder's (POST /v1/embeddings), or a "
+                                                  "Whisper artifact's (POST /v1/audio/"
+                                                  "transcriptions and /translations).")],
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")]
         = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="0: any free port.")] = 8000,

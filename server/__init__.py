@@ -13,7 +13,7 @@
       POST /v1/embeddings         input (str | [str] | [int] | [[int]]), encoding_format
                                   (float | base64); requests waiting together share runs
       GET  /v1/models, /health, /metrics (Prometheus)
-    HTTP ── multipart (audio.py) ──▶ SpeechModel.transcribe (runtime/transcribe.py, Whisper)
+    HTTP ── multipart (transcriptions.py) ──▶ SpeechModel.transcribe (a Whisper artifact)
       POST /v1/audio/transcriptions, /v1/audio/translations  response_format json, text, srt,
                                   vtt, verbose_json; language, prompt, temperature
 
@@ -24,7 +24,7 @@
     embeddings.py  Embedder: the encoder's thread, running the waiting requests together
     metrics.py  the Prometheus registry of one server
     seq2seq_jobs.py  an encoder-decoder's completions request -> its Jobs (tgt_lang)
-    audio.py    AudioServer: a Whisper artifact's audio routes
+    transcriptions.py  AudioServer: a Whisper artifact's audio routes
     handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
     answers.py  a request's Jobs, and OpenAI's choices, chunks, usage, logprobs objects
     streaming.py  ChunkStream: a streamed answer's server-sent chunks as tokens come
@@ -44,9 +44,9 @@ from tinyt.errors import ConfigError
 from tinyt.runtime.engine import Engine
 from tinyt.runtime.seq2seq_engine import SOURCE_TOKENS, Seq2SeqEngine
 
-from .audio import AudioServer
 from .embeddings import EMBED_BATCH, Embedder
 from .handlers import STOP_TIMEOUT_S, OpenAIServer, build_app
+from .transcriptions import AudioServer
 
 __all__ = ["serve", "build_app", "OpenAIServer", "Embedder", "DEFAULT_CONTEXT"]
 

@@ -1,4 +1,4 @@
-"""`tinyt serve` of a Whisper artifact (server/audio.py): OpenAI's /v1/audio/transcriptions
+"""`tinyt serve` of a Whisper artifact (server/transcriptions.py): OpenAI's /v1/audio/transcriptions
 and /v1/audio/translations through the `openai` client, each answer equal to
 SpeechModel.transcribe on the same file (json, text, srt, vtt, verbose_json; language, prompt),
 and bad uploads as OpenAI error objects. The model: tests/whisper_fixtures.py's tiny
