@@ -279,7 +279,7 @@ class SpeechModel:
         memory = self.encode(self._cut(features, 0)[0])
         if prefix[1:2] == [-1]:  # detect the language from the first window
             prefix[1] = self.detect_language(memory)
-        lang = next((c for c, i in self.languages.items() if i == prefix[1]), "en")
+        lang = next((c for c, i in self.languages.items() if [i] == prefix[1:2]), "en")
         settings = self._settings(len(prompt_ids) + len(prefix), timestamps, max_new_tokens,
                                   num_beams=num_beams, temperature=temperature,
                                   length_penalty=length_penalty, seed=seed)

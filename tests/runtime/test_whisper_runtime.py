@@ -173,6 +173,22 @@ def test_bad_arguments_are_refused_by_name(kw, says, built):
         ours.transcribe(samples, **{"language": "en", **kw})
 
 
+def test_an_english_only_model_takes_no_language_or_task(built):
+    """tiny.en's prompt: <|startoftranscript|> [<|notimestamps|>], no language detected."""
+    import copy
+
+    _, ours, _, samples = built("tiny")
+    english = copy.copy(ours)
+    english.multilingual = False
+    for kw in (dict(language="de"), dict(task="translate")):
+        with pytest.raises(ConfigError, match="this model is English-only; leave language and "
+                                              "task out"):
+            english.transcribe(samples, **kw)
+    for timestamps in (False, True):
+        got = english.transcribe(samples, timestamps=timestamps, max_new_tokens=4)
+        assert got.language == "en" and len(got.tokens) <= 4 * len(got.segments)
+
+
 def test_sampling_is_seeded_and_the_result_reads_as_json(built):
     _, ours, _, samples = built("tiny")
     a, b = (ours.transcribe(samples, language="en", temperature=1.0, seed=3, max_new_tokens=8)
