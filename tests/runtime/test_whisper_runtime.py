@@ -146,6 +146,45 @@ def test_long_form_continues_from_the_last_timestamp(built, tmp_path):
     assert got.duration == round(audio.size / 16_000, 3)
 
 
+def test_whisper_rules_mask_what_transformers_processors_mask():
+    """WhisperRules against transformers' SuppressTokensAtBegin, SuppressTokens and
+    WhisperTimeStamp processors on random scores, for histories that reach each timestamp
+    rule (first step, a lone timestamp, a closed pair, text after timestamps, a timestamp
+    whose probability mass beats the text): the same tokens left at -inf."""
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+        WhisperTimeStampLogitsProcessor,
+    )
+    from whisper_fixtures import generation_config
+
+    from tinyt.runtime.transcribe import WhisperRules
+
+    gen = generation_config(51865, 2)
+    prompt, T = [50258, 50259, 50359], 50364
+    config = GenerationConfig(**gen)
+    theirs = LogitsProcessorList([
+        SuppressTokensAtBeginLogitsProcessor(gen["begin_suppress_tokens"], len(prompt)),
+        SuppressTokensLogitsProcessor(gen["suppress_tokens"]),
+        WhisperTimeStampLogitsProcessor(config, begin_index=len(prompt))])
+    ours = WhisperRules(begin_index=len(prompt), eos=50257, suppress=tuple(gen[
+        "suppress_tokens"]), begin_suppress=tuple(gen["begin_suppress_tokens"]),
+        timestamps=True, timestamp_begin=T, no_timestamps=T - 1, max_initial=50)
+    rng = np.random.default_rng(0)
+    for generated in ([], [T + 3], [T + 3, 400], [T + 3, 400, T + 9], [T + 3, 400, T + 9, T + 9],
+                      [T, 400, 401], [T + 5, 400, T + 7, T + 7, 402]):
+        scores = rng.standard_normal((2, 51865)).astype(np.float32) * 3
+        scores[1, T + 20] = 40.0  # a timestamp's mass above every text token: forced
+        ids = torch.tensor([prompt + generated] * 2)
+        want = theirs(ids, torch.from_numpy(scores.copy())).numpy()
+        got = scores.copy()
+        ours.apply(got, [prompt + generated] * 2, len(generated))
+        assert np.array_equal(np.isinf(got), np.isinf(want)), generated
+        assert np.array_equal(got[np.isfinite(got)], want[np.isfinite(want)]), generated
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("timestamps", [False, True])
 def test_large_v3_turbo_shapes(timestamps, built):
