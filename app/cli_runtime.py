@@ -1,5 +1,5 @@
 """The `tinyt` verbs that run an artifact: serve, generate, translate, classify, embed
-(registered on the one app in app/cli.py)."""
+(registered on the one app in app/cli.py; transcribe: app/cli_speech.py)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,9 @@ def serve_cmd(
                                                   "shared-cache pair batches best), an "
                                                   "encoder-decoder's (POST /v1/completions: "
                                                   "the prompt is the source text), or an "
-                                                  "encoder's (POST /v1/embeddings).")],
+                                                  "encoder's (POST /v1/embeddings), or a "
+                                                  "Whisper artifact's (POST /v1/audio/"
+                                                  "transcriptions and /translations).")],
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")]
         = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="0: any free port.")] = 8000,
@@ -107,6 +109,7 @@ def generate_cmd(
         raise TinytError("--tune-speed times the graphs; it cannot go with --no-tune")
     lm = rt.load(artifact, provider=provider, threads=threads,
                  tune="speed" if tune_speed else tune, max_context=max_context)
+    _refuse_speech(lm, artifact)
     if isinstance(lm, rt.Seq2SeqModel):
         raise TinytError(f"{artifact} is an encoder-decoder (seq2seq); use 'tinyt translate "
                          f"{artifact} TEXT'")
@@ -182,6 +185,7 @@ def translate_cmd(
 
     items = _texts(texts, file, "translate")
     model = rt.load(artifact, provider=provider, threads=threads)
+    _refuse_speech(model, artifact)
     if not isinstance(model, rt.Seq2SeqModel):
         raise TinytError(f"{artifact} is not an encoder-decoder; use 'tinyt " + (
             "generate" if isinstance(model, rt.LanguageModel) else "embed"
@@ -201,6 +205,7 @@ def classify_cmd(
     import tinyt.runtime as rt
 
     clf = rt.load(artifact, provider=provider)
+    _refuse_speech(clf, artifact)
     if isinstance(clf, rt.TokenClassifier):  # a label per token: one line each
         for text, tokens in zip(texts, clf.tag(texts)):
             typer.echo(f"{text!r}")
@@ -238,6 +243,7 @@ def embed_cmd(
 
     items = _texts(texts, file, "embed")
     enc = rt.load(artifact, provider=provider, threads=threads)
+    _refuse_speech(enc, artifact)
     if not isinstance(enc, rt.Encoder):
         verb = "classify" if isinstance(enc, rt.Classifier) else "translate" \
             if isinstance(enc, rt.Seq2SeqModel) else "generate"
@@ -246,3 +252,12 @@ def embed_cmd(
     for text, v in zip(items, vectors):
         typer.echo(json.dumps({"text": text, "embedding": [float(x) for x in v]},
                               ensure_ascii=False))
+
+
+def _refuse_speech(model, artifact: Path) -> None:
+    """A Whisper artifact given to a text verb: the verb that takes it, by name."""
+    import tinyt.runtime as rt
+
+    if isinstance(model, rt.SpeechModel):
+        raise TinytError(f"{artifact} is a speech (Whisper) artifact; use 'tinyt transcribe "
+                         f"{artifact} FILE'")

@@ -6,6 +6,7 @@
     for piece in lm.stream("import os\\n", max_new_tokens=32): print(piece, end="")
     clf = rt.load("artifacts/clf-onnx"); clf.classify(["import asyncio ...", "..."])
     mt = rt.load("artifacts/opus-mt-onnx"); mt.generate(["Hello."], num_beams=4)
+    asr = rt.load("artifacts/whisper-onnx"); asr.transcribe("talk.wav", timestamps=True).text
 
 Loading checks every file against manifest.json (a changed or truncated file is refused, by
 name) and opens a session on exactly the requested provider: one that is missing or fails to
@@ -34,10 +35,12 @@ from .session import (
     resolve_threads,
     return_freed_memory,
 )
+from .transcribe import Segment, SpeechModel, Transcription, load_speech_model
 from .tuning import Plan, check_tune, plan_sessions
 
 __all__ = ["load", "LanguageModel", "Classifier", "Encoder", "TokenClassifier", "TokenLabel",
-           "Seq2SeqModel", "GenerationResult", "Prediction", "SamplingParams", "Plan",
+           "Seq2SeqModel", "SpeechModel", "Transcription", "Segment", "GenerationResult",
+           "Prediction", "SamplingParams", "Plan",
            "ProviderError", "PROVIDERS", "installation_problems"]
 
 
@@ -45,10 +48,11 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
          spinning: bool | None = None, level: str | None = None,
          io_binding: bool | None = None, tune: bool | str = True,
          max_context: int | None = None
-         ) -> LanguageModel | Classifier | Encoder | Seq2SeqModel:
+         ) -> LanguageModel | Classifier | Encoder | Seq2SeqModel | SpeechModel:
     """Open an artifact directory: a LanguageModel for decoder graphs, a Classifier for
     classifier graphs, an Encoder (sentence embeddings) for encoder graphs, a Seq2SeqModel
-    (translation, summarisation) for an encoder-decoder's three graphs. threads defaults
+    (translation, summarisation) for an encoder-decoder's three graphs, a SpeechModel
+    (transcribe) for a Whisper artifact's. threads defaults
     to the physical cores; spinning to on when there is
     more than one thread (see session_options); level to the artifact's own; io_binding (KV
     cache kept on the provider's device between steps) to on for accelerators, off for CPU.
@@ -74,6 +78,16 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     check_tune(tune)
     artifact = open_artifact(path)
     threads = resolve_threads(threads)  # checked and defaulted here, once
+    if artifact.kind == SEQ2SEQ and artifact.config.n_mels is not None:  # Whisper
+        if io_binding:
+            raise ConfigError(f"io_binding=True: {artifact.path} is a speech (Whisper) "
+                              "artifact, whose caches are numpy arrays between steps; leave "
+                              "io_binding out")
+        speech = load_speech_model(artifact, _tokenizer(artifact), provider=provider,
+                                   threads=threads, spinning=spinning, level=level,
+                                   max_context=max_context)
+        return_freed_memory()
+        return speech
     if artifact.kind == SEQ2SEQ:
         if io_binding:
             raise ConfigError(f"io_binding=True: {artifact.path} is an encoder-decoder, whose "

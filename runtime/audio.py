@@ -138,25 +138,35 @@ def mel_filters(n_mels: int) -> np.ndarray:
     return filters * (2.0 / (edges[2:n_mels + 2] - edges[:n_mels]))
 
 
-def log_mel(audio: np.ndarray, n_mels: int = 80) -> np.ndarray:
+def log_mel(audio: np.ndarray, n_mels: int = 80, *, whole: bool = False) -> np.ndarray:
     """Whisper's input features [n_mels, N_FRAMES] (float32) of 16 kHz mono samples: the first
-    30 s, padded with silence to 30 s."""
+    30 s, padded with silence to 30 s. whole=True: every sample's, [n_mels, samples // HOP]
+    (long-form transcription's, as WhisperFeatureExtractor with truncation=False and
+    padding="longest": the floor 8 below the maximum of the whole)."""
     if n_mels not in MEL_BINS:
         raise DataError(f"n_mels={n_mels!r} is invalid; Whisper's encoders take "
                         f"{' or '.join(map(str, MEL_BINS))} mel bins")
     audio = np.asarray(audio, dtype=np.float32)
     if audio.ndim != 1:
         raise DataError(f"log_mel takes mono samples (1-D); got shape {audio.shape}")
-    x = np.zeros(N_SAMPLES, dtype=np.float32)
-    x[:min(audio.size, N_SAMPLES)] = audio[:N_SAMPLES]
+    if whole and audio.size < N_FFT:
+        raise DataError(f"log_mel(whole=True) needs at least {N_FFT} samples; got {audio.size}")
+    n = audio.size if whole else N_SAMPLES
+    x = np.zeros(n, dtype=np.float32)
+    x[:min(audio.size, n)] = audio[:n]
     x = np.pad(x, N_FFT // 2, mode="reflect")  # centred frames
-    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP][:N_FRAMES]
+    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP][:n // HOP]
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
-    power = np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2  # [N_FRAMES, 201]
-    mel = power @ _filters(n_mels)  # [N_FRAMES, n_mels]
-    logs = np.log10(np.maximum(mel, 1e-10))
-    logs = np.maximum(logs, logs.max() - 8.0)
-    return ((logs + 4.0) / 4.0).T.astype(np.float32)
+    logs = np.empty((len(frames), n_mels), dtype=np.float32)  # (4 h at 128 bins: 0.7 GB)
+    for a in range(0, len(frames), N_FRAMES):  # a window's frames at a time: 4 h of audio
+        b = a + N_FRAMES  # would need ~7 GB of spectra at once, a window ~15 MB
+        power = np.abs(np.fft.rfft(frames[a:b] * window, axis=-1)) ** 2  # [frames, 201]
+        mel = power @ _filters(n_mels)  # [frames, n_mels]
+        logs[a:b] = np.log10(np.maximum(mel, 1e-10))
+    np.maximum(logs, logs.max() - np.float32(8.0), out=logs)
+    logs += np.float32(4.0)
+    logs /= np.float32(4.0)
+    return np.ascontiguousarray(logs.T)
 
 
 _FILTERS: dict[int, np.ndarray] = {}

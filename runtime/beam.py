@@ -29,7 +29,7 @@ import numpy as np
 
 from tinyt.errors import ConfigError
 
-from .rules import Rules
+from .rules import StepRules
 from .sampling import nonfinite_error
 
 # step(parents [R] int64, tokens [R] int64) -> logits [R, V]: row i continues row parents[i]
@@ -75,7 +75,7 @@ class _Source:
 
 def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int]],
                 params: BeamParams, *, eos: Sequence[int], max_new_tokens: int,
-                rules: Rules | None = None, head: TopFn | None = None
+                rules: StepRules | None = None, head: TopFn | None = None
                 ) -> list[tuple[list[int], str]]:
     """Each source's best hypothesis: its generated tokens (the eos that ended it left out)
     and why it ended ('eos' or 'length'). first: the logits [B, V] of each source's one row

@@ -31,7 +31,7 @@ from .beam import BeamParams, beam_search
 from .generate import GenerationResult
 from .greedy import stopped
 from .heads import BeamHead
-from .rules import Rules
+from .rules import Rules, StepRules
 from .sampling import SamplingParams, next_token
 from .session import Artifact, create_session
 
@@ -90,7 +90,7 @@ class Settings:
     max_new_tokens: int
     sampling: SamplingParams
     beams: BeamParams
-    rules: Rules
+    rules: StepRules  # Rules, or a model's own (runtime/transcribe.py's WhisperRules)
 
 
 class DecoderSteps:
@@ -101,20 +101,26 @@ class DecoderSteps:
     reorder, a finished row dropped) and the cross cache expanded to the rows' sources only
     when they change."""
 
-    def __init__(self, model: Seq2SeqModel, memory: np.ndarray, mask: np.ndarray):
+    def __init__(self, model: Seq2SeqModel, memory: np.ndarray, mask: np.ndarray | None):
         self.model, self.memory, self.mask_src = model, memory, mask
         n = model.config.decoder_layers
         self._past = seq2seq_cache_names(n, "past_key_values", ("decoder", "encoder"))
+        # a speech decoder (Whisper's) reads every encoder frame: it takes no source mask
+        self._masked = any(i.name == "encoder_attention_mask"
+                           for i in model.sessions["decoder"].get_inputs())
         self._first_out = [o.name for o in model.sessions["decoder"].get_outputs()]
         self._next_out = [o.name for o in model.sessions["decoder_with_past"].get_outputs()]
 
-    def first(self, start: int) -> np.ndarray:
-        """Logits [B, V] of each source's first token."""
+    def first(self, start: int | Sequence[int]) -> np.ndarray:
+        """Logits [B, V] at the last of each source's first tokens: the start token, or a
+        prompt of several (Whisper's start, language and task) run at once."""
         B = len(self.memory)
-        out = self.model.sessions["decoder"].run(self._first_out, {
-            "encoder_attention_mask": self.mask_src,
-            "input_ids": np.full((B, 1), start, dtype=np.int64),
-            "encoder_hidden_states": self.memory})
+        prompt = np.asarray([start] if isinstance(start, (int, np.integer)) else start,
+                            dtype=np.int64)
+        feeds = {"input_ids": np.tile(prompt, (B, 1)), "encoder_hidden_states": self.memory}
+        if self._masked and self.mask_src is not None:
+            feeds["encoder_attention_mask"] = self.mask_src
+        out = self.model.sessions["decoder"].run(self._first_out, feeds)
         caches = out[1:]  # per layer: decoder key, value, encoder key, value
         self.own = [c for i, c in enumerate(caches) if i % 4 < 2]
         self.cross_src = [c for i, c in enumerate(caches) if i % 4 >= 2]
@@ -128,13 +134,15 @@ class DecoderSteps:
             src = self.src[parents]
             if not np.array_equal(src, self.src):
                 self.cross = [c[src] for c in self.cross_src]
-                self.mask = self.mask_src[src]
+                self.mask = None if self.mask_src is None else self.mask_src[src]
             self.src = src
         position = self.own[0].shape[2]  # the fed token's
         if position >= self.model.context:
             raise ConfigError(f"the decoder has no position {position}: this model reads at "
                               f"most {self.model.context} target tokens")
-        feeds = {"encoder_attention_mask": self.mask, "input_ids": tokens[:, None]}
+        feeds = {"input_ids": tokens[:, None]}
+        if self._masked and self.mask is not None:
+            feeds["encoder_attention_mask"] = self.mask
         caches = iter(self.own), iter(self.cross)
         for i, name in enumerate(self._past):
             feeds[name] = next(caches[i % 4 >= 2])
@@ -275,11 +283,13 @@ class Seq2SeqModel:
         return self.generation.forced_bos
 
     # -- greedy and sampling -------------------------------------------------------------------
-    def _sample(self, first: np.ndarray, steps: DecoderSteps, B: int, settings: Settings
-                ) -> list[tuple[list[int], str]]:
+    def _sample(self, first: np.ndarray, steps: DecoderSteps, B: int, settings: Settings,
+                prefix: Sequence[int] | None = None) -> list[tuple[list[int], str]]:
         """One token a row a step (greedy at temperature 0); a finished row leaves the
         batch. Each source samples with its own generator seeded by `seed`, so it draws
-        the same tokens alone or in a batch."""
+        the same tokens alone or in a batch. prefix: the decoder's tokens before the
+        generated ones (default: its start token), as the rules see them."""
+        prefix = [self.generation.decoder_start] if prefix is None else list(prefix)
         params, rules, eos = settings.sampling, settings.rules, set(self.generation.eos)
         n = settings.max_new_tokens
         rngs: list = [np.random.default_rng(params.seed) if params.temperature > 0 else None
@@ -292,7 +302,7 @@ class Seq2SeqModel:
             # and 32 rows of a 58,101-token vocabulary are 7.4 MB a step
             z = logits.astype(np.float32, copy=rules.active)
             if rules.active:
-                rules.apply(z, [[self.generation.decoder_start, *out[s]] for s in rows], made)
+                rules.apply(z, [[*prefix, *out[s]] for s in rows], made)
             keep, tokens = [], []
             for r, s in enumerate(rows):
                 try:

@@ -10,10 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from tinyt.errors import ConfigError
+
+
+class StepRules(Protocol):
+    """What the generation loops ask of a step's rules: Rules below, or a model's own
+    (runtime/transcribe.py's WhisperRules)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    def apply(self, scores: np.ndarray, histories: Sequence[Sequence[int]], made: int
+              ) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@
       POST /v1/embeddings         input (str | [str] | [int] | [[int]]), encoding_format
                                   (float | base64); requests waiting together share runs
       GET  /v1/models, /health, /metrics (Prometheus)
+    HTTP ── multipart (transcriptions.py) ──▶ SpeechModel.transcribe (a Whisper artifact)
+      POST /v1/audio/transcriptions, /v1/audio/translations  response_format json, text, srt,
+                                  vtt, verbose_json; language, prompt, temperature
 
     schema.py   the request's fields, checked -> SamplingParams (ApiError names the bad one)
     chat.py     chat templates, compiled and rendered as transformers does (tools too)
@@ -21,6 +24,7 @@
     embeddings.py  Embedder: the encoder's thread, running the waiting requests together
     metrics.py  the Prometheus registry of one server
     seq2seq_jobs.py  an encoder-decoder's completions request -> its Jobs (tgt_lang)
+    transcriptions.py  AudioServer: a Whisper artifact's audio routes
     handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
     answers.py  a request's Jobs, and OpenAI's choices, chunks, usage, logprobs objects
     streaming.py  ChunkStream: a streamed answer's server-sent chunks as tokens come
@@ -42,6 +46,7 @@ from tinyt.runtime.seq2seq_engine import SOURCE_TOKENS, Seq2SeqEngine
 
 from .embeddings import EMBED_BATCH, Embedder
 from .handlers import STOP_TIMEOUT_S, OpenAIServer, build_app
+from .transcriptions import AudioServer
 
 __all__ = ["serve", "build_app", "OpenAIServer", "Embedder", "DEFAULT_CONTEXT"]
 
@@ -75,18 +80,18 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
     spinning: whether ONNX Runtime's workers busy-wait after each run (None: the runtime's
     choice, on with more than one thread; measured at the GPT-2-small shape, 2 threads, off
     cost a single client 38% of its tokens/s and 8 clients 19%)."""
-    import signal
-    import socket
-    import sys
-
-    import uvicorn
-
     import tinyt.runtime as rt
 
     if not (isinstance(port, int) and 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} must be in 0..65535")
     lm = rt.load(artifact, threads=threads, spinning=spinning,
                  max_context=DEFAULT_CONTEXT if max_context is None else max_context)
+    if isinstance(lm, rt.SpeechModel):
+        name = model_id or lm.artifact.path.name
+        app = AudioServer(lm, model_id=name, api_key=api_key, max_queue=max_queue).app()
+        _listen(app, host, port, name, "speech: POST /v1/audio/transcriptions and "
+                "/v1/audio/translations, one at a time", log_level)
+        return
     if isinstance(lm, rt.Classifier):
         raise ConfigError(f"{artifact} is a classifier; tinyt serve serves language models, "
                           "encoder-decoders and encoders")
@@ -121,7 +126,18 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
                + (f", {engine.prefix_cache_bytes >> 20} MiB of kept prefixes"
                   if engine.prefix_cache_bytes else ", no prefix reuse"))
     name = model_id or lm.artifact.path.name
-    app = build_app(lm, engine, model_id=name, api_key=api_key)
+    _listen(build_app(lm, engine, model_id=name, api_key=api_key), host, port, name, how,
+            log_level)
+
+
+def _listen(app, host: str, port: int, name: str, how: str, log_level: str) -> None:
+    """Bind, say where, and serve `app` until SIGTERM / Ctrl-C."""
+    import signal
+    import socket
+    import sys
+
+    import uvicorn
+
     try:  # bound here, so a taken port is one clear line and port 0 reports the one it got
         sock = socket.create_server((host, port))
     except OSError as e:

@@ -257,7 +257,7 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
 # The documents whose blocks run, in the order their sections build on each other; README
 # last, as its runtime example loads what the documents' commands made.
 DOCUMENTS = ["docs/model.md", "docs/export.md", "docs/quantization.md", "docs/encoders.md",
-             "docs/seq2seq.md",
+             "docs/seq2seq.md", "docs/speech.md",
              "docs/peers.md",
              "docs/benchmarks.md", "docs/runtime.md", "docs/serving.md", "docs/packaging.md",
              "docs/architecture.md", "docs/reliability.md", "docs/status.md", "docs/testing.md",

@@ -213,6 +213,9 @@ def contract_for(cfg: ModelConfig, kind: str, compact: bool = True, hidden: bool
 # The encoder-decoder's graphs, by role, under Optimum's file names (its ORTModelForSeq2SeqLM
 # loads the directory as it loads an Optimum export; transformers.js reads Optimum's merged
 # decoder instead of the two decoder graphs).
+# Beside a speech (Whisper) checkpoint's and artifact's files: its special tokens' ids and
+# generation settings ({"tokens", "generation_config", "config"}: tinyt/hf/speech.py)
+SPEECH_FILE = "speech.json"
 SEQ2SEQ_FILES = {"encoder": "encoder_model.onnx", "decoder": "decoder_model.onnx",
                  "decoder_with_past": "decoder_with_past_model.onnx"}
 # An ORT-format package's (`tinyt package --format ort`): the same graphs in ONNX Runtime's format

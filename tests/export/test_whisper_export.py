@@ -117,10 +117,12 @@ def test_the_generation_config_and_tokens_go_with_it(exported):
         ("whisper", 80, 1500)
 
 
-def test_the_stages_tinyt_does_not_run_on_it_yet_are_refused_by_name(exported):
+def test_tinyt_runtime_loads_it_as_a_speech_model(exported):
+    """rt.load gives a SpeechModel (tests/runtime/test_whisper_runtime.py transcribes)."""
     import tinyt.runtime as rt
 
     _, _, out, _ = exported
-    with pytest.raises(ConfigError, match="tinyt's runtime of a speech \\(Whisper\\) artifact "
-                       "is not built yet \\(issue 52\\)"):
-        rt.load(out)
+    model = rt.load(out, threads=1)
+    assert isinstance(model, rt.SpeechModel) and model.n_mels == 80
+    with pytest.raises(ConfigError, match="io_binding=True: .* is a speech \\(Whisper\\)"):
+        rt.load(out, io_binding=True)

@@ -53,6 +53,26 @@ def test_features_equal_whisper_feature_extractor(speech, n_mels):
         assert np.abs(ours - ref).max() <= FEATURES_BOUND, name
 
 
+@pytest.mark.parametrize("n_mels", A.MEL_BINS)
+def test_whole_features_equal_the_extractor_without_truncation(speech, n_mels):
+    """Long-form features (whole=True, computed a window's frames at a time): the extractor
+    with truncation=False, padding="longest", over speech, 20 s of silence, speech and noise
+    (over 30 s: more than one window of frames, one floor 8 below the whole's maximum)."""
+    from transformers import WhisperFeatureExtractor
+    rng = np.random.default_rng(1)
+    said = A.load_audio(speech)
+    x = np.concatenate([said, np.zeros(20 * 16000, np.float32), said,
+                        rng.standard_normal(16000 * 9 + 77).astype(np.float32) * 0.01])
+    ref = WhisperFeatureExtractor(feature_size=n_mels)(
+        x, sampling_rate=16000, truncation=False, padding="longest",
+        return_tensors="np").input_features[0]
+    ours = A.log_mel(x, n_mels, whole=True)
+    assert ours.shape == ref.shape == (n_mels, x.size // A.HOP) and ours.shape[1] > A.N_FRAMES
+    assert np.abs(ours - ref).max() <= FEATURES_BOUND
+    with pytest.raises(DataError, match="needs at least 400 samples; got 399"):
+        A.log_mel(x[:399], n_mels, whole=True)
+
+
 def test_files_are_read_mixed_down_and_resampled(speech, tmp_path):
     said = A.load_audio(speech)
     rate = sf.info(str(speech)).samplerate

@@ -23,10 +23,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tinyt.contract import SPEECH_FILE  # in a checkpoint and an artifact (re-exported)
 from tinyt.errors import ConversionError
 from tinyt.fsutil import read_json_object
 
-SPEECH_FILE = "speech.json"  # in a checkpoint: {"tokens", "generation_config", "config"}
 CONFIG_KEYS = ("begin_suppress_tokens", "suppress_tokens", "forced_decoder_ids")
 TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|>, every 0.02 s
 LANGUAGE = re.compile(r"<\|([a-z]{2,3}|haw)\|>")

@@ -1,0 +1,365 @@
+"""Speech to text with a Whisper artifact (torch-free): tinyt's own transcription over the
+three graphs of Optimum's speech layout, with transformers 4.57's generate semantics.
+
+    audio (a file, or samples) ──load_audio, log_mel──▶ features [n_mels, frames]
+    language None ──encoder, the decoder's first step on <|startoftranscript|>, the best
+        language token──▶ <|lang|> (transformers' detect_language; the first window's)
+    per 30-s window, from frame `seek` (features cut, zero-padded to 3,000 frames):
+        encoder_model.onnx once ──▶ memory
+        [<|startofprev|> prompt] <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]
+            ──decoder (runtime/encoder_decoder.py's DecoderSteps; greedy / sampling there,
+              beams in runtime/beam.py) with WhisperRules──▶ tokens up to <|endoftext|>
+        timestamps split them into segments; seek moves to the last complete segment's end
+        (or the window's end), as transformers' long-form generation does
+
+Audio of at most 30 s is one window of features padded with silence (WhisperFeatureExtractor's
+default); longer audio is read whole (its features' floor set by the whole) and always decoded
+with timestamps, since the windows continue from them. Not here: temperature fallback,
+conditioning on the previous window's tokens, no-speech detection, word-level timestamps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyt.contract import SEQ2SEQ_FILES, SPEECH_FILE
+from tinyt.errors import ConfigError, ManifestError
+from tinyt.fsutil import read_json_object
+from tinyt.tokenizer import Tokenizer
+
+from .audio import HOP, N_FRAMES, load_audio, log_mel
+from .beam import beam_search
+from .encoder_decoder import DecoderSteps, Seq2SeqModel, Settings
+from .session import Artifact, create_session
+
+TIME_PRECISION = 0.02  # seconds a timestamp token stands for
+FRAME_SECONDS = 0.01  # a feature frame: HOP samples at 16 kHz
+INPUT_STRIDE = 2  # feature frames an encoder position reads (the second convolution's stride)
+TASKS = ("transcribe", "translate")
+Progress = Callable[[float, float], None]  # (seconds done, seconds in all)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the transcript between two timestamps (seconds from the audio's start)."""
+    start: float
+    end: float
+    text: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """transcribe's answer: the text, the language (given or detected), the segments and every
+    generated token (transformers' generate output: each window's, timestamps included)."""
+    text: str
+    language: str
+    segments: list[Segment]
+    tokens: list[int]
+    duration: float  # seconds of audio
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "language": self.language, "duration": self.duration,
+                "segments": [{"id": i, "start": s.start, "end": s.end, "text": s.text,
+                              "tokens": list(s.tokens)} for i, s in enumerate(self.segments)]}
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+@dataclass(frozen=True)
+class WhisperRules:
+    """transformers' SuppressTokensAtBegin, SuppressTokens and WhisperTimeStamp logits
+    processors, in that order (runtime/rules.py's interface: the loops of runtime/
+    encoder_decoder.py and runtime/beam.py apply them). A history is the prompt (begin_index
+    tokens) then the generated tokens; `made` counts the generated ones."""
+    begin_index: int
+    eos: int
+    suppress: tuple[int, ...] = ()
+    begin_suppress: tuple[int, ...] = ()
+    timestamps: bool = False
+    timestamp_begin: int = 0
+    no_timestamps: int = 0
+    max_initial: int | None = None  # the latest first timestamp (its index), or None
+
+    active = True
+
+    def apply(self, scores: np.ndarray, histories: Sequence[Sequence[int]], made: int) -> None:
+        """Set, in place, the scores [rows, vocab] of the tokens each row may not choose to
+        -inf."""
+        if made == 0 and self.begin_suppress:
+            scores[:, list(self.begin_suppress)] = -np.inf
+        if self.suppress:
+            scores[:, list(self.suppress)] = -np.inf
+        if self.timestamps:
+            self._timestamp_rules(scores, histories, made)
+
+    def _timestamp_rules(self, scores: np.ndarray, histories, made: int) -> None:
+        """Timestamps come in pairs (but one before the end), never decrease, the first token
+        is one (at most max_initial), and a timestamp is forced where the timestamps' total
+        probability beats every text token's."""
+        T = self.timestamp_begin
+        scores[:, self.no_timestamps] = -np.inf
+        for k, history in enumerate(histories):
+            seq = list(history[self.begin_index:])
+            last = len(seq) >= 1 and seq[-1] >= T
+            penultimate = len(seq) < 2 or seq[-2] >= T
+            if last:
+                if penultimate:  # a pair just closed: text next
+                    scores[k, T:] = -np.inf
+                else:  # an open timestamp: its pair or the end
+                    scores[k, :self.eos] = -np.inf
+            stamps = [t for t in seq if t >= T]
+            if stamps:
+                floor = stamps[-1] if last and not penultimate else stamps[-1] + 1
+                scores[k, T:floor] = -np.inf
+        if made == 0:
+            scores[:, :T] = -np.inf
+            if self.max_initial is not None:
+                scores[:, T + self.max_initial + 1:] = -np.inf
+        logp = _log_softmax(scores.astype(np.float32))
+        for k in range(len(scores)):
+            row = logp[k, T:]
+            peak = row.max()
+            total = peak + np.log(np.exp(row - peak).sum()) if np.isfinite(peak) else peak
+            if total > logp[k, :T].max():
+                scores[k, :T] = -np.inf
+
+
+def split_segments(tokens: Sequence[int], timestamp_begin: int, offset: float, frames: int,
+                   ) -> tuple[list[tuple[float, float, list[int]]], int]:
+    """A window's tokens as (start, end, tokens) segments, and the frames to move on by:
+    transformers' _retrieve_segment. Consecutive timestamps end a segment; a window that does
+    not end on a lone timestamp drops what follows its last complete segment and resumes at
+    that segment's end."""
+    T, tokens = timestamp_begin, list(tokens)
+    is_stamp = [t >= T for t in tokens]
+    single_ending = is_stamp[-2:] == [False, True]
+    cuts = [i + 1 for i in range(len(tokens) - 1) if is_stamp[i] and is_stamp[i + 1]]
+    if not cuts:
+        stamps = [t for t in tokens if t >= T]
+        last = int(frames * FRAME_SECONDS / TIME_PRECISION)
+        if stamps and stamps[-1] != T:
+            last = stamps[-1] - T
+        return [(offset, offset + last * TIME_PRECISION, tokens)], frames
+    if single_ending:
+        cuts.append(len(tokens))
+    else:
+        cuts[-1] += 1  # the last segment keeps both of its closing timestamps
+    segments, begin = [], 0
+    for i, cut in enumerate(cuts):
+        piece = tokens[begin:cut]
+        end = piece[-1] if i < len(cuts) - 1 or single_ending else piece[-2]
+        segments.append((offset + (piece[0] - T) * TIME_PRECISION,
+                         offset + (end - T) * TIME_PRECISION, piece))
+        begin = cut
+    if single_ending:
+        return segments, frames
+    return segments, (tokens[begin - 2] - T) * INPUT_STRIDE
+
+
+class SpeechModel:
+    """A Whisper artifact: transcribe(audio) turns speech into text. Thread-safe: calls share
+    only the sessions."""
+
+    def __init__(self, artifact: Artifact, sessions: dict, tokenizer: Tokenizer, *,
+                 max_context: int | None = None):
+        path = artifact.path / SPEECH_FILE
+        if not path.is_file():
+            raise ManifestError(f"{artifact.path} has no {SPEECH_FILE} (Whisper's special "
+                                "tokens and generation settings): export it again with tinyt "
+                                "export")
+        speech = read_json_object(path, ManifestError)
+        self.artifact, self.sessions, self.tokenizer = artifact, sessions, tokenizer
+        # its caches, loops and settings; max_context: the decoder's positions (448 at most)
+        self.decoder = Seq2SeqModel(artifact, sessions, tokenizer, max_context=max_context)
+        self.config, self.n_mels = artifact.config, artifact.config.n_mels
+        self.provider = self.decoder.provider
+        self.tokens, gen, old = speech["tokens"], speech["generation_config"], speech["config"]
+        self.languages: dict[str, int] = self.tokens["languages"]
+        self.multilingual = bool(gen.get("is_multilingual", bool(self.languages)))
+        self.suppress = tuple(gen.get("suppress_tokens") or old.get("suppress_tokens") or ())
+        self.begin_suppress = tuple(gen.get("begin_suppress_tokens")
+                                    or old.get("begin_suppress_tokens") or ())
+        self.max_initial = gen.get("max_initial_timestamp_index")
+        self.eos = self.tokens["end"]
+
+    # -- checks ------------------------------------------------------------------------------
+    def language_id(self, language: str) -> int:
+        """The id of a language code ("en", or "<|en|>"); ConfigError listing the codes."""
+        code = language[2:-2] if isinstance(language, str) and language.startswith("<|") \
+            and language.endswith("|>") else language
+        if isinstance(code, str) and code.lower() in self.languages:
+            return self.languages[code.lower()]
+        raise ConfigError(f"language={language!r} is not one of this model's languages; it "
+                          f"takes the codes {', '.join(sorted(self.languages))} (None: detect "
+                          "it)")
+
+    def _prefix(self, language: str | None, task: str, timestamps: bool) -> list[int]:
+        """The decoder's prompt after any previous text: start, language, task, and
+        <|notimestamps|> unless timestamps are predicted (the language None: detected later)."""
+        if task not in TASKS:
+            raise ConfigError(f"task={task!r} is invalid: one of {', '.join(TASKS)}")
+        if timestamps and not self.tokens["timestamps"]:
+            raise ConfigError("timestamps=True: this model's tokenizer has no timestamp "
+                              "tokens (<|0.00|> .. <|30.00|>)")
+        if not self.multilingual:
+            if (language not in (None, "en")) or task != "transcribe":
+                raise ConfigError(f"language={language!r}, task={task!r}: this model is "
+                                  "English-only; leave language and task out")
+            head = [self.tokens["start"]]
+        else:
+            head = [self.tokens["start"], -1 if language is None else self.language_id(language),
+                    self.tokens["tasks"][task]]
+        return head + ([] if timestamps else [self.tokens["no_timestamps"]])
+
+    def _prompt_ids(self, prompt: str | None) -> list[int]:
+        """transformers' get_prompt_ids: <|startofprev|> then " " + the prompt's text."""
+        if prompt is None:
+            return []
+        if not isinstance(prompt, str):
+            raise ConfigError(f"prompt={prompt!r} is invalid: a string (text that came before)")
+        ids = self.tokenizer.hf.encode(" " + prompt.strip(), add_special_tokens=False).ids
+        return [self.tokens["previous"], *ids]
+
+    # -- the model -----------------------------------------------------------------------------
+    def encode(self, window: np.ndarray) -> np.ndarray:
+        """The encoder's hidden states [1, frames / 2, C] of one window's features."""
+        (memory,) = self.sessions["encoder"].run(
+            ["last_hidden_state"], {"input_features": window[None].astype(np.float32)})
+        return memory
+
+    def detect_language(self, memory: np.ndarray) -> int:
+        """The language token the decoder's first step ranks highest (transformers'
+        detect_language: no rule applied)."""
+        logits = DecoderSteps(self.decoder, memory, None).first(self.tokens["start"])[0]
+        ids = np.asarray(list(self.languages.values()))
+        return int(ids[np.argmax(logits[ids])])
+
+    def _window(self, memory: np.ndarray, prompt: list[int], settings: Settings) -> list[int]:
+        """One window's generated tokens, the final <|endoftext|> left out."""
+        steps = DecoderSteps(self.decoder, memory, None)
+        first = steps.first(prompt)
+        if settings.beams.num_beams > 1:
+            out = beam_search(first, steps, [prompt], settings.beams, eos=(self.eos,),
+                              max_new_tokens=settings.max_new_tokens, rules=settings.rules)
+        else:
+            out = self.decoder._sample(first, steps, 1, settings, prefix=prompt)
+        return out[0][0]
+
+    # -- public API ----------------------------------------------------------------------------
+    def transcribe(self, audio: str | os.PathLike | np.ndarray, *, language: str | None = None,
+                   task: str = "transcribe", timestamps: bool = False, num_beams: int = 1,
+                   temperature: float = 0.0, prompt: str | None = None,
+                   max_new_tokens: int | None = None, sampling_rate: int | None = None,
+                   length_penalty: float = 1.0, seed: int | None = None,
+                   progress: Progress | None = None) -> Transcription:
+        """Speech to text: `audio` a file path, or samples (16 kHz unless sampling_rate says
+        otherwise). language: a code ("en"; None: detected); task "transcribe" or "translate"
+        (into English); timestamps: predict them (segments then carry their times; audio over
+        30 s always does); num_beams, length_penalty: beam search; temperature > 0 samples
+        (seed); prompt: text that came before (spelling, names); max_new_tokens: tokens a
+        window (default: as many as the decoder's 448 positions leave); progress(done,
+        total): called in seconds before each window."""
+        if not isinstance(timestamps, bool):
+            raise ConfigError(f"timestamps={timestamps!r} is invalid: True or False")
+        samples = load_audio(audio, 16_000 if sampling_rate is None and not isinstance(
+            audio, (str, os.PathLike)) else sampling_rate)
+        whole = samples.size // HOP > N_FRAMES  # longer than one window: long-form
+        timestamps = timestamps or whole
+        prefix = self._prefix(language, task, timestamps)
+        prompt_ids = self._prompt_ids(prompt)
+        features = log_mel(samples, self.n_mels, whole=whole)
+        memory = self.encode(self._cut(features, 0)[0])
+        if prefix[1:2] == [-1]:  # detect the language from the first window
+            prefix[1] = self.detect_language(memory)
+        lang = next((c for c, i in self.languages.items() if [i] == prefix[1:2]), "en")
+        settings = self._settings(len(prompt_ids) + len(prefix), timestamps, max_new_tokens,
+                                  num_beams=num_beams, temperature=temperature,
+                                  length_penalty=length_penalty, seed=seed)
+        segments, tokens = self._windows(features, memory, prompt_ids + prefix, settings,
+                                         progress)
+        return Transcription(self._text(tokens), lang, segments, tokens,
+                             round(samples.size / 16_000, 3))
+
+    def _settings(self, begin: int, timestamps: bool, max_new_tokens: int | None,
+                  **kwargs) -> Settings:
+        """The decoding settings, the rules Whisper's: at most the positions left after the
+        `begin` prompt tokens."""
+        room = self.decoder.context - begin
+        if room < 1:
+            raise ConfigError(f"the prompt and the task tokens are {begin} tokens; the decoder "
+                              f"reads {self.decoder.context}: shorten the prompt")
+        n = room if max_new_tokens is None else max_new_tokens
+        if not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= room):
+            raise ConfigError(f"max_new_tokens={n!r} is invalid: an integer in 0..{room} (the "
+                              f"decoder's {self.decoder.context} positions less the {begin} "
+                              "prompt tokens; None for all of them)")
+        settings = self.decoder.settings(max_new_tokens=n, **kwargs)
+        rules = WhisperRules(begin_index=begin, eos=self.eos, suppress=self.suppress,
+                             begin_suppress=self.begin_suppress, timestamps=timestamps,
+                             timestamp_begin=self.tokens["timestamp_begin"],
+                             no_timestamps=self.tokens["no_timestamps"],
+                             max_initial=self.max_initial)
+        return dataclasses.replace(settings, rules=rules)
+
+    @staticmethod
+    def _cut(features: np.ndarray, seek: int) -> tuple[np.ndarray, int]:
+        """The window of 3,000 frames from `seek` (zero-padded past the end, as transformers
+        pads features) and how many frames of it are audio."""
+        frames = min(features.shape[1] - seek, N_FRAMES)
+        window = np.zeros((features.shape[0], N_FRAMES), dtype=np.float32)
+        window[:, :frames] = features[:, seek:seek + frames]
+        return window, frames
+
+    def _windows(self, features: np.ndarray, memory: np.ndarray, prompt: list[int],
+                 settings: Settings, progress: Progress | None,
+                 ) -> tuple[list[Segment], list[int]]:
+        """Every window's segments and tokens, each window from where the last one's
+        complete segments end (transformers' long-form loop, one audio, no fallback)."""
+        total, seek = features.shape[1], 0
+        segments: list[Segment] = []
+        tokens: list[int] = []
+        while seek < total:
+            if progress is not None:
+                progress(round(seek * FRAME_SECONDS, 2), round(total * FRAME_SECONDS, 2))
+            window, frames = self._cut(features, seek)
+            if seek:
+                memory = self.encode(window)
+            offset = seek * TIME_PRECISION / INPUT_STRIDE
+            out = self._window(memory, prompt, settings)
+            pieces, advance = split_segments(out, self.tokens["timestamp_begin"], offset,
+                                             frames)
+            for start, end, piece in pieces:
+                segments.append(Segment(round(start, 3), round(end, 3), self._text(piece),
+                                        tuple(piece)))
+                tokens += piece
+            seek += max(advance, 1)  # (a timestamp pair never ends at 0.00)
+        if progress is not None:
+            progress(*(2 * (round(total * FRAME_SECONDS, 2),)))
+        return segments, tokens
+
+    def _text(self, tokens: Sequence[int]) -> str:
+        """The text of the ordinary tokens (special ones and timestamps left out)."""
+        return self.tokenizer.hf.decode([t for t in tokens if t < self.eos],
+                                        skip_special_tokens=True).strip()
+
+
+def load_speech_model(artifact: Artifact, tokenizer: Tokenizer, *, provider: str, threads: int,
+                      spinning: bool | None, level: str | None,
+                      max_context: int | None = None) -> SpeechModel:
+    """The three sessions of a Whisper artifact, each checked against its contract
+    (runtime/session.py), as one SpeechModel."""
+    if artifact.manifest.package_format is not None:
+        raise ManifestError(f"{artifact.path} is a package ({artifact.manifest.package_format}); "
+                            "tinyt.runtime transcribes with the artifact it was made from")
+    sessions = {role: create_session(artifact, provider=provider, threads=threads,
+                                     spinning=spinning, level=level, graph=file)
+                for role, file in SEQ2SEQ_FILES.items()}
+    return SpeechModel(artifact, sessions, tokenizer, max_context=max_context)
