@@ -43,7 +43,7 @@ from tinyt.runtime.seq2seq_engine import SOURCE_TOKENS, Seq2SeqEngine
 from .embeddings import EMBED_BATCH, Embedder
 from .handlers import STOP_TIMEOUT_S, OpenAIServer, build_app
 
-__all__ = ["serve", "build_app", "OpenAIServer", "Embedder", "DEFAULT_CONTEXT"]
+__all__ = ["serve", "load_engine", "build_app", "OpenAIServer", "Embedder", "DEFAULT_CONTEXT"]
 
 # The context a server holds per row unless told (--max-context): the engine allocates its
 # cache up front, max_batch rows x the context, so a model's own 131,072 tokens would cost 8
@@ -81,10 +81,37 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
 
     import uvicorn
 
-    import tinyt.runtime as rt
-
     if not (isinstance(port, int) and 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} must be in 0..65535")
+    lm, engine, how = load_engine(artifact, threads=threads, spinning=spinning,
+                                  max_batch=max_batch, max_queue=max_queue,
+                                  prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
+                                  max_context=max_context, prefix_cache_mb=prefix_cache_mb)
+    name = model_id or lm.artifact.path.name
+    app = build_app(lm, engine, model_id=name, api_key=api_key)
+    try:  # bound here, so a taken port is one clear line and port 0 reports the one it got
+        sock = socket.create_server((host, port))
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    bound = sock.getsockname()[1]
+    print(f"tinyt serve: {name} on http://{host}:{bound} ({how})", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
+                                           timeout_graceful_shutdown=int(STOP_TIMEOUT_S)))
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler
+    # it found: with this one that is a no-op, and a deliberate stop exits 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server.run(sockets=[sock])
+
+
+def load_engine(artifact, *, threads: int | None = None, spinning: bool | None = None,
+                max_batch: int | None = None, max_queue: int = 64,
+                prefill_tokens: int | None = None, prefill_chunk: int | None = None,
+                max_context: int | None = None, prefix_cache_mb: int | None = None):
+    """`artifact` loaded (checked) with the engine that serves it, not yet started, and the
+    line that says what it serves: what `serve` runs, and what each replica of
+    `tinyt serve --ray` (ray_serve.py) runs. The options are `serve`'s."""
+    import tinyt.runtime as rt
+
     lm = rt.load(artifact, threads=threads, spinning=spinning,
                  max_context=DEFAULT_CONTEXT if max_context is None else max_context)
     if isinstance(lm, rt.Classifier):
@@ -120,20 +147,7 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
                                               "a contract graph: rows run one by one")
                + (f", {engine.prefix_cache_bytes >> 20} MiB of kept prefixes"
                   if engine.prefix_cache_bytes else ", no prefix reuse"))
-    name = model_id or lm.artifact.path.name
-    app = build_app(lm, engine, model_id=name, api_key=api_key)
-    try:  # bound here, so a taken port is one clear line and port 0 reports the one it got
-        sock = socket.create_server((host, port))
-    except OSError as e:
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    bound = sock.getsockname()[1]
-    print(f"tinyt serve: {name} on http://{host}:{bound} ({how})", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
-                                           timeout_graceful_shutdown=int(STOP_TIMEOUT_S)))
-    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler
-    # it found: with this one that is a no-op, and a deliberate stop exits 0.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    server.run(sockets=[sock])
+    return lm, engine, how
 
 
 def _seq2seq_engine(model, artifact, *, max_batch: int | None, max_queue: int,
