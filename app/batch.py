@@ -128,8 +128,9 @@ class Runner:
                 "translate": rt.Seq2SeqModel}[job.task]
         self.job, self.model = job, rt.load(job.artifact, threads=threads)
         if not isinstance(self.model, want):
-            raise ConfigError(f"--task {job.task} needs a {want.__name__} artifact; "
-                              f"{job.artifact} is a {type(self.model).__name__}")
+            raise ConfigError(f"--task {job.task} needs an artifact that loads as "
+                              f"{want.__name__}; {job.artifact} loads as "
+                              f"{type(self.model).__name__}")
 
     def answers(self, texts: list[str]) -> list[dict[str, Any]]:
         """The task's answer for each text, as output fields."""

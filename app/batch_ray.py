@@ -53,7 +53,7 @@ def run_ray(job: Job, out: Path, todo: list[int], *, address: str, actors: int =
     data = ray.data.from_items([{"part": k} for k in todo], override_num_blocks=len(todo))
     results = data.map_batches(PartActor, batch_size=1,
                                compute=ray.data.ActorPoolStrategy(size=actors),
-                               num_cpus=threads or 1,
+                               num_cpus=threads or 1, scheduling_strategy="SPREAD",
                                fn_constructor_args=(asdict(job), str(out.resolve()), threads))
     done, rows, t0 = job.parts - len(todo), 0, time.perf_counter()
     for r in results.iter_rows():

@@ -57,18 +57,36 @@ class Replica:
         lm, engine, _ = load_engine(artifact, **options)
         self.server = OpenAIServer(lm, engine, model_id=model_id or Path(artifact).name,
                                    api_key=api_key)
-        self.node = os.uname().nodename
+        self.tag = f"{ray_node()}/{os.getpid()}".encode()
 
     def __serve_build_asgi_app__(self):
-        """The ASGI app Ray Serve's ingress mounts: tinyt's own routes."""
+        """The ASGI app Ray Serve's ingress mounts: tinyt's own routes, each answer with an
+        X-Tinyt-Replica header (the Ray node id / the replica's process id)."""
         app = self.server.app()
-        app.state.replica_pid = os.getpid()
-        return app
+
+        async def tagged(scope, receive, send):
+            async def send_tagged(message):
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", []),
+                                          (b"x-tinyt-replica", self.tag)]
+                await send(message)
+            await app(scope, receive, send_tagged)
+        return tagged
 
     def check_health(self) -> None:
         """Ray's health check: the engine's thread must run once the app started."""
         if self.server.ready and not self.server.engine.alive:
             raise RuntimeError("the engine's thread has stopped")
+
+
+def ray_node() -> str:
+    """The Ray node this process runs on ('local' outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    except ImportError:
+        return "local"
 
 
 def deployment_options(*, replicas: int | None, min_replicas: int | None,
