@@ -157,9 +157,11 @@ def check_nodes(artifact: str) -> dict[str, str]:
 
 def connect(address: str | None, **init: Any) -> None:
     """ray.init on `address` (None: a new local cluster), or ConfigError saying it cannot be
-    reached."""
+    reached; nothing where this process is connected already."""
     import ray
 
+    if ray.is_initialized():
+        return
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **init)
     except (ConnectionError, RuntimeError, ValueError) as e:
