@@ -157,6 +157,19 @@ class Runner:
         return len(records)
 
 
+class PartActor:
+    """One actor of `tinyt batch --ray`'s pool (batch_ray.py): the artifact loaded once, then
+    the parts of each Ray Data batch ({"part": [k, ...]}) run and written."""
+
+    def __init__(self, job: dict[str, Any], out: str, threads: int | None):
+        self.runner, self.out = Runner(Job(**job), threads=threads), Path(out)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        parts = [int(k) for k in batch["part"]]
+        rows = [self.runner.run_part(self.out, k) for k in parts]
+        return {"part": parts, "rows": rows}
+
+
 def write_part(path: Path, records: list[dict[str, Any]], fmt: str) -> None:
     """`records` to `path` through a temporary name in the same folder and a rename: a
     reader, or a restart, sees the whole part or none of it."""
@@ -244,8 +257,13 @@ def batch(artifact, input_path, out, *, task: str, ray_address: str | None = Non
     else:
         from .batch_ray import run_ray
 
-        rows = run_ray(job, out, todo, address=ray_address, actors=actors, threads=threads,
-                       log=log)
+        done, t0 = [job.parts - len(todo), 0], time.perf_counter()
+
+        def landed(n: int) -> None:
+            done[0], done[1] = done[0] + 1, done[1] + n
+            progress(job, done[0], done[1], t0, log)
+        rows = run_ray(PartActor, asdict(job), out, todo, address=ray_address, actors=actors,
+                       threads=threads, on_part=landed)
     missing = [k for k in range(job.parts) if not part_path(out, job, k).exists()]
     if missing:
         raise ConfigError(f"parts {missing[:5]} of {out} were not written; run again to "

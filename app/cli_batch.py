@@ -46,11 +46,11 @@ def batch_cmd(
             raise TinytError("--tgt-lang applies to --task translate only")
         options["tgt_lang"] = tgt_lang
     if ray is not None:
-        try:
-            import ray as _ray  # noqa: F401
-        except ImportError as e:
-            raise TinytError(f"tinyt batch --ray needs the ray extra ({e.name} is missing): "
-                             "pip install 'tinyt[cpu,ray]'") from None
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise TinytError("tinyt batch --ray needs the ray extra (ray is missing): pip "
+                             "install 'tinyt[cpu,ray]'")
     summary = batch(artifact, input, output, task=task, ray_address=ray, actors=actors,
                     threads=threads, text_field=text_field, id_field=id_field,
                     part_rows=part_rows, fmt=format, options=options)

@@ -85,13 +85,12 @@ def serve_cmd(
             raise TinytError(f"{', '.join(given)} only apply with --ray")
         serve(artifact, host=host, port=port, **engine)
         return
-    try:
-        import ray  # noqa: F401
+    import importlib.util
 
-        from tinyt.server.ray_serve import serve_on_ray
-    except ImportError as e:
-        raise TinytError(f"tinyt serve --ray needs the ray extra ({e.name} is missing): pip "
-                         "install 'tinyt[cpu,ray]'") from None
+    if importlib.util.find_spec("ray") is None:
+        raise TinytError("tinyt serve --ray needs the ray extra (ray is missing): pip install "
+                         "'tinyt[cpu,ray]'")
+    from tinyt.server.ray_serve import serve_on_ray
     serve_on_ray(artifact, address=ray_address, host=host, port=port, replicas=replicas,
                  min_replicas=min_replicas, max_replicas=max_replicas, proxy_on=proxy_on,
                  **engine)

@@ -1,8 +1,8 @@
 """`tinyt batch` without Ray (the default run): every task's output against the runtime's own
 answer, row keys, a crash and its restart (finished parts kept, a half-written part never
-seen, no row twice), the refusals, Parquet in and out, and the CLI. Where Ray is importable,
-the Ray Data actor (PartActor) runs a part the same way, without a cluster
-(tests/server/test_ray_cluster.py runs it on one)."""
+seen, no row twice), the refusals, Parquet in and out, and the CLI; the Ray Data actor (PartActor, Ray-free
+itself) runs parts as the local runner does (tests/server/test_ray_cluster.py runs it on a
+cluster)."""
 import json
 
 import numpy as np
@@ -142,10 +142,9 @@ def test_the_cli_runs_and_resumes(encoder, corpus, tmp_path):
 
 
 def test_the_ray_actor_runs_a_part_as_the_local_runner(encoder, corpus, tmp_path):
-    pytest.importorskip("ray", reason="the ray extra is not installed")
     from dataclasses import asdict
 
-    from tinyt.app.batch_ray import PartActor
+    from tinyt.app.batch import PartActor
 
     job, todo = b.plan(encoder, corpus, tmp_path / "out", task="embed", part_rows=4)
     actor = PartActor(asdict(job), str(tmp_path / "out"), 1)
