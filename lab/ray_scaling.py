@@ -151,9 +151,14 @@ def run(lm: Path, encoder: Path, out: Path, *, requests: int, rows: int) -> dict
 
 def markdown(result: dict, command: str) -> str:
     env = result["environment"]
+    cpu = env.get("cpu", {})
+    flags = [k for k in ("avx2", "avx512_vnni", "avx_vnni", "amx_int8") if cpu.get(k)]
+    versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
     lines = ["# tinyt serve alone, on Ray Serve, and tinyt batch on Ray Data\n",
-             f"{env.get('cpu', '')}; {env.get('time', '')}; Ray {env.get('versions', {})}. "
-             f"Machine shared with other work: timings are disturbed.\n",
+             f"{cpu.get('model', '?')} ({', '.join(flags)}), {env.get('logical_cores')} cores; "
+             f"{versions}; {env.get('time', '')}. The machine was shared with other work: "
+             "timings are disturbed. Every server and actor runs 1 ONNX Runtime thread; the "
+             "clients run on the same cores.\n",
              f"Command: `{command}`\n"]
     for name, rows in result["serving"].items():
         lines += [f"\n## {name} ({result['artifacts'][name]})\n",
