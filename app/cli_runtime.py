@@ -77,23 +77,28 @@ def serve_cmd(
                   prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
                   max_context=max_context, api_key=api_key, model_id=model_id,
                   prefix_cache_mb=prefix_cache_mb)
+    ray_options = dict(ray_address=ray_address, replicas=replicas, min_replicas=min_replicas,
+                       max_replicas=max_replicas)
     if not ray:
-        given = [f"--{k.replace('_', '-')}" for k, v in (
-            ("ray_address", ray_address), ("replicas", replicas), ("min_replicas", min_replicas),
-            ("max_replicas", max_replicas)) if v is not None]
+        given = [f"--{k.replace('_', '-')}" for k, v in ray_options.items() if v is not None]
         if given:
             raise TinytError(f"{', '.join(given)} only apply with --ray")
         serve(artifact, host=host, port=port, **engine)
         return
+    _serve_on_ray(artifact, host=host, port=port, proxy_on=proxy_on, engine=engine,
+                  **ray_options)
+
+
+def _serve_on_ray(artifact: Path, *, ray_address: Optional[str], engine: dict, **how) -> None:
+    """`tinyt serve --ray`: server/ray_serve.py, once the ray extra is found."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise TinytError("tinyt serve --ray needs the ray extra (ray is missing): pip install "
                          "'tinyt[cpu,ray]'")
     from tinyt.server.ray_serve import serve_on_ray
-    serve_on_ray(artifact, address=ray_address, host=host, port=port, replicas=replicas,
-                 min_replicas=min_replicas, max_replicas=max_replicas, proxy_on=proxy_on,
-                 **engine)
+
+    serve_on_ray(artifact, address=ray_address, **how, **engine)
 
 
 def generate_cmd(

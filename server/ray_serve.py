@@ -155,6 +155,26 @@ def check_nodes(artifact: str) -> dict[str, str]:
     return seen
 
 
+CONNECT_TIMEOUT_S = 5.0
+
+
+def reachable(address: str) -> None:
+    """ConfigError unless HOST:PORT (or ray://HOST:PORT) of a Ray cluster accepts a TCP
+    connection within CONNECT_TIMEOUT_S: ray.init itself retries an unreachable address for
+    minutes."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--ray-address {address!r}: give HOST:PORT (the head's GCS, 6379 "
+                          "by default) or ray://HOST:10001")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConfigError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}; start "
+                          "one with `ray start --head` or check the address") from None
+
+
 def connect(address: str | None, **init: Any) -> None:
     """ray.init on `address` (None: a new local cluster), or ConfigError saying it cannot be
     reached; nothing where this process is connected already."""
@@ -162,6 +182,8 @@ def connect(address: str | None, **init: Any) -> None:
 
     if ray.is_initialized():
         return
+    if address not in (None, "auto"):
+        reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **init)
     except (ConnectionError, RuntimeError, ValueError) as e:

@@ -101,6 +101,13 @@ def test_the_ray_application_binds_the_replica(lm_onnx):
     assert dep.init_args[:2] == (str(lm_onnx.resolve()), rs.manifest_digest(lm_onnx))
 
 
+def test_an_unreachable_cluster_is_one_line_at_once():
+    with pytest.raises(ConfigError, match="cannot reach the Ray cluster at 127.0.0.1:1: "):
+        rs.reachable("127.0.0.1:1")
+    with pytest.raises(ConfigError, match="give HOST:PORT"):
+        rs.reachable("nowhere")
+
+
 def test_the_cli_refuses_ray_options_without_ray(lm_onnx):
     r = run_tinyt("serve", lm_onnx, "--replicas", "2", "--port", "0")
     assert r.returncode == 2 and "--replicas only apply with --ray" in r.stderr
