@@ -24,6 +24,7 @@
     handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
     answers.py  a request's Jobs, and OpenAI's choices, chunks, usage, logprobs objects
     streaming.py  ChunkStream: a streamed answer's server-sent chunks as tokens come
+    ray_serve.py  `tinyt serve --ray`: these handlers on Ray Serve replicas (load_engine each)
 
 Every failure is an OpenAI-style {"error": {"message", "type", "param", "code"}} with its
 status, never a traceback: malformed JSON and wrong types 400, an unknown model 404, a prompt
