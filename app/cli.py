@@ -15,6 +15,7 @@ import typer
 
 from tinyt.errors import TinytError, memory_failure
 
+from .cli_batch import batch_cmd
 from .cli_checkpoints import export_hf, import_hf, import_nanogpt, sample, train
 from .cli_runtime import classify_cmd, embed_cmd, generate_cmd, serve_cmd, translate_cmd
 from .cli_speech import transcribe_cmd
@@ -154,8 +155,8 @@ VERBS = {"presets": presets, "train": train, "sample": sample, "import-nanogpt":
          "import-hf": import_hf, "export-hf": export_hf, "export": export_cmd, "verify": verify,
          "optimize": optimize, "package": package, "quantize": quantize, "serve": serve_cmd,
          "generate": generate_cmd, "translate": translate_cmd, "transcribe": transcribe_cmd,
-         "classify": classify_cmd,
-         "embed": embed_cmd, "pipeline": pipeline, "bench": bench, "info": info}
+         "classify": classify_cmd, "embed": embed_cmd, "batch": batch_cmd, "pipeline": pipeline,
+         "bench": bench, "info": info}
 for _name, _verb in VERBS.items():
     app.command(_name)(_verb)
 

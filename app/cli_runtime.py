@@ -52,9 +52,22 @@ def serve_cmd(
                     "a prompt starting with them copies their rows instead of computing them "
                     "(default 256 where that is exact: shared-cache graphs whose prompt graph "
                     "has no per-tensor activation scales; 0: off).")] = None,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Serve on Ray Serve replicas behind Ray's HTTP proxy (the ray extra; "
+                      "docs/serving.md): the same routes.")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(
+        help="--ray: the cluster to join (ray://HOST:10001 or HOST:6379; default: a new local "
+             "one).")] = None,
+    replicas: Annotated[Optional[int], typer.Option(min=1, help="--ray: replicas (default 1).")]
+        = None,
+    min_replicas: Annotated[Optional[int], typer.Option(
+        min=0, help="--ray: autoscale on ongoing requests from this many...")] = None,
+    max_replicas: Annotated[Optional[int], typer.Option(min=1, help="...to this many.")] = None,
+    proxy_on: Annotated[str, typer.Option(help="--ray: Ray's HTTP proxy on the 'head' node or "
+                                               "on 'every-node'.")] = "head",
 ) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API with continuous batching (no torch
-    needed; the `serve` extra)."""
+    needed; the `serve` extra; --ray: on Ray Serve replicas, the `ray` extra)."""
     try:
         from tinyt.server import serve
     except ImportError as e:
@@ -62,10 +75,32 @@ def serve_cmd(
                          "'tinyt[cpu,serve]'") from None
     if api_key is not None and not api_key.strip():
         raise TinytError("--api-key is empty; give a key or leave the option out")
-    serve(artifact, host=host, port=port, threads=threads, max_batch=max_batch,
-          max_queue=max_queue, prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
-          max_context=max_context, api_key=api_key, model_id=model_id,
-          prefix_cache_mb=prefix_cache_mb)
+    engine = dict(threads=threads, max_batch=max_batch, max_queue=max_queue,
+                  prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
+                  max_context=max_context, api_key=api_key, model_id=model_id,
+                  prefix_cache_mb=prefix_cache_mb)
+    ray_options = dict(ray_address=ray_address, replicas=replicas, min_replicas=min_replicas,
+                       max_replicas=max_replicas)
+    if not ray:
+        given = [f"--{k.replace('_', '-')}" for k, v in ray_options.items() if v is not None]
+        if given:
+            raise TinytError(f"{', '.join(given)} only apply with --ray")
+        serve(artifact, host=host, port=port, **engine)
+        return
+    _serve_on_ray(artifact, host=host, port=port, proxy_on=proxy_on, engine=engine,
+                  **ray_options)
+
+
+def _serve_on_ray(artifact: Path, *, ray_address: Optional[str], engine: dict, **how) -> None:
+    """`tinyt serve --ray`: server/ray_serve.py, once the ray extra is found."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise TinytError("tinyt serve --ray needs the ray extra (ray is missing): pip install "
+                         "'tinyt[cpu,ray]'")
+    from tinyt.server.ray_serve import serve_on_ray
+
+    serve_on_ray(artifact, address=ray_address, **how, **engine)
 
 
 def generate_cmd(

@@ -105,6 +105,11 @@ class EngineLoop:
     def queue_depth(self) -> int:
         return len(self._waiting)
 
+    @property
+    def alive(self) -> bool:
+        """The thread was started and still runs (a replica's health check reads it)."""
+        return self._thread is not None and self._thread.is_alive()
+
     # -- the engine's thread ------------------------------------------------------------------
     def _run(self) -> None:
         while True:

@@ -28,6 +28,7 @@
     handlers.py OpenAIServer: the routes' handlers over one model and engine; build_app
     answers.py  a request's Jobs, and OpenAI's choices, chunks, usage, logprobs objects
     streaming.py  ChunkStream: a streamed answer's server-sent chunks as tokens come
+    ray_serve.py  `tinyt serve --ray`: these handlers on Ray Serve replicas (load_engine each)
 
 Every failure is an OpenAI-style {"error": {"message", "type", "param", "code"}} with its
 status, never a traceback: malformed JSON and wrong types 400, an unknown model 404, a prompt
@@ -48,7 +49,8 @@ from .embeddings import EMBED_BATCH, Embedder
 from .handlers import STOP_TIMEOUT_S, OpenAIServer, build_app
 from .transcriptions import AudioServer
 
-__all__ = ["serve", "build_app", "OpenAIServer", "Embedder", "DEFAULT_CONTEXT"]
+__all__ = ["serve", "load_engine", "server_for", "build_app", "OpenAIServer", "Embedder",
+           "DEFAULT_CONTEXT"]
 
 # The context a server holds per row unless told (--max-context): the engine allocates its
 # cache up front, max_batch rows x the context, so a model's own 131,072 tokens would cost 8
@@ -80,18 +82,40 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
     spinning: whether ONNX Runtime's workers busy-wait after each run (None: the runtime's
     choice, on with more than one thread; measured at the GPT-2-small shape, 2 threads, off
     cost a single client 38% of its tokens/s and 8 clients 19%)."""
-    import tinyt.runtime as rt
-
     if not (isinstance(port, int) and 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} must be in 0..65535")
+    lm, engine, how = load_engine(artifact, threads=threads, spinning=spinning,
+                                  max_batch=max_batch, max_queue=max_queue,
+                                  prefill_tokens=prefill_tokens, prefill_chunk=prefill_chunk,
+                                  max_context=max_context, prefix_cache_mb=prefix_cache_mb)
+    name = model_id or lm.artifact.path.name
+    routes = server_for(lm, engine, model_id=name, api_key=api_key, max_queue=max_queue)
+    _listen(routes.app(), host, port, name, how, log_level)
+
+
+def server_for(lm, engine, *, model_id: str, api_key: str | None, max_queue: int = 64
+               ) -> OpenAIServer | AudioServer:
+    """The routes that serve `lm` (load_engine's): a speech model's audio routes (it has no
+    engine), else OpenAI's completions, chat and embeddings over `engine`."""
+    if engine is None:
+        return AudioServer(lm, model_id=model_id, api_key=api_key, max_queue=max_queue)
+    return OpenAIServer(lm, engine, model_id=model_id, api_key=api_key)
+
+
+def load_engine(artifact, *, threads: int | None = None, spinning: bool | None = None,
+                max_batch: int | None = None, max_queue: int = 64,
+                prefill_tokens: int | None = None, prefill_chunk: int | None = None,
+                max_context: int | None = None, prefix_cache_mb: int | None = None):
+    """`artifact` loaded (checked) with the engine that serves it, not yet started, and the
+    line that says what it serves: what `serve` runs, and what each replica of
+    `tinyt serve --ray` (ray_serve.py) runs. The options are `serve`'s."""
+    import tinyt.runtime as rt
+
     lm = rt.load(artifact, threads=threads, spinning=spinning,
                  max_context=DEFAULT_CONTEXT if max_context is None else max_context)
-    if isinstance(lm, rt.SpeechModel):
-        name = model_id or lm.artifact.path.name
-        app = AudioServer(lm, model_id=name, api_key=api_key, max_queue=max_queue).app()
-        _listen(app, host, port, name, "speech: POST /v1/audio/transcriptions and "
-                "/v1/audio/translations, one at a time", log_level)
-        return
+    if isinstance(lm, rt.SpeechModel):  # transcribed one at a time: no batching engine
+        return lm, None, ("speech: POST /v1/audio/transcriptions and /v1/audio/translations, "
+                          "one at a time")
     if isinstance(lm, rt.Classifier):
         raise ConfigError(f"{artifact} is a classifier; tinyt serve serves language models, "
                           "encoder-decoders and encoders")
@@ -125,9 +149,7 @@ def serve(artifact, *, host: str = "127.0.0.1", port: int = 8000, threads: int |
                                               "a contract graph: rows run one by one")
                + (f", {engine.prefix_cache_bytes >> 20} MiB of kept prefixes"
                   if engine.prefix_cache_bytes else ", no prefix reuse"))
-    name = model_id or lm.artifact.path.name
-    _listen(build_app(lm, engine, model_id=name, api_key=api_key), host, port, name, how,
-            log_level)
+    return lm, engine, how
 
 
 def _listen(app, host: str, port: int, name: str, how: str, log_level: str) -> None:

@@ -87,6 +87,11 @@ class Embedder:
         """Inputs of the requests being run."""
         return self._running
 
+    @property
+    def alive(self) -> bool:
+        """The encoder's thread was started and still runs (a replica's health check)."""
+        return self._thread is not None and self._thread.is_alive()
+
     # -- the handlers' side -------------------------------------------------------------------
     def rows(self, texts: list[str], ids: list[list[int]]) -> list[Row]:
         """The inputs to run: texts tokenized as the encoder does ([CLS] ... [SEP], cut at

@@ -261,7 +261,7 @@ DOCUMENTS = ["docs/model.md", "docs/export.md", "docs/quantization.md", "docs/en
              "docs/peers.md",
              "docs/benchmarks.md", "docs/runtime.md", "docs/serving.md", "docs/packaging.md",
              "docs/architecture.md", "docs/reliability.md", "docs/status.md", "docs/testing.md",
-             "docs/web.md", "README.md"]
+             "docs/web.md", "docs/scaling.md", "README.md"]
 
 
 def test_every_document_is_run():

@@ -158,3 +158,25 @@ def test_docs_architecture_names_every_module():
                            text))
     assert not files - named, f"docs/architecture.md leaves out {sorted(files - named)}"
     assert not named - files, f"docs/architecture.md names what is gone: {sorted(named - files)}"
+
+
+# Ray (the `ray` extra) enters through two modules of the top floors, each importing it inside
+# its functions; the core and the runtime never reach them, at any depth.
+RAY_DOORS = {"tinyt.server.ray_serve", "tinyt.app.batch_ray"}
+
+
+def test_only_the_ray_doors_import_ray_and_the_core_and_runtime_never_reach_them():
+    named = {name for name, path in stack.modules().items()
+             if any(n == "ray" or n.startswith("ray.") for n in stack.absolute_imports(path))}
+    assert named == RAY_DOORS, f"Ray imported outside {sorted(RAY_DOORS)}: {sorted(named)}"
+    edges, dirs = stack.graph(), stack.package_dirs()
+    for start in (m for m in edges if m != stack.DOOR
+                  and stack.folder_of(m, dirs) in ("tinyt", "tinyt.runtime")):
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m in seen or m == stack.DOOR:
+                continue
+            seen.add(m)
+            todo += edges.get(m, ())
+        assert not seen & RAY_DOORS, f"{start} reaches {sorted(seen & RAY_DOORS)}"
