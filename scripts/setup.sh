@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve,web,eval,audio);
+# Create .venv and install tinyt with the extras given (default: cpu,export,dev,optimum,bench,triton,peers,serve,web,eval,audio,ray);
 # with `peers`, also .venv-genai-builder (scripts/setup-genai-builder.sh); with `web`,
 # onnxruntime-web, @huggingface/tokenizers and the system Chromium (scripts/setup-web.sh);
 # with `dev`, the real models of the `real` tests (scripts/setup-real.sh).
@@ -7,7 +7,7 @@
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-cpu,export,dev,optimum,bench,triton,peers,serve,web,eval,audio}"
+extras="${1:-cpu,export,dev,optimum,bench,triton,peers,serve,web,eval,audio,ray}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
