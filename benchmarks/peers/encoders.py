@@ -55,7 +55,7 @@ from .encoder_adapters import VERSIONS, pool
 from .encoder_inputs import SHAPES, build_st, st_settings, texts_of  # noqa: F401 (API)
 from .encoder_report import markdown
 from .engines import PeerEngine
-from .protocol import Worker
+from .protocol import REST_S, Worker
 
 REPO = Path(__file__).resolve().parents[2]
 ADAPTERS = Path(__file__).resolve().with_name("encoder_adapters.py")  # the workers' script
@@ -63,7 +63,6 @@ PEER_VENV = REPO / ".venv-encoder-peers"
 SETUP = "bash scripts/setup-encoder-peers.sh"
 EXACT_COSINE = 0.9999  # an fp32 engine's worst text against the reference, at least
 CHECK_BATCH = 32  # texts per call of the same-embeddings check
-REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
 def _ours(name: str, model: str, about: str, exact: bool = True) -> PeerEngine:
     return PeerEngine(name, about, "tinyt", "bash scripts/setup.sh", "tinyt", model, ours=True,
                       exact=exact, modules=("tinyt.runtime",))

@@ -27,10 +27,9 @@ from ..environment import environment
 from . import analysis, report
 from .engines import ENGINES, TINYT
 from .prepare import prepare
-from .protocol import Worker
+from .protocol import REST_S, Worker
 from .worker import start
 
-REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
 MEMORY_RESERVE = 1 << 30  # left free when the next worker starts (the parent, the page cache)
 VERSIONS = ("tinyt", "onnxruntime", "onnxruntime-genai", "ctranslate2", "torch", "transformers",
             "llama-cpp-python", "numpy")

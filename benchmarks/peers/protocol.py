@@ -23,6 +23,12 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+# Between two workers' blocks, so that no idle worker's threads still spin while the next one is
+# timed: ONNX Runtime's spin ~40 ms after a run, Intel OpenMP's (CTranslate2's) up to 200 ms
+# (KMP_BLOCKTIME). At 50 ms, Flan-T5-small's shape at 2 threads gave tinyt's batch of 32 37.0
+# sentences/s in the 9-engine rotation and 47.8 in a rotation with CTranslate2 int8 alone.
+REST_S = 0.3
+
 try:
     from tinyt.errors import BenchError
 except ImportError:  # a peer's worker, where tinyt is not installed

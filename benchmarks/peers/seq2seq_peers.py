@@ -49,12 +49,11 @@ from tinyt.errors import BenchError
 
 from . import formats
 from .engines import PeerEngine
-from .protocol import Worker
+from .protocol import REST_S, Worker
 from .seq2seq_adapters import VERSIONS, worker
 from .seq2seq_check import REFERENCE, check, tie_bound
 from .seq2seq_report import CT2_INT8, TARGET, markdown, rows, targets  # noqa: F401 (API)
 
-REST_S = 0.05  # between two workers' blocks: idle worker threads stop spinning
 MIN_FREE = 2 << 30  # bytes available, at least, when a worker starts
 CHECK_LENGTHS = (8, 48)  # the check's sources: lengths from, to (their </s> included)
 
