@@ -99,7 +99,7 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
         else:
             _check_finite(logits)
             logp, ids = _log_softmax(logits), None
-            if ruled:
+            if rules is not None and ruled:
                 rules.apply(logp, [srcs[s].prefix + srcs[s].beams[i]
                                    for s, i in _row_beams(rows)], made)
         parents: list[int] = []
