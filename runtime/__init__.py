@@ -78,24 +78,15 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
     check_tune(tune)
     artifact = open_artifact(path)
     threads = resolve_threads(threads)  # checked and defaulted here, once
-    if artifact.kind == SEQ2SEQ and artifact.config.n_mels is not None:  # Whisper
-        if io_binding:
-            raise ConfigError(f"io_binding=True: {artifact.path} is a speech (Whisper) "
-                              "artifact, whose caches are numpy arrays between steps; leave "
-                              "io_binding out")
-        speech = load_speech_model(artifact, _tokenizer(artifact), provider=provider,
-                                   threads=threads, spinning=spinning, level=level,
-                                   max_context=max_context)
-        return_freed_memory()
-        return speech
     if artifact.kind == SEQ2SEQ:
+        speech = artifact.config.n_mels is not None  # Whisper
         if io_binding:
-            raise ConfigError(f"io_binding=True: {artifact.path} is an encoder-decoder, whose "
-                              "caches are reordered as numpy arrays between steps; leave "
-                              "io_binding out")
-        model = load_seq2seq(artifact, _tokenizer(artifact), provider=provider,
-                             threads=threads, spinning=spinning, level=level,
-                             max_context=max_context)
+            what = "a speech (Whisper) artifact" if speech else "an encoder-decoder"
+            raise ConfigError(f"io_binding=True: {artifact.path} is {what}, whose caches are "
+                              "reordered as numpy arrays between steps; leave io_binding out")
+        load_pair = load_speech_model if speech else load_seq2seq
+        model = load_pair(artifact, _tokenizer(artifact), provider=provider, threads=threads,
+                          spinning=spinning, level=level, max_context=max_context)
         return_freed_memory()
         return model
     if artifact.kind == SHARED_CACHE_KIND and provider == "cpu":

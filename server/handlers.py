@@ -87,6 +87,17 @@ def busy(e: QueueFull) -> ApiError:
                     kind="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
+def authorize(api_key: str | None, request: HttpRequest) -> None:
+    """Nothing without an API key; else 'Authorization: Bearer KEY' or a 401."""
+    if api_key is None:
+        return
+    given = request.headers.get("authorization", "")
+    if given != f"Bearer {api_key}":
+        raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer "
+                            "KEY'" if not given else "the API key is not valid",
+                       kind="authentication_error")
+
+
 class OpenAIServer:
     """The handlers of one server over `engine` (started and stopped with the app): a
     LanguageModel and its Engine, a Seq2SeqModel and its Seq2SeqEngine, or an Encoder and its
@@ -237,14 +248,7 @@ class OpenAIServer:
                                        "code": None}}, status_code=e.status, headers=e.headers)
 
     def authorize(self, request: HttpRequest) -> None:
-        """Nothing without an API key; else 'Authorization: Bearer KEY' or a 401."""
-        if self.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if given != f"Bearer {self.api_key}":
-            raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer "
-                                "KEY'" if not given else "the API key is not valid",
-                           kind="authentication_error")
+        authorize(self.api_key, request)
 
     def serves(self, *, embeddings: bool, chat: bool = False) -> None:
         """Nothing if this server's model does what the route asks; else a 400 naming the

@@ -32,6 +32,8 @@ from tinyt.errors import ApiError, TinytError
 from tinyt.runtime.subtitles import render
 from tinyt.runtime.transcribe import SpeechModel, Transcription
 
+from .handlers import authorize
+
 MAX_UPLOAD = 25 << 20  # bytes of a request body: OpenAI's 25 MB
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 FIELDS = ("file", "model", "language", "prompt", "temperature", "response_format",
@@ -91,13 +93,7 @@ class AudioServer:
         return _response(result, form, task)
 
     def _authorize(self, request: HttpRequest) -> None:
-        if self.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if given != f"Bearer {self.api_key}":
-            raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer "
-                                "KEY'" if not given else "the API key is not valid",
-                           kind="authentication_error")
+        authorize(self.api_key, request)
 
     def _settings(self, fields: dict[str, str], task: str) -> tuple[dict, str]:
         """transcribe's keywords and the response format, from the form's fields."""
