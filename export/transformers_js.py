@@ -183,7 +183,11 @@ class _Branch:
 
     def __init__(self, session: ort.InferenceSession, cfg, role: str):
         self.session, self.cfg, self.role = session, cfg, role
-        self.outputs = seq2seq_contract(cfg)[role][1]  # each with a .name, as a session's
+        # each with a .name, as a session's
+        self.inputs, self.outputs = seq2seq_contract(cfg)[role]
+
+    def get_inputs(self):
+        return self.inputs
 
     def get_outputs(self):
         return self.outputs
