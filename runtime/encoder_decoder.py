@@ -167,7 +167,7 @@ class Seq2SeqModel:
         # text stands for them (as LanguageModel)
         self._choosable = (tokenizer.vocab_size if tokenizer.vocab_size < self.config.vocab_size
                            else None)
-        self.beam_head = BeamHead.like(sessions["decoder_with_past"])
+        self.beam_head = BeamHead()
 
     def choosable(self, logits: np.ndarray) -> np.ndarray:
         """Logits [R, V] cut to the ids the tokenizer has."""

@@ -78,7 +78,7 @@ class LanguageModel:
         # On an accelerator the KV cache stays in device memory between steps (I/O binding);
         # on CPU plain numpy feeds measured as fast (lab/cpu_iobinding.py).
         self.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
-        self.beam_head = BeamHead.like(session)  # beam search's top-k (a session at first use)
+        self.beam_head = BeamHead()  # beam search's top-k (a session at first use)
         self.io_binding = (self.device != "cpu") if io_binding is None else io_binding
         self._kv_dtype = graph_kv_dtype(session)  # float16 on GPU variants, int8 (--kv-cache)
         # The most tokens a sequence can hold: block_size, or a pinned graph's window, or

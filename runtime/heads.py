@@ -40,26 +40,19 @@ def _model() -> bytes:
 
 class BeamHead:
     """top_logprobs(logits, k): each row's k best log-probabilities [R, k] (best first) and
-    their token ids [R, k], on a session of `threads` threads made at the first call."""
+    their token ids [R, k], on a session made at the first call. It runs on the calling
+    thread alone: its work is ~1 ms a step at Opus-MT's vocabulary, and a pool of its own
+    would spin beside the decoder's after each run (measured: 4 beams at 2 threads took 407 ms
+    against 226 at 1 thread)."""
 
-    def __init__(self, threads: int, spinning: bool = False):
-        self.threads, self.spinning = threads, spinning
+    def __init__(self):
         self._session: ort.InferenceSession | None = None
         self._lock = threading.Lock()
-
-    @classmethod
-    def like(cls, session: ort.InferenceSession) -> BeamHead:
-        """The head beside `session`: on the calling thread alone. Its work is ~1 ms a step
-        at Opus-MT's vocabulary; a pool of its own would spin beside the decoder's after
-        each run (measured: 4 beams at 2 threads took 407 ms against 226 at 1 thread)."""
-        del session
-        return cls(1, spinning=False)
 
     def _open(self) -> ort.InferenceSession:
         with self._lock:
             if self._session is None:
-                opts = ort_options(level="disabled", threads=self.threads,
-                                   spinning=self.spinning)
+                opts = ort_options(level="disabled", threads=1)
                 self._session = ort.InferenceSession(_model(), opts,
                                                      providers=["CPUExecutionProvider"])
             return self._session

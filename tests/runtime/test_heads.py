@@ -16,7 +16,7 @@ def test_the_head_gives_each_rows_best_log_probabilities():
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((5, V)) * 4).astype(np.float32)
     logits[2, 10] = -np.inf  # a ruled-out token stays out
-    values, ids = BeamHead(1)(logits, 8)
+    values, ids = BeamHead()(logits, 8)
     want = _log_softmax(logits)
     order = np.argsort(-want, axis=1, kind="stable")[:, :8]
     assert ids.shape == values.shape == (5, 8)
@@ -52,7 +52,7 @@ def _model(seed: int, eos: int):
 def test_beam_search_chooses_the_same_with_the_head(seed, params):
     prefixes = [[1, 2], [3], [4, 5, 6]]
     runs = []
-    for head in (None, BeamHead(2)):
+    for head in (None, BeamHead()):
         first, step = _model(seed, eos=0)
         runs.append(beam_search(first(prefixes), step, prefixes, params, eos=[0],
                                 max_new_tokens=12, head=head))
@@ -65,4 +65,4 @@ def test_a_nonfinite_row_is_refused_by_name():
     logits[1, 3] = np.nan
     with pytest.raises(NonFiniteError):
         beam_search(logits, lambda p, t: logits, [[1], [2]], BeamParams(2), eos=[0],
-                    max_new_tokens=3, head=BeamHead(1))
+                    max_new_tokens=3, head=BeamHead())
