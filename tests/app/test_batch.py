@@ -70,6 +70,30 @@ def test_generate_and_classify_answer_as_the_runtime(lm_onnx, tiny_clf, corpus, 
         b.batch(clf, corpus, tmp_path / "wrong", task="embed", log=lambda s: None)
 
 
+def test_translate_answers_as_the_runtime_with_its_target_language(encoder, corpus, tmp_path):
+    from seq2seq_fixtures import seq2seq_artifact
+
+    _, mt = seq2seq_artifact(tmp_path / "s2s")
+    b.batch(mt, corpus, tmp_path / "de", task="translate", part_rows=4,
+            options={"max_tokens": 8, "tgt_lang": "de"}, log=lambda s: None)
+    b.batch(mt, corpus, tmp_path / "plain", task="translate", part_rows=4,
+            options={"max_tokens": 8}, log=lambda s: None)
+    model = rt.load(mt, threads=1)
+    for out, kw in (("de", {"tgt_lang": "de"}), ("plain", {})):
+        want = [r.text for s in range(0, 11, 4)  # each part is one batch of the runtime
+                for r in model.generate_details(TEXTS[s:s + 4], max_new_tokens=8,
+                                                temperature=0.0, **kw)]
+        got = b.read_output(tmp_path / out)
+        assert [r["row"] for r in got] == list(range(11))
+        assert [r["text"] for r in got] == want
+    # the target language is the first token: it changes what is written
+    assert [r["text"] for r in b.read_output(tmp_path / "de")] != \
+        [r["text"] for r in b.read_output(tmp_path / "plain")]
+    with pytest.raises(ConfigError, match="--task translate needs an artifact that loads as "
+                                          "Seq2SeqModel; .* loads as Encoder"):
+        b.batch(encoder, corpus, tmp_path / "x", task="translate", log=lambda s: None)
+
+
 def test_a_crash_then_a_restart_keeps_whole_parts_and_every_row_once(encoder, corpus, tmp_path,
                                                                      monkeypatch):
     out = tmp_path / "out"
