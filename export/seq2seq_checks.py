@@ -36,7 +36,15 @@ from tinyt.manifest import Artifact
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.session import create_session
 
-from .compare import max_abs, max_abs_diff, reorder_bound
+from .compare import (
+    FP32_U,
+    MAGNITUDE_FLOOR,
+    REORDER_SAFETY,
+    max_abs,
+    max_abs_diff,
+    reduction_width,
+    reorder_bound,
+)
 
 ATTENTION = f"{CONTRIB_DOMAIN}.MultiHeadAttention"
 CHECK_TARGET = 32  # target tokens of a check, at most (the source's go to check_tokens(cfg))
@@ -79,6 +87,19 @@ def check_cases(cfg: ModelConfig) -> list[tuple[int, int, int, int, int]]:
 def is_speech(cfg: ModelConfig) -> bool:
     """Whether the source is log-mel features (Whisper), not token ids."""
     return cfg.n_mels is not None and cfg.source_positions is not None
+
+
+def graph_bound(cfg: ModelConfig, magnitude: float, layers: int) -> float:
+    """compare.reorder_bound for an output `layers` blocks deep; for speech, its arithmetic
+    widened to the audio encoder's: the attention over every frame (source_positions terms,
+    the encoder's and every cross-attention's), the second convolution's 3 x n_embd products,
+    and the two convolutions as two more steps of depth."""
+    if not is_speech(cfg):
+        return reorder_bound(cfg, magnitude, layers)
+    width = max(reduction_width(cfg), cfg.source_positions, 3 * cfg.n_embd, 3 * cfg.n_mels)
+    depth = max(layers, 1) + 1 + 2  # the blocks, the head (or final norm), the convolutions
+    return REORDER_SAFETY * FP32_U * depth * float(np.sqrt(width)) * \
+        max(float(magnitude), MAGNITUDE_FLOOR)
 
 
 def check_sizes(cfg: ModelConfig, cases) -> dict[str, int]:
@@ -162,7 +183,7 @@ def compare_graphs(source: dict[str, Path], candidate: dict[str, Path], cfg: Mod
                                      f"{x.shape}, at {dict(zip(CASE_KEYS, case))}")
                 note_worst(worst, name, x, y, dict(zip(CASE_KEYS, case)))
         for w in worst.values():
-            w["bound"] = reorder_bound(cfg, w["magnitude"], layers_of(cfg, role))
+            w["bound"] = graph_bound(cfg, w["magnitude"], layers_of(cfg, role))
         out[file] = worst
     return out
 
