@@ -28,7 +28,7 @@ import numpy as np
 from tinyt.contract import SEQ2SEQ_FILES
 from tinyt.errors import QuantizeError
 from tinyt.manifest import Artifact
-from tinyt.runtime.audio import load_audio, log_mel
+from tinyt.runtime.audio import SAMPLE_RATE, load_audio, log_mel
 from tinyt.runtime.session import graph_session
 from tinyt.runtime.transcribe import SpeechModel
 from tinyt.tokenizer import Tokenizer
@@ -45,6 +45,22 @@ SENTENCES = ("The quick brown fox jumps over the lazy dog.",
 REPORT_CLIPS = 8  # clips of a --data folder read, at most (its files in name order)
 REPORT_TOKENS = 48  # greedy tokens a clip, at most
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif")
+
+
+def voice(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
+    """A synthetic voice at 16 kHz: a 120-Hz pulse train through three formants that glide
+    (so the spectrum moves as speech's does), syllables at 4 Hz, a little noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    phase = 2 * np.pi * 120 * t
+    buzz = sum(np.sin(k * phase) / k for k in range(1, 30))
+    out = np.zeros_like(t)
+    for f0, f1 in ((500, 800), (1500, 1100), (2500, 2800)):  # formants gliding over the clip
+        f = f0 + (f1 - f0) * t / seconds
+        out += buzz * (1 + np.cos(2 * np.pi * f * t)) / 2
+    envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t))  # four syllables a second
+    x = out * envelope + 0.05 * rng.standard_normal(t.size)
+    return (0.3 * x / np.abs(x).max()).astype(np.float32)
 
 
 def speech_clips(data: str | None) -> tuple[list[np.ndarray], str]:

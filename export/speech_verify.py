@@ -36,23 +36,7 @@ from tinyt.runtime.audio import SAMPLE_RATE, load_audio, log_mel
 from .compare import TIE_FACTOR, first_difference
 from .seq2seq_checks import graph_bound
 from .seq2seq_verify import CHECK_TARGET, _check_steps, _sessions, _Worst
-from .speech_accuracy import SENTENCES
-
-
-def voice(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
-    """A synthetic voice at 16 kHz: a 120-Hz pulse train through three formants that glide
-    (so the spectrum moves as speech's does), syllables at 4 Hz, a little noise."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
-    phase = 2 * np.pi * 120 * t
-    buzz = sum(np.sin(k * phase) / k for k in range(1, 30))
-    out = np.zeros_like(t)
-    for f0, f1 in ((500, 800), (1500, 1100), (2500, 2800)):  # formants gliding over the clip
-        f = f0 + (f1 - f0) * t / seconds
-        out += buzz * (1 + np.cos(2 * np.pi * f * t)) / 2
-    envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t))  # four syllables a second
-    x = out * envelope + 0.05 * rng.standard_normal(t.size)
-    return (0.3 * x / np.abs(x).max()).astype(np.float32)
+from .speech_accuracy import SENTENCES, voice
 
 
 def clips() -> dict[str, np.ndarray]:
