@@ -51,6 +51,20 @@ REFUSED = {
 }
 
 
+# What a browser needs to transcribe that the text packages do not hold (issue 52's later step)
+SPEECH_WEB_NEEDS = {
+    "web": "the page would need Whisper's audio front end in JavaScript (a file or the "
+           "microphone decoded by Web Audio, resampled to 16 kHz, runtime/audio.log_mel's "
+           "log-mel features) and seq2seq.mjs Whisper's prompt, rules and windows "
+           "(runtime/transcribe.py); nor have the speech graphs' operators been run in "
+           "ONNX Runtime Web yet",
+    "transformers-js": "transformers.js' speech pipeline reads a preprocessor_config.json "
+                       "(WhisperFeatureExtractor's settings) and Whisper's own config.json and "
+                       "generation_config.json, and the package's check would transcribe, "
+                       "not translate",
+}
+
+
 def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: str,
                     fixed: list[str] | dict[str, int] | None = None) -> Built:
     """An encoder-decoder's ORT-format, web or transformers.js package (module docstring);
@@ -62,6 +76,10 @@ def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, f
                            f"{'--fixed' if fixed else f'--format {format}'} does not apply, as "
                            f"{why}. It packages as --format ort, web or transformers-js")
     src = open_source(src_dir, out_dir)
+    if format in SPEECH_WEB_NEEDS and is_speech(src.config):
+        raise PackageError(f"{src_dir} is a speech (Whisper) artifact: --format {format} is not "
+                           f"built for it yet, as {SPEECH_WEB_NEEDS[format]}. It packages as "
+                           "--format ort (tinyt.runtime transcribes the package)")
     if src.manifest.stage == "package":
         raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
                            "from")
