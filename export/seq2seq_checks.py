@@ -149,7 +149,7 @@ def output_group(name: str) -> str:
 def role_cases(role: str, cases, cfg: ModelConfig | None = None) -> list[tuple]:
     """The cases that differ for a graph: the encoder reads no target (nor, for speech,
     `cfg`'s, a length of its own), the first decoder graph no past."""
-    if role == "encoder" and cfg is not None and is_speech(cfg):  # one length: a case per batch size
+    if role == "encoder" and cfg is not None and is_speech(cfg):  # one length: a case a batch
         return sorted({(b, cfg.source_positions, 1, 0, 0) for b, *_ in cases})
     if role == "encoder":
         return sorted({(b, s, 1, 0, pad) for b, s, _, _, pad in cases})

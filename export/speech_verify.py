@@ -38,7 +38,6 @@ from .seq2seq_checks import graph_bound
 from .seq2seq_verify import CHECK_TARGET, _check_steps, _sessions, _Worst
 from .speech_accuracy import SENTENCES, voice
 
-
 GEN_TOKENS = 32  # greedy tokens a clip, at most: PyTorch's steps pay the 51,865-wide head each
 
 
