@@ -46,7 +46,8 @@ def pipeline(
         help="Your text corpus (default: the Python standard library's source); seq2seq: a "
              ".tsv / .jsonl of pairs or a directory of .py files.")] = None,
     skip_train: Annotated[Optional[Path], typer.Option(
-        help="Use this checkpoint instead of training.")] = None,
+        help="Use this checkpoint instead of training (a Hugging Face model directory: "
+             "imported to OUT/checkpoint first).")] = None,
     no_bench: Annotated[bool, typer.Option("--no-bench", help="Skip the quick benchmark.")]
         = False,
 ) -> None:

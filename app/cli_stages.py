@@ -234,7 +234,9 @@ def quantize(
     data: Annotated[Optional[Path], typer.Option(
         help="Held-out data for the accuracy report (default: the built-in corpus); for a "
              "classifier, a directory per label, for its accuracy beside the label agreement "
-             "with the source that every classifier reports on built-in text.")] = None,
+             "with the source that every classifier reports on built-in text; for a Whisper, "
+             "an audio file or a folder of them (default: espeak-ng's built-in sentences).")
+        ] = None,
     kernel: Annotated[str, typer.Option(
         help="dynamic int8: nbits (MatMulNBits, block-wise; fastest per decode step on small "
              "models), qgemm (DynamicQuantizeMatMul, per channel; ~3x faster matmuls on a "
@@ -308,6 +310,9 @@ def _say_quantized(path) -> None:
         if isinstance(value, float):
             typer.echo(f"{key:30s} {value:.4f}" if abs(value) >= 1e-3 or value == 0
                        else f"{key:30s} {value:.2e}")
+    if "clips" in a:  # a Whisper's report: on what
+        typer.echo(f"measured on {a['clips']} clips ({a['data']}), greedy, up to "
+                   f"{a['max_new_tokens']} tokens a clip; WER / CER against fp32's transcripts")
     if "meets_targets" in a:  # an encoder's report: on what, and against which bar
         typer.echo(f"measured on {a['texts']} texts ({a['queries']} queries, {a['passages']} "
                    f"passages of {a['data']}), cut at {a['max_length']} tokens; targets "

@@ -88,6 +88,7 @@ def pipeline(out: str | Path, *, preset: str | None = None, task: str | None = N
         if preset is not None:
             raise ConfigError(f"--preset {preset} picks what to train; --skip-train uses "
                               f"{skip_train} as it is: drop --preset")
+        ckpt = _imported(ckpt, out, record)  # a Hugging Face directory: imported first
         cfg, _ = read_config(ckpt)  # a clear error now if it is not a checkpoint
         if task is not None and task != cfg.task:
             raise ConfigError(f"--task {task}, but {ckpt} is a {cfg.task} checkpoint: drop "
@@ -120,6 +121,44 @@ def pipeline(out: str | Path, *, preset: str | None = None, task: str | None = N
     notes = [f"{d}: made with {dict(v.fallback or {})} — with its first options it was {why}"
              for v in made_by("pipeline") for d, why in record.fell_back.items() if v.dir == d]
     return write_report(out, ckpt, checks, result, record.timings, peers, record.dropped, notes)
+
+
+def _imported(given: Path, out: Path, record: Record) -> Path:
+    """The checkpoint --skip-train names, or, where it names a Hugging Face model directory
+    (config.json with a model_type), that model imported to OUT/checkpoint by import-hf
+    (again only where the directory or a file in it changed since)."""
+    try:
+        said = json.loads((given / "config.json").read_text())
+    except (OSError, ValueError):
+        return given  # read_config names what is wrong
+    if not isinstance(said, dict) or said.get("format") is not None or "model_type" not in said:
+        return given
+    from tinyt.hf import import_hf
+
+    ckpt = out / "checkpoint"
+    made = ckpt / "config.json"
+    source = str(given.resolve())
+    metrics: dict = {}
+    try:
+        metrics = json.loads(made.read_text()).get("metrics") or {}
+        newest = max(f.stat().st_mtime for f in given.iterdir() if f.is_file())
+        if metrics.get("source_dir") == source and newest <= made.stat().st_mtime:
+            record.log(f"[import] up to date: {ckpt}")
+            record.timings["import"] = "skipped"
+            return ckpt
+    except (OSError, ValueError, AttributeError):
+        pass  # none made yet, or unreadable: import again
+    if ckpt.exists():
+        if metrics.get("imported_from") != "huggingface":
+            raise ConfigError(f"--skip-train {given} is a Hugging Face directory, imported to "
+                              f"{ckpt}, but {ckpt} holds something else (a trained "
+                              "checkpoint?): choose another --out, or move it")
+        shutil.rmtree(ckpt)  # imported from an older directory
+    record.log(f"[import] {given} -> {ckpt}")
+    t = time.perf_counter()
+    import_hf(given, ckpt)
+    record.timings["import"] = round(time.perf_counter() - t, 1)
+    return ckpt
 
 
 def _task_of(preset: str | None, task: str | None) -> str:

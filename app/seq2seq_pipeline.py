@@ -6,7 +6,8 @@ app/pipeline.py hands it here by the checkpoint's task):
                                                         ──quantize --bits 4──▶ OUT/onnx-int4
     verify (onnx, onnx-opt): the three graphs vs PyTorch, greedy tokens ─▶ OUT/*-verify.json
     each quantization's report: chrF / BLEU of its greedy outputs against fp32's on held-out
-    pairs, token agreement (export/seq2seq_accuracy.py)
+    pairs, token agreement (export/seq2seq_accuracy.py); a Whisper's: token agreement, WER
+    and CER of its transcripts against fp32's on speech (export/speech_accuracy.py)
     report ─▶ OUT/report.md
 
 The rows are tinyt.artifacts.SEQ2SEQ_VARIANTS (rows_for); a stage is skipped when its
@@ -52,19 +53,73 @@ def _bytes(directory: Path) -> int:
 
 def write_report(out: Path, ckpt: Path, rows, checks: dict, timings: dict) -> Path:
     """OUT/report.md: a line per row (bytes of its three graphs, the quantizations' chrF /
-    BLEU against fp32, token agreement, chrF against the references, perplexity change),
-    the rows made by hand, the stage times."""
+    BLEU against fp32, token agreement, chrF against the references, perplexity change; a
+    Whisper's: token agreement, WER and CER against fp32's transcripts), the rows made by
+    hand, the stage times."""
     metrics = _checkpoint_metrics(ckpt)
-    lines = ["# tinyt pipeline report (encoder-decoder)", "",
-             f"Checkpoint: {ckpt}" + (f" — {metrics}" if metrics else "") + ".", "",
-             "| variant | bytes | chrF vs fp32 | BLEU vs fp32 | token agreement | chrF vs "
+    head = [f"Checkpoint: {ckpt}" + (f" — {metrics}" if metrics else "") + ".", ""]
+    speech = any(((manifest_of(out / v.dir) or {}).get("accuracy") or {}).get("clips")
+                 for v in rows)  # a speech model's reports
+    if speech:
+        lines = ["# tinyt pipeline report (speech: Whisper)", "", *head,
+                 *speech_rows(out, rows, checks)]
+    else:
+        lines = ["# tinyt pipeline report (encoder-decoder)", "", *head,
+                 *_text_rows(out, rows, checks)]
+    lines += [f"- {v.dir}: {v.note}" for v in SEQ2SEQ_VARIANTS if v.made_by == "hand"
+              and not (speech and v.options.get("mode") == "static")]  # text pairs calibrate it
+    lines += ["", f"Speed: {BENCH_NOTE}.", "",
+              "Stage times (s): " + ", ".join(f"{k} {t}" for k, t in timings.items()), ""]
+    path = out / "report.md"
+    write_text(path, "\n".join(lines))
+    return path
+
+
+def _equivalence(v, checks: dict) -> str:
+    return {True: "verified vs PyTorch", False: "FAILED"}.get(checks.get(v.dir),
+                                                               f"report vs {v.source}")
+
+
+def speech_rows(out: Path, rows, checks: dict) -> list[str]:
+    """A Whisper's table: each quantization's transcripts against fp32's (export/
+    speech_accuracy.py)."""
+    lines = ["| variant | bytes | token agreement | WER vs fp32 | CER vs fp32 | language "
+             "agreement | top-1 agreement | perplexity change | equivalence |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    measured = None
+    for v in rows:
+        a = (manifest_of(out / v.dir) or {}).get("accuracy") or {}
+        if a:
+            measured = a
+            lines.append(
+                f"| {v.dir} | {_bytes(out / v.dir):,} | {100 * a['token_agreement']:.1f}% | "
+                f"{100 * a['wer_vs_fp32']:.1f}% | {100 * a['cer_vs_fp32']:.1f}% | "
+                f"{100 * a['language_agreement']:.0f}% | {100 * a['top1_agreement']:.1f}% | "
+                f"{100 * a['perplexity_change']:+.2f}% | {_equivalence(v, checks)} |")
+        else:
+            lines.append(f"| {v.dir} | {_bytes(out / v.dir):,} | — | — | — | — | — | — | "
+                         f"{_equivalence(v, checks)} |")
+    lines.append("")
+    if measured:
+        lines += [f"Quantizations measured on {measured['clips']} clips ({measured['data']}): "
+                  f"greedy, the language detected, up to {measured['max_new_tokens']} tokens a "
+                  "clip, through tinyt.runtime; WER / CER: word / character edit distance of "
+                  "the quantized transcript to fp32's (not to what was said); top-1 agreement "
+                  "and perplexity change along fp32's transcripts. On a model that has not "
+                  "learnt speech (random weights) the transcripts are noise: the figures then "
+                  "say how far quantization moves that noise (docs/speech.md).", ""]
+    return lines
+
+
+def _text_rows(out: Path, rows, checks: dict) -> list[str]:
+    """The text encoder-decoder's table (chrF / BLEU against fp32 and the references)."""
+    lines = ["| variant | bytes | chrF vs fp32 | BLEU vs fp32 | token agreement | chrF vs "
              "references (fp32) | perplexity change | equivalence |",
              "|---|---|---|---|---|---|---|---|"]
     measured = None
     for v in rows:
         a = (manifest_of(out / v.dir) or {}).get("accuracy") or {}
-        equal = {True: "verified vs PyTorch", False: "FAILED"}.get(
-            checks.get(v.dir), f"report vs {v.source}")
+        equal = _equivalence(v, checks)
         if a:
             measured = a
             lines.append(
@@ -81,12 +136,7 @@ def write_report(out: Path, ckpt: Path, rows, checks: dict, timings: dict) -> Pa
                   "source, through tinyt.runtime; chrF and BLEU by sacrebleu (0-100), token "
                   "agreement position by position with fp32's outputs; perplexity along the "
                   "references' targets.", ""]
-    lines += [f"- {v.dir}: {v.note}" for v in SEQ2SEQ_VARIANTS if v.made_by == "hand"]
-    lines += ["", f"Speed: {BENCH_NOTE}.", "",
-              "Stage times (s): " + ", ".join(f"{k} {t}" for k, t in timings.items()), ""]
-    path = out / "report.md"
-    write_text(path, "\n".join(lines))
-    return path
+    return lines
 
 
 def _checkpoint_metrics(ckpt: Path) -> str:

@@ -47,11 +47,15 @@ from .compare import compare_graphs, grid, grid_sizes, within_bound
 from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
 from .kvfuse import attention_with_past, cross_attention_bnsh
 from .seq2seq_checks import (
+    CONV_GELU_OPS,
+    SPEECH_CONVS,
     attention_report,
     beyond_bound,
     check_cases,
     check_sizes,
+    conv_gelus,
     fuses_attention,
+    is_speech,
     open_graphs,
 )
 from .seq2seq_checks import compare_graphs as compare_seq2seq
@@ -409,6 +413,8 @@ def _optimize_seq2seq(src: Artifact, out_dir: Path, target: str, level: str) -> 
             if target == "cpu" and role == "encoder" and \
                     (unfused := unfuse_skip_layer_norms(optimized)):
                 fusions["skip_layer_norm_as_sum"] = unfused
+            if role == "encoder" and is_speech(cfg):
+                fusions["conv_gelu"] = conv_gelus(optimized)
             counts = op_counts(optimized)
             records[file] = {"fusions": fusions, "op_counts": dict(sorted(counts.items())),
                              "attention": attention_report(cfg, role, optimized)}
@@ -446,6 +452,12 @@ def _check_seq2seq_fusions(cfg, target: str, records: dict[str, dict]) -> None:
         if contrib:
             raise OptimizeError(f"the portable graphs still hold contrib ops {contrib}")
         return
+    encoder = records[SEQ2SEQ_FILES["encoder"]]
+    if is_speech(cfg) and encoder["fusions"]["conv_gelu"] < SPEECH_CONVS:
+        raise OptimizeError(f"{SEQ2SEQ_FILES['encoder']}: the convolutions' GELU fused into "
+                            f"{' / '.join(CONV_GELU_OPS)} {encoder['fusions']['conv_gelu']} "
+                            f"times where {SPEECH_CONVS} were expected; ops now: "
+                            f"{encoder['op_counts']}")
     if not fuses_attention(cfg):
         return
     for file, r in records.items():

@@ -16,7 +16,8 @@ from the standard library's docstrings (accuracy.encoder_accuracy), not held-out
 A classifier's (sequence or token) is label agreement with the source on built-in text, which
 needs no labels, with accuracy beside it where labelled data applies (accuracy.classifier_report).
 An encoder-decoder's three graphs take one recipe (seq2seq_quantize.py); its report is chrF /
-BLEU of its greedy outputs against the source's on held-out pairs (seq2seq_accuracy.py).
+BLEU of its greedy outputs against the source's on held-out pairs (seq2seq_accuracy.py), or a
+Whisper's, token agreement and WER of its transcripts against the source's (speech_accuracy.py).
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ from .accuracy import classifier_report, encoder_accuracy, lm_accuracy
 from .blockquant import QuantReport, quantize_weights
 from .qdq import calibration_batches, quantize_qdq
 from .seq2seq_accuracy import seq2seq_report
-from .seq2seq_checks import open_graphs
+from .seq2seq_checks import is_speech, open_graphs
 from .seq2seq_quantize import quantize_graphs
+from .speech_accuracy import speech_report
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 from .text_batches import TEXT_KINDS
 
@@ -255,6 +257,10 @@ def _quantize_seq2seq(src: Artifact, out_dir: Path, recipe: QuantRecipe, preset:
     its report: chrF and BLEU of greedy outputs against the source's, token agreement, and
     the next-token measures along held-out targets (export/seq2seq_accuracy.py). The
     quantization record lists each graph's modules as `file: module (op)`."""
+    if recipe.static and is_speech(src.config):
+        raise QuantizeError("static (QDQ) quantization of a speech (Whisper) artifact is not "
+                            "built: its calibration reads text pairs; use the dynamic recipes "
+                            "(the default INT8, or --bits 4)")
     protos = open_graphs(src)
     for role, file in SEQ2SEQ_FILES.items():
         _check_source(src.path / file, src.manifest, protos[role], SEQ2SEQ, recipe, data)
@@ -274,8 +280,9 @@ def _quantize_seq2seq(src: Artifact, out_dir: Path, recipe: QuantRecipe, preset:
             keep_8bit_used=set().union(*(r.keep_8bit_used for r in reports.values())),
             modules=set().union(*(r.modules for r in reports.values())))
         _check_done(recipe, merged, src.path)
-        accuracy = seq2seq_report(src, {r: out / f for r, f in SEQ2SEQ_FILES.items()},
-                                  tokenizer, data, rows_independent=recipe.rows_independent)
+        graphs = {r: out / f for r, f in SEQ2SEQ_FILES.items()}
+        accuracy = speech_report(src, graphs, tokenizer, data) if is_speech(src.config) else \
+            seq2seq_report(src, graphs, tokenizer, data, rows_independent=recipe.rows_independent)
         src_bytes = sum(_bytes(src.path / f) for f in files)
         out_bytes = sum(_bytes(out / f) for f in files)
         return write_artifact(out_dir, src, [out / f for f in files], stage="quantize", options={

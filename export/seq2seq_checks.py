@@ -12,6 +12,11 @@ holds fused.
 The decoder graphs are fed random hidden states and caches (sizes ~1, as a LayerNorm's
 output), not the encoder's: each graph is held to the fp32 bound of its own stack
 (compare.reorder_bound).
+
+Speech (Whisper): the encoder reads random log-mel features [batch, n_mels, 2 x frames] (sizes
+~1, as log_mel's, which lie in [-1.5, 1.5] after its scaling) at the one length it takes; the
+decoders take no source mask (padding 0) and hidden states of any length, the encoder's
+`frames` among the cases.
 """
 from __future__ import annotations
 
@@ -25,13 +30,21 @@ import onnx
 import onnxruntime as ort
 
 from tinyt.config import ModelConfig
-from tinyt.contract import SEQ2SEQ_FILES, refuse_speech, seq2seq_contract
+from tinyt.contract import SEQ2SEQ_FILES, seq2seq_contract
 from tinyt.graphio import CONTRIB_DOMAIN, load_graph
 from tinyt.manifest import Artifact
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.session import create_session
 
-from .compare import max_abs, max_abs_diff, reorder_bound
+from .compare import (
+    FP32_U,
+    MAGNITUDE_FLOOR,
+    REORDER_SAFETY,
+    max_abs,
+    max_abs_diff,
+    reduction_width,
+    reorder_bound,
+)
 
 ATTENTION = f"{CONTRIB_DOMAIN}.MultiHeadAttention"
 CHECK_TARGET = 32  # target tokens of a check, at most (the source's go to check_tokens(cfg))
@@ -42,7 +55,6 @@ def open_graphs(src: Artifact) -> dict[str, onnx.ModelProto]:
     """Each graph of the source by role, its weights checked finite, after the runtime's own
     checks of it (the contract, config.json against the graph, one probe run), so that a
     mismatch is refused by name before a stage runs it."""
-    refuse_speech(src.config, "this stage (optimize, quantize)")
     protos = {}
     for role, file in SEQ2SEQ_FILES.items():
         protos[role] = load_graph(src.path / file)
@@ -66,7 +78,28 @@ def check_cases(cfg: ModelConfig) -> list[tuple[int, int, int, int, int]]:
              (2, S, max(1, min(5, T // 2)), T // 2, 1)]
     if cfg.block_size > T:
         cases.append((1, min(4, S), 1, cfg.block_size - 1, 0))
+    if is_speech(cfg):  # no source mask; the encoder's own length once, at batch 2
+        frames = cfg.source_positions
+        cases = [(b, s, t, p, 0) for b, s, t, p, _ in cases] + [(2, frames, 2, 3, 0)]
     return sorted(set(cases))
+
+
+def is_speech(cfg: ModelConfig) -> bool:
+    """Whether the source is log-mel features (Whisper), not token ids."""
+    return cfg.n_mels is not None and cfg.source_positions is not None
+
+
+def graph_bound(cfg: ModelConfig, magnitude: float, layers: int) -> float:
+    """compare.reorder_bound for an output `layers` blocks deep; for speech, its arithmetic
+    widened to the audio encoder's: the attention over every frame (source_positions terms,
+    the encoder's and every cross-attention's), the second convolution's 3 x n_embd products,
+    and the two convolutions as two more steps of depth."""
+    if not is_speech(cfg):
+        return reorder_bound(cfg, magnitude, layers)
+    width = max(reduction_width(cfg), cfg.source_positions, 3 * cfg.n_embd, 3 * cfg.n_mels)
+    depth = max(layers, 1) + 1 + 2  # the blocks, the head (or final norm), the convolutions
+    return REORDER_SAFETY * FP32_U * depth * float(np.sqrt(width)) * \
+        max(float(magnitude), MAGNITUDE_FLOOR)
 
 
 def check_sizes(cfg: ModelConfig, cases) -> dict[str, int]:
@@ -83,13 +116,19 @@ def graph_feeds(cfg: ModelConfig, role: str, case, rng: np.random.Generator
     b, s, t, p, pad = case
     mask = np.ones((b, s), dtype=np.int64)
     mask[0, s - pad:] = 0  # right-padded, as the runtime pads a source batch
+    if role == "encoder" and is_speech(cfg):
+        frames = 2 * cfg.source_positions
+        return {"input_features": rng.uniform(-1.5, 1.5, (b, cfg.n_mels, frames))
+                .astype(np.float32)}
     if role == "encoder":
         return {"input_ids": rng.integers(0, cfg.vocab_size, (b, s), dtype=np.int64),
                 "attention_mask": mask}
     feeds = {"encoder_attention_mask": mask,
              "input_ids": rng.integers(0, cfg.vocab_size, (b, t), dtype=np.int64)}
+    if is_speech(cfg):
+        del feeds["encoder_attention_mask"]  # every frame is attended
     inputs, _ = seq2seq_contract(cfg)[role]
-    for spec in inputs[2:]:  # hidden states, or the caches
+    for spec in inputs[len(feeds):]:  # hidden states, or the caches
         sizes = {"batch_size": b, "encoder_sequence_length": s,
                  "past_decoder_sequence_length": p}
         shape = [d if isinstance(d, int) else sizes[d] for d in spec.shape]
@@ -107,9 +146,11 @@ def output_group(name: str) -> str:
     return name
 
 
-def role_cases(role: str, cases) -> list[tuple]:
-    """The cases that differ for a graph: the encoder reads no target, the first decoder
-    graph no past."""
+def role_cases(role: str, cases, cfg: ModelConfig | None = None) -> list[tuple]:
+    """The cases that differ for a graph: the encoder reads no target (nor, for speech,
+    `cfg`'s, a length of its own), the first decoder graph no past."""
+    if role == "encoder" and cfg is not None and is_speech(cfg):  # one length: a case a batch
+        return sorted({(b, cfg.source_positions, 1, 0, 0) for b, *_ in cases})
     if role == "encoder":
         return sorted({(b, s, 1, 0, pad) for b, s, _, _, pad in cases})
     if role == "decoder":
@@ -128,7 +169,7 @@ def compare_graphs(source: dict[str, Path], candidate: dict[str, Path], cfg: Mod
     cases = check_cases(cfg)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for role, file in SEQ2SEQ_FILES.items():
-        runs = [(case, graph_feeds(cfg, role, case, rng)) for case in role_cases(role, cases)]
+        runs = [(case, graph_feeds(cfg, role, case, rng)) for case in role_cases(role, cases, cfg)]
         first = opener(source[role])
         names = [o.name for o in first.get_outputs()]
         expected = [first.run(names, f) for _, f in runs]
@@ -142,7 +183,7 @@ def compare_graphs(source: dict[str, Path], candidate: dict[str, Path], cfg: Mod
                                      f"{x.shape}, at {dict(zip(CASE_KEYS, case))}")
                 note_worst(worst, name, x, y, dict(zip(CASE_KEYS, case)))
         for w in worst.values():
-            w["bound"] = reorder_bound(cfg, w["magnitude"], layers_of(cfg, role))
+            w["bound"] = graph_bound(cfg, w["magnitude"], layers_of(cfg, role))
         out[file] = worst
     return out
 
@@ -169,8 +210,9 @@ def beyond_bound(worst: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
 
 def attention_kinds(proto: onnx.ModelProto) -> Counter:
     """How many fused attentions (MultiHeadAttention) a graph holds of each kind: 'cross'
-    where its keys do not come from the target's tokens (the encoder's hidden states, or a
-    cache of them), else 'self'. (Every later block's input depends on the encoder through
+    where its keys do not come from the graph's own sequence (the target's tokens; in the
+    encoder its source's ids or log-mel features) but from the encoder's hidden states or a
+    cache of them, else 'self'. (Every later block's input depends on the encoder through
     the residual stream; only the cross keys are free of the target.)"""
     producer = {o: n for n in proto.graph.node for o in n.output}
 
@@ -178,7 +220,7 @@ def attention_kinds(proto: onnx.ModelProto) -> Counter:
         seen, todo = set(), [value]
         while todo:
             v = todo.pop()
-            if v == "input_ids":
+            if v in ("input_ids", "input_features"):
                 return True
             node = producer.get(v)
             if node is None or v in seen or node.op_type in ("Shape", "Size"):
@@ -210,3 +252,15 @@ def fuses_attention(cfg: ModelConfig) -> bool:
     MultiHeadAttention's attention_bias), but not with soft-capped logits (the op has no
     cap)."""
     return cfg.attn_softcap is None
+
+
+CONV_GELU_OPS = (f"{CONTRIB_DOMAIN}.Gelu", f"{CONTRIB_DOMAIN}.BiasGelu")
+SPEECH_CONVS = 2  # Whisper's encoder stem: two Conv1d, each followed by an erf GELU
+
+
+def conv_gelus(proto: onnx.ModelProto) -> int:
+    """How many of a graph's GELUs run as one contrib kernel (Gelu, BiasGelu) straight on a
+    convolution's output: the speech encoder's stem, Conv1d -> GELU twice."""
+    conv_out = {o for n in proto.graph.node if n.op_type == "Conv" for o in n.output}
+    return sum(1 for n in proto.graph.node
+               if f"{n.domain}.{n.op_type}" in CONV_GELU_OPS and n.input[0] in conv_out)

@@ -209,7 +209,7 @@ def check_merged(sources: dict[str, Path], merged: Path, cfg: ModelConfig, opene
     of another shape."""
     rng = np.random.default_rng(seed)
     cases = check_cases(cfg)
-    runs = {role: [(c, graph_feeds(cfg, role, c, rng)) for c in role_cases(role, cases)]
+    runs = {role: [(c, graph_feeds(cfg, role, c, rng)) for c in role_cases(role, cases, cfg)]
             for role in ROLES}
     expected = {}
     for role in ROLES:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES, refuse_speech, seq2seq_cache_names
+from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES, seq2seq_cache_names
 from tinyt.runtime.session import graph_session
 from tinyt.seq2seq import greedy
 
@@ -115,15 +115,16 @@ def _check_graphs(model, sessions, batches, T: int, worst: _Worst) -> None:
 def _check_steps(sessions, n: int, mask, memory, target, logits, worst: _Worst,
                  case: dict) -> None:
     """decoder_model on the start token, then decoder_with_past a token a step on the graphs'
-    own caches, as the runtime steps: each position's logits against teacher forcing."""
-    first = sessions["decoder"].run(None, {"encoder_attention_mask": mask.numpy(),
-                                           "input_ids": target[:, :1].numpy(),
+    own caches, as the runtime steps: each position's logits against teacher forcing (mask
+    None: a speech model's decoders, fed no source mask)."""
+    source = {} if mask is None else {"encoder_attention_mask": mask.numpy()}  # speech: none
+    first = sessions["decoder"].run(None, {**source, "input_ids": target[:, :1].numpy(),
                                            "encoder_hidden_states": memory.numpy()})
     own = [c for i, c in enumerate(first[1:]) if i % 4 < 2]
     cross = [c for i, c in enumerate(first[1:]) if i % 4 >= 2]
     steps = [first[0]]
     for t in range(1, target.shape[1]):
-        feeds = {"encoder_attention_mask": mask.numpy(), "input_ids": target[:, t:t + 1].numpy()}
+        feeds = {**source, "input_ids": target[:, t:t + 1].numpy()}
         kv = iter(own), iter(cross)
         for i, name in enumerate(seq2seq_cache_names(n, "past_key_values",
                                                      ("decoder", "encoder"))):
@@ -181,7 +182,6 @@ def verify_seq2seq(ckpt, onnx_dir: Path, seed: int = 0, gen_tokens: int = 64
     naming the graph, `worst` per graph and output group, `generation`)."""
     model, tokenizer = ckpt.model.eval(), ckpt.tokenizer
     cfg = model.config
-    refuse_speech(cfg, "verify")
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
     S = min(cfg.block_size, 64)
     rows = side_rows(tokenizer, SOURCES, S)

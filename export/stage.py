@@ -16,6 +16,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from tinyt.contract import SPEECH_FILE
 from tinyt.export.genai_config import write_genai_config
 from tinyt.fsutil import atomic_dir
 from tinyt.graphio import copy_graph, load_graph
@@ -23,7 +24,9 @@ from tinyt.manifest import Artifact, check_output_dir, open_artifact_dir, write_
 from tinyt.runtime.session import check_source
 
 COPIED_FILES = ("config.json", "tokenizer.json", "generation_config.json")
-CARRIED_IF_PRESENT = ("tokenizer_config.json",)  # an imported tokenizer's eos, bos, template
+# an imported tokenizer's eos, bos, template; a Whisper's special tokens and generation
+# settings (contract.SPEECH_FILE)
+CARRIED_IF_PRESENT = ("tokenizer_config.json", SPEECH_FILE)
 
 
 def copy_artifact_files(src_dir: Path, out: Path) -> None:

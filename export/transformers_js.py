@@ -156,7 +156,7 @@ def check_encoder(source: Path, candidate: Path, cfg) -> dict[str, dict]:
 
     rng = np.random.default_rng(0)
     runs = [(c, graph_feeds(cfg, "encoder", c, rng))
-            for c in role_cases("encoder", check_cases(cfg))]
+            for c in role_cases("encoder", check_cases(cfg), cfg)]
     ref = graph_session(source, threads=1)
     want = [ref.run(None, f) for _, f in runs]
     del ref

@@ -232,7 +232,10 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     ckpt = load_checkpoint(checkpoint_dir)
     cfg, model = ckpt.config, ckpt.model
     if kind in (SHARED_CACHE_KIND, SEQ2SEQ):
-        if kind == SEQ2SEQ:  # three graphs (export/seq2seq_verify.py)
+        if kind == SEQ2SEQ and cfg.n_mels is not None:  # Whisper (export/speech_verify.py)
+            from .speech_verify import verify_speech
+            report = verify_speech(ckpt, onnx_dir, gen_tokens)
+        elif kind == SEQ2SEQ:  # three graphs (export/seq2seq_verify.py)
             from .seq2seq_verify import verify_seq2seq
             report = verify_seq2seq(ckpt, onnx_dir, seed, gen_tokens)
         else:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyt.contract import SEQ2SEQ_FILES, SPEECH_FILE
+from tinyt.contract import SEQ2SEQ_FILES, SEQ2SEQ_ORT_FILES, SPEECH_FILE
 from tinyt.errors import ConfigError, ManifestError
 from tinyt.fsutil import read_json_object
 from tinyt.tokenizer import Tokenizer
@@ -354,12 +354,15 @@ class SpeechModel:
 def load_speech_model(artifact: Artifact, tokenizer: Tokenizer, *, provider: str, threads: int,
                       spinning: bool | None, level: str | None,
                       max_context: int | None = None) -> SpeechModel:
-    """The three sessions of a Whisper artifact, each checked against its contract
-    (runtime/session.py), as one SpeechModel."""
-    if artifact.manifest.package_format is not None:
-        raise ManifestError(f"{artifact.path} is a package ({artifact.manifest.package_format}); "
-                            "tinyt.runtime transcribes with the artifact it was made from")
+    """The three sessions of a Whisper artifact (or of its ORT-format package's .ort files),
+    each checked against its contract (runtime/session.py), as one SpeechModel."""
+    package = artifact.manifest.package_format
+    if package not in (None, "ort"):
+        raise ManifestError(f"{artifact.path} is a package ({package}); tinyt.runtime "
+                            "transcribes with the artifact it was made from, or its ORT-format "
+                            "package (tinyt package --format ort)")
+    files = SEQ2SEQ_ORT_FILES if package == "ort" else SEQ2SEQ_FILES
     sessions = {role: create_session(artifact, provider=provider, threads=threads,
                                      spinning=spinning, level=level, graph=file)
-                for role, file in SEQ2SEQ_FILES.items()}
+                for role, file in files.items()}
     return SpeechModel(artifact, sessions, tokenizer, max_context=max_context)
