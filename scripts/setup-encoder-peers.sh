@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 venv="${1:-.venv-encoder-peers}"
 python="${PYTHON:-python3}"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
 "${pip[@]}" "torch==2.13.0"  # the CPU wheel on this disk, not a CUDA build
 "${pip[@]}" "sentence-transformers[onnx]==5.7.0" "fastembed==0.9.1" \
     "optimum[onnxruntime]==2.1.0" "optimum-onnx==0.1.0" "transformers==4.57.6" \

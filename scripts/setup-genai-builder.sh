@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 venv="${1:-.venv-genai-builder}"
 python="${PYTHON:-python3}"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
 "${pip[@]}" "torch==2.13.0"  # the CPU wheel on this disk, not a CUDA build
 "${pip[@]}" "onnxruntime-genai==0.18.0" "transformers>=5,<6" onnx onnx-ir safetensors tqdm
 "$venv/bin/python" -c "import onnxruntime_genai.models.builder, transformers; \

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 venv="${1:-.venv-guidellm}"
 python="${PYTHON:-python3}"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
 "${pip[@]}" "torch==2.13.0"  # the CPU wheel on this disk, not a CUDA build
 "${pip[@]}" "guidellm==0.8.1" "transformers==5.25.0" "torch==2.13.0"
 "$venv/bin/guidellm" --version
