@@ -285,10 +285,10 @@ def to_int8_cache(proto: onnx.ModelProto, kv_scales: dict[int, list[np.ndarray]]
     return done
 
 
-def check_int8(fp32_lm, int8_lm, cfg, step: float, rows: list[list[int]]) -> dict:
+def check_int8(fp32_lm, int8_lm, cfg, moved: float, rows: list[list[int]]) -> dict:
     """The int8-cache model against the float32-cache one: each prompt of `rows` (the corpus'
     validation split), then CHECK_STEPS greedy steps of the float32 model fed to both; their
-    last-position logits held to kv_bound of the calibration's largest_step `step`.
+    last-position logits held to kv_bound of the calibration's largest_step `moved`.
     SharedCacheError past it."""
     worst = size = 0.0
     same = total = 0
@@ -304,11 +304,12 @@ def check_int8(fp32_lm, int8_lm, cfg, step: float, rows: list[list[int]]) -> dic
                 break
             nxt = np.array([la.argmax()])
             la, lb = a.step(nxt, None)[0, 0].copy(), b.step(nxt, None)[0, 0].copy()
-    bound = kv_bound(cfg, step, size)
+    bound = kv_bound(cfg, moved, size)
     if not worst <= bound:
         raise SharedCacheError(f"the int8 KV cache moves the logits by {worst:.3g} from the "
-                               f"float32 cache's (allowed {bound:.3g}: elements moved by up to "
-                               f"{step:.3g} of their channel's range, {cfg.n_layer} layers, head_dim "
+                               f"float32 cache's (allowed {bound:.3g}: elements moved by up "
+                               f"to {moved:.3g} of their channel's range, {cfg.n_layer} "
+                               f"layers, head_dim "
                                f"{cfg.head_dim}, logits up to {size:.3g}); calibrate on text "
                                "like the model's, or keep --kv-cache float32")
     return {"logits_max_abs": worst, "logits_magnitude": size, "tolerance": bound,

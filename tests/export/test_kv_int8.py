@@ -151,6 +151,8 @@ def test_graph_and_manifest_record_the_int8_cache(qwen3_like):
     # clip "mse" clips: the largest move is a clipped element's, beyond half a level
     assert 1 / 254 < kv["calibration"]["largest_step"] <= 1 - kv_int8.CLIP_GRID[0]
     assert kv["check"]["logits_max_abs"] <= kv["check"]["tolerance"]
+    assert kv["check"]["tolerance"] == pytest.approx(kv_int8.kv_bound(
+        cfg, kv["calibration"]["largest_step"], kv["check"]["logits_magnitude"]), rel=1e-12)
     plain = json.loads((qwen3_like["gqa"] / "manifest.json").read_text())
     assert plain["options"]["kv_cache"]["dtype"] == "float32" and "kv_cache" not in plain
     assert rt.load(qwen3_like["int8"]).kv_dtype is np.int8
