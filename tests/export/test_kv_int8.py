@@ -268,3 +268,23 @@ def test_largest_step_is_half_a_level_unclipped_and_the_clipped_part_beyond():
     assert kv_int8.largest_step(kept, maxima) == pytest.approx(1.25 / 254)
     clipped = {0: [np.array([[2.0, 3.0]]), np.array([[1.0, 1.0]])]}  # 4 clipped to 3
     assert kv_int8.largest_step(clipped, maxima) == pytest.approx(0.25)
+
+
+def test_per_tensor_least_error_ranges_give_one_scale_a_tensor(qwen3_like, corpus_dir, tmp_path):
+    """kv_scales per-tensor with clip mse: one fraction of the tensor's max for all its
+    channels, one scale a tensor, within [CLIP_GRID[0], 1] x the per-channel cache's largest
+    channel range (the same calibration's max); its logits within the check's bound."""
+    out = optimize(qwen3_like["opt"], tmp_path / "t", target="gqa", kv_cache="int8",
+                   kv_scales="per-tensor", kv_data=str(corpus_dir))
+    proto, chan = (onnx.load(str(d / "model.onnx")) for d in (out, qwen3_like["int8"]))
+    inits, chan_inits = ({t.name: onnx.numpy_helper.to_array(t) for t in p.graph.initializer}
+                         for p in (proto, chan))
+    names = [n for n in inits if n.endswith("_cache_scale")]
+    assert len(names) == 2 * 2  # 2 layers x keys, values
+    for n in names:
+        assert inits[n].shape == (1,)
+        top = float(inits[n][0])
+        # the per-channel artifact's largest range is at most its channel's max, at least half
+        assert top <= chan_inits[n].max() / kv_int8.CLIP_GRID[0] * (1 + 1e-6)
+    kv = json.loads((out / "manifest.json").read_text())["kv_cache"]
+    assert kv["check"]["logits_max_abs"] <= kv["check"]["tolerance"]
