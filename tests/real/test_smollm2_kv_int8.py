@@ -5,8 +5,9 @@ on held-out prose (Python's pydoc topics), WINDOWS windows spread over the text,
 through the cache in pieces of 512 tokens as chunked prefill and decode run
 (benchmarks/kv_cache_bench.py quality).
 
-Bound: GOAL, issue 51's, on the mean change over the windows; benchmarks/results/
-kv-int8-smollm2-epyc-vnni has each window's.
+Bound: GOAL, issue 51's, on the change of the perplexity over all the windows' tokens;
+benchmarks/results/kv-int8-smollm2-epyc-vnni measured +0.0005% (windows: +0.005%, +0.16%,
++0.006%, -0.17%: the int8 cache's effect is within the spread between windows).
 Slow: import, export, optimize and the two shared-cache stages (~6 min on 2 loaded cores),
 then 2 x WINDOWS passes of 8,192 tokens (3-4 min each at 1 thread on 2 loaded cores): ~35
 min; CI skips it as the main job on SmolLM2 (TINYT_REAL_MAIN_JOB=1 runs it:
@@ -50,4 +51,4 @@ def test_int8_cache_within_half_a_percent_over_the_whole_context(smol_gqa):
     res = quality(fp32, int8, CONTEXT, WINDOWS)
     changes = np.array(res["change_by_window"])
     assert res["change"] <= GOAL, (res["change"], changes)
-    assert (changes > 0).all()  # every window: the int8 cache costs something, or it is not int8
+    assert (changes != 0).all()  # the int8 cache moves every window's perplexity: it is int8
