@@ -80,6 +80,9 @@ def optimize(
     kv_data: Annotated[Optional[str], typer.Option(
         help="--kv-cache int8: the corpus to calibrate on (default: the one the source's "
              "quantization read, else the built-in one).")] = None,
+    kv_clip: Annotated[str, typer.Option(
+        help="--kv-cache int8: each channel's range, mse (least squared error of the int8 "
+             "cache over the calibration) or max (max |x| x 1.25, as before).")] = "mse",
     fuse_embedding: Annotated[bool, typer.Option(
         help="An encoder with a position table (BERT, DistilBERT, RoBERTa): its embeddings in "
              "one EmbedLayerNormalization (off: slower on CPU, and not quantized).")] = False,
@@ -92,9 +95,10 @@ def optimize(
         raise TinytError("--prefill-from goes with --target gqa")
     path = run_optimize(src, out, target=target, level=level, prefill_from=prefill_from,
                         **({"fuse_embedding": True} if fuse_embedding else {}),
-                        **({"kv_cache": kv_cache, "kv_scales": kv_scales, "kv_data": kv_data}
-                           if (kv_cache, kv_scales, kv_data) != ("float32", "per-channel", None)
-                           else {}))
+                        **({"kv_cache": kv_cache, "kv_scales": kv_scales, "kv_data": kv_data,
+                            "kv_clip": kv_clip}
+                           if (kv_cache, kv_scales, kv_data, kv_clip)
+                           != ("float32", "per-channel", None, "mse") else {}))
     manifest = path.manifest  # the stage says what it did
     if target == "gqa":
         eq = manifest["equivalence"]

@@ -147,6 +147,9 @@ def quality(fp32_dir: Path, int8_dir: Path, context: int, windows: int) -> dict:
         res["by_position"][k] = {f"{a}-{b}": float(np.exp(np.concatenate(
             [x[max(a - 1, 0):b - 1] for x in nll[k]]).mean())) for a, b in spans}
     res["change"] = res["perplexity"]["int8"] / res["perplexity"]["float32"] - 1
+    res["starts"] = [w * step for w in range(windows)]
+    res["change_by_window"] = [float(np.exp(a.mean() - b.mean()) - 1)
+                               for a, b in zip(nll["int8"], nll["float32"])]
     res["change_by_position"] = {s: res["by_position"]["int8"][s] /
                                  res["by_position"]["float32"][s] - 1
                                  for s in res["by_position"]["int8"]}

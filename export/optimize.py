@@ -297,19 +297,21 @@ def _ort_offline(src: Path, external: bool, level: str, tmp: Path) -> onnx.Model
 def optimize(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, target: str = "cpu",
              level: str = "extended", prefill_from: str | os.PathLike | None = None,
              fuse_embedding: bool = False, kv_cache: str = "float32",
-             kv_scales: str = "per-channel", kv_data: str | None = None) -> Built:
+             kv_scales: str = "per-channel", kv_data: str | None = None,
+             kv_clip: str = "mse") -> Built:
     """Fuse and optimize an exported graph for `target`; the result is checked against the
     input graph (compare.reorder_bound: fp32 rounding of the model's depth and width, relative
     to each output's size) before the directory is written. Returns out_dir.
     fuse_embedding: an encoder's embedding sum + LayerNorm into ONNX Runtime's
     EmbedLayerNormalization (BERT, DistilBERT, RoBERTa / XLM-R); off by default, being slower
     on CPU than the lookups and LayerNorm it replaces (encoder_fusions.py).
-    kv_cache, kv_scales, kv_data: target gqa's cache, float32 or int8 (tinyt.recipe.
-    KVCacheRecipe; int8's scales calibrated on kv_data's training split: export/kv_int8.py)."""
+    kv_cache, kv_scales, kv_data, kv_clip: target gqa's cache, float32 or int8 (tinyt.recipe.
+    KVCacheRecipe; int8's scales calibrated on kv_data's training split, each channel's range
+    by the rule kv_clip: export/kv_int8.py)."""
     from tinyt.recipe import KVCacheRecipe
 
     src_dir, out_dir = Path(src_dir), Path(out_dir)
-    kv = KVCacheRecipe(dtype=kv_cache, scales=kv_scales)
+    kv = KVCacheRecipe(dtype=kv_cache, scales=kv_scales, clip=kv_clip)
     if (kv.quantized or kv_data is not None) and target != "gqa":
         raise OptimizeError(f"kv_cache={kv_cache!r}, kv_data={kv_data!r}: an int8 KV cache is "
                             "the shared-cache graph's (target 'gqa', a decoder with a KV "

@@ -31,6 +31,11 @@ from .stage import Built, open_source, source_graph, source_versions, write_arti
 
 PREFILL_FILE = "prefill.onnx"
 RANGE = {"per-channel": "kv head and channel", "per-tensor": "tensor"}  # an int8 cache's scales
+RULE = {"max": "max |x| per {} (keys: of their rotary pairs' norms) x {}, / 127; beyond: "
+               "clipped",
+        "mse": "per {}, the range of least squared int8 error over the calibration (keys at "
+               "positions drawn over the context) among 0.50-1.00 x its max |x|, / 127; "
+               "beyond: clipped"}
 
 
 def _convert(src: Artifact, tmp: Path, name: str) -> tuple[Path, dict]:
@@ -122,7 +127,8 @@ def _int8_cache(src: Artifact, path: Path, prefill: Path | None,
     fp32 = _gqa_model(src.path, path, cfg, prefill, prefill_quantization)
     rows = kv_int8.calibration_rows(fp32.tokenizer, cfg, data)
     proto = onnx.load(str(path), load_external_data=False)  # the rotary tables' shapes
-    kv_scales = kv_int8.scales(kv_int8.calibrate(fp32, proto, rows), recipe)
+    ranges, maxima = kv_int8.kv_ranges(fp32, proto, rows, recipe)
+    kv_scales, step = kv_int8.scales(ranges, recipe), kv_int8.largest_step(ranges, maxima)
     checks = kv_int8.check_rows(fp32.tokenizer, cfg, data)
     with tempfile.TemporaryDirectory() as tmp:  # the float32 graphs, for the check
         graphs = [p for p in (path, prefill) if p is not None]
@@ -132,12 +138,12 @@ def _int8_cache(src: Artifact, path: Path, prefill: Path | None,
         ref = _gqa_model(src.path, keep[0], cfg, keep[1] if prefill else None,
                          prefill_quantization)
         int8 = _gqa_model(src.path, path, cfg, prefill, prefill_quantization)
-        check = kv_int8.check_int8(ref, int8, cfg, recipe, checks)
+        check = kv_int8.check_int8(ref, int8, cfg, step, checks)
     return {**recipe.to_json(), "calibration": {
         "data": data or "built-in corpus", "split": "train", "windows": len(rows),
         "tokens": sum(map(len, rows)),
-        "rule": f"max |x| per {RANGE[recipe.scales]} (keys: of their rotary pairs' norms) x "
-                f"{recipe.margin}, / 127; beyond: clipped"},
+        "rule": RULE[recipe.clip].format(RANGE[recipe.scales], recipe.margin),
+        "largest_step": step},
         "check": check}
 
 

@@ -98,8 +98,10 @@ def load(path: str | os.PathLike, *, provider: str = "cpu", threads: int | None 
         prefill = None if artifact.prefill_file is None else create_session(
             artifact, provider=provider, threads=threads, spinning=spinning, level=level,
             graph=artifact.prefill_file, phase="prompt")
-    return_freed_memory()  # what the loads (and the tuner's unkept sessions) freed
     tokenizer = _tokenizer(artifact)
+    # what the loads (the tuner's unkept sessions, the tokenizer's parsed JSON: 14 of its 30 MB
+    # at SmolLM2's 49,152 entries) freed
+    return_freed_memory()
     if artifact.kind == CLASSIFIER:
         return Classifier(artifact, session, tokenizer)
     if artifact.kind == ENCODER:

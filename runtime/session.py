@@ -3,7 +3,6 @@ and integrity checks of the artifact directory before anything runs (torch-free)
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata as md
 import os
 from pathlib import Path
 
@@ -45,6 +44,8 @@ def installation_problems() -> list[str]:
 
 
 def _installed(dist: str) -> bool:
+    import importlib.metadata as md  # here: with email and zipfile, 2 MB of a process's RSS
+
     try:
         md.version(dist)
         return True

@@ -30,7 +30,6 @@ import shutil
 import signal
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(out)
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tag = f"{os.getpid()}-{os.urandom(4).hex()}"
     tmp = out.parent / f".{out.name}.tmp-{tag}"
     tmp.mkdir()
     try:
@@ -187,7 +186,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     """Write a whole file or nothing: a temporary beside it, renamed over it."""
     path = Path(path)
     remove_stale(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)

@@ -350,9 +350,13 @@ KV_CACHE_TYPES = ("float32", "int8")
 # int8: a scale per (kv head, channel) of each layer's keys and values, or one per tensor;
 # ONNX Runtime's GroupQueryAttention takes both (k_quant_type / v_quant_type)
 KV_SCALE_TYPES = ("per-channel", "per-tensor")
-# The calibrated range is max |x| over the calibration text times this: a key or value beyond
-# it at run time is clipped to +-127 levels. 1.25 leaves a quarter of headroom for text unlike
-# the calibration's at a cost of 1/4 of a level's resolution (export/kv_int8.py says why).
+# How a channel's range is chosen from the calibration (export/kv_int8.py): "mse", the range of
+# least squared error of the int8 cache over the calibration's keys (at positions spread over
+# the context) and values; "max", max |x| x margin (nothing clipped on the calibration)
+KV_CLIP_RULES = ("mse", "max")
+# clip "max": the calibrated range is max |x| over the calibration text times this: a key or
+# value beyond it at run time is clipped to +-127 levels. 1.25 leaves a quarter of headroom for
+# text unlike the calibration's at a cost of 1/4 of a level's resolution.
 KV_MARGIN = 1.25
 
 
@@ -362,11 +366,13 @@ class KVCacheRecipe:
     (as the source's graph), or int8 with scales calibrated per layer (export/kv_int8.py)."""
     dtype: str = "float32"
     scales: str = "per-channel"
-    margin: float = KV_MARGIN
+    margin: float = KV_MARGIN  # clip "max" only
+    clip: str = "mse"
 
     def __post_init__(self) -> None:
         _one_of("kv_cache", self.dtype, KV_CACHE_TYPES)
         _one_of("kv_scales", self.scales, KV_SCALE_TYPES)
+        _one_of("kv_clip", self.clip, KV_CLIP_RULES)
         if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) \
                 or not 1.0 <= self.margin <= 4.0:
             raise QuantizeError(f"kv_margin={self.margin!r} must be a number from 1 to 4 (the "
@@ -387,9 +393,12 @@ class KVCacheRecipe:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> KVCacheRecipe:
-        """The record's recipe; None (a manifest written before --kv-cache): float32."""
+        """The record's recipe; None (a manifest written before --kv-cache): float32; a record
+        without "clip" (written before --kv-clip): the rule then, "max"."""
         if data is None:
             return cls()
+        if isinstance(data, Mapping) and "clip" not in data:
+            data = {**data, "clip": "max"}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

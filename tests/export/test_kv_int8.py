@@ -129,20 +129,30 @@ def test_graph_and_manifest_record_the_int8_cache(qwen3_like):
         for at in (kv_int8.K_SCALE_INPUT, kv_int8.V_SCALE_INPUT):
             scale = inits[node.input[at]]  # a scale per kv head and channel, all positive
             assert scale.shape == (cfg.kv_heads * cfg.head_dim,) and (scale > 0).all()
-        # a key channel's range is its rotary pair's (c, c + head_dim / 2): every position's
+        # a key channel's range (clip "mse") is at most its rotary pair's largest norm (c,
+        # c + head_dim / 2), which every position's key is within, and at least half of it
         k = inits[node.input[kv_int8.K_SCALE_INPUT]].reshape(cfg.kv_heads, cfg.head_dim)
         half = cfg.head_dim // 2
-        assert np.array_equal(k[:, :half], k[:, half:])
+        pair = np.maximum(k[:, :half], k[:, half:])
+        assert (np.minimum(k[:, :half], k[:, half:]) >= kv_int8.CLIP_GRID[0] * pair - 1e-9).all()
         v = inits[node.input[kv_int8.V_SCALE_INPUT]].reshape(cfg.kv_heads, cfg.head_dim)
         assert not np.array_equal(v[:, :half], v[:, half:])  # values: each channel its own
     m = json.loads((qwen3_like["int8"] / "manifest.json").read_text())
     assert m["options"]["kv_cache"] == {"dtype": "int8", "scales": "per-channel",
-                                        "margin": 1.25}
+                                        "margin": 1.25, "clip": "mse"}
     assert KVCacheRecipe.from_json(m["options"]["kv_cache"]) == KVCacheRecipe("int8")
     assert KVCacheRecipe.from_json(None) == KVCacheRecipe()  # made before --kv-cache
+    # a record made before --kv-clip: its rule was max |x| x margin
+    assert KVCacheRecipe.from_json({"dtype": "int8", "scales": "per-channel", "margin": 1.25}
+                                   ) == KVCacheRecipe("int8", clip="max")
     kv = m["kv_cache"]
     assert kv["calibration"]["split"] == "train" and kv["calibration"]["tokens"] > 0
+    assert "least squared int8 error" in kv["calibration"]["rule"]
+    # clip "mse" clips: the largest move is a clipped element's, beyond half a level
+    assert 1 / 254 < kv["calibration"]["largest_step"] <= 1 - kv_int8.CLIP_GRID[0]
     assert kv["check"]["logits_max_abs"] <= kv["check"]["tolerance"]
+    assert kv["check"]["tolerance"] == pytest.approx(kv_int8.kv_bound(
+        cfg, kv["calibration"]["largest_step"], kv["check"]["logits_magnitude"]), rel=1e-12)
     plain = json.loads((qwen3_like["gqa"] / "manifest.json").read_text())
     assert plain["options"]["kv_cache"]["dtype"] == "float32" and "kv_cache" not in plain
     assert rt.load(qwen3_like["int8"]).kv_dtype is np.int8
@@ -162,7 +172,9 @@ def test_logits_within_the_quantization_steps_bound_over_a_whole_sequence(qwen3_
         worst, size = max(worst, float(np.abs(la - lb).max())), max(size, float(np.abs(la).max()))
         nxt = np.array([la.argmax()])
         la, lb = a.step(nxt, None)[0, 0].copy(), b.step(nxt, None)[0, 0].copy()
-    bound = kv_int8.kv_bound(cfg, KVCacheRecipe("int8"), size)
+    step = json.loads((qwen3_like["int8"] / "manifest.json").read_text()
+                      )["kv_cache"]["calibration"]["largest_step"]
+    bound = kv_int8.kv_bound(cfg, step, size)
     assert 0 < worst <= bound, (worst, bound)  # 0: the cache would not be int8
 
 
@@ -192,6 +204,9 @@ def test_bad_values_and_graphs_it_cannot_apply_to_are_named(qwen3_like, tmp_path
     with pytest.raises(QuantizeError, match="kv_scales='per-row'"):
         optimize(qwen3_like["opt"], tmp_path / "b", target="gqa", kv_cache="int8",
                  kv_scales="per-row")
+    with pytest.raises(QuantizeError, match="kv_clip='p99' is not one of mse, max"):
+        optimize(qwen3_like["opt"], tmp_path / "e", target="gqa", kv_cache="int8",
+                 kv_clip="p99")
     with pytest.raises(QuantizeError, match="kv_margin=0.5"):
         KVCacheRecipe("int8", margin=0.5)
     with pytest.raises(QuantizeError, match=r"kv_cache keys \['bits'\]"):
@@ -200,3 +215,76 @@ def test_bad_values_and_graphs_it_cannot_apply_to_are_named(qwen3_like, tmp_path
         optimize(qwen3_like["opt"], tmp_path / "c", kv_cache="int8")
     with pytest.raises(SharedCacheError, match="KV-cache decoder"):  # a graph without a cache
         optimize(qwen3_like["gqa"], tmp_path / "d", target="gqa", kv_cache="int8")
+
+
+def test_keys_turned_to_other_positions_are_the_rotary_of_those_positions():
+    """at_positions undoes a key's rotary at its own position and applies the drawn one's:
+    against tinyt.rope's table applied to the unturned key (float32 rotations, two of them:
+    a few ulps of the key's size)."""
+    from tinyt.config import ModelConfig
+    from tinyt.rope import rope_frequencies, rope_table
+
+    cfg = ModelConfig(block_size=512, vocab_size=64, n_layer=1, n_head=2, n_kv_head=1,
+                      head_size=16, n_embd=32, pos_encoding="rotary", rope_theta=1e4,
+                      rotary_dim=12)
+    rng = np.random.default_rng(1)
+    raw = rng.standard_normal((1, 5, 16)).astype(np.float32)  # [kvh, T, hd], unturned
+    pos, drawn = np.array([0, 3, 7, 100, 400]), np.array([511, 0, 250, 100, 9])
+    cos, sin = rope_table(cfg, 512, scaled=False)
+
+    def turn(x, p):
+        c, s = cos[p], sin[p]
+        a, b = x[..., :6], x[..., 6:12]
+        return np.concatenate([a * c - b * s, b * c + a * s, x[..., 12:]], axis=-1)
+
+    got = kv_int8.at_positions(turn(raw, pos), pos, rope_frequencies(cfg)[0], drawn)
+    np.testing.assert_allclose(got, turn(raw, drawn), rtol=0, atol=1e-5)
+    assert np.array_equal(got[..., 12:], raw[..., 12:])  # the unturned channels kept
+
+
+def test_least_error_ranges_clip_a_lone_high_value_and_keep_a_uniform_channel():
+    """squared_errors is ONNX Runtime's int8 rounding's error per channel and candidate range;
+    the least of it keeps a uniform channel's whole range (clipping its edge costs more than
+    the finer step saves) and clips a channel whose max is one value 4% past all the others:
+    4,096 values' rounding error shrinks by 4,096 / 12 x ((1.04 / 127)^2 - (1.02 / 127)^2)
+    = 9e-4, the one clipped value costs 0.02^2 = 4e-4."""
+    rng = np.random.default_rng(2)
+    t = 4096
+    x = rng.uniform(-1, 1, (2, t)).astype(np.float32)
+    x[:, 0], x[1, 1] = 1.0, 1.04
+    cand = np.abs(x).max(axis=1)[:, None] * kv_int8.CLIP_GRID[None]
+    err = kv_int8.squared_errors(x.reshape(1, 2, t).transpose(0, 2, 1), cand)
+    scale = (cand[0, -1] / kv_int8.LEVELS).astype(np.float32)
+    direct = np.square(x[0] - np.clip(np.round(x[0] / scale), -128, 127) * scale,
+                       dtype=np.float64).sum()
+    assert err[0, -1] == pytest.approx(direct, rel=1e-6)  # float32 rounding, summed in float64
+    best = kv_int8.CLIP_GRID[err.argmin(axis=1)]
+    assert best[0] == 1.0 and 0.94 <= best[1] < 1.0, best
+
+
+def test_largest_step_is_half_a_level_unclipped_and_the_clipped_part_beyond():
+    maxima = {0: [np.array([[2.0, 4.0]]), np.array([[1.0, 1.0]])]}
+    kept = {0: [m * 1.25 for m in maxima[0]]}
+    assert kv_int8.largest_step(kept, maxima) == pytest.approx(1.25 / 254)
+    clipped = {0: [np.array([[2.0, 3.0]]), np.array([[1.0, 1.0]])]}  # 4 clipped to 3
+    assert kv_int8.largest_step(clipped, maxima) == pytest.approx(0.25)
+
+
+def test_per_tensor_least_error_ranges_give_one_scale_a_tensor(qwen3_like, corpus_dir, tmp_path):
+    """kv_scales per-tensor with clip mse: one fraction of the tensor's max for all its
+    channels, one scale a tensor, within [CLIP_GRID[0], 1] x the per-channel cache's largest
+    channel range (the same calibration's max); its logits within the check's bound."""
+    out = optimize(qwen3_like["opt"], tmp_path / "t", target="gqa", kv_cache="int8",
+                   kv_scales="per-tensor", kv_data=str(corpus_dir))
+    proto, chan = (onnx.load(str(d / "model.onnx")) for d in (out, qwen3_like["int8"]))
+    inits, chan_inits = ({t.name: onnx.numpy_helper.to_array(t) for t in p.graph.initializer}
+                         for p in (proto, chan))
+    names = [n for n in inits if n.endswith("_cache_scale")]
+    assert len(names) == 2 * 2  # 2 layers x keys, values
+    for n in names:
+        assert inits[n].shape == (1,)
+        top = float(inits[n][0])
+        # the per-channel artifact's largest range is at most its channel's max, at least half
+        assert top <= chan_inits[n].max() / kv_int8.CLIP_GRID[0] * (1 + 1e-6)
+    kv = json.loads((out / "manifest.json").read_text())["kv_cache"]
+    assert kv["check"]["logits_max_abs"] <= kv["check"]["tolerance"]
