@@ -122,16 +122,16 @@ def whisper_config(name: str, **overrides):
     return WhisperConfig(**{**COMMON, **WHISPER[name][0], **overrides})
 
 
-def whisper_model(name: str, std: float = STD, **overrides):
-    """transformers' Whisper `name` on random weights: std `std` (norm gains around 1), the
-    convolutions at 1/sqrt(fan-in) (features of size 1 in, size 1 out), the encoder's
-    sinusoid as Whisper makes it."""
+def whisper_model(name: str, std: float = STD, seed: int = 0, **overrides):
+    """transformers' Whisper `name` on random weights drawn from `seed`: std `std` (norm gains
+    around 1), the convolutions at 1/sqrt(fan-in) (features of size 1 in, size 1 out), the
+    encoder's sinusoid as Whisper makes it."""
     import torch
     from transformers import WhisperForConditionalGeneration
 
     config = whisper_config(name, **overrides)
     config._attn_implementation = "eager"
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config)
     for pname, p in model.named_parameters():
         if "encoder.embed_positions" in pname:
@@ -162,10 +162,11 @@ def save_whisper(name: str, path: Path, **overrides):
     return model
 
 
-def peer_whisper(name: str, path: Path):
+def peer_whisper(name: str, path: Path, **overrides):
     """The peer benchmark's Whisper `name` (tiny, base, ...): the fixture at the real model's
-    layers, saved to `path`, with the head's rows of the special tokens no prompt reads (the
-    end, the languages but English, the task tokens but <|transcribe|>, the timestamps) zero.
+    layers (or `overrides`' settings: a test's fewer layers, another seed), saved to `path`,
+    with the head's rows of the special tokens no prompt reads (the end, the languages but
+    English, the task tokens but <|transcribe|>, the timestamps) zero.
     Random rows there make a random model's greedy tokens mostly timestamps and end words
     early; a zero row's logit is 0, below the largest of 50,257 random ones, so every engine
     writes ordinary tokens up to the length asked: the same work (hf_shape's rule). The head
@@ -173,7 +174,8 @@ def peer_whisper(name: str, path: Path):
     import torch
 
     encoder, decoder = WHISPER[name][1]
-    model = save_whisper(name, path, encoder_layers=encoder, decoder_layers=decoder)
+    model = save_whisper(name, path, **{"encoder_layers": encoder, "decoder_layers": decoder,
+                                        **overrides})
     ids = special_ids(model.config.vocab_size)
     keep = {ids[t] for t in ("<|startoftranscript|>", "<|en|>", "<|transcribe|>",
                              "<|notimestamps|>")}

@@ -11,8 +11,19 @@ from pathlib import Path
 import numpy as np
 
 from tinyt.benchmarks.whisper_shape import (  # noqa: F401 (the fixtures' API)
-    COMMON, ORDINARY, STD, TASK_TOKENS, WHISPER, generation_config, languages, save_whisper,
-    special_ids, whisper_config, whisper_model, whisper_tokenizer)
+    COMMON,
+    ORDINARY,
+    STD,
+    TASK_TOKENS,
+    WHISPER,
+    generation_config,
+    languages,
+    save_whisper,
+    special_ids,
+    whisper_config,
+    whisper_model,
+    whisper_tokenizer,
+)
 
 
 @functools.lru_cache(maxsize=2)

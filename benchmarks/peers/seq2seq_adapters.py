@@ -118,8 +118,9 @@ def worker(spec: dict, loaders: dict | None = None) -> None:
     {"op": "time", "calls": [{"sources", "n", "beams"}], "settle", "block"} -> seconds per
     call, and the tokens each call's last run made ("made");
     {"op": "memory"}. loaders: the table spec["loader"] names (default LOADERS; the Whisper
-    peers' is whisper_adapters.LOADERS). The hello says ready (with the load's time and memory, the peak reset
-    after it so that later it is the calls'), a missing package, or the load's error."""
+    peers' is whisper_adapters.LOADERS). The hello says ready (with the load's time and
+    memory, the peak reset after it so that later it is the calls'), a missing package, or the
+    load's error."""
     def load():
         missing = missing_package(spec["packages"])
         if missing:
