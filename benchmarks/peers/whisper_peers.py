@@ -242,7 +242,19 @@ def _head(result: dict) -> list[str]:
             f"<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>. One window: the "
             f"encoder and {m['new_tokens']} new tokens, greedy and with {m['beams']} beams; a "
             f"batch: {m['batch']} windows, greedy. Median of {m['rounds']} interleaved rounds "
-            f"× {m['block']} calls (after {m['settle']} untimed).", ""]
+            f"× {m['block']} calls (after {m['settle']} untimed).", ""] + _load(env)
+
+
+def _load(env: dict) -> list[str]:
+    """A warning where the machine was busy before the run (1-min load average over half its
+    physical cores): the times then are the machine's, not the engines' alone."""
+    before = (env.get("load_average") or {}).get("before")
+    cores = env.get("physical_cores") or 1
+    if not before or before[0] <= cores / 2:
+        return []
+    return [f"**Under load**: a 1-min load average of {before[0]:.1f} on {cores} physical cores "
+            "before the run (other work on the machine), so the times and ratios are rough; "
+            "rerun it idle for figures to quote.", ""]
 
 
 def main() -> None:

@@ -124,3 +124,9 @@ def test_unknown_engine_and_bad_settings_are_refused_before_any_work(tmp_path):
     for said in ("beams=1", "new_tokens=0", "threads=[0]", "holds no Whisper"):
         assert said in str(e.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_busy_machine_is_said_in_the_report():
+    busy = {"load_average": {"before": [3.0, 2.5, 2.0]}, "physical_cores": 2}
+    assert "**Under load**: a 1-min load average of 3.0 on 2" in bench._load(busy)[0]
+    assert bench._load({"load_average": {"before": [0.4, 1, 1]}, "physical_cores": 2}) == []
