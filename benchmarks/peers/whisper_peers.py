@@ -137,11 +137,11 @@ def features(artifacts: Path, out: Path, count: int) -> Path:
 
 
 def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 5,
-        block: int = 3, settle: int = 1, engines: list[str] | None = None,
+        block: int = 3, settle: int = 1, engines: list[str | PeerEngine] | None = None,
         check_windows: int = CHECK_WINDOWS, new_tokens: int = 64, batch: int = 4,
         beams: int = 5, log=print) -> dict:
     """Check, then time every engine on ARTIFACTS' Whisper; write results.json and results.md
-    under `out`. Engines are names of WHISPER_ENGINES (default: every one)."""
+    under `out`. Engines are names of WHISPER_ENGINES or rows (default: every one)."""
     from tinyt.benchmarks.environment import environment
 
     from .seq2seq_adapters import VERSIONS
@@ -195,13 +195,16 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     return result
 
 
-def _engine_rows(engines: list[str] | None) -> list[PeerEngine]:
-    """The engines' rows (every one by default), the reference first."""
-    unknown = [e for e in engines or [] if e not in WHISPER_ENGINES]
+def _engine_rows(engines: list[str | PeerEngine] | None) -> list[PeerEngine]:
+    """The engines' rows (names of WHISPER_ENGINES or rows; every one by default), the
+    reference first."""
+    unknown = [e for e in engines or [] if isinstance(e, str) and e not in WHISPER_ENGINES]
     if unknown:
         raise BenchError(f"unknown engine(s) {unknown}; known: {', '.join(WHISPER_ENGINES)}")
-    names = list(dict.fromkeys([REFERENCE, *(engines or WHISPER_ENGINES)]))
-    return [WHISPER_ENGINES[n] for n in names]
+    rows = [e if isinstance(e, PeerEngine) else WHISPER_ENGINES[e]
+            for e in engines or list(WHISPER_ENGINES)]
+    rows = [WHISPER_ENGINES[REFERENCE], *(e for e in rows if e.name != REFERENCE)]
+    return list({e.name: e for e in rows}.values())
 
 
 def _check_options(artifacts: Path, threads: list[int], **counts: int) -> None:

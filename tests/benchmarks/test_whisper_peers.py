@@ -49,14 +49,10 @@ def result(artifacts):
         bench.WHISPER_ENGINES[e].modules[0].split(".")[0]) is not None]
     other = replace(bench.WHISPER_ENGINES["ct2-float32"], name="ct2-other",
                     artifact="peers/ct2-other", convert=None)
-    bench.WHISPER_ENGINES["ct2-other"] = other
-    try:
-        out = artifacts / "out"
-        r = bench.run(artifacts, out, threads=[1], rounds=1, block=1, settle=0,
-                      engines=["tinyt-fp32", "tinyt-int8", *installed, "ct2-other"], **CALLS,
-                      log=lambda _: None)
-    finally:
-        del bench.WHISPER_ENGINES["ct2-other"]
+    out = artifacts / "out"
+    r = bench.run(artifacts, out, threads=[1], rounds=1, block=1, settle=0,
+                  engines=["tinyt-fp32", "tinyt-int8", *installed, other], **CALLS,
+                  log=lambda _: None)
     return out, r, installed
 
 
