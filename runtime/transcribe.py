@@ -242,16 +242,41 @@ class SpeechModel:
         ids = np.asarray(list(self.languages.values()))
         return int(ids[np.argmax(logits[ids])])
 
-    def _window(self, memory: np.ndarray, prompt: list[int], settings: Settings) -> list[int]:
-        """One window's generated tokens, the final <|endoftext|> left out."""
+    def _window(self, memory: np.ndarray, prompt: list[int], settings: Settings,
+                ) -> list[list[int]]:
+        """Each window's generated tokens (memory [B, frames / 2, C], one prompt for all), the
+        final <|endoftext|> left out."""
         steps = DecoderSteps(self.decoder, memory, None)
         first = steps.first(prompt)
         if settings.beams.num_beams > 1:
-            out = beam_search(first, steps, [prompt], settings.beams, eos=(self.eos,),
-                              max_new_tokens=settings.max_new_tokens, rules=settings.rules)
+            out = beam_search(first, steps, [prompt] * len(memory), settings.beams,
+                              eos=(self.eos,), max_new_tokens=settings.max_new_tokens,
+                              rules=settings.rules)
         else:
-            out = self.decoder._sample(first, steps, 1, settings, prefix=prompt)
-        return out[0][0]
+            out = self.decoder._sample(first, steps, len(memory), settings, prefix=prompt)
+        return [tokens for tokens, _ in out]
+
+    def decode_features(self, features: np.ndarray, *, language: str | None = "en",
+                        task: str = "transcribe", timestamps: bool = False,
+                        num_beams: int = 1, max_new_tokens: int | None = None,
+                        length_penalty: float = 1.0) -> list[list[int]]:
+        """The generated tokens of each window of log-mel `features` [B, n_mels, 3000]
+        (log_mel's, one window each), in one batch: what transformers' generate returns on
+        input_features (short-form: one window each, the final <|endoftext|> left out).
+        language: a code (an English-only model: None)."""
+        f = np.asarray(features)
+        if f.ndim != 3 or f.shape[1:] != (self.n_mels, N_FRAMES) or not len(f):
+            raise ConfigError(f"features of shape {f.shape}: [windows >= 1, {self.n_mels}, "
+                              f"{N_FRAMES}] (runtime/audio.log_mel's, one 30-s window each)")
+        prefix = self._prefix(language, task, timestamps)
+        if -1 in prefix:
+            raise ConfigError("language=None: decode_features takes the language's code "
+                              "(transcribe detects it)")
+        settings = self._settings(len(prefix), timestamps, max_new_tokens,
+                                  num_beams=num_beams, length_penalty=length_penalty)
+        (memory,) = self.sessions["encoder"].run(["last_hidden_state"],
+                                                 {"input_features": f.astype(np.float32)})
+        return self._window(memory, prefix, settings)
 
     # -- public API ----------------------------------------------------------------------------
     def transcribe(self, audio: str | os.PathLike | np.ndarray, *, language: str | None = None,
@@ -333,7 +358,7 @@ class SpeechModel:
             if seek:
                 memory = self.encode(window)
             offset = seek * TIME_PRECISION / INPUT_STRIDE
-            out = self._window(memory, prompt, settings)
+            (out,) = self._window(memory, prompt, settings)
             pieces, advance = split_segments(out, self.tokens["timestamp_begin"], offset,
                                              frames)
             for start, end, piece in pieces:

@@ -7,6 +7,8 @@
         ──Optimum's main_export──▶ peers/optimum-fp32
     an encoder-decoder's ARTIFACTS/hf (seq2seq_peers.py) ──CTranslate2──▶ peers/ct2-int8, ...
         ──Optimum's ORTModelForSeq2SeqLM(export=True)──▶ peers/optimum-fp32
+    a Whisper's ARTIFACTS/hf (whisper_peers.py) ──CTranslate2──▶ peers/ct2-int8, ...
+        ──Optimum's ORTModelForSpeechSeq2Seq(export=True)──▶ peers/optimum-fp32
 
 Every converter is `convert(hf, out, option)`; prepare.py calls the one an engine names and
 stamps `out` with the checkpoint's hash. Where the opt-in tools live is found here too.
@@ -136,6 +138,14 @@ def optimum_seq2seq(hf: Path, out: Path, option: str) -> None:
     from optimum.onnxruntime import ORTModelForSeq2SeqLM
 
     ORTModelForSeq2SeqLM.from_pretrained(hf, export=True).save_pretrained(out)
+
+
+def optimum_speech(hf: Path, out: Path, option: str) -> None:
+    """Optimum's own export of a Whisper (ORTModelForSpeechSeq2Seq with export=True: the same
+    three files as its text encoder-decoders'), saved."""
+    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+
+    ORTModelForSpeechSeq2Seq.from_pretrained(hf, export=True).save_pretrained(out)
 
 
 # convert_hf_to_gguf.py names a BPE vocabulary's pre-tokenizer by hashing what it makes of a

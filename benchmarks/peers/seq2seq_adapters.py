@@ -109,7 +109,7 @@ LOADERS = {"tinyt": _load_tinyt, "ctranslate2": _load_ctranslate2, "optimum": _l
            "transformers": _load_transformers}
 
 
-def worker(spec: dict) -> None:
+def worker(spec: dict, loaders: dict | None = None) -> None:
     """Load one engine (spec: loader, path, threads, packages, options), then answer JSON lines
     on stdin until it closes:
     {"op": "translate", "sources", "n", "beams"} -> {"tokens": [[id, ...], ...]};
@@ -117,15 +117,17 @@ def worker(spec: dict) -> None:
     decoder's start and prefix, and the largest |logit| (tinyt's engines: the reference);
     {"op": "time", "calls": [{"sources", "n", "beams"}], "settle", "block"} -> seconds per
     call, and the tokens each call's last run made ("made");
-    {"op": "memory"}. The hello says ready (with the load's time and memory, the peak reset
-    after it so that later it is the calls'), a missing package, or the load's error."""
+    {"op": "memory"}. loaders: the table spec["loader"] names (default LOADERS; the Whisper
+    peers' is whisper_adapters.LOADERS). The hello says ready (with the load's time and
+    memory, the peak reset after it so that later it is the calls'), a missing package, or the
+    load's error."""
     def load():
         missing = missing_package(spec["packages"])
         if missing:
             return {"missing": missing}, None
         t = time.perf_counter()
-        translate = LOADERS[spec["loader"]](Path(spec["path"]), spec["threads"],
-                                            **spec["options"])
+        load = (loaders or LOADERS)[spec["loader"]]
+        translate = load(Path(spec["path"]), spec["threads"], **spec["options"])
         hello = {"ready": True, "load_s": time.perf_counter() - t, "loaded": memory(),
                  "peak_reset": reset_peak(), "python": sys.executable,
                  "versions": {d: v for d in VERSIONS if (v := _version(d))}}

@@ -279,10 +279,10 @@ def inputs(artifacts: Path, check_sources: int, source_tokens: int, new_tokens: 
 
 
 def _start(rows: list[PeerEngine], artifacts: Path, threads: list[int],
-           skipped: dict[str, str], logs: Path, log) -> list[Worker]:
+           skipped: dict[str, str], logs: Path, log, **how) -> list[Worker]:
     """A worker per engine and thread count, one after another; one that cannot start (its
     package absent in the worker, its load failing, too little memory left) is skipped with
-    why."""
+    why. how: start's module and options."""
     from tinyt.hardware import available_memory, gib
 
     workers: list[Worker] = []
@@ -295,7 +295,7 @@ def _start(rows: list[PeerEngine], artifacts: Path, threads: list[int],
                 skipped[f"{e.name}@{n}t"] = (f"not started: {gib(free)} available with "
                                              f"{len(workers)} worker(s) loaded")
                 continue
-            w = start(e, artifacts, n, logs / f"{e.name}@{n}t.log")
+            w = start(e, artifacts, n, logs / f"{e.name}@{n}t.log", **how)
             if "ready" not in w.hello:
                 said = w.hello.get("error") or f"not installed (no {w.hello.get('missing')}): "\
                                                 f"{e.install}"
@@ -307,12 +307,16 @@ def _start(rows: list[PeerEngine], artifacts: Path, threads: list[int],
     return workers
 
 
-def start(e: PeerEngine, artifacts: Path, threads: int, log: Path | None = None) -> Worker:
-    """The worker of engine `e` at `threads` on ARTIFACTS/<its artifact> (its hello read)."""
+def start(e: PeerEngine, artifacts: Path, threads: int, log: Path | None = None, *,
+          module: str = "tinyt.benchmarks.peers.seq2seq_peers",
+          options: dict | None = None) -> Worker:
+    """The worker of engine `e` at `threads` on ARTIFACTS/<its artifact> (its hello read):
+    `python -m module ARTIFACTS --worker SPEC`, its loader given e.options and `options`."""
     n = str(threads)
     spec = {"loader": e.load, "path": str((artifacts / e.artifact).resolve()),
-            "threads": threads, "packages": list(e.modules), "options": dict(e.options)}
-    return Worker(e.name, threads, [sys.executable, "-m", "tinyt.benchmarks.peers.seq2seq_peers",
+            "threads": threads, "packages": list(e.modules),
+            "options": {**e.options, **(options or {})}}
+    return Worker(e.name, threads, [sys.executable, "-m", module,
                                     str(artifacts), "--worker", json.dumps(spec)],
                   {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "HF_HUB_OFFLINE": "1",
                    "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}, log)

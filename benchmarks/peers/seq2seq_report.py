@@ -50,10 +50,11 @@ def targets(timed: dict[str, dict], threads: list[int], ours: set[str]) -> dict[
     return out
 
 
-def markdown(result: dict) -> str:
-    """results.md: the model, machine, method, times with the target, the check, memory and
-    files, what was skipped."""
-    lines = (_head(result) + _times(result) + _targets(result) + _check(result)
+def markdown(result: dict, head=None) -> str:
+    """results.md: the model, machine, method (`head`(result), default a text
+    encoder-decoder's), times with the target, the check, memory and files, what was
+    skipped."""
+    lines = ((head or _head)(result) + _times(result) + _targets(result) + _check(result)
              + _memory(result) + _engines(result))
     return "\n".join(lines) + "\n"
 
@@ -88,8 +89,9 @@ def _times(result: dict) -> list[str]:
     if not rows:
         return ["Nothing timed (--rounds 0, or no engine passed the check).", ""]
     m = result["method"]
-    lines = [f"| engine | threads | 1 sentence greedy ms | 1 sentence, {m['beams']} beams ms |"
-             f" batch {m['batch']}: sentences/s | tokens made (per call) |",
+    one = m.get("unit", "sentence")  # what one call reads: a sentence, a 30-s window
+    lines = [f"| engine | threads | 1 {one} greedy ms | 1 {one}, {m['beams']} beams ms |"
+             f" batch {m['batch']}: {one}s/s | tokens made (per call) |",
              "|---|---|---|---|---|---|"]
     for label, r in sorted(rows.items(), key=lambda kv: (int(kv[0].rsplit("@", 1)[1][:-1]),
                                                          kv[1]["greedy_ms"])):
@@ -138,8 +140,9 @@ def _each(t: dict) -> list[str]:
 
 def _check(result: dict) -> list[str]:
     m = result["method"]
-    lo, hi = m["check_lengths"]
-    lines = [f"Same output first ({m['check_sources']} sources of {lo} to {hi} tokens, one at a "
+    lo, hi = m.get("check_lengths") or (None, None)
+    what = m.get("check_said") or f"sources of {lo} to {hi} tokens"
+    lines = [f"Same output first ({m['check_sources']} {what}, one at a "
              f"time, {m['new_tokens']} new tokens, at {m['threads'][0]} thread(s)): tokens "
              "equal to tinyt fp32's, position by position. An fp32 engine must give them "
              "exactly (greedy), but for a tie at fp32 precision where they first part (tinyt's "

@@ -114,6 +114,23 @@ def test_each_greedy_choice_is_clear_of_the_logits_tolerance(built):
     assert margin > 2 * ONNX_ATOL, margin
 
 
+def test_decode_features_batches_windows_as_transformers_generate_one_by_one(built):
+    """SpeechModel.decode_features (the peer benchmark's call): a batch of two windows gives
+    each window's tokens as transformers' generate on it alone, greedy and with beams; the
+    final <|endoftext|> left out."""
+    theirs, ours, _, samples = built("tiny")
+    windows = np.stack([log_mel(samples, 80), log_mel(samples[:len(samples) // 2], 80)])
+    for beams in (1, 3):
+        got = ours.decode_features(windows, max_new_tokens=N, num_beams=beams)
+        want = [[t for t in _theirs(theirs, w, language="en", num_beams=beams) if t != ours.eos]
+                for w in windows]
+        assert want[0] != want[1] and got == want, beams
+    with pytest.raises(ConfigError, match=r"features of shape \(80, 3000\): \[windows >= 1, 80"):
+        ours.decode_features(windows[0])
+    with pytest.raises(ConfigError, match="language=None: decode_features takes"):
+        ours.decode_features(windows, language=None)
+
+
 def test_a_prompt_goes_before_the_start_token(built):
     theirs, ours, _, samples = built("tiny")
     got = ours.transcribe(samples, language="en", prompt="  Fox, dog. ", max_new_tokens=N)

@@ -1,0 +1,300 @@
+"""tinyt's Whisper artifacts against the engines a user would transcribe with instead, on the same
+weights and the same log-mel features (issue 52, the peers): the encoder-decoder peer benchmark
+(seq2seq_peers.py: its workers, check, timing and report) with windows of speech for sources.
+
+    ARTIFACTS/hf (a WhisperForConditionalGeneration: yours, or --make tiny|base: random weights
+    at the real model's shape, whisper_shape.peer_whisper)
+      ├─tinyt import-hf─▶ checkpoint ──tinyt export─▶ onnx (──optimize─▶ onnx-opt ──quantize─▶
+      │                                                      onnx-int8, where they are made)
+      ├─CTranslate2's TransformersConverter─▶ peers/ct2-int8, peers/ct2-float32 (the models
+      │   faster-whisper runs: ctranslate2.models.Whisper, called with faster-whisper's arguments)
+      ├─Optimum's ORTModelForSpeechSeq2Seq(export=True)─▶ peers/optimum-fp32
+      └─transformers' PyTorch model loads ARTIFACTS/hf itself
+    features: espeak-ng speaking sentences of tinyt's retrieval set, runtime/audio.log_mel, one
+    30-s window each (padded with silence) ──▶ OUT/features.npy, read by every worker
+    one worker process per (engine, threads), each loading once (whisper_adapters.py):
+      1. same output first, at the first thread count: every engine's greedy tokens on each
+         check window, one at a time, against tinyt fp32's; an fp32 engine must give them
+         exactly, but for a tie at fp32 precision where they first part (seq2seq_check.py: tinyt
+         fp32's logits there prefer its token by at most TIE_FACTOR x reorder_bound over both
+         stacks), or it is refused, never timed; INT8 reports its agreement; beams told
+      2. then time, rounds interleaved (seq2seq_peers.py's): one window greedy (encoder and
+         decode), one window with beams, a batch of windows greedy (windows per second)
+    ──▶ OUT/results.json (the CPU, the load average before and after, every raw time),
+        OUT/results.md; tinyt's best time over CTranslate2 int8's (faster-whisper's default
+        compute type on a CPU) per measure and thread count
+
+    python -m tinyt.benchmarks.peers.whisper_peers ARTIFACTS --make tiny --out OUT
+
+The prompt is <|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|> for every engine;
+each applies Whisper's suppress_tokens and begin_suppress_tokens its own way, and none stops
+early: peer_whisper's head has zero rows for the end and every special token no prompt reads,
+so each call makes exactly the tokens asked (each call's count is recorded, "made").
+faster-whisper itself is not run: its transcribe adds its own feature extraction (and PyAV, an
+FFmpeg binding, to its install) around the same ctranslate2.models.Whisper.generate call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from tinyt.errors import BenchError
+
+from . import formats
+from .engines import PeerEngine
+from .protocol import Worker
+from .seq2seq_check import REFERENCE, check, tie_bound
+from .seq2seq_peers import FP32, TINYT_ROWS, _bytes, _start, _time, makes, prepare
+from .seq2seq_report import markdown, rows, targets
+from .whisper_adapters import FEATURES, LOADERS
+
+CHECK_WINDOWS = 8  # the check's windows: each a different sentence
+UNIT = "window"
+
+
+def _ours(name: str) -> PeerEngine:
+    artifact = TINYT_ROWS[name]
+    return PeerEngine(name, f"tinyt.runtime SpeechModel.decode_features on ARTIFACTS/{artifact}"
+                      f" (`{makes(artifact)}`)", "onnxruntime", "bash scripts/setup.sh",
+                      "whisper-tinyt", artifact, ours=True, exact=artifact in FP32,
+                      modules=("tinyt.runtime",))
+
+
+def _ct2(option: str) -> PeerEngine:
+    return PeerEngine(f"ct2-{option}", f"CTranslate2's Whisper (faster-whisper's engine), "
+                      f"{option}: its TransformersConverter on ARTIFACTS/hf", "ctranslate2",
+                      "extra peers", "whisper-ctranslate2", f"peers/ct2-{option}",
+                      formats.ctranslate2, option, exact=option == "float32",
+                      modules=("ctranslate2",))
+
+
+# tinyt's rows: the encoder-decoder catalogue's (seq2seq_peers.TINYT_ROWS: a form is a row
+# there); one not made (optimize / quantize of speech graphs, where absent) is skipped, saying
+# which command makes it
+WHISPER_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
+    *(_ours(name) for name in TINYT_ROWS),
+    _ct2("int8"),
+    _ct2("float32"),
+    PeerEngine("optimum-fp32", "Optimum's ORTModelForSpeechSeq2Seq.generate on its own export "
+               "(from_pretrained(ARTIFACTS/hf, export=True), saved once)", "optimum-onnx",
+               "extra optimum", "whisper-optimum", "peers/optimum-fp32",
+               formats.optimum_speech, exact=True,
+               modules=("optimum.onnxruntime", "transformers")),
+    PeerEngine("transformers", "transformers' PyTorch WhisperForConditionalGeneration (eager "
+               "attention) generate on ARTIFACTS/hf", "torch", "extra torch",
+               "whisper-transformers", "hf", exact=True, modules=("torch", "transformers")),
+)}
+
+
+def make(name: str, artifacts: Path, log=print) -> None:
+    """ARTIFACTS/hf (whisper_shape.peer_whisper `name`), its checkpoint and tinyt's onnx, each
+    where absent."""
+    from tinyt.benchmarks.whisper_shape import WHISPER, peer_whisper
+
+    if name not in WHISPER:
+        raise BenchError(f"--make {name!r}: one of {', '.join(WHISPER)}")
+    if not (artifacts / "hf" / "config.json").is_file():
+        log(f"making {artifacts / 'hf'}: Whisper {name}'s shape, random weights")
+        peer_whisper(name, artifacts / "hf")
+    if not (artifacts / "onnx" / "manifest.json").is_file():
+        from tinyt.export import export_onnx
+        from tinyt.hf import import_hf
+
+        log("tinyt import-hf, export")
+        export_onnx(import_hf(artifacts / "hf", artifacts / "checkpoint"), artifacts / "onnx")
+
+
+def features(artifacts: Path, out: Path, count: int) -> Path:
+    """`count` windows [count, n_mels, 3000]: espeak-ng speaking the first sentences of tinyt's
+    retrieval set, one a window, through runtime/audio.log_mel; saved as out/FEATURES."""
+    import shutil
+    import subprocess
+
+    import numpy as np
+
+    from tinyt.export.retrieval_set import PASSAGES
+    from tinyt.runtime.audio import load_audio, log_mel
+
+    if shutil.which("espeak-ng") is None:
+        raise BenchError("espeak-ng is not installed: the benchmark speaks its windows with it "
+                         "(apt-get install espeak-ng, or bash scripts/setup.sh)")
+    n_mels = json.loads((artifacts / "hf" / "config.json").read_text())["num_mel_bins"]
+    said = [s.strip() + "." for p in PASSAGES for s in p.split(".") if len(s.split()) > 4]
+    windows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(count):
+            wav = Path(tmp) / f"{k}.wav"
+            subprocess.run(["espeak-ng", "-w", str(wav), said[k % len(said)]], check=True,
+                           timeout=60)
+            windows.append(log_mel(load_audio(wav), n_mels=n_mels))
+    path = out / FEATURES
+    np.save(path, np.stack(windows).astype(np.float32), allow_pickle=False)
+    return path
+
+
+def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 5,
+        block: int = 3, settle: int = 1, engines: list[str | PeerEngine] | None = None,
+        check_windows: int = CHECK_WINDOWS, new_tokens: int = 64, batch: int = 4,
+        beams: int = 5, log=print) -> dict:
+    """Check, then time every engine on ARTIFACTS' Whisper; write results.json and results.md
+    under `out`. Engines are names of WHISPER_ENGINES or rows (default: every one)."""
+    from tinyt.benchmarks.environment import environment
+
+    from .seq2seq_adapters import VERSIONS
+
+    threads = threads or [1, 2]
+    engine_rows = _engine_rows(engines)
+    _check_options(artifacts, threads, rounds=rounds, block=block, settle=settle,
+                   check_windows=check_windows, new_tokens=new_tokens, batch=batch, beams=beams)
+    load_before = os.getloadavg()
+    skipped = prepare(artifacts, engine_rows)
+    out.mkdir(parents=True, exist_ok=True)
+    path = features(artifacts, out, max(check_windows, batch))
+    plan = {"check": list(range(check_windows)), "new_tokens": new_tokens, "beams": beams,
+            "batch": batch, "eos": json.loads((artifacts / "hf" / "config.json").read_text())[
+                "eos_token_id"],
+            "calls": [{"sources": [0], "n": new_tokens, "beams": 1},
+                      {"sources": [0], "n": new_tokens, "beams": beams},
+                      {"sources": list(range(batch)), "n": new_tokens, "beams": 1}]}
+    options = {"features": str(path.resolve()), "hf": str((artifacts / "hf").resolve())}
+    workers: list[Worker] = []
+    with tempfile.TemporaryDirectory() as logs:
+        try:
+            workers = _start(engine_rows, artifacts, threads, skipped, Path(logs), log,
+                             module="tinyt.benchmarks.peers.whisper_peers", options=options)
+            agreement = check(workers, engine_rows, threads[0], plan, skipped,
+                              tie_bound(artifacts / engine_rows[0].artifact), log)
+            raw, made = _time(workers, plan["calls"], rounds, settle, block, log)
+            memory = {w.label: {"loaded": w.hello.get("loaded"),
+                                "load_s": w.hello.get("load_s"),
+                                **(w.ask(op="memory")["memory"] or {})} for w in workers}
+        finally:
+            for w in workers:
+                w.close()
+    timed = rows(raw, batch)
+    result = {
+        "model": _model(artifacts), "artifacts": str(artifacts),
+        "environment": environment(VERSIONS, load_average={"before": load_before,
+                                                           "after": os.getloadavg()}),
+        "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
+                   "check_sources": check_windows, "new_tokens": new_tokens, "batch": batch,
+                   "beams": beams, "unit": UNIT,
+                   "check_said": "30-s windows of espeak-ng speech (a sentence each)"},
+        "engines": {e.name: e.about for e in engine_rows}, "skipped": skipped,
+        "agreement": agreement, "memory": memory,
+        "files": {e.name: _bytes(artifacts / e.artifact) for e in engine_rows
+                  if e.name not in skipped},
+        "raw_s": raw, "made": made, "rows": timed,
+        "targets": targets(timed, threads, {e.name for e in engine_rows if e.ours})}
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(result, head=_head))
+    return result
+
+
+def _engine_rows(engines: list[str | PeerEngine] | None) -> list[PeerEngine]:
+    """The engines' rows (names of WHISPER_ENGINES or rows; every one by default), the
+    reference first."""
+    unknown = [e for e in engines or [] if isinstance(e, str) and e not in WHISPER_ENGINES]
+    if unknown:
+        raise BenchError(f"unknown engine(s) {unknown}; known: {', '.join(WHISPER_ENGINES)}")
+    rows = [e if isinstance(e, PeerEngine) else WHISPER_ENGINES[e]
+            for e in engines or list(WHISPER_ENGINES)]
+    rows = [WHISPER_ENGINES[REFERENCE], *(e for e in rows if e.name != REFERENCE)]
+    return list({e.name: e for e in rows}.values())
+
+
+def _check_options(artifacts: Path, threads: list[int], **counts: int) -> None:
+    """Refuse bad counts and a directory without a Whisper, every problem at once."""
+    least = {"rounds": 0, "settle": 0, "block": 1, "check_windows": 1, "new_tokens": 1,
+             "batch": 1, "beams": 2}
+    problems = [f"{k}={v!r}: an integer >= {least[k]}" for k, v in counts.items()
+                if not (isinstance(v, int) and v >= least[k])]
+    if not all(isinstance(n, int) and n >= 1 for n in threads):
+        problems.append(f"threads={threads}: each an integer >= 1")
+    cfg = artifacts / "hf" / "config.json"
+    if not cfg.is_file() or json.loads(cfg.read_text()).get("model_type") != "whisper":
+        problems.append(f"{artifacts / 'hf'} holds no Whisper (config.json, model_type "
+                        "whisper): --make tiny makes one")
+    if problems:
+        raise BenchError("; ".join(problems))
+
+
+def _model(artifacts: Path) -> dict:
+    cfg = json.loads((artifacts / "hf" / "config.json").read_text())
+    keys = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+            "encoder_ffn_dim", "num_mel_bins", "vocab_size")
+    return {"architecture": (cfg.get("architectures") or ["?"])[0],
+            **{k: cfg[k] for k in keys if k in cfg}}
+
+
+def _head(result: dict) -> list[str]:
+    from .seq2seq_report import cpu_line
+
+    m, cfg, env = result["method"], result["model"], result["environment"]
+    shape = ", ".join(f"{k} {v}" for k, v in cfg.items() if k != "architecture")
+    vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    return [f"# Whisper: tinyt vs peers on one {cfg['architecture']}", "",
+            f"Model: {shape} ({result['artifacts']}/hf).", "", cpu_line(env) + ".", "",
+            f"Versions: {vers}.", "",
+            f"Each engine in its own process per thread count, the same log-mel features in "
+            f"(30-s windows of espeak-ng speech), generated ids out; the prompt "
+            f"<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>. One window: the "
+            f"encoder and {m['new_tokens']} new tokens, greedy and with {m['beams']} beams; a "
+            f"batch: {m['batch']} windows, greedy. Median of {m['rounds']} interleaved rounds "
+            f"× {m['block']} calls (after {m['settle']} untimed).", ""] + _load(env)
+
+
+def _load(env: dict) -> list[str]:
+    """A warning where the machine was busy before the run (1-min load average over half its
+    physical cores): the times then are the machine's, not the engines' alone."""
+    before = (env.get("load_average") or {}).get("before")
+    cores = env.get("physical_cores") or 1
+    if not before or before[0] <= cores / 2:
+        return []
+    return [f"**Under load**: a 1-min load average of {before[0]:.1f} on {cores} physical cores "
+            "before the run (other work on the machine), so the times and ratios are rough; "
+            "rerun it idle for figures to quote.", ""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m tinyt.benchmarks.peers.whisper_peers",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifacts", type=Path, help="holds hf/ (a Whisper) and tinyt's onnx/")
+    ap.add_argument("--make", help="make hf/ (random weights at this Whisper's shape: tiny, "
+                    "base, ...) and onnx/ where absent")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/whisper-peers"))
+    ap.add_argument("--rounds", type=int, default=5, help="0: the check only, nothing timed")
+    ap.add_argument("--threads", type=int, action="append", help="repeat (default 1 and 2)")
+    ap.add_argument("--engine", action="append",
+                    help=f"one of {', '.join(WHISPER_ENGINES)} (repeat)")
+    ap.add_argument("--block", type=int, default=3, help="timed calls per call and round")
+    ap.add_argument("--settle", type=int, default=1, help="untimed calls before them")
+    ap.add_argument("--check-windows", type=int, default=CHECK_WINDOWS)
+    ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per window")
+    ap.add_argument("--batch", type=int, default=4, help="windows of the batch call")
+    ap.add_argument("--beams", type=int, default=5, help="faster-whisper's default beam size")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        from .seq2seq_adapters import worker
+
+        return worker(json.loads(args.worker), loaders=LOADERS)
+    try:
+        if args.make:
+            make(args.make, args.artifacts)
+        run(args.artifacts, args.out, threads=args.threads, rounds=args.rounds,
+            block=args.block, settle=args.settle, engines=args.engine,
+            check_windows=args.check_windows, new_tokens=args.new_tokens, batch=args.batch,
+            beams=args.beams)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print((args.out / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The Whisper peer benchmark (benchmarks/peers/whisper_peers.py) at a test's size (Whisper's 80
+mel bins, 51,865-token vocabulary and special ids; tiny's widths, 1 + 1 layers; peer_whisper's random
+weights with the special rows of the head zero) on espeak-ng speech: the proof before any
+timing — CTranslate2 float32 (faster-whisper's engine), Optimum's own speech export and
+transformers' PyTorch model give tinyt fp32's greedy tokens on the same log-mel features,
+CTranslate2 int8 reports its agreement, and an engine running another model (the same shape,
+another seed) is refused with the difference, never timed. One round is timed to see the
+results' rows; nothing here asserts a time."""
+import importlib.util
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from tinyt.benchmarks.peers import formats
+from tinyt.benchmarks.peers import whisper_peers as bench
+from tinyt.benchmarks.whisper_shape import peer_whisper, special_ids
+from tinyt.errors import BenchError
+
+PEERS = ("ct2-int8", "ct2-float32", "optimum-fp32", "transformers")
+EXACT = ("ct2-float32", "optimum-fp32", "transformers")
+# tiny's widths, 1 + 1 layers: at width 64 the three windows gave one output (the encoder's
+# part too small to move the decoder's choices), a check that could not see the encoder
+SMALL = dict(encoder_layers=1, decoder_layers=1)
+CALLS = dict(check_windows=3, new_tokens=6, batch=2, beams=2)
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                reason="espeak-ng is not installed (scripts/setup.sh)")
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """ARTIFACTS as --make makes it (peer_whisper, import-hf, export), and CTranslate2's
+    float32 conversion of another seed's model beside it (the engine that must be refused)."""
+    from tinyt.export.exporter import export_onnx
+    from tinyt.hf import import_hf
+
+    root = tmp_path_factory.mktemp("whisper-peers")
+    peer_whisper("tiny", root / "hf", **SMALL)
+    export_onnx(import_hf(root / "hf", root / "checkpoint"), root / "onnx")
+    peer_whisper("tiny", root / "other-hf", seed=1, **SMALL)
+    formats.ctranslate2(root / "other-hf", root / "peers" / "ct2-other", "float32")
+    return root
+
+
+@pytest.fixture(scope="module")
+def result(artifacts):
+    installed = [e for e in PEERS if importlib.util.find_spec(
+        bench.WHISPER_ENGINES[e].modules[0].split(".")[0]) is not None]
+    other = replace(bench.WHISPER_ENGINES["ct2-float32"], name="ct2-other",
+                    artifact="peers/ct2-other", convert=None)
+    out = artifacts / "out"
+    r = bench.run(artifacts, out, threads=[1], rounds=1, block=1, settle=0,
+                  engines=["tinyt-fp32", "tinyt-int8", *installed, other], **CALLS,
+                  log=lambda _: None)
+    return out, r, installed
+
+
+@pytest.mark.slow  # conversions and worker processes: ~60 s on 2 loaded cores
+def test_every_installed_fp32_engine_gives_tinyts_tokens(result):
+    _, r, installed = result
+    # the windows are different sentences and the tokens follow them: a check on one output
+    # repeated would not see the encoder
+    assert r["agreement"]["tinyt-fp32"]["greedy"]["distinct_outputs"] > 1
+    for name in [e for e in EXACT if e in installed]:
+        a = r["agreement"][name]
+        assert a["must_equal"] == "tinyt-fp32" and a["greedy"]["identical"], (name, a)
+        assert a["greedy"]["tokens"] == CALLS["check_windows"] * CALLS["new_tokens"]
+        assert name not in r["skipped"]
+    if "ct2-int8" in installed:  # reported, never refused
+        a = r["agreement"]["ct2-int8"]
+        assert a["must_equal"] is None and 0.0 <= a["greedy"]["agreement"] <= 1.0
+        assert "ct2-int8" not in r["skipped"]
+
+
+@pytest.mark.slow
+def test_an_engine_running_another_model_is_refused_before_timing(result):
+    out, r, _ = result
+    said = r["skipped"]["ct2-other"]
+    assert said.startswith("refused before timing: its greedy tokens differ from tinyt-fp32's")
+    parted = r["agreement"]["ct2-other"]["greedy"]["ties"]
+    assert parted and all(t["margin"] > t["tie_bound"] for t in parted)
+    assert not any(k.startswith("ct2-other@") for k in (*r["rows"], *r["raw_s"]))
+    assert "**refused**" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_results_hold_a_row_per_timed_engine_and_every_token_asked(result):
+    out, r, installed = result
+    assert set(r["rows"]) == {f"{e}@1t" for e in ("tinyt-fp32", *installed)}
+    n = CALLS["new_tokens"]  # peer_whisper's zero end row: every engine makes every token
+    for label in r["rows"]:
+        assert r["made"][label] == [n, n, CALLS["batch"] * n], label
+    assert "onnx-int8 is missing" in r["skipped"]["tinyt-int8"] or \
+        "tinyt-int8@1t" in r["rows"]  # where `tinyt quantize` takes a Whisper
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["rows"] == r["rows"] and len(saved["environment"]["load_average"]["before"]) == 3
+    md = (out / "results.md").read_text()
+    assert "# Whisper: tinyt vs peers" in md and "1 window greedy ms" in md
+    if "ct2-int8" in installed:
+        assert r["targets"]["greedy_ms@1t"]["tinyt"] == "tinyt-fp32"
+        assert "× CTranslate2 int8" in md
+
+
+def test_peer_whisper_zeroes_the_special_rows_no_prompt_reads(tmp_path):
+    model = peer_whisper("tiny", tmp_path / "hf", **SMALL)
+    ids = special_ids(model.config.vocab_size)
+    head = model.get_output_embeddings().weight
+    prompt = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
+    for name, i in ids.items():
+        assert bool((head[i] == 0).all()) == (name not in prompt), name
+    assert bool((head[:50257].abs().sum(dim=1) > 0).all())  # the ordinary rows drawn
+
+
+def test_unknown_engine_and_bad_settings_are_refused_before_any_work(tmp_path):
+    with pytest.raises(BenchError, match="unknown engine.*faster"):
+        bench.run(tmp_path, tmp_path / "out", engines=["faster"])
+    with pytest.raises(BenchError) as e:
+        bench.run(tmp_path, tmp_path / "out", beams=1, new_tokens=0, threads=[0])
+    for said in ("beams=1", "new_tokens=0", "threads=[0]", "holds no Whisper"):
+        assert said in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_busy_machine_is_said_in_the_report():
+    busy = {"load_average": {"before": [3.0, 2.5, 2.0]}, "physical_cores": 2}
+    assert "**Under load**: a 1-min load average of 3.0 on 2" in bench._load(busy)[0]
+    assert bench._load({"load_average": {"before": [0.4, 1, 1]}, "physical_cores": 2}) == []
