@@ -91,8 +91,9 @@ WHISPER_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
 
 
 def make(name: str, artifacts: Path, log=print) -> None:
-    """ARTIFACTS/hf (whisper_shape.peer_whisper `name`), its checkpoint and tinyt's onnx, each
-    where absent."""
+    """ARTIFACTS/hf (whisper_shape.peer_whisper `name`), its checkpoint and tinyt's pipeline
+    (onnx, onnx-opt, onnx-int8, onnx-int4: `tinyt pipeline --skip-train ARTIFACTS/hf --out
+    ARTIFACTS --no-bench`), each where absent or out of date."""
     from tinyt.benchmarks.whisper_shape import WHISPER, peer_whisper
 
     if name not in WHISPER:
@@ -100,12 +101,10 @@ def make(name: str, artifacts: Path, log=print) -> None:
     if not (artifacts / "hf" / "config.json").is_file():
         log(f"making {artifacts / 'hf'}: Whisper {name}'s shape, random weights")
         peer_whisper(name, artifacts / "hf")
-    if not (artifacts / "onnx" / "manifest.json").is_file():
-        from tinyt.export import export_onnx
-        from tinyt.hf import import_hf
+    from tinyt.app.pipeline import pipeline
 
-        log("tinyt import-hf, export")
-        export_onnx(import_hf(artifacts / "hf", artifacts / "checkpoint"), artifacts / "onnx")
+    log("tinyt pipeline --skip-train ARTIFACTS/hf --out ARTIFACTS --no-bench")
+    pipeline(artifacts, skip_train=artifacts / "hf", bench=False, log=log)
 
 
 def features(artifacts: Path, out: Path, count: int) -> Path:
