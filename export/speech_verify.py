@@ -10,8 +10,8 @@ loop on the PyTorch model with Whisper's rules.
     torch's caches of the target's first P tokens + the rest
       ──decoder_with_past_model.onnx──▶ logits, self cache   vs model.decode(past)
     decoder_model on the start token, then one token a step on the graphs' own caches
-    greedy: rt.load(artifact)'s decoding loop of one window (SpeechModel._window: the graphs,
-      the caches, Whisper's rules) vs the PyTorch model on the same features and prompt
+    greedy: rt.load(artifact)'s decoding of one window (SpeechModel.decode_features: the
+      graphs, the caches, Whisper's rules) vs the PyTorch model on the same features and prompt
       (start, <|en|>, <|transcribe|>, <|notimestamps|>), the suppressed tokens at -inf as the
       runtime's rules set them
 
@@ -136,11 +136,9 @@ def _greedy(model, onnx_dir: Path, audio: dict[str, np.ndarray], steps: int, bou
     for label, samples in audio.items():
         feats = torch.from_numpy(log_mel(samples, model.config.n_mels))[None]
         ref, scores = _torch_greedy(model, feats, prompt, steps, rules)
-        # one window's loop (runtime/transcribe.py's _window: the graphs, the caches, the
+        # one window's loop (SpeechModel.decode_features: the graphs, the caches, the
         # rules), not transcribe's windowing, which a timestamp pair would move on
-        settings = asr._settings(len(prompt), False, steps, num_beams=1, temperature=0.0,
-                                 length_penalty=1.0, seed=None)
-        got = asr._window(asr.encode(feats[0].numpy()), prompt, settings)
+        got = asr.decode_features(feats.numpy(), language=lang, max_new_tokens=steps)[0]
         first = first_difference(got, ref)
         case = {"prompt": label, "tokens": steps, "identical": got == ref, "torch": ref,
                 "onnxruntime": got}

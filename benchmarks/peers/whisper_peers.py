@@ -91,9 +91,9 @@ WHISPER_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
 
 
 def make(name: str, artifacts: Path, log=print) -> None:
-    """ARTIFACTS/hf (whisper_shape.peer_whisper `name`), its checkpoint and tinyt's pipeline
-    (onnx, onnx-opt, onnx-int8, onnx-int4: `tinyt pipeline --skip-train ARTIFACTS/hf --out
-    ARTIFACTS --no-bench`), each where absent or out of date."""
+    """ARTIFACTS/hf (whisper_shape.peer_whisper `name`), its checkpoint and the rows of
+    `tinyt pipeline --skip-train ARTIFACTS/hf --out ARTIFACTS --no-bench` (onnx, onnx-opt,
+    onnx-int8, onnx-int4), each where absent."""
     from tinyt.benchmarks.whisper_shape import WHISPER, peer_whisper
 
     if name not in WHISPER:
@@ -101,10 +101,22 @@ def make(name: str, artifacts: Path, log=print) -> None:
     if not (artifacts / "hf" / "config.json").is_file():
         log(f"making {artifacts / 'hf'}: Whisper {name}'s shape, random weights")
         peer_whisper(name, artifacts / "hf")
-    from tinyt.app.pipeline import pipeline
+    from tinyt.artifacts import SEQ2SEQ_VARIANTS, arguments
+    from tinyt.export import export_onnx
+    from tinyt.export.optimize import optimize
+    from tinyt.export.quantize import quantize
+    from tinyt.hf import import_hf
 
-    log("tinyt pipeline --skip-train ARTIFACTS/hf --out ARTIFACTS --no-bench")
-    pipeline(artifacts, skip_train=artifacts / "hf", bench=False, log=log)
+    ckpt = artifacts / "checkpoint"
+    if not (ckpt / "config.json").is_file():
+        log(f"making {ckpt}")
+        import_hf(artifacts / "hf", ckpt)
+    stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
+    for v in SEQ2SEQ_VARIANTS:  # the pipeline's rows, each where absent
+        if v.made_by == "pipeline" and not (artifacts / v.dir / "manifest.json").is_file():
+            log(f"making {artifacts / v.dir}")
+            source, out, options = arguments(v, artifacts, checkpoint=ckpt)
+            stages[v.stage](source, out, **options)
 
 
 def features(artifacts: Path, out: Path, count: int) -> Path:

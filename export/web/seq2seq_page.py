@@ -189,9 +189,9 @@ def _activations_fp32(lm):
     sessions = {}
     for role, file in SEQ2SEQ_FILES.items():
         proto = onnx.load(str(lm.artifact.path / file))
-        for node in proto.graph.node:
-            for a in node.attribute:
-                if node.op_type == "MatMulNBits" and a.name == "accuracy_level":
+        for n in proto.graph.node:
+            for a in n.attribute:
+                if n.op_type == "MatMulNBits" and a.name == "accuracy_level":
                     a.i = 0
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
