@@ -211,9 +211,14 @@ def ctranslate2(path: Path, artifacts: Path, threads: int,
                         stepped)
 
 
-def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = True):
+KV_TYPES = {"f16": 1, "q8_0": 8}  # llama.cpp's cache types (ggml_type), f16 its default
+
+
+def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = True,
+                    kv: str = "f16"):
     """A llama_cpp.Llama on `path`; extra_bufts=False loads without llama.cpp's extra buffer
-    types (AMX and repacked-weight layouts), its portable kernels only."""
+    types (AMX and repacked-weight layouts), its portable kernels only; kv: its KV cache's
+    type (KV_TYPES; a quantized V cache needs flash attention, which is then asked for)."""
     import llama_cpp
     import llama_cpp.llama as module
 
@@ -225,16 +230,18 @@ def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = Tr
         return p
     module.llama_cpp.llama_model_default_params = params  # Llama() reads its defaults here
     try:
+        kw = {} if kv == "f16" else {"type_k": KV_TYPES[kv], "type_v": KV_TYPES[kv],
+                                     "flash_attn": True}
         return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx,
-                               n_threads=threads, n_threads_batch=threads, verbose=False)
+                               n_threads=threads, n_threads_batch=threads, verbose=False, **kw)
     finally:
         module.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_cpp(path: Path, artifacts: Path, threads: int,
-              context: int | None = None) -> Generator:
+              context: int | None = None, kv: str = "f16") -> Generator:
     """llama-cpp-python on its GGUF, with the extra buffer types where the probe at conversion
-    found them safe (formats.gguf)."""
+    found them safe (formats.gguf), its KV cache of type kv (KV_TYPES)."""
     from llama_cpp import LogitsProcessorList
 
     from tinyt.manifest import read_model_config
@@ -244,7 +251,7 @@ def llama_cpp(path: Path, artifacts: Path, threads: int,
     # its KV cache and logits buffers are n_ctx long from the load on (at 131,072 tokens
     # and 128,256 ids, 62.6 GiB of logits alone): the run's longest call, not the model's
     n_ctx = cfg.block_size if context is None else min(context, cfg.block_size)
-    llm = llama_cpp_model(path / GGUF, n_ctx, threads, bufts.startswith("on"))
+    llm = llama_cpp_model(path / GGUF, n_ctx, threads, bufts.startswith("on"), kv)
     eos = llm.token_eos()
 
     def no_eos(_, scores):
@@ -276,7 +283,8 @@ def llama_cpp(path: Path, artifacts: Path, threads: int,
         llm.eval(ids)  # the last token's logits (llama-cpp-python keeps no scores now)
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
     return _with_logits(generate, logits, stepped,
-                        "llama.cpp extra buffer types (AMX, repacked weights): " + bufts)
+                        "llama.cpp extra buffer types (AMX, repacked weights): " + bufts
+                        + f"; KV cache {kv}")
 
 
 def torch_eager(path: Path, artifacts: Path, threads: int,
