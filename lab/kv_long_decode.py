@@ -28,7 +28,7 @@ import numpy as np
 
 def prompt(artifacts: Path, length: int) -> list[int]:
     """`length` ids of held-out prose (pydoc topics) in the checkpoint's tokenizer."""
-    from benchmarks.real_quality import heldout_text
+    from tinyt.benchmarks.real_quality import heldout_text
     from tinyt.checkpoint import load_checkpoint
 
     ids = load_checkpoint(artifacts / "checkpoint").tokenizer.encode(heldout_text())
@@ -39,8 +39,8 @@ def prompt(artifacts: Path, length: int) -> list[int]:
 
 def worker(spec: str, artifacts: Path, threads: int, context: int) -> None:
     """One engine: load, then per line on stdin (the prompt's ids and n) the seconds a step."""
-    from benchmarks.peers import adapters
-    from benchmarks.peers.worker import per_step
+    from tinyt.benchmarks.peers import adapters
+    from tinyt.benchmarks.peers.worker import per_step
 
     kind, _, where = spec.partition("=")
     path = artifacts / where
@@ -94,7 +94,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.artifacts, args.threads, args.context)
-    from benchmarks.environment import environment
+    from tinyt.benchmarks.environment import environment
 
     result = {**environment(("tinyt", "onnxruntime", "llama-cpp-python")),
               **run(args.artifacts, args.engine, args.threads, args.context, args.new,
