@@ -17,11 +17,15 @@ version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
 mkdir -p "$cache/wheels" "$cache/src"
 sdist="$cache/src/llama_cpp_python-$version.tar.gz"
-[ -f "$sdist" ] || "${pip[@]}" download --quiet --no-deps --no-binary :all: \
+# --no-binary for this one package only: with :all: pip also builds each of its build
+# requirements (scikit-build-core, cmake, ...) from source to read its metadata
+[ -f "$sdist" ] || "${pip[@]}" download --quiet --no-deps --no-binary llama-cpp-python \
     "llama-cpp-python==$version" -d "$cache/src"
 if ! ls "$cache/wheels"/llama_cpp_python-"$version"-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $version from source (about 20 minutes on 2 cores)..." >&2
-  CMAKE_ARGS="-DGGML_NATIVE=ON" "${pip[@]}" wheel --quiet --no-deps "$sdist" -w "$cache/wheels"
+  # no multimodal library (LLAVA_BUILD: mtmd), which nothing here loads
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" \
+    "${pip[@]}" wheel --quiet --no-deps "$sdist" -w "$cache/wheels"
 fi
 "${pip[@]}" install --quiet "$cache/wheels"/llama_cpp_python-"$version"-*.whl
 if [ ! -d "$cache/converter/conversion" ]; then  # the script, its model classes, gguf-py

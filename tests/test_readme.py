@@ -104,6 +104,19 @@ NOT_RUN = {  # command prefix -> why, and what runs it instead
         "artifacts stand in); --skip-train and --no-bench: the Llama peers' pipeline runs them",
     "bash scripts/setup-llama-cpp.sh": "an opt-in build of llama.cpp (6-20 min): kept out of "
                                        "CI; tests/benchmarks/test_peers.py runs llama.cpp where it is",
+    # issue 51's GGUF against llama.cpp and its long-context decode: both need the opt-in
+    # llama.cpp build; the first also the real GGUF (tests/real/test_gguf_llama_cpp.py runs
+    # its comparison where llama.cpp is), the second Qwen3-0.6B's shape (hours on 2 cores)
+    ".venv/bin/python -m tinyt.benchmarks.gguf_llama_cpp ~/.cache/tinyt/real/":
+        "llama.cpp on the real GGUF: tests/real/test_gguf_llama_cpp.py runs the comparison",
+    **dict.fromkeys([
+        ".venv/bin/python -m tinyt.benchmarks.hf_shape qwen3-0.6b artifacts-kv-long/",
+        ".venv/bin/tinyt import-hf artifacts-kv-long/", ".venv/bin/tinyt export artifacts-kv-long/",
+        ".venv/bin/tinyt optimize artifacts-kv-long/", ".venv/bin/tinyt quantize artifacts-kv-long/",
+        ".venv/bin/python -c \"from pathlib import Path; from benchmarks.peers.formats import gguf",
+        "for t in 1 2; do .venv/bin/python -m lab.kv_long_decode artifacts-kv-long"],
+        "the 8-bit KV cache against llama.cpp's after 4,096 tokens at Qwen3-0.6B's shape: "
+        "opt-in llama.cpp and hours on 2 cores (lab.kv_long_decode; not measured yet)"),
 }
 FAILS_HERE = {  # command prefix -> (exit status, text in stderr): it must fail, clearly
     "bash benchmarks/gpu.sh": (2, "needs a GPU"),

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tinyt.contract import DECODER_WITH_PAST
+from tinyt.errors import BenchError
 
 from .formats import EXTRA_BUFTS, GGUF
 
@@ -211,9 +212,17 @@ def ctranslate2(path: Path, artifacts: Path, threads: int,
                         stepped)
 
 
-def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = True):
+KV_TYPES = {"f16": 1, "q8_0": 8}  # llama.cpp's cache types (ggml_type), f16 its default
+
+
+def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = True,
+                    kv: str = "f16", flash_attn: bool | None = None):
     """A llama_cpp.Llama on `path`; extra_bufts=False loads without llama.cpp's extra buffer
-    types (AMX and repacked-weight layouts), its portable kernels only."""
+    types (AMX and repacked-weight layouts), its portable kernels only; kv: its KV cache's
+    type (KV_TYPES); flash_attn: llama.cpp's fused attention (llama-cpp-python's default:
+    off), None: on exactly where the cache is quantized, which needs it."""
+    if kv not in KV_TYPES:
+        raise BenchError(f"llama.cpp KV cache type {kv!r}; known: {', '.join(KV_TYPES)}")
     import llama_cpp
     import llama_cpp.llama as module
 
@@ -225,16 +234,19 @@ def llama_cpp_model(path: Path, n_ctx: int, threads: int, extra_bufts: bool = Tr
         return p
     module.llama_cpp.llama_model_default_params = params  # Llama() reads its defaults here
     try:
+        kw = {"type_k": KV_TYPES[kv], "type_v": KV_TYPES[kv],
+              "flash_attn": kv != "f16" if flash_attn is None else flash_attn}
         return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx,
-                               n_threads=threads, n_threads_batch=threads, verbose=False)
+                               n_threads=threads, n_threads_batch=threads, verbose=False, **kw)
     finally:
         module.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_cpp(path: Path, artifacts: Path, threads: int,
-              context: int | None = None) -> Generator:
+              context: int | None = None, kv: str = "f16",
+              flash_attn: bool | None = None) -> Generator:
     """llama-cpp-python on its GGUF, with the extra buffer types where the probe at conversion
-    found them safe (formats.gguf)."""
+    found them safe (formats.gguf), its KV cache of type kv (KV_TYPES)."""
     from llama_cpp import LogitsProcessorList
 
     from tinyt.manifest import read_model_config
@@ -244,7 +256,8 @@ def llama_cpp(path: Path, artifacts: Path, threads: int,
     # its KV cache and logits buffers are n_ctx long from the load on (at 131,072 tokens
     # and 128,256 ids, 62.6 GiB of logits alone): the run's longest call, not the model's
     n_ctx = cfg.block_size if context is None else min(context, cfg.block_size)
-    llm = llama_cpp_model(path / GGUF, n_ctx, threads, bufts.startswith("on"))
+    llm = llama_cpp_model(path / GGUF, n_ctx, threads, bufts.startswith("on"), kv,
+                          flash_attn)
     eos = llm.token_eos()
 
     def no_eos(_, scores):
@@ -276,7 +289,9 @@ def llama_cpp(path: Path, artifacts: Path, threads: int,
         llm.eval(ids)  # the last token's logits (llama-cpp-python keeps no scores now)
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
     return _with_logits(generate, logits, stepped,
-                        "llama.cpp extra buffer types (AMX, repacked weights): " + bufts)
+                        "llama.cpp extra buffer types (AMX, repacked weights): " + bufts
+                        + f"; KV cache {kv}, flash attention "
+                        + ("on" if llm.context_params.flash_attn_type > 0 else "off"))
 
 
 def torch_eager(path: Path, artifacts: Path, threads: int,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 
@@ -89,6 +90,12 @@ _ROWS = (
     *(_converted(f"llama.cpp-{q}", f"llama.cpp {q} (llama-cpp-python; GGUF from llama.cpp's own "
                  "convert_hf_to_gguf.py)", "llama-cpp-python", _LLAMA_CPP, adapters.llama_cpp,
                  formats.gguf, q, missing=formats.llama_cpp_missing, pipeline=q == "q8_0")
+      for q in ("q8_0", "q4_0")),
+    # llama.cpp with its q8_0 KV cache (the rows above keep its default, f16): against tinyt's
+    # 8-bit cache (optimize --kv-cache int8) in the decode after a long context
+    *(_converted(f"llama.cpp-{q}-kvq8", f"llama.cpp {q}, q8_0 KV cache and flash attention",
+                 "llama-cpp-python", _LLAMA_CPP, partial(adapters.llama_cpp, kv="q8_0"),
+                 formats.gguf, q, missing=formats.llama_cpp_missing)
       for q in ("q8_0", "q4_0")),
     PeerEngine("torch-eager", "PyTorch eager, tinyt's model with its KV cache", "torch",
                "extra torch", adapters.torch_eager, "checkpoint", exact=True, pipeline=True),
