@@ -341,6 +341,11 @@ def small(command: str, work: Path) -> list[str]:
                 args += ["--data", str(work / ("labelled" if task_clf else "corpus"))]
             if verb == "train" and task_clf:
                 args = _set(args, "--max-steps", "4")
+        if verb == "pipeline" and "--out" in args and "--no-bench" not in args and \
+                (work / args[args.index("--out") + 1] / "bench").is_dir():
+            # the directory's `tinyt bench` ran just before (the CLI tour's, last): the tour's
+            # pipeline proves it finds the stages done; the main job's pipeline proves its bench
+            args += ["--no-bench"]
         if verb == "bench" and "--rounds" not in args:  # smoke, not figures: 1 round
             args += ["--rounds", "1"]
         if verb == "quantize" and "--data" not in args:
@@ -656,3 +661,9 @@ def test_the_cli_peers_and_the_peer_benchmark_are_one_form(tmp_path):
     assert _once(cli, {}) == cli and _once(module, {}) is None  # proven in another directory
     assert _once(small("tinyt bench artifacts --out artifacts/bench", tmp_path), {})  # not peers
     BENCH_PROVEN.clear()
+
+
+def test_a_pipeline_after_its_directory_s_bench_skips_the_bench(tmp_path):
+    assert "--no-bench" not in small("tinyt pipeline --out artifacts", tmp_path)
+    (tmp_path / "artifacts" / "bench").mkdir(parents=True)
+    assert small("tinyt pipeline --out artifacts", tmp_path)[-1] == "--no-bench"
