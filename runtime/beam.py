@@ -35,8 +35,9 @@ from .sampling import nonfinite_error
 # step(parents [R] int64, tokens [R] int64) -> logits [R, V]: row i continues row parents[i]
 # of the previous call (of the first logits, at the first step) with token tokens[i].
 StepFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
-# head(logits [R, V], k) -> each row's k best log-probabilities [R, k], best first, and ids
-TopFn = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+# head(logits [R, V], k, mask [V] | None) -> each row's k best log-probabilities [R, k] (after
+# the mask's 0 / -inf), best first, and ids
+TopFn = Callable[[np.ndarray, int, "np.ndarray | None"], tuple[np.ndarray, np.ndarray]]
 EARLY_STOPPING = (False, True, "never")
 
 
@@ -82,7 +83,8 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
     (the prompt's last position, or the decoder's start token); prefixes: each source's
     tokens before the generated ones (for the rules' n-grams); step: see StepFn; head: each
     row's best log-probabilities (runtime/heads.BeamHead), used at the steps no rule
-    touches (numpy's log_softmax otherwise)."""
+    touches or whose rules are one mask for every row (rules.static_mask; numpy's
+    log_softmax and rules.apply otherwise)."""
     K, eos_ids = params.num_beams, frozenset(int(e) for e in eos)
     if max_new_tokens == 0:
         return [([], "length") for _ in prefixes]
@@ -92,8 +94,9 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
     logits, made = first, 0
     while made < max_new_tokens:
         ruled = rules is not None and rules.active
-        if head is not None and not ruled:
-            logp, ids = head(logits, keep)
+        mask = rules.static_mask(made, logits.shape[-1]) if ruled and head is not None else None
+        if head is not None and (not ruled or mask is not None):
+            logp, ids = head(logits, keep, mask)
             if not np.isfinite(logp[:, 0]).all():  # a NaN or inf makes its row's all NaN
                 _check_finite(logits)
         else:

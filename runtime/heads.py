@@ -1,7 +1,12 @@
 """Beam search's reading of a step's logits as one small ONNX Runtime graph, instead of a dozen
 numpy passes over rows x vocabulary floats.
 
-    logits [R, V] ──LogSoftmax──TopK(k)──▶ each row's k best log-probabilities [R, k] and ids
+    logits [R, V] ──LogSoftmax──(+ mask [V])──TopK(k)──▶ each row's k best log-probabilities
+                                                          [R, k] and their ids
+
+mask: 0 or -inf a token, the same for every row (a step's rules that read no history, as
+Whisper's suppressed tokens: runtime/rules.StepRules.static_mask), added after the
+normalisation as transformers' processors set log-probabilities to -inf.
 
 beam_search needs each row's best num_beams x 2 continuations only: a source's best 2K over
 all its beams are among the union of each beam's own best 2K (a beam's score shifts its whole
@@ -22,15 +27,18 @@ OPSET = 18  # LogSoftmax over any axis (13), TopK with k an input (10)
 
 
 def _model() -> bytes:
-    """LogSoftmax over the last axis, then its k largest values and their ids (k an input)."""
+    """LogSoftmax over the last axis, the mask added, then the k largest values and their ids
+    (k an input)."""
     from onnx import TensorProto, helper
 
     nodes = [helper.make_node("LogSoftmax", ["logits"], ["logp"], axis=-1),
-             helper.make_node("TopK", ["logp", "k"], ["values", "indices"], axis=-1,
+             helper.make_node("Add", ["logp", "mask"], ["masked"]),
+             helper.make_node("TopK", ["masked", "k"], ["values", "indices"], axis=-1,
                               largest=1, sorted=1)]
     graph = helper.make_graph(
         nodes, "beam_head",
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", "vocab"]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["vocab"]),
          helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
         [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
          helper.make_tensor_value_info("indices", TensorProto.INT64, ["rows", "k"])])
@@ -39,8 +47,9 @@ def _model() -> bytes:
 
 
 class BeamHead:
-    """top_logprobs(logits, k): each row's k best log-probabilities [R, k] (best first) and
-    their token ids [R, k], on a session made at the first call. It runs on the calling
+    """head(logits, k, mask=None): each row's k best log-probabilities [R, k] (best first,
+    after `mask` [V] of 0 / -inf) and their token ids [R, k], on a session made at the first
+    call. It runs on the calling
     thread alone: its work is ~1 ms a step at Opus-MT's vocabulary, and a pool of its own
     would spin beside the decoder's after each run (measured: 4 beams at 2 threads took 407 ms
     against 226 at 1 thread)."""
@@ -48,6 +57,7 @@ class BeamHead:
     def __init__(self):
         self._session: ort.InferenceSession | None = None
         self._lock = threading.Lock()
+        self._zeros = np.zeros(0, dtype=np.float32)  # the mask of no rule, at the last width
 
     def _open(self) -> ort.InferenceSession:
         with self._lock:
@@ -57,9 +67,14 @@ class BeamHead:
                                                      providers=["CPUExecutionProvider"])
             return self._session
 
-    def __call__(self, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, logits: np.ndarray, k: int, mask: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
         z = np.ascontiguousarray(logits, dtype=np.float32)
         k = min(k, z.shape[-1])
-        values, ids = self._open().run(None, {"logits": z,
+        if mask is None:
+            if self._zeros.shape[0] != z.shape[-1]:
+                self._zeros = np.zeros(z.shape[-1], dtype=np.float32)
+            mask = self._zeros
+        values, ids = self._open().run(None, {"logits": z, "mask": mask,
                                               "k": np.array([k], dtype=np.int64)})
         return values, ids

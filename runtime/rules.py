@@ -27,6 +27,12 @@ class StepRules(Protocol):
     def apply(self, scores: np.ndarray, histories: Sequence[Sequence[int]], made: int
               ) -> None: ...
 
+    def static_mask(self, made: int, vocab: int) -> np.ndarray | None:
+        """apply's effect at step `made` as one additive mask [vocab] (0, or -inf where a
+        token is ruled out) where it reads no history and so is the same for every row;
+        None where it is not."""
+        ...
+
 
 @dataclass(frozen=True)
 class Rules:
@@ -64,6 +70,11 @@ class Rules:
         if forced:
             scores[:] = -np.inf
             scores[:, forced] = 0.0
+
+    def static_mask(self, made: int, vocab: int) -> None:
+        """None: banned n-grams and words read each row's history, and a forced token replaces
+        the scores rather than masking them."""
+        return None
 
     def _banned(self, history: Sequence[int]) -> list[int]:
         """The tokens that would repeat an n-gram of `history` or complete a bad word."""

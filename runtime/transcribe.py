@@ -100,6 +100,18 @@ class WhisperRules:
         if self.timestamps:
             self._timestamp_rules(scores, histories, made)
 
+    def static_mask(self, made: int, vocab: int) -> np.ndarray | None:
+        """apply's effect as one mask [vocab] for every row, without timestamps (their rules
+        read each row's history: None)."""
+        if self.timestamps:
+            return None
+        mask = np.zeros(vocab, dtype=np.float32)
+        if made == 0 and self.begin_suppress:
+            mask[list(self.begin_suppress)] = -np.inf
+        if self.suppress:
+            mask[list(self.suppress)] = -np.inf
+        return mask
+
     def _timestamp_rules(self, scores: np.ndarray, histories, made: int) -> None:
         """Timestamps come in pairs (but one before the end), never decrease, the first token
         is one (at most max_initial), and a timestamp is forced where the timestamps' total
@@ -251,7 +263,7 @@ class SpeechModel:
         if settings.beams.num_beams > 1:
             out = beam_search(first, steps, [prompt] * len(memory), settings.beams,
                               eos=(self.eos,), max_new_tokens=settings.max_new_tokens,
-                              rules=settings.rules)
+                              rules=settings.rules, head=self.decoder.beam_head)
         else:
             out = self.decoder._sample(first, steps, len(memory), settings, prefix=prompt)
         return [tokens for tokens, _ in out]

@@ -66,3 +66,49 @@ def test_a_nonfinite_row_is_refused_by_name():
     with pytest.raises(NonFiniteError):
         beam_search(logits, lambda p, t: logits, [[1], [2]], BeamParams(2), eos=[0],
                     max_new_tokens=3, head=BeamHead())
+
+
+def test_the_mask_is_added_after_the_normalisation():
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal((3, V)) * 4).astype(np.float32)
+    mask = np.zeros(V, dtype=np.float32)
+    mask[np.argsort(-logits[0])[:5]] = -np.inf  # row 0's five best ruled out
+    values, ids = BeamHead()(logits, 6, mask)
+    want = _log_softmax(logits) + mask  # transformers' order: log_softmax, then processors
+    order = np.argsort(-want, axis=1, kind="stable")[:, :6]
+    np.testing.assert_array_equal(ids, order)
+    np.testing.assert_allclose(values, np.take_along_axis(want, order, 1), rtol=0, atol=2e-5)
+    assert not set(ids[0]) & set(np.argsort(-logits[0])[:5])
+
+
+class _Suppress:
+    """A rule of one mask for every row (as Whisper's suppressed tokens), the first step's
+    longer: what runtime/transcribe.WhisperRules does without timestamps."""
+    active = True
+
+    def __init__(self, always, at_first):
+        self.always, self.at_first = list(always), list(at_first)
+
+    def apply(self, scores, histories, made):
+        scores[:, self.always + (self.at_first if made == 0 else [])] = -np.inf
+
+    def static_mask(self, made, vocab):
+        mask = np.zeros(vocab, dtype=np.float32)
+        mask[self.always + (self.at_first if made == 0 else [])] = -np.inf
+        return mask
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_static_mask_rule_chooses_the_same_through_the_head(seed):
+    prefixes = [[1, 2], [3]]
+    rules = _Suppress(always=range(100, 300), at_first=[0, *range(5, 50)])
+    runs = []
+    for head in (None, BeamHead()):
+        first, step = _model(seed, eos=0)
+        calls = []
+        counted = None if head is None else (lambda z, k, m, h=head: calls.append(m) or h(z, k, m))
+        runs.append(beam_search(first(prefixes), step, prefixes, BeamParams(4), eos=[0],
+                                max_new_tokens=10, rules=rules, head=counted))
+    assert runs[0] == runs[1]
+    assert calls and all(m is not None for m in calls)  # the head ran, with the rule's mask
+    assert not any(t in range(100, 300) for hyp, _ in runs[0] for t in hyp)
