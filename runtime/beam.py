@@ -94,7 +94,9 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
     logits, made = first, 0
     while made < max_new_tokens:
         ruled = rules is not None and rules.active
-        mask = rules.static_mask(made, logits.shape[-1]) if ruled and head is not None else None
+        mask = None
+        if rules is not None and ruled and head is not None:
+            mask = rules.static_mask(made, logits.shape[-1])
         if head is not None and (not ruled or mask is not None):
             logp, ids = head(logits, keep, mask)
             if not np.isfinite(logp[:, 0]).all():  # a NaN or inf makes its row's all NaN

@@ -102,13 +102,15 @@ class _Suppress:
 def test_a_static_mask_rule_chooses_the_same_through_the_head(seed):
     prefixes = [[1, 2], [3]]
     rules = _Suppress(always=range(100, 300), at_first=[0, *range(5, 50)])
-    runs = []
-    for head in (None, BeamHead()):
+    runs, calls, head = [], [], BeamHead()
+
+    def counted(z, k, m):
+        calls.append(m)
+        return head(z, k, m)
+    for top in (None, counted):
         first, step = _model(seed, eos=0)
-        calls = []
-        counted = None if head is None else (lambda z, k, m, h=head: calls.append(m) or h(z, k, m))
         runs.append(beam_search(first(prefixes), step, prefixes, BeamParams(4), eos=[0],
-                                max_new_tokens=10, rules=rules, head=counted))
+                                max_new_tokens=10, rules=rules, head=top))
     assert runs[0] == runs[1]
     assert calls and all(m is not None for m in calls)  # the head ran, with the rule's mask
     assert not any(t in range(100, 300) for hyp, _ in runs[0] for t in hyp)
