@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tinyt.errors import BenchError
 
@@ -113,6 +114,29 @@ SEQ2SEQ_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
 )}
 
 
+def measure(engine_rows: list[PeerEngine], artifacts: Path, threads: list[int], plan: dict,
+            skipped: dict, timing: tuple[int, int, int], log, **start: Any
+            ) -> tuple[dict, dict, dict, dict]:
+    """Each engine's worker started, checked against the first (the reference), then timed:
+    (agreement, raw times, tokens made, memory). timing: (rounds, settle, block); start:
+    _start's module and options (the Whisper benchmark's)."""
+    rounds, settle, block = timing
+    workers: list[Worker] = []
+    with tempfile.TemporaryDirectory() as logs:
+        try:
+            workers = _start(engine_rows, artifacts, threads, skipped, Path(logs), log, **start)
+            agreement = check(workers, engine_rows, threads[0], plan, skipped,
+                              tie_bound(artifacts / engine_rows[0].artifact), log)
+            raw, made = _time(workers, plan["calls"], rounds, settle, block, log)
+            memory = {w.label: {"loaded": w.hello.get("loaded"),
+                                "load_s": w.hello.get("load_s"),
+                                **(w.ask(op="memory")["memory"] or {})} for w in workers}
+        finally:
+            for w in workers:
+                w.close()
+    return agreement, raw, made, memory
+
+
 def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 5,
         block: int = 3, settle: int = 1, engines: list[str | PeerEngine] | None = None,
         check_sources: int = 16, source_tokens: int = 32, new_tokens: int = 32,
@@ -130,19 +154,8 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     skipped = prepare(artifacts, engine_rows)
     plan = inputs(artifacts, check_sources, source_tokens, new_tokens, batch, beams)
     out.mkdir(parents=True, exist_ok=True)
-    workers: list[Worker] = []
-    with tempfile.TemporaryDirectory() as logs:
-        try:
-            workers = _start(engine_rows, artifacts, threads, skipped, Path(logs), log)
-            agreement = check(workers, engine_rows, threads[0], plan, skipped,
-                              tie_bound(artifacts / engine_rows[0].artifact), log)
-            raw, made = _time(workers, plan["calls"], rounds, settle, block, log)
-            memory = {w.label: {"loaded": w.hello.get("loaded"),
-                                "load_s": w.hello.get("load_s"),
-                                **(w.ask(op="memory")["memory"] or {})} for w in workers}
-        finally:
-            for w in workers:
-                w.close()
+    agreement, raw, made, memory = measure(engine_rows, artifacts, threads, plan, skipped,
+                                           (rounds, settle, block), log)
     timed = rows(raw, plan["batch"])
     result = {
         "model": _model(artifacts), "artifacts": str(artifacts),

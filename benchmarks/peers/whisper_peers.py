@@ -46,9 +46,8 @@ from tinyt.errors import BenchError
 
 from . import formats
 from .engines import PeerEngine
-from .protocol import Worker
-from .seq2seq_check import REFERENCE, check, tie_bound
-from .seq2seq_peers import FP32, TINYT_ROWS, _bytes, _start, _time, makes, prepare
+from .seq2seq_check import REFERENCE
+from .seq2seq_peers import FP32, TINYT_ROWS, _bytes, makes, measure, prepare
 from .seq2seq_report import markdown, rows, targets
 from .whisper_adapters import FEATURES, LOADERS
 
@@ -172,20 +171,9 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
                       {"sources": [0], "n": new_tokens, "beams": beams},
                       {"sources": list(range(batch)), "n": new_tokens, "beams": 1}]}
     options = {"features": str(path.resolve()), "hf": str((artifacts / "hf").resolve())}
-    workers: list[Worker] = []
-    with tempfile.TemporaryDirectory() as logs:
-        try:
-            workers = _start(engine_rows, artifacts, threads, skipped, Path(logs), log,
-                             module="tinyt.benchmarks.peers.whisper_peers", options=options)
-            agreement = check(workers, engine_rows, threads[0], plan, skipped,
-                              tie_bound(artifacts / engine_rows[0].artifact), log)
-            raw, made = _time(workers, plan["calls"], rounds, settle, block, log)
-            memory = {w.label: {"loaded": w.hello.get("loaded"),
-                                "load_s": w.hello.get("load_s"),
-                                **(w.ask(op="memory")["memory"] or {})} for w in workers}
-        finally:
-            for w in workers:
-                w.close()
+    agreement, raw, made, memory = measure(
+        engine_rows, artifacts, threads, plan, skipped, (rounds, settle, block), log,
+        module="tinyt.benchmarks.peers.whisper_peers", options=options)
     timed = rows(raw, batch)
     result = {
         "model": _model(artifacts), "artifacts": str(artifacts),
