@@ -335,7 +335,9 @@ class SpeechModel:
         prompt_ids = self._prompt_ids(prompt)
         features = log_mel(samples, self.n_mels, whole=whole)
         run = _Run(timestamps, max_new_tokens, num_beams, length_penalty, seed, fallback)
-        self._run_settings(len(prompt_ids) + len(prefix), run, fallback.temperatures[0])
+        self._settings(len(prompt_ids) + len(prefix), timestamps, max_new_tokens,  # checks
+                       num_beams=num_beams, temperature=fallback.temperatures[0],
+                       length_penalty=length_penalty, seed=seed)
         memory = self.encode(self._cut(features, 0)[0])
         if prefix[1:2] == [-1]:  # detect the language from the first window
             prefix[1] = self.detect_language(memory)
