@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from cli_run import run_cli
 from whisper_fixtures import save_whisper
 
 import tinyt.runtime as rt
@@ -39,7 +40,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore"),
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """(transformers' model, the loaded SpeechModel, espeak-ng speech samples)."""
+    """(transformers' model, the loaded SpeechModel, espeak-ng speech samples, the
+    artifact's directory)."""
     from tinyt.export import export_onnx
     from tinyt.hf import import_hf
 
@@ -51,7 +53,7 @@ def built(tmp_path_factory):
     wav = root / "said.wav"
     subprocess.run(["espeak-ng", "-w", str(wav), "The quick brown fox jumps over the lazy dog."],
                    check=True, timeout=60)
-    yield theirs, rt.load(out, threads=1), load_audio(wav)
+    yield theirs, rt.load(out, threads=1), load_audio(wav), out
     torch.set_num_threads(before)
 
 
@@ -158,7 +160,7 @@ def test_no_speech_skips_a_window_as_transformers(built):
     test passes: transformers' generate with the same thresholds gives the same tokens. The
     thresholds sit 5% either side of the window's own values (transformers' mean and
     probability: the graphs move them by ~1e-6)."""
-    theirs, ours, samples = built
+    theirs, ours, samples, _ = built
     features = log_mel(samples, 80)
     with torch.no_grad():
         out = theirs.generate(torch.from_numpy(features)[None], language="en",
@@ -180,7 +182,7 @@ def test_no_speech_skips_a_window_as_transformers(built):
 
 @pytest.fixture(scope="module")
 def long_audio(built):
-    _, _, samples = built
+    _, _, samples, _ = built
     return np.concatenate([samples, np.zeros(30 * 16_000, np.float32), samples])
 
 
@@ -188,7 +190,7 @@ def test_condition_on_prev_tokens_as_transformers(built, long_audio):
     """Long-form audio (speech, 30 s of silence, speech) with condition_on_prev_tokens, greedy,
     and with a prompt: tokens equal transformers' generate; conditioning changes them (so the
     comparison reads it)."""
-    theirs, ours, _ = built
+    theirs, ours, _, _ = built
     features = log_mel(long_audio, 80, whole=True)
     plain = ours.transcribe(long_audio, language="en", max_new_tokens=N).tokens
     ids = ours.tokenizer.hf.encode(" Fox, dog.", add_special_tokens=False).ids
@@ -208,7 +210,7 @@ def test_every_window_falls_back_to_the_last_temperature(built, long_audio, monk
     keeps the 0.6 sample, which is the seeded sampling at 0.6 alone (each attempt draws from
     its own generator of `seed`); conditioning stops after a window kept at >= 0.5. With a
     threshold no window fails, the greedy tokens of a single temperature."""
-    _, ours, _ = built
+    _, ours, _, _ = built
     tried: list[float] = []
     real = ours._run_settings
     monkeypatch.setattr(ours, "_run_settings",
@@ -239,6 +241,33 @@ def test_every_window_falls_back_to_the_last_temperature(built, long_audio, monk
     (dict(temperature=(0.2, 0.4), num_beams=2), "beam search here is deterministic"),
 ])
 def test_bad_fallback_arguments_are_refused_by_name(kw, says, built):
-    _, ours, samples = built
+    _, ours, samples, _ = built
     with pytest.raises(ConfigError, match=re.escape(says)):
         ours.transcribe(samples, language="en", **kw)
+
+
+def test_tinyt_transcribe_takes_the_fallback_options(built, long_audio, tmp_path, monkeypatch,
+                                                     capsys):
+    """`tinyt transcribe --temperature 0,0.6 --compression-ratio-threshold 0 --seed 5
+    --condition-on-prev-tokens` prints transcribe's answer for the same keywords; no-speech
+    thresholds that skip every window print an empty text; a bad --temperature exits 2."""
+    import json
+
+    import soundfile
+
+    _, ours, _, artifact = built
+    wav = tmp_path / "long.wav"
+    soundfile.write(str(wav), long_audio, 16_000, subtype="FLOAT")
+    common = [artifact, wav, "--language", "en", "--max-new-tokens", N, "--threads", 1]
+    code, out, _ = run_cli(monkeypatch, capsys, "transcribe", *common, "--format", "json",
+                           "--temperature", "0,0.6", "--compression-ratio-threshold", 0,
+                           "--seed", 5, "--condition-on-prev-tokens")
+    want = ours.transcribe(long_audio, language="en", max_new_tokens=N, seed=5,
+                           temperature=(0.0, 0.6), compression_ratio_threshold=0.0,
+                           condition_on_prev_tokens=True)
+    assert code in (0, None) and json.loads(out) == json.loads(json.dumps(want.to_dict()))
+    code, out, _ = run_cli(monkeypatch, capsys, "transcribe", *common, "--logprob-threshold",
+                           0, "--no-speech-threshold", 0)
+    assert code in (0, None) and out == "\n"  # every window skipped: no text
+    code, _, err = run_cli(monkeypatch, capsys, "transcribe", *common, "--temperature", "0,hot")
+    assert code == 2 and "--temperature '0,hot' is invalid: a number, or comma-separated" in err
