@@ -92,7 +92,7 @@ def test_judge_decides_as_transformers_need_fallback():
         want = W._need_fallback(W, torch.tensor(seq), [{"scores": rows}], 0, [detector], cfg, V,
                                 t)
         attempt = Attempt(tokens, ended, [token_logprob(r, s) for r, s in zip(scores, seq)])
-        got = judge(attempt, fb, eos=50257, vocab_size=V, no_speech=lambda: p)
+        got = judge(attempt, fb, eos=50257, vocab_size=V, no_speech=lambda p=p: p)
         assert got == want, case
         seen.add(got)
     assert seen == {(False, False), (True, False), (False, True)}, seen
