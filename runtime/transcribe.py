@@ -42,6 +42,7 @@ from .fallback import (
     decide,
     no_speech_probability,
     previous_tokens,
+    token_logprob,
 )
 from .session import Artifact, create_session
 
@@ -323,10 +324,6 @@ class SpeechModel:
             raise ConfigError(f"timestamps={timestamps!r} is invalid: True or False")
         fallback = Fallback.check(temperature, compression_ratio_threshold, logprob_threshold,
                                   no_speech_threshold, condition_on_prev_tokens)
-        if num_beams != 1 and fallback.scores_needed:
-            raise ConfigError(f"logprob_threshold with num_beams={num_beams}: the mean "
-                              "log-probability is read from greedy or sampled windows only "
-                              "here; use num_beams=1, or leave logprob_threshold out")
         samples = load_audio(audio, 16_000 if sampling_rate is None and not isinstance(
             audio, (str, os.PathLike)) else sampling_rate)
         whole = samples.size // HOP > N_FRAMES  # longer than one window: long-form
@@ -435,7 +432,10 @@ class SpeechModel:
                 ((out, reason),) = beam_search(first, steps, [prompt], settings.beams,
                                                eos=(self.eos,), rules=settings.rules,
                                                max_new_tokens=settings.max_new_tokens)
-                return Attempt(out, reason == "eos", [])
+                ended = reason == "eos"
+                scores = (self._rescore(memory, prompt, out + [self.eos] * ended, settings)
+                          if run.fallback.scores_needed else [])
+                return Attempt(out, ended, scores)
             scores: list[list[float]] | None = [[]] if run.fallback.scores_needed else None
             ((out, reason),) = self.decoder._sample(first, steps, 1, settings, prefix=prompt,
                                                     logprobs=scores)
@@ -447,6 +447,20 @@ class SpeechModel:
 
         return decide(decode, run.fallback, eos=self.eos, vocab_size=self.config.vocab_size,
                       no_speech=no_speech)
+
+    def _rescore(self, memory: np.ndarray, prompt: list[int], tokens: list[int],
+                 settings: Settings) -> list[float]:
+        """Each of a beam's tokens' log-softmax of the rule-applied logits (what transformers
+        reads from the chosen beam's step scores): the decoder stepped along them once."""
+        steps = DecoderSteps(self.decoder, memory, None)
+        logits, out = steps.first(prompt), []
+        for made, token in enumerate(tokens):
+            z = logits.astype(np.float32)  # a copy: the rules write into it
+            settings.rules.apply(z, [prompt + tokens[:made]], made)
+            out.append(token_logprob(z[0], token))
+            if made + 1 < len(tokens):
+                logits = steps(np.zeros(1, np.int64), np.asarray([token], np.int64))
+        return out
 
     def _text(self, tokens: Sequence[int]) -> str:
         """The text of the ordinary tokens (special ones and timestamps left out)."""
