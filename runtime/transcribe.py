@@ -433,9 +433,9 @@ class SpeechModel:
                                                eos=(self.eos,), rules=settings.rules,
                                                max_new_tokens=settings.max_new_tokens)
                 ended = reason == "eos"
-                scores = (self._rescore(memory, prompt, out + [self.eos] * ended, settings)
-                          if run.fallback.scores_needed else [])
-                return Attempt(out, ended, scores)
+                rescored = (self._rescore(memory, prompt, out + [self.eos] * ended, settings)
+                            if run.fallback.scores_needed else [])
+                return Attempt(out, ended, rescored)
             scores: list[list[float]] | None = [[]] if run.fallback.scores_needed else None
             ((out, reason),) = self.decoder._sample(first, steps, 1, settings, prefix=prompt,
                                                     logprobs=scores)
