@@ -34,6 +34,21 @@ def transcribe_cmd(
              "srt and vtt of several files).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(
         min=0, help="Tokens per 30-s window (default: as many as the decoder holds).")] = None,
+    temperature: Annotated[str, typer.Option(
+        help="0: greedy; above, sampling; several, comma-separated (0,0.2,0.4,0.6,0.8,1): "
+             "tried in turn where a window fails a threshold below.")] = "0",
+    seed: Annotated[Optional[int], typer.Option(help="Sampling's seed.")] = None,
+    compression_ratio_threshold: Annotated[Optional[float], typer.Option(
+        help="Decode a window again at the next temperature where its tokens' zlib "
+             "compression ratio is above this (e.g. 1.35).")] = None,
+    logprob_threshold: Annotated[Optional[float], typer.Option(
+        help="... or its tokens' mean log-probability below this (e.g. -1.0).")] = None,
+    no_speech_threshold: Annotated[Optional[float], typer.Option(
+        help="Skip a window as silence where <|nospeech|>'s probability is above this and "
+             "the mean log-probability below --logprob-threshold (e.g. 0.6).")] = None,
+    condition_on_prev_tokens: Annotated[bool, typer.Option(
+        "--condition-on-prev-tokens", help="Prompt each window with the text before it.")]
+        = False,
     provider: Annotated[str, typer.Option(help="cpu, cuda, tensorrt or auto.")] = "cpu",
     threads: Annotated[Optional[int], typer.Option(min=1, help="Default: physical cores.")]
         = None,
@@ -41,8 +56,8 @@ def transcribe_cmd(
     """Transcribe (or translate) each FILE. Audio over 30 s goes window by window, each from
     the last timestamp; its progress goes to stderr."""
     import tinyt.runtime as rt
-    from tinyt.runtime.subtitles import render
 
+    temperatures = _temperatures(temperature)
     if form not in FORMATS:
         raise TinytError(f"--format {form!r} is invalid: one of {', '.join(FORMATS)}")
     if form in ("srt", "vtt") and len(files) > 1 and output_dir is None:
@@ -60,17 +75,40 @@ def transcribe_cmd(
         result = model.transcribe(path, language=language, num_beams=beams, prompt=prompt,
                                   task="translate" if translate else "transcribe",
                                   timestamps=timestamps or form in ("srt", "vtt"),
-                                  max_new_tokens=max_new_tokens, progress=progress)
-        text = render(result, form)
-        if form == "text" and timestamps:
-            text = "".join(f"[{s.start:.2f} -> {s.end:.2f}] {s.text}\n"
-                           for s in result.segments if s.text)
-        if form == "json" and len(files) > 1:  # a line each, saying which file
-            text = json.dumps({"file": str(path), **result.to_dict()}, ensure_ascii=False) + "\n"
-        if output_dir is not None:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            (output_dir / f"{path.stem}.{'txt' if form == 'text' else form}").write_text(
-                text, encoding="utf-8")
-        else:
-            typer.echo(text, nl=False)
+                                  max_new_tokens=max_new_tokens, progress=progress,
+                                  temperature=temperatures, seed=seed,
+                                  compression_ratio_threshold=compression_ratio_threshold,
+                                  logprob_threshold=logprob_threshold,
+                                  no_speech_threshold=no_speech_threshold,
+                                  condition_on_prev_tokens=condition_on_prev_tokens)
+        _emit(result, path, form, timestamps, len(files) > 1, output_dir)
+
+
+def _temperatures(text: str) -> float | tuple[float, ...]:
+    """--temperature's value: a number, or several comma-separated."""
+    try:
+        many = tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise TinytError(f"--temperature {text!r} is invalid: a number, or comma-separated "
+                         "numbers (0,0.2,0.4,0.6,0.8,1)") from None
+    return many[0] if len(many) == 1 else many
+
+
+def _emit(result, path: Path, form: str, timestamps: bool, several: bool,
+          output_dir: Path | None) -> None:
+    """One file's result in its format, to stdout or DIR/<name>.<format>."""
+    from tinyt.runtime.subtitles import render
+
+    text = render(result, form)
+    if form == "text" and timestamps:
+        text = "".join(f"[{s.start:.2f} -> {s.end:.2f}] {s.text}\n"
+                       for s in result.segments if s.text)
+    if form == "json" and several:  # a line each, saying which file
+        text = json.dumps({"file": str(path), **result.to_dict()}, ensure_ascii=False) + "\n"
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / f"{path.stem}.{'txt' if form == 'text' else form}").write_text(
+            text, encoding="utf-8")
+    else:
+        typer.echo(text, nl=False)
 

@@ -28,6 +28,7 @@ from tinyt.tokenizer import Tokenizer
 
 from .arguments import prompt_text, token_rows
 from .beam import BeamParams, beam_search
+from .fallback import token_logprob
 from .generate import GenerationResult
 from .greedy import stopped
 from .heads import BeamHead
@@ -284,11 +285,14 @@ class Seq2SeqModel:
 
     # -- greedy and sampling -------------------------------------------------------------------
     def _sample(self, first: np.ndarray, steps: DecoderSteps, B: int, settings: Settings,
-                prefix: Sequence[int] | None = None) -> list[tuple[list[int], str]]:
+                prefix: Sequence[int] | None = None, logprobs: list[list[float]] | None = None,
+                ) -> list[tuple[list[int], str]]:
         """One token a row a step (greedy at temperature 0); a finished row leaves the
         batch. Each source samples with its own generator seeded by `seed`, so it draws
         the same tokens alone or in a batch. prefix: the decoder's tokens before the
-        generated ones (default: its start token), as the rules see them."""
+        generated ones (default: its start token), as the rules see them. logprobs: a list
+        a source, given, gets each chosen token's log-softmax of the rule-applied logits at
+        temperature 1 (an end-of-sequence token's too: Whisper's fallback reads them)."""
         prefix = [self.generation.decoder_start] if prefix is None else list(prefix)
         params, rules, eos = settings.sampling, settings.rules, set(self.generation.eos)
         n = settings.max_new_tokens
@@ -309,6 +313,8 @@ class Seq2SeqModel:
                     tok = next_token(z[r], params, rngs[s], [])
                 except NonFiniteError as e:
                     raise stopped(made, s, e) from None
+                if logprobs is not None:
+                    logprobs[s].append(token_logprob(z[r], tok))
                 if tok in eos:
                     reasons[s] = "eos"
                     continue

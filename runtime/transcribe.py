@@ -14,8 +14,9 @@ three graphs of Optimum's speech layout, with transformers 4.57's generate seman
 
 Audio of at most 30 s is one window of features padded with silence (WhisperFeatureExtractor's
 default); longer audio is read whole (its features' floor set by the whole) and always decoded
-with timestamps, since the windows continue from them. Not here: temperature fallback,
-conditioning on the previous window's tokens, no-speech detection, word-level timestamps.
+with timestamps, since the windows continue from them. Temperature fallback, no-speech
+skipping and conditioning on the previous windows' tokens: runtime/fallback.py. Not here:
+word-level timestamps.
 """
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ from tinyt.tokenizer import Tokenizer
 from .audio import HOP, N_FRAMES, load_audio, log_mel
 from .beam import beam_search
 from .encoder_decoder import DecoderSteps, Seq2SeqModel, Settings
+from .fallback import (
+    Attempt,
+    Decision,
+    Fallback,
+    decide,
+    no_speech_probability,
+    previous_tokens,
+    token_logprob,
+)
 from .session import Artifact, create_session
 
 TIME_PRECISION = 0.02  # seconds a timestamp token stands for
@@ -176,6 +186,17 @@ def split_segments(tokens: Sequence[int], timestamp_begin: int, offset: float, f
     return segments, (tokens[begin - 2] - T) * INPUT_STRIDE
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One transcribe call's decoding choices, the same for every window."""
+    timestamps: bool
+    max_new_tokens: int | None
+    num_beams: int
+    length_penalty: float
+    seed: int | None
+    fallback: Fallback
+
+
 class SpeechModel:
     """A Whisper artifact: transcribe(audio) turns speech into text. Thread-safe: calls share
     only the sessions."""
@@ -293,19 +314,28 @@ class SpeechModel:
     # -- public API ----------------------------------------------------------------------------
     def transcribe(self, audio: str | os.PathLike | np.ndarray, *, language: str | None = None,
                    task: str = "transcribe", timestamps: bool = False, num_beams: int = 1,
-                   temperature: float = 0.0, prompt: str | None = None,
+                   temperature: float | Sequence[float] = 0.0, prompt: str | None = None,
                    max_new_tokens: int | None = None, sampling_rate: int | None = None,
                    length_penalty: float = 1.0, seed: int | None = None,
+                   compression_ratio_threshold: float | None = None,
+                   logprob_threshold: float | None = None,
+                   no_speech_threshold: float | None = None,
+                   condition_on_prev_tokens: bool = False,
                    progress: Progress | None = None) -> Transcription:
         """Speech to text: `audio` a file path, or samples (16 kHz unless sampling_rate says
         otherwise). language: a code ("en"; None: detected); task "transcribe" or "translate"
         (into English); timestamps: predict them (segments then carry their times; audio over
         30 s always does); num_beams, length_penalty: beam search; temperature > 0 samples
-        (seed); prompt: text that came before (spelling, names); max_new_tokens: tokens a
-        window (default: as many as the decoder's 448 positions leave); progress(done,
-        total): called in seconds before each window."""
+        (seed), a list of them is tried in turn where a window fails compression_ratio_
+        threshold or logprob_threshold; no_speech_threshold (with logprob_threshold) skips a
+        silent window; condition_on_prev_tokens: the windows so far prompt the next
+        (runtime/fallback.py); prompt: text that came before (spelling, names);
+        max_new_tokens: tokens a window (default: as many as the decoder's 448 positions
+        leave); progress(done, total): called in seconds before each window."""
         if not isinstance(timestamps, bool):
             raise ConfigError(f"timestamps={timestamps!r} is invalid: True or False")
+        fallback = Fallback.check(temperature, compression_ratio_threshold, logprob_threshold,
+                                  no_speech_threshold, condition_on_prev_tokens)
         samples = load_audio(audio, 16_000 if sampling_rate is None and not isinstance(
             audio, (str, os.PathLike)) else sampling_rate)
         whole = samples.size // HOP > N_FRAMES  # longer than one window: long-form
@@ -313,17 +343,24 @@ class SpeechModel:
         prefix = self._prefix(language, task, timestamps)
         prompt_ids = self._prompt_ids(prompt)
         features = log_mel(samples, self.n_mels, whole=whole)
+        run = _Run(timestamps, max_new_tokens, num_beams, length_penalty, seed, fallback)
+        self._settings(len(prompt_ids) + len(prefix), timestamps, max_new_tokens,  # checks
+                       num_beams=num_beams, temperature=fallback.temperatures[0],
+                       length_penalty=length_penalty, seed=seed)
         memory = self.encode(self._cut(features, 0)[0])
         if prefix[1:2] == [-1]:  # detect the language from the first window
             prefix[1] = self.detect_language(memory)
         lang = next((c for c, i in self.languages.items() if [i] == prefix[1:2]), "en")
-        settings = self._settings(len(prompt_ids) + len(prefix), timestamps, max_new_tokens,
-                                  num_beams=num_beams, temperature=temperature,
-                                  length_penalty=length_penalty, seed=seed)
-        segments, tokens = self._windows(features, memory, prompt_ids + prefix, settings,
-                                         progress)
+        segments, tokens = self._windows(features, memory, prompt_ids, prefix, run, progress)
         return Transcription(self._text(tokens), lang, segments, tokens,
                              round(samples.size / 16_000, 3))
+
+    def _run_settings(self, begin: int, run: _Run, temperature: float) -> Settings:
+        """A window's settings at one temperature (beams at 0 only, as transformers)."""
+        return self._settings(begin, run.timestamps, run.max_new_tokens,
+                              num_beams=run.num_beams if temperature == 0 else 1,
+                              temperature=temperature, length_penalty=run.length_penalty,
+                              seed=run.seed)
 
     def _settings(self, begin: int, timestamps: bool, max_new_tokens: int | None,
                   **kwargs) -> Settings:
@@ -355,14 +392,17 @@ class SpeechModel:
         window[:, :frames] = features[:, seek:seek + frames]
         return window, frames
 
-    def _windows(self, features: np.ndarray, memory: np.ndarray, prompt: list[int],
-                 settings: Settings, progress: Progress | None,
+    def _windows(self, features: np.ndarray, memory: np.ndarray, prompt_ids: list[int],
+                 prefix: list[int], run: _Run, progress: Progress | None,
                  ) -> tuple[list[Segment], list[int]]:
         """Every window's segments and tokens, each window from where the last one's
-        complete segments end (transformers' long-form loop, one audio, no fallback)."""
+        complete segments end (transformers' long-form loop, one audio), with the fallback's
+        temperatures, skips and conditioning (runtime/fallback.py)."""
         total, seek = features.shape[1], 0
         segments: list[Segment] = []
         tokens: list[int] = []
+        history = [prompt_ids[1:]] if prompt_ids else []  # what conditions: the prompt's text
+        condition = run.fallback.condition_on_prev_tokens
         while seek < total:
             if progress is not None:
                 progress(round(seek * FRAME_SECONDS, 2), round(total * FRAME_SECONDS, 2))
@@ -370,17 +410,69 @@ class SpeechModel:
             if seek:
                 memory = self.encode(window)
             offset = seek * TIME_PRECISION / INPUT_STRIDE
-            (out,) = self._window(memory, prompt, settings)
-            pieces, advance = split_segments(out, self.tokens["timestamp_begin"], offset,
-                                             frames)
+            before = prompt_ids
+            if condition and history:
+                before = previous_tokens(history, self.tokens["timestamp_begin"],
+                                         self.tokens["previous"], self.config.block_size // 2 - 1)
+            decision = self._decide(memory, before, prefix, run)
+            condition = run.fallback.condition_on_prev_tokens and decision.conditions_next
+            if decision.skip:  # silence: no segment, on by the window's frames
+                seek += frames
+                continue
+            pieces, advance = split_segments(decision.attempt.tokens,
+                                             self.tokens["timestamp_begin"], offset, frames)
             for start, end, piece in pieces:
                 segments.append(Segment(round(start, 3), round(end, 3), self._text(piece),
                                         tuple(piece)))
                 tokens += piece
+                history.append(piece)
             seek += max(advance, 1)  # (a timestamp pair never ends at 0.00)
         if progress is not None:
             progress(*(2 * (round(total * FRAME_SECONDS, 2),)))
         return segments, tokens
+
+    def _decide(self, memory: np.ndarray, before: list[int], prefix: list[int], run: _Run,
+                ) -> Decision:
+        """A window decoded at the fallback's temperatures in turn (runtime/fallback.decide),
+        its prompt `before` (the previous text) then `prefix` (start, language, task...)."""
+        prompt = before + prefix
+        def decode(temperature: float) -> Attempt:
+            settings = self._run_settings(len(prompt), run, temperature)
+            steps = DecoderSteps(self.decoder, memory, None)
+            first = steps.first(prompt)
+            if settings.beams.num_beams > 1:
+                ((out, reason),) = beam_search(first, steps, [prompt], settings.beams,
+                                               eos=(self.eos,), rules=settings.rules,
+                                               max_new_tokens=settings.max_new_tokens)
+                ended = reason == "eos"
+                rescored = (self._rescore(memory, prompt, out + [self.eos] * ended, settings)
+                            if run.fallback.scores_needed else [])
+                return Attempt(out, ended, rescored)
+            scores: list[list[float]] | None = [[]] if run.fallback.scores_needed else None
+            ((out, reason),) = self.decoder._sample(first, steps, 1, settings, prefix=prompt,
+                                                    logprobs=scores)
+            return Attempt(out, reason == "eos", scores[0] if scores else [])
+
+        def no_speech() -> float:  # the raw logits after <|startoftranscript|>
+            logits = DecoderSteps(self.decoder, memory, None).first(prompt[:len(before) + 1])[0]
+            return no_speech_probability(logits, self.tokens["no_timestamps"] - 1)
+
+        return decide(decode, run.fallback, eos=self.eos, vocab_size=self.config.vocab_size,
+                      no_speech=no_speech)
+
+    def _rescore(self, memory: np.ndarray, prompt: list[int], tokens: list[int],
+                 settings: Settings) -> list[float]:
+        """Each of a beam's tokens' log-softmax of the rule-applied logits (what transformers
+        reads from the chosen beam's step scores): the decoder stepped along them once."""
+        steps = DecoderSteps(self.decoder, memory, None)
+        logits, out = steps.first(prompt), []
+        for made, token in enumerate(tokens):
+            z = logits.astype(np.float32)  # a copy: the rules write into it
+            settings.rules.apply(z, [prompt + tokens[:made]], made)
+            out.append(token_logprob(z[0], token))
+            if made + 1 < len(tokens):
+                logits = steps(np.zeros(1, np.int64), np.asarray([token], np.int64))
+        return out
 
     def _text(self, tokens: Sequence[int]) -> str:
         """The text of the ordinary tokens (special ones and timestamps left out)."""
