@@ -443,7 +443,8 @@ class SpeechModel:
             if settings.beams.num_beams > 1:
                 ((out, reason),) = beam_search(first, steps, [prompt], settings.beams,
                                                eos=(self.eos,), rules=settings.rules,
-                                               max_new_tokens=settings.max_new_tokens)
+                                               max_new_tokens=settings.max_new_tokens,
+                                               head=self.decoder.beam_head)
                 ended = reason == "eos"
                 rescored = (self._rescore(memory, prompt, out + [self.eos] * ended, settings)
                             if run.fallback.scores_needed else [])
