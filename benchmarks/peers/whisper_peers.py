@@ -264,7 +264,8 @@ def main() -> None:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("artifacts", type=Path, help="holds hf/ (a Whisper) and tinyt's onnx/")
     ap.add_argument("--make", help="make hf/ (random weights at this Whisper's shape: tiny, "
-                    "base, ...) and onnx/ where absent")
+                    "base, ...), its checkpoint and the pipeline's onnx, onnx-opt, onnx-int8, "
+                    "onnx-int4 where absent")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/whisper-peers"))
     ap.add_argument("--rounds", type=int, default=5, help="0: the check only, nothing timed")
     ap.add_argument("--threads", type=int, action="append", help="repeat (default 1 and 2)")
