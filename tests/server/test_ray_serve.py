@@ -5,6 +5,8 @@ artifact whose manifest differs from the driver's; the deployment's options (a c
 autoscaling, health, drain) and the CLI's refusals. The Ray application is built where Ray is
 importable; tests/server/test_ray_cluster.py serves it on a multi-node cluster (opt-in)."""
 
+import os
+
 import pytest
 
 pytest.importorskip("starlette", reason="the serve extra is not installed")
@@ -114,3 +116,21 @@ def test_the_cli_refuses_ray_options_without_ray(lm_onnx):
     r = run_tinyt("serve", lm_onnx / "nothing", "--ray")
     assert r.returncode == 2, r.stderr
     assert ("no manifest.json" in r.stderr or "the ray extra" in r.stderr), r.stderr
+
+
+def test_a_local_cluster_s_proxy_drains_in_a_second_and_a_user_s_value_is_kept(monkeypatch):
+    """serve.shutdown waits 30 s for Ray Serve's controller, whose proxy drains for 30 s by
+    default: the local cluster `tinyt serve --ray` starts gets 1 s (before ray.init starts it);
+    a cluster at an address keeps its own."""
+    ray = pytest.importorskip("ray")
+    seen = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append(
+        os.environ.get("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S")))
+    monkeypatch.delenv("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", raising=False)
+    rs.connect("auto")
+    rs.connect(None)
+    assert seen == [None, "1"]
+    monkeypatch.setenv("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "7")
+    rs.connect(None)
+    assert seen[-1] == "7"
