@@ -1,0 +1,133 @@
+"""Whisper's page (`tinyt package --format web` of a speech artifact: export/web/speech_page.py,
+speech.mjs) in a real headless Chromium on ONNX Runtime Web's WebAssembly backend, on
+tests/conftest.py's small_whisper (random weights, tiny's vocabulary and 80 mel bins) and
+espeak-ng's speech written as a WAV, chosen in the page's file input as a user would.
+
+- A 16-kHz WAV (32-bit float): the page's samples (Web Audio's decodeAudioData) are runtime/audio.load_audio's
+  exactly; its log-mel features lie within speech_page.feature_bounds of exact arithmetic, as
+  the runtime's do (numpy's float32 FFT is what rounds; measured ~1e-7 apart, the bound
+  ~1e-3 at its widest, near the floor); its greedy tokens equal SpeechModel.decode_features' on
+  the page's features, and `rt.load(...).transcribe(wav)`'s, English forced and detected (fp32;
+  an INT8 row may part only at a tie of the runtime's own logits: seq2seq_ties).
+- espeak-ng's own 22,050-Hz WAV (16-bit PCM): the browser resamples (its resampler, not soxr's;
+  and it reads positive PCM samples over 32,767 where libsndfile divides by 32,768), so the
+  length and the tokens on the page's own features are compared.
+- Audio over 30 s and a file that is not audio: a message that names the problem.
+Not tested: the microphone button (getUserMedia needs a device or Chromium's fake one; the
+button only feeds MediaRecorder's recording to the same decodeAudio).
+Needs node + onnxruntime-web, chromium, playwright (tests/export/test_web.py's browser) and
+espeak-ng. ~40 s on one core (the fixture's export and quantizations ~25 s of it)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from test_web import browser, needs_browser  # noqa: F401 (browser: a fixture)
+
+import tinyt.runtime as rt
+from tinyt.runtime.audio import load_audio, log_mel
+
+SAID = "The quick brown fox jumps over the lazy dog."
+NEW_TOKENS = 12
+pytestmark = [needs_browser, pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                 reason="espeak-ng is not installed (scripts/setup.sh)")]
+
+
+@pytest.fixture(scope="module")
+def wavs(tmp_path_factory):
+    """{"22k": espeak-ng's WAV (16-bit PCM), "16k": the same resampled by soxr, 32-bit float at
+    16 kHz (Chromium reads 16-bit PCM's positive samples over 32,767, libsndfile over 32,768),
+    "long": 31 s of quiet noise at 16 kHz, "text": a file that is not audio}."""
+    import soundfile
+
+    root = tmp_path_factory.mktemp("wavs")
+    made = {"22k": root / "said-22k.wav", "16k": root / "said-16k.wav",
+            "long": root / "long.wav", "text": root / "notes.wav"}
+    subprocess.run(["espeak-ng", "-w", str(made["22k"]), SAID], check=True, timeout=60)
+    soundfile.write(made["16k"], load_audio(made["22k"]), 16_000, subtype="FLOAT")
+    noise = np.random.default_rng(0).normal(0, 0.01, 31 * 16_000).astype(np.float32)
+    soundfile.write(made["long"], noise, 16_000, subtype="PCM_16")
+    made["text"].write_text("not audio at all\n")
+    return made
+
+
+@pytest.fixture(scope="module")
+def packages(small_whisper, tmp_path_factory):
+    from tinyt.export.package import package
+
+    root = tmp_path_factory.mktemp("speech-web")
+    return {name: package(small_whisper[name], root / name, format="web")
+            for name in ("fp32", "int8")}
+
+
+def transcribe_in_page(browser, pkg, wav, language: str = "en") -> tuple[dict, dict]:  # noqa: F811
+    """The page's result JSON for `wav` chosen in its file input, and its samples and features
+    (window.tinyt.last; None after an error)."""
+    from tinyt.export.web.serve import start
+
+    server, _ = start(pkg, 0)
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+        page.wait_for_function("!document.getElementById('audio').disabled", timeout=60_000)
+        page.select_option("#language", language)
+        page.fill("#max_new_tokens", str(NEW_TOKENS))
+        page.set_input_files("#audio", str(wav))
+        page.wait_for_function("document.getElementById('result').textContent.length > 0",
+                               timeout=120_000)
+        result = json.loads(page.inner_text("#result"))
+        last = page.evaluate("() => window.tinyt.last && {samples: Array.from("
+                             "window.tinyt.last.samples), features: Array.from("
+                             "window.tinyt.last.features)}")
+        assert not errors, errors
+        return result, last
+    finally:
+        page.close()
+        server.shutdown()
+
+
+@pytest.mark.parametrize("name", ["fp32", "int8"])
+def test_page_transcribes_a_wav_to_the_runtimes_tokens(packages, small_whisper, wavs, browser,  # noqa: F811
+                                                       name):
+    from tinyt.export.web.speech_page import check_features, speech_ties
+
+    sm = rt.load(small_whisper[name], threads=1)
+    samples = load_audio(wavs["16k"])
+    for language in ("en", ""):  # forced, then detected
+        got, last = transcribe_in_page(browser, packages[name], wavs["16k"], language)
+        assert "error" not in got, got
+        page_samples = np.asarray(last["samples"], np.float32)
+        assert page_samples.shape == samples.shape and np.array_equal(page_samples, samples)
+        features = np.asarray(last["features"], np.float32).reshape(80, -1)
+        worst = check_features(features, log_mel(samples, 80), samples, 80)
+        assert worst["max_abs_diff"] < worst["widest_bound"]
+        want = sm.transcribe(wavs["16k"], language=language or None, max_new_tokens=NEW_TOKENS)
+        assert got["language"] == want.language and (got["language"] == "en" or not language)
+        speech_ties(sm, [features], [got["token_ids"]], want.language)  # a tie at most
+        if name == "fp32":  # these logits are far from ties: every token the same
+            assert got["token_ids"] == want.tokens and got["text"] == want.text
+            assert got["prompt"] == sm._prefix(want.language, "transcribe", False)
+
+
+def test_page_resamples_other_rates_and_names_bad_audio(packages, small_whisper, wavs,
+                                                        browser):  # noqa: F811
+    from tinyt.export.web.speech_page import speech_ties
+
+    sm = rt.load(small_whisper["fp32"], threads=1)
+    got, last = transcribe_in_page(browser, packages["fp32"], wavs["22k"])
+    import soundfile
+
+    frames = soundfile.info(str(wavs["22k"])).frames
+    assert abs(len(last["samples"]) - frames * 16_000 / 22_050) <= 1
+    features = np.asarray(last["features"], np.float32).reshape(80, -1)
+    assert speech_ties(sm, [features], [got["token_ids"]], "en") == 0
+    got, last = transcribe_in_page(browser, packages["fp32"], wavs["long"])
+    assert "the audio lasts 31.0 s; the page transcribes one 30-s window" in got["error"]
+    got, last = transcribe_in_page(browser, packages["fp32"], wavs["text"])
+    assert "the browser cannot decode this audio" in got["error"]
