@@ -147,7 +147,7 @@ def seq2seq_ties(lm, rows: list, got: list[list[int]], want: list[list[int]], *,
             raise WebPackageError(f"greedy tokens under onnxruntime-web {g} differ in length "
                                   f"from tinyt.runtime's {w}")
         z = logits_after(lm, row, w[:first])
-        size = float(np.abs(z).max())
+        size = float(np.abs(z[np.isfinite(z)]).max())  # (the rules' -inf left out)
         # the logits pass through both stacks: each block (and the head) may flip one int8
         # rounding of its activations (shared_cache_checks.quant_floor, at this depth)
         depth = cfg.n_layer + cfg.decoder_layers
@@ -159,7 +159,8 @@ def seq2seq_ties(lm, rows: list, got: list[list[int]], want: list[list[int]], *,
             # graphs at level 'disabled' do. If the page's logits are those (z_alt), it chose
             # `page` where z_alt[page] >= z_alt[ours], so z[ours] - z[page] <= 2 max|z - z_alt|.
             z_alt = logits_after(_activations_fp32(lm), row, w[:first])
-            atol = max(atol, 2 * float(np.abs(z - z_alt).max())
+            moved = np.abs(z - z_alt)  # (nan where both are a rule's -inf)
+            atol = max(atol, 2 * float(moved[np.isfinite(moved)].max())
                        + 2 * reorder_bound(cfg, size, depth))
         if not z[ours] - z[page] <= atol:
             raise WebPackageError(

@@ -199,15 +199,17 @@ def check_features(page: np.ndarray, ours: np.ndarray, samples: np.ndarray, n_me
             "widest_bound": float((hi - lo).max())}
 
 
-def speech_ties(sm, features: list[np.ndarray], got: list[list[int]], language: str) -> int:
-    """The page's greedy tokens of each window's `features` (the page's own) against
-    SpeechModel.decode_features' on them: seq2seq_ties, the logits with Whisper's rules."""
+def speech_ties(sm, features: list[np.ndarray], got: list[list[int]], language: str, *,
+                new_tokens: int = CHECK_NEW_TOKENS) -> int:
+    """The page's greedy tokens (`new_tokens` at most) of each window's `features` (the
+    page's own) against SpeechModel.decode_features' on them: seq2seq_ties, the logits with
+    Whisper's rules."""
     from tinyt.runtime.encoder_decoder import DecoderSteps
 
     want = [sm.decode_features(f[None], language=language,
-                               max_new_tokens=CHECK_NEW_TOKENS)[0] for f in features]
+                               max_new_tokens=new_tokens)[0] for f in features]
     prompt = sm._prefix(language, "transcribe", False)
-    rules = sm._settings(len(prompt), False, CHECK_NEW_TOKENS).rules
+    rules = sm._settings(len(prompt), False, new_tokens).rules
 
     def logits_after(model, f, prefix):
         (memory,) = model.sessions["encoder"].run(["last_hidden_state"],

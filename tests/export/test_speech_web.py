@@ -13,10 +13,12 @@ espeak-ng's speech written as a WAV, chosen in the page's file input as a user w
   and it reads positive PCM samples over 32,767 where libsndfile divides by 32,768), so the
   length and the tokens on the page's own features are compared.
 - Audio over 30 s and a file that is not audio: a message that names the problem.
+- Under Node (no browser): the INT4 package's own check, and the checks refusing features
+  one frame off and a token the runtime does not rank near the top.
 Not tested: the microphone button (getUserMedia needs a device or Chromium's fake one; the
 button only feeds MediaRecorder's recording to the same decodeAudio).
 Needs node + onnxruntime-web, chromium, playwright (tests/export/test_web.py's browser) and
-espeak-ng. ~40 s on one core (the fixture's export and quantizations ~25 s of it)."""
+espeak-ng."""
 from __future__ import annotations
 
 import json
@@ -25,14 +27,14 @@ import subprocess
 
 import numpy as np
 import pytest
-from test_web import browser, needs_browser  # noqa: F401 (browser: a fixture)
+from test_web import browser, needs_browser, needs_web  # noqa: F401 (browser: a fixture)
 
 import tinyt.runtime as rt
 from tinyt.runtime.audio import load_audio, log_mel
 
 SAID = "The quick brown fox jumps over the lazy dog."
 NEW_TOKENS = 12
-pytestmark = [needs_browser, pytest.mark.slow,
+pytestmark = [needs_web, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                  reason="espeak-ng is not installed (scripts/setup.sh)")]
 
@@ -92,6 +94,7 @@ def transcribe_in_page(browser, pkg, wav, language: str = "en") -> tuple[dict, d
         server.shutdown()
 
 
+@needs_browser
 @pytest.mark.parametrize("name", ["fp32", "int8"])
 def test_page_transcribes_a_wav_to_the_runtimes_tokens(packages, small_whisper, wavs, browser,  # noqa: F811
                                                        name):
@@ -109,12 +112,13 @@ def test_page_transcribes_a_wav_to_the_runtimes_tokens(packages, small_whisper, 
         assert worst["max_abs_diff"] < worst["widest_bound"]
         want = sm.transcribe(wavs["16k"], language=language or None, max_new_tokens=NEW_TOKENS)
         assert got["language"] == want.language and (got["language"] == "en" or not language)
-        speech_ties(sm, [features], [got["token_ids"]], want.language)  # a tie at most
+        speech_ties(sm, [features], [got["token_ids"]], want.language, new_tokens=NEW_TOKENS)  # a tie at most
         if name == "fp32":  # these logits are far from ties: every token the same
             assert got["token_ids"] == want.tokens and got["text"] == want.text
             assert got["prompt"] == sm._prefix(want.language, "transcribe", False)
 
 
+@needs_browser
 def test_page_resamples_other_rates_and_names_bad_audio(packages, small_whisper, wavs,
                                                         browser):  # noqa: F811
     from tinyt.export.web.speech_page import speech_ties
@@ -126,8 +130,34 @@ def test_page_resamples_other_rates_and_names_bad_audio(packages, small_whisper,
     frames = soundfile.info(str(wavs["22k"])).frames
     assert abs(len(last["samples"]) - frames * 16_000 / 22_050) <= 1
     features = np.asarray(last["features"], np.float32).reshape(80, -1)
-    assert speech_ties(sm, [features], [got["token_ids"]], "en") == 0
+    assert speech_ties(sm, [features], [got["token_ids"]], "en", new_tokens=NEW_TOKENS) == 0
     got, last = transcribe_in_page(browser, packages["fp32"], wavs["long"])
     assert "the audio lasts 31.0 s; the page transcribes one 30-s window" in got["error"]
     got, last = transcribe_in_page(browser, packages["fp32"], wavs["text"])
     assert "the browser cannot decode this audio" in got["error"]
+
+
+def test_int4_package_and_the_checks_that_refuse(small_whisper, tmp_path):
+    from tinyt.errors import WebPackageError
+    from tinyt.export.package import package
+    from tinyt.export.speech_accuracy import voice
+    from tinyt.export.web.speech_page import check_features, speech_ties
+
+    pkg = package(small_whisper["int4"], tmp_path / "int4", format="web")
+    m = pkg.manifest
+    assert m["package_format"] == "web" and m["quantization"]["recipe"]["bits"] == 4
+    checked = m["web"]["checked"]
+    assert checked["greedy_equal"] and checked["languages"] == ["en", "detected"]
+    assert checked["features"]["max_abs_diff"] <= checked["features"]["widest_bound"]
+    assert {"speech.mjs", "seq2seq.mjs", "mel_filters.bin", "index.html"} <= set(m["files"])
+    assert (pkg / "mel_filters.bin").stat().st_size == 201 * 80 * 8
+    samples = voice()
+    ours = log_mel(samples, 80)
+    moved = np.roll(ours, 1, axis=1)  # a frame off: beyond the bound
+    with pytest.raises(WebPackageError, match="the page's log-mel features leave the FFT's"):
+        check_features(moved, ours, samples, 80)
+    sm = rt.load(small_whisper["fp32"], threads=1)
+    want = sm.decode_features(ours[None], language="en", max_new_tokens=4)[0]
+    assert speech_ties(sm, [ours], [want], "en", new_tokens=4) == 0
+    with pytest.raises(WebPackageError, match="more than a tie"):  # a suppressed token
+        speech_ties(sm, [ours], [[sm.suppress[0], *want[1:]]], "en", new_tokens=4)
