@@ -153,7 +153,10 @@ export class SpeechModel extends Seq2SeqModel {
       if (made === 0) for (const t of begin) z[t] = -Infinity;
       for (const t of suppress) z[t] = -Infinity;
     };
-    const textOf = (ids) => this.tokenizer.hf.decode(ids.filter((t) => t < s.end), { skip_special_tokens: true }).trim();
+    const textOf = (ids) => {  // the ordinary tokens' text (specials and timestamps left out)
+      const words = ids.filter((t) => t < s.end);
+      return words.length ? this.tokenizer.hf.decode(words, { skip_special_tokens: true }).trim() : "";
+    };
     const r = await this.decode(prefix, { encoder_hidden_states: memory }, o, rules, textOf);
     return { tokenIds: r.tokenIds, text: r.text, finishReason: r.finishReason, language, prompt: prefix,
              features, seconds: audio.length / SAMPLE_RATE,
