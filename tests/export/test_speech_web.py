@@ -161,3 +161,31 @@ def test_int4_package_and_the_checks_that_refuse(small_whisper, tmp_path):
     assert speech_ties(sm, [ours], [want], "en", new_tokens=4) == 0
     with pytest.raises(WebPackageError, match="more than a tie"):  # a suppressed token
         speech_ties(sm, [ours], [[sm.suppress[0], *want[1:]]], "en", new_tokens=4)
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_log_mel_in_javascript_at_either_width(n_mels, tmp_path):
+    """speech.mjs' logMel under Node, the filters as the package writes them: within
+    feature_bounds of exact arithmetic at Whisper's 80 bins and large-v3's 128, on speech and on
+    exactly 30 s (the right end's reflection read)."""
+    from tinyt.export.speech_accuracy import voice
+    from tinyt.export.web.speech_page import MODULES, check_features
+    from tinyt.export.web.tools import ASSETS, copy_runtime, node
+    from tinyt.runtime.audio import mel_filters
+
+    copy_runtime(tmp_path)
+    for f in MODULES:
+        shutil.copy2(ASSETS / f, tmp_path / f)
+    mel_filters(n_mels).astype("<f8").tofile(tmp_path / "filters.bin")
+    clips = {"voice": voice(), "30 s": voice(30.0, seed=2)}
+    for name, samples in clips.items():
+        samples.astype("<f4").tofile(tmp_path / "x.bin")
+        script = (f"import {{ logMel }} from './speech.mjs'; import fs from 'node:fs';"
+                  f"const f = new Float64Array(new Uint8Array(fs.readFileSync('filters.bin')).buffer);"
+                  f"const x = new Float32Array(new Uint8Array(fs.readFileSync('x.bin')).buffer);"
+                  f"process.stdout.write(Buffer.from(logMel(x, f, {n_mels}).buffer));")
+        (tmp_path / "run.mjs").write_text(script)
+        out = subprocess.run([node(), "run.mjs"], cwd=tmp_path, capture_output=True,
+                             timeout=120, check=True).stdout
+        page = np.frombuffer(out, np.float32).reshape(n_mels, -1)
+        check_features(page, log_mel(samples, n_mels), samples, n_mels)  # or it raises
