@@ -15,8 +15,8 @@ espeak-ng's speech written as a WAV, chosen in the page's file input as a user w
 - Audio over 30 s and a file that is not audio: a message that names the problem.
 - Under Node (no browser): the INT4 package's own check, and the checks refusing features
   one frame off and a token the runtime does not rank near the top.
-Not tested: the microphone button (getUserMedia needs a device or Chromium's fake one; the
-button only feeds MediaRecorder's recording to the same decodeAudio).
+- The microphone button on Chromium's fake device (a beep): recorded, decoded, transcribed to
+  the runtime's tokens on the page's own features. A real microphone is not tested.
 Needs node + onnxruntime-web, chromium, playwright (tests/export/test_web.py's browser) and
 espeak-ng."""
 from __future__ import annotations
@@ -188,3 +188,50 @@ def test_log_mel_in_javascript_at_either_width(n_mels, tmp_path):
                              timeout=120, check=True).stdout
         page = np.frombuffer(out, np.float32).reshape(n_mels, -1)
         check_features(page, log_mel(samples, n_mels), samples, n_mels)  # or it raises
+
+
+@needs_browser
+def test_microphone_with_chromiums_fake_device(packages, small_whisper):
+    """The record button on Chromium's fake microphone (--use-fake-device-for-media-stream: a
+    beep; --use-fake-ui-for-media-stream grants it): about 2 s recorded by MediaRecorder,
+    decoded as a file is, transcribed to the runtime's tokens on the page's own features."""
+    import time
+
+    from playwright.sync_api import sync_playwright
+    from test_web import CHROMIUM
+
+    from tinyt.export.web.serve import start
+    from tinyt.export.web.speech_page import speech_ties
+
+    server, _ = start(packages["fp32"], 0)
+    errors: list[str] = []
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--use-fake-device-for-media-stream",
+                "--use-fake-ui-for-media-stream"])
+            try:
+                page = b.new_page()
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+                page.wait_for_function("!document.getElementById('mic').disabled",
+                                       timeout=60_000)
+                page.select_option("#language", "en")
+                page.fill("#max_new_tokens", str(NEW_TOKENS))
+                page.click("#mic")
+                time.sleep(2)
+                page.click("#mic")
+                page.wait_for_function("document.getElementById('result').textContent.length",
+                                       timeout=120_000)
+                got = json.loads(page.inner_text("#result"))
+                last = page.evaluate("() => ({peak: Math.max(...window.tinyt.last.samples), "
+                                     "features: Array.from(window.tinyt.last.features)})")
+            finally:
+                b.close()
+    finally:
+        server.shutdown()
+    assert "error" not in got and not errors, (got, errors)
+    assert 1.0 <= got["seconds"] <= 10.0 and last["peak"] > 0.1  # the beep, recorded
+    sm = rt.load(small_whisper["fp32"], threads=1)
+    features = np.asarray(last["features"], np.float32).reshape(80, -1)
+    assert speech_ties(sm, [features], [got["token_ids"]], "en", new_tokens=NEW_TOKENS) == 0
