@@ -92,6 +92,13 @@ export function logMel(samples, filters, nMels) {
   return logs;
 }
 
+/** The text of a transcript's ordinary tokens (those below `end`, <|endoftext|>: the special
+ * ones and timestamps left out), stripped, as SpeechModel._text; "" where there are none. */
+export function transcript(tokenizer, ids, end) {
+  const words = ids.filter((t) => t < end);
+  return words.length ? tokenizer.hf.decode(words, { skip_special_tokens: true }).trim() : "";
+}
+
 export class SpeechModel extends Seq2SeqModel {
   constructor(web, tokenizer, sessions, filters) {
     super(web, tokenizer, sessions);
@@ -153,11 +160,7 @@ export class SpeechModel extends Seq2SeqModel {
       if (made === 0) for (const t of begin) z[t] = -Infinity;
       for (const t of suppress) z[t] = -Infinity;
     };
-    const textOf = (ids) => {  // the ordinary tokens' text (specials and timestamps left out)
-      const words = ids.filter((t) => t < s.end);
-      return words.length ? this.tokenizer.hf.decode(words, { skip_special_tokens: true }).trim() : "";
-    };
-    const r = await this.decode(prefix, { encoder_hidden_states: memory }, o, rules, textOf);
+    const r = await this.decode(prefix, { encoder_hidden_states: memory }, o, rules, (ids) => transcript(this.tokenizer, ids, s.end));
     return { tokenIds: r.tokenIds, text: r.text, finishReason: r.finishReason, language, prompt: prefix,
              features, seconds: audio.length / SAMPLE_RATE,
              timings: { featuresMs: tFeatures, ...timings(t0, r) } };

@@ -14,7 +14,8 @@ espeak-ng's speech written as a WAV, chosen in the page's file input as a user w
   length and the tokens on the page's own features are compared.
 - Audio over 30 s and a file that is not audio: a message that names the problem.
 - Under Node (no browser): the INT4 package's own check, and the checks refusing features
-  one frame off and a token the runtime does not rank near the top.
+  one frame off and a token the runtime does not rank near the top; logMel at 80 and 128 bins
+  and on exactly 30 s; a transcript's text as the runtime's, "" for only special tokens.
 - The microphone button on Chromium's fake device (a beep): recorded, decoded, transcribed to
   the runtime's tokens on the page's own features. A real microphone is not tested.
 Needs node + onnxruntime-web, chromium, playwright (tests/export/test_web.py's browser) and
@@ -163,31 +164,55 @@ def test_int4_package_and_the_checks_that_refuse(small_whisper, tmp_path):
         speech_ties(sm, [ours], [[sm.suppress[0], *want[1:]]], "en", new_tokens=4)
 
 
+def _run_node(folder, script: str) -> bytes:
+    """`script` (an ES module) run by node in `folder`, beside speech.mjs and what it imports."""
+    from tinyt.export.web.speech_page import MODULES
+    from tinyt.export.web.tools import ASSETS, copy_runtime, node
+
+    copy_runtime(folder)
+    for f in MODULES:
+        shutil.copy2(ASSETS / f, folder / f)
+    (folder / "run.mjs").write_text(script)
+    return subprocess.run([node(), "run.mjs"], cwd=folder, capture_output=True, timeout=120,
+                          check=True).stdout
+
+
 @pytest.mark.parametrize("n_mels", [80, 128])
 def test_log_mel_in_javascript_at_either_width(n_mels, tmp_path):
     """speech.mjs' logMel under Node, the filters as the package writes them: within
     feature_bounds of exact arithmetic at Whisper's 80 bins and large-v3's 128, on speech and on
     exactly 30 s (the right end's reflection read)."""
     from tinyt.export.speech_accuracy import voice
-    from tinyt.export.web.speech_page import MODULES, check_features
-    from tinyt.export.web.tools import ASSETS, copy_runtime, node
+    from tinyt.export.web.speech_page import check_features
     from tinyt.runtime.audio import mel_filters
 
-    copy_runtime(tmp_path)
-    for f in MODULES:
-        shutil.copy2(ASSETS / f, tmp_path / f)
     mel_filters(n_mels).astype("<f8").tofile(tmp_path / "filters.bin")
     for samples in (voice(), voice(30.0, seed=2)):  # speech; exactly 30 s
         samples.astype("<f4").tofile(tmp_path / "x.bin")
-        script = (f"import {{ logMel }} from './speech.mjs'; import fs from 'node:fs';"
-                  f"const f = new Float64Array(new Uint8Array(fs.readFileSync('filters.bin')).buffer);"
-                  f"const x = new Float32Array(new Uint8Array(fs.readFileSync('x.bin')).buffer);"
-                  f"process.stdout.write(Buffer.from(logMel(x, f, {n_mels}).buffer));")
-        (tmp_path / "run.mjs").write_text(script)
-        out = subprocess.run([node(), "run.mjs"], cwd=tmp_path, capture_output=True,
-                             timeout=120, check=True).stdout
+        out = _run_node(tmp_path, (
+            "import { logMel } from './speech.mjs'; import fs from 'node:fs';"
+            "const f = new Float64Array(new Uint8Array(fs.readFileSync('filters.bin')).buffer);"
+            "const x = new Float32Array(new Uint8Array(fs.readFileSync('x.bin')).buffer);"
+            f"process.stdout.write(Buffer.from(logMel(x, f, {n_mels}).buffer));"))
         page = np.frombuffer(out, np.float32).reshape(n_mels, -1)
         check_features(page, log_mel(samples, n_mels), samples, n_mels)  # or it raises
+
+
+def test_transcript_text_as_the_runtimes(small_whisper, tmp_path):
+    """speech.mjs' transcript: the ordinary tokens' text as SpeechModel._text gives it, and ""
+    for none or only special tokens and timestamps (which the library refuses to decode)."""
+    sm = rt.load(small_whisper["fp32"], threads=1)
+    shutil.copy2(small_whisper["fp32"] / "tokenizer.json", tmp_path)
+    cases = [[], [sm.eos + 1, sm.tokens["timestamp_begin"] + 3], [32115, 31857],
+             [sm.tokens["timestamp_begin"], 32115, 220, 31857, sm.tokens["timestamp_begin"] + 9]]
+    out = _run_node(tmp_path, (
+        "import { transcript } from './speech.mjs'; import { Tokenizer } from './tinyt.mjs';"
+        "import fs from 'node:fs';"
+        "const tok = new Tokenizer(JSON.parse(fs.readFileSync('tokenizer.json', 'utf8')));"
+        f"process.stdout.write(JSON.stringify({cases}.map((ids) => transcript(tok, ids, "
+        f"{sm.eos}))));"))
+    assert json.loads(out) == [sm._text(ids) for ids in cases]
+    assert json.loads(out)[:2] == ["", ""]
 
 
 @needs_browser
