@@ -141,7 +141,7 @@ export class SpeechModel extends Seq2SeqModel {
     if (unknown.length) throw new TinytWebError(`unknown option(s) ${unknown.join(", ")}; options are ${OPTIONS.join(", ")}`);
     const s = this.speech, nMels = s.n_mels;
     const o = { language: s.multilingual ? null : "en", task: "transcribe", temperature: 0, topK: 0, topP: 1, seed: 0, stop: [], ...opts };
-    const prefix = this._prefix(o.language, o.task);
+    const prefix = this._prefix(o.language ?? null, o.task);
     const room = this.context - prefix.length;
     o.maxNewTokens ??= room;
     if (!Number.isInteger(o.maxNewTokens) || o.maxNewTokens < 1 || o.maxNewTokens > room) throw new TinytWebError(`maxNewTokens=${o.maxNewTokens} must be an integer in 1..${room} (the decoder's ${this.context} positions less the ${prefix.length} prompt tokens)`);
