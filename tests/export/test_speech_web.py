@@ -138,14 +138,20 @@ def test_page_resamples_other_rates_and_names_bad_audio(packages, small_whisper,
     assert "the browser cannot decode this audio" in got["error"]
 
 
-def test_int4_package_and_the_checks_that_refuse(small_whisper, tmp_path):
+def test_int4_package_and_the_checks_that_refuse(small_whisper, tmp_path, monkeypatch, capsys):
+    from cli_run import run_cli
+
     from tinyt.errors import WebPackageError
-    from tinyt.export.package import package
     from tinyt.export.speech_accuracy import voice
     from tinyt.export.web.speech_page import check_features, speech_ties
+    from tinyt.manifest import open_artifact_dir
 
-    pkg = package(small_whisper["int4"], tmp_path / "int4", format="web")
-    m = pkg.manifest
+    code, said, err = run_cli(monkeypatch, capsys, "package", small_whisper["int4"],
+                              tmp_path / "int4", "--format", "web")
+    assert code == 0, err
+    assert "log-mel features within the FFT's rounding and greedy tokens as tinyt's" in said
+    pkg = tmp_path / "int4"
+    m = open_artifact_dir(pkg).manifest.data
     assert m["package_format"] == "web" and m["quantization"]["recipe"]["bits"] == 4
     checked = m["web"]["checked"]
     assert checked["greedy_equal"] and checked["languages"] == ["en", "detected"]
