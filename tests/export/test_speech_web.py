@@ -222,13 +222,12 @@ def test_transcript_text_as_the_runtimes(small_whisper, tmp_path):
 
 
 @needs_browser
-def test_microphone_with_chromiums_fake_device(packages, small_whisper):
+def test_microphone_with_chromiums_fake_device(packages, small_whisper, browser):  # noqa: F811
     """The record button on Chromium's fake microphone (--use-fake-device-for-media-stream: a
     beep; --use-fake-ui-for-media-stream grants it): about 2 s recorded by MediaRecorder,
     decoded as a file is, transcribed to the runtime's tokens on the page's own features."""
     import time
 
-    from playwright.sync_api import sync_playwright
     from test_web import CHROMIUM
 
     from tinyt.export.web.serve import start
@@ -237,28 +236,27 @@ def test_microphone_with_chromiums_fake_device(packages, small_whisper):
     server, _ = start(packages["fp32"], 0)
     errors: list[str] = []
     try:
-        with sync_playwright() as p:
-            b = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--use-fake-device-for-media-stream",
-                "--use-fake-ui-for-media-stream"])
-            try:
-                page = b.new_page()
-                page.on("pageerror", lambda e: errors.append(str(e)))
-                page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
-                page.wait_for_function("!document.getElementById('mic').disabled",
-                                       timeout=60_000)
-                page.select_option("#language", "en")
-                page.fill("#max_new_tokens", str(NEW_TOKENS))
-                page.click("#mic")
-                time.sleep(2)
-                page.click("#mic")
-                page.wait_for_function("document.getElementById('result').textContent.length",
-                                       timeout=120_000)
-                got = json.loads(page.inner_text("#result"))
-                last = page.evaluate("() => ({peak: Math.max(...window.tinyt.last.samples), "
-                                     "features: Array.from(window.tinyt.last.features)})")
-            finally:
-                b.close()
+        # a second Chromium on the fixture's Playwright, with the fake device
+        b = browser.browser_type.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--use-fake-device-for-media-stream",
+            "--use-fake-ui-for-media-stream"])
+        try:
+            page = b.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+            page.wait_for_function("!document.getElementById('mic').disabled", timeout=60_000)
+            page.select_option("#language", "en")
+            page.fill("#max_new_tokens", str(NEW_TOKENS))
+            page.click("#mic")
+            time.sleep(2)
+            page.click("#mic")
+            page.wait_for_function("document.getElementById('result').textContent.length",
+                                   timeout=120_000)
+            got = json.loads(page.inner_text("#result"))
+            last = page.evaluate("() => ({peak: Math.max(...window.tinyt.last.samples), "
+                                 "features: Array.from(window.tinyt.last.features)})")
+        finally:
+            b.close()
     finally:
         server.shutdown()
     assert "error" not in got and not errors, (got, errors)
