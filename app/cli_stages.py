@@ -182,8 +182,10 @@ def package(
         typer.echo(f"files: {', '.join(manifest['files'])}")
         decoders = ("decoder_with_past", "decoder", "decoder_gqa", "seq2seq")
         what = "greedy tokens" if manifest.get("graph") in decoders else "outputs"
+        checked = ("log-mel features within the FFT's rounding and greedy tokens as tinyt's"
+                   if "speech" in web else f"tokenizer ids and {what} equal tinyt's")
         typer.echo(f"checked under {web['checked']['runtime']} with onnxruntime-web "
-                   f"{web['onnxruntime_web']}: tokenizer ids and {what} equal tinyt's")
+                   f"{web['onnxruntime_web']}: {checked}")
         for note in web["notes"]:
             typer.echo(f"note: {note}")
         typer.echo(f"package: {path}")

@@ -8,7 +8,7 @@ web page (export/web/seq2seq_page.py).
                       required_operators.config (the three graphs' operators, for a reduced
                       ONNX Runtime build), config.json, generation_config.json,
                       tokenizer.json, manifest.json (a tinyt artifact: rt.load runs it)
-      ──format web──▶ export/web/seq2seq_page.py
+      ──format web──▶ export/web/seq2seq_page.py (a Whisper: export/web/speech_page.py)
       ──format transformers-js──▶ export/transformers_js.py (onnx/encoder_model.onnx and
                       Optimum's onnx/decoder_model_merged.onnx, as transformers.js loads them)
       checked before it is written: each .ort graph against its source graph on the contract's
@@ -51,20 +51,6 @@ REFUSED = {
 }
 
 
-# What a browser needs to transcribe that the text packages do not hold (issue 52's later step)
-SPEECH_WEB_NEEDS = {
-    "web": "the page would need Whisper's audio front end in JavaScript (a file or the "
-           "microphone decoded by Web Audio, resampled to 16 kHz, runtime/audio.log_mel's "
-           "log-mel features) and seq2seq.mjs Whisper's prompt, rules and windows "
-           "(runtime/transcribe.py); nor have the speech graphs' operators been run in "
-           "ONNX Runtime Web yet",
-    "transformers-js": "transformers.js' speech pipeline reads a preprocessor_config.json "
-                       "(WhisperFeatureExtractor's settings) and Whisper's own config.json and "
-                       "generation_config.json, and the package's check would transcribe, "
-                       "not translate",
-}
-
-
 def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, format: str,
                     fixed: list[str] | dict[str, int] | None = None) -> Built:
     """An encoder-decoder's ORT-format, web or transformers.js package (module docstring);
@@ -76,10 +62,6 @@ def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, f
                            f"{'--fixed' if fixed else f'--format {format}'} does not apply, as "
                            f"{why}. It packages as --format ort, web or transformers-js")
     src = open_source(src_dir, out_dir)
-    if format in SPEECH_WEB_NEEDS and is_speech(src.config):
-        raise PackageError(f"{src_dir} is a speech (Whisper) artifact: --format {format} is not "
-                           f"built for it yet, as {SPEECH_WEB_NEEDS[format]}. It packages as "
-                           "--format ort (tinyt.runtime transcribes the package)")
     if src.manifest.stage == "package":
         raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
                            "from")
@@ -90,6 +72,9 @@ def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, f
         raise PackageError(f"{src_dir} keeps weights in external data ({', '.join(external)}); "
                            f"the {holder} holds a graph under protobuf's 2 GB only")
     check_graphs_here(src.manifest, list(SEQ2SEQ_FILES.values()), f"the {format} package")
+    if format == "web" and is_speech(src.config):
+        from .web.speech_page import package_speech_web
+        return package_speech_web(src_dir, out_dir, src)
     if format == "web":
         from .web.seq2seq_page import package_seq2seq_web
         return package_seq2seq_web(src_dir, out_dir, src)

@@ -41,7 +41,7 @@ from tinyt.runtime.session import graph_session, session_options
 
 from .compare import max_abs, max_abs_diff, reorder_bound
 from .plain_gather import OP, plain_gathers
-from .seq2seq_checks import check_cases, check_sizes, graph_feeds, role_cases
+from .seq2seq_checks import check_cases, check_sizes, graph_feeds, is_speech, role_cases
 from .seq2seq_merge import check_merged, merge_decoders, merged_feeds
 from .stage import Built, built
 
@@ -131,7 +131,8 @@ def _write_graphs(src_dir: Path, out: Path, files: dict[str, str], cfg
 
 
 def _write_hf_files(src_dir: Path, out: Path, lm, dtype: str) -> None:
-    """config.json (the dtype named), generation_config.json, the tokenizer's files."""
+    """config.json (the dtype named), generation_config.json, the tokenizer's files (and a
+    Whisper's preprocessor_config.json: speech_files)."""
     config = json.loads((src_dir / "config.json").read_text(encoding="utf-8"))
     config["transformers.js_config"] = {**config.get("transformers.js_config", {}),
                                         "dtype": dtype}
@@ -139,6 +140,8 @@ def _write_hf_files(src_dir: Path, out: Path, lm, dtype: str) -> None:
     for f in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         if (src_dir / f).is_file():
             shutil.copy2(src_dir / f, out / f)
+    if is_speech(lm.config):
+        return speech_files(out, lm)
     if not (out / "tokenizer_config.json").is_file():  # tinyt's own tokenizer: its end token
         tok = lm.tokenizer
         settings = {"tokenizer_class": "PreTrainedTokenizerFast",
@@ -147,6 +150,27 @@ def _write_hf_files(src_dir: Path, out: Path, lm, dtype: str) -> None:
             settings["eos_token"] = tok.eos_token
         (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n",
                                                    encoding="utf-8")
+
+
+def speech_files(out: Path, sm) -> None:
+    """What transformers.js' speech pipeline reads besides a Whisper's config.json and
+    generation_config.json: preprocessor_config.json (WhisperFeatureExtractor's settings, as
+    runtime/audio.py computes: its filters made from feature_size) and a tokenizer_config.json
+    that names WhisperTokenizer (whose _decode_asr the pipeline calls)."""
+    from tinyt.runtime.audio import CHUNK_SECONDS, HOP, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE
+
+    features = {"chunk_length": CHUNK_SECONDS, "feature_extractor_type": "WhisperFeatureExtractor",
+                "feature_size": sm.n_mels, "hop_length": HOP, "n_fft": N_FFT,
+                "n_samples": N_SAMPLES, "nb_max_frames": N_FRAMES, "padding_side": "right",
+                "padding_value": 0.0, "processor_class": "WhisperProcessor",
+                "return_attention_mask": False, "sampling_rate": SAMPLE_RATE}
+    end = sm.tokenizer.hf.id_to_token(sm.eos)
+    tokenizer = {"tokenizer_class": "WhisperTokenizer", "model_max_length": sm.config.block_size,
+                 "bos_token": end, "eos_token": end, "unk_token": end, "pad_token": end,
+                 "processor_class": "WhisperProcessor"}
+    for name, data in (("preprocessor_config.json", features),
+                       ("tokenizer_config.json", tokenizer)):
+        (out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 def check_encoder(source: Path, candidate: Path, cfg) -> dict[str, dict]:
@@ -199,8 +223,12 @@ class _Branch:
 def check_greedy(out: Path, files: dict[str, str], lm) -> dict:
     """The package's encoder and merged decoder through the runtime's own loop, sessions as the
     runtime opens its own (`lm`: the source, as rt.load opens it): greedy tokens of
-    CHECK_SOURCES equal to lm's, or PackageError. Returns the record."""
+    CHECK_SOURCES (a Whisper: speech_accuracy.voice transcribed, English forced and detected)
+    equal to lm's, or PackageError. Returns the record."""
     from tinyt.runtime.encoder_decoder import Seq2SeqModel
+    from tinyt.runtime.transcribe import SpeechModel
+
+    from .speech_accuracy import voice
 
     src, cfg = lm.artifact, lm.config
 
@@ -208,14 +236,23 @@ def check_greedy(out: Path, files: dict[str, str], lm) -> dict:
         opts = session_options(src, threads=1, spinning=False, level=None)
         return ort.InferenceSession(str(out / f), opts, providers=["CPUExecutionProvider"])
     merged = session(files["decoder_merged"])
-    cand = Seq2SeqModel(src, {"encoder": session(files["encoder"]),
-                              "decoder": _Branch(merged, cfg, "decoder"),
-                              "decoder_with_past": _Branch(merged, cfg, "decoder_with_past")},
-                        lm.tokenizer)
-    rows = [lm.tokenizer.encode_prompt(t) for t in CHECK_SOURCES]
-    want = [r.token_ids for r in lm.generate_ids(rows, max_new_tokens=CHECK_NEW_TOKENS)]
-    got = [r.token_ids for r in cand.generate_ids(rows, max_new_tokens=CHECK_NEW_TOKENS)]
+    sessions = {"encoder": session(files["encoder"]),
+                "decoder": _Branch(merged, cfg, "decoder"),
+                "decoder_with_past": _Branch(merged, cfg, "decoder_with_past")}
+    if is_speech(cfg):
+        cand = SpeechModel(src, sessions, lm.tokenizer)
+        audio, languages = voice(), ["en", None] if lm.multilingual else ["en"]
+        want, got = ([list(m.transcribe(audio, language=lang, max_new_tokens=CHECK_NEW_TOKENS)
+                           .tokens) for lang in languages] for m in (lm, cand))
+        checked = {"audio": "synthetic voice (3 s)",
+                   "languages": [x or "detected" for x in languages]}
+    else:
+        cand = Seq2SeqModel(src, sessions, lm.tokenizer)
+        rows = [lm.tokenizer.encode_prompt(t) for t in CHECK_SOURCES]
+        want = [r.token_ids for r in lm.generate_ids(rows, max_new_tokens=CHECK_NEW_TOKENS)]
+        got = [r.token_ids for r in cand.generate_ids(rows, max_new_tokens=CHECK_NEW_TOKENS)]
+        checked = {"sources": len(rows)}
     if got != want:
         raise PackageError(f"the transformers.js package's greedy tokens {got} (its encoder and "
                            f"merged decoder) differ from {src.path}'s {want}")
-    return {"sources": len(rows), "max_new_tokens": CHECK_NEW_TOKENS, "equal": True}
+    return {**checked, "max_new_tokens": CHECK_NEW_TOKENS, "equal": True}

@@ -142,3 +142,17 @@ def tiny_clf(tmp_path_factory, labelled_dir) -> Path:
                  TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_interval=3),
                  tmp_path_factory.mktemp("clf") / "clf", data=str(labelled_dir),
                  log=lambda s: None)
+
+
+@pytest.fixture(scope="session")
+def small_whisper(tmp_path_factory) -> dict[str, Path]:
+    """tests/whisper_fixtures.SMALL exported and quantized at 8 and 4 bits (read-only for tests:
+    the speech page's and package's; ~25 s on one core). Needs espeak-ng (the quantize stage's
+    speech report), skipped without it."""
+    import shutil
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (scripts/setup.sh)")
+    from whisper_fixtures import exported_whisper
+
+    return exported_whisper(tmp_path_factory.mktemp("whisper"), quantized=(8, 4))

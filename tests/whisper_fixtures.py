@@ -40,3 +40,32 @@ def speech_features(n_mels: int, text: str = "The quick brown fox jumps over the
         wav = Path(tmp) / "said.wav"
         subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, timeout=60)
         return log_mel(load_audio(wav), n_mels=n_mels)
+
+
+# A Whisper small enough for the page and package tests: tiny's vocabulary, special tokens, 80
+# mel bins and 1,500 frames, at a quarter of its width and one layer a stack
+SMALL = dict(d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
+             encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_layers=1, decoder_layers=1)
+
+
+def exported_whisper(root: Path, quantized: tuple[int, ...] = ()) -> dict[str, Path]:
+    """SMALL imported, exported and quantized at each of `quantized`'s bits (the quantize
+    stage's speech report needs espeak-ng): {"fp32": ..., "int8": ..., "int4": ...}; also
+    "hf", the Hugging Face directory it was made from."""
+    import torch
+
+    from tinyt.export import export_onnx
+    from tinyt.export.quantize import quantize
+    from tinyt.hf import import_hf
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on a shared machine
+    try:
+        save_whisper("tiny", root / "hf", **SMALL)
+        made = {"hf": root / "hf",
+                "fp32": export_onnx(import_hf(root / "hf", root / "ck"), root / "onnx")}
+        for bits in quantized:
+            made[f"int{bits}"] = quantize(made["fp32"], root / f"int{bits}", bits=bits)
+        return made
+    finally:
+        torch.set_num_threads(before)

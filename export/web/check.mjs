@@ -4,7 +4,9 @@
 // "max_new_tokens": n, ...}], "threads": 1} for a language model, and {"rows": [texts or pairs
 // [a, b]] (ids and token types, cut where the model cuts), "offsets": [texts] (tokens and their
 // [start, end)), "embed" | "classify" | "tag": [texts] (classify: pairs too)} for an encoder
-// or a classifier. tinyt's packaging and tests call it; the page does the same in a browser.
+// or a classifier, and {"transcribe": [{"samples": [16 kHz floats], "language": code | null,
+// "task", "max_new_tokens", "features": true (to have the log-mel features back)}]} for a
+// Whisper. tinyt's packaging and tests call it; the page does the same in a browser.
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -42,6 +44,12 @@ try {
       topP: g.top_p ?? 1, seed: g.seed || 0, stop: g.stop || [] });
     answer.generate.push({ token_ids: r.tokenIds, text: r.text, finish_reason: r.finishReason,
                            timings: r.timings });
+  }
+  for (const t of request.transcribe || []) {  // a Whisper's: 16 kHz samples
+    const r = await lm.transcribe(Float32Array.from(t.samples), {
+      language: t.language ?? null, task: t.task || "transcribe", maxNewTokens: t.max_new_tokens });
+    (answer.transcribe ||= []).push({ token_ids: r.tokenIds, text: r.text, language: r.language,
+      prompt: r.prompt, finish_reason: r.finishReason, features: t.features ? Array.from(r.features) : null });
   }
 } catch (e) {
   answer.error = String(e && e.message ? e.message : e);

@@ -21,6 +21,13 @@ import { rng, sample, TinytWebError, yieldNow } from "./tinyt.mjs";
 const OPTIONS = ["maxNewTokens", "temperature", "topK", "topP", "seed", "stop", "onToken",
                  "signal", "forcedBosTokenId"];
 
+/** A generation's timings from its start `t0` (the decoder's first step ends at r.firstAt). */
+export function timings(t0, r) {
+  const now = performance.now(), n = r.tokenIds.length;
+  return { prefillMs: r.firstAt - t0, totalMs: now - t0,
+           decodeMsPerToken: n > 1 ? (now - r.firstAt) / (n - 1) : null };
+}
+
 export class Seq2SeqModel {
   constructor(web, tokenizer, [encoder, decoder, withPast]) {
     this.web = web; this.tokenizer = tokenizer;
@@ -67,40 +74,51 @@ export class Seq2SeqModel {
     const ids = typeof source === "string" ? this.tokenizer.hf.encode(source, { add_special_tokens: true }).ids : Array.from(source);
     if (!ids.length) throw new TinytWebError("the source is empty: give at least one token");
     if (ids.length > w.source_context) throw new TinytWebError(`the source is ${ids.length} tokens; the encoder reads at most ${w.source_context}`);
-    const t0 = performance.now(), E = ids.length, random = rng(o.seed);
+    const t0 = performance.now(), E = ids.length;
     const mask = new ort.Tensor("int64", new BigInt64Array(E).fill(1n), [1, E]);
-    const token = (t) => new ort.Tensor("int64", BigInt64Array.of(BigInt(t)), [1, 1]);
     const enc = await this.encoder.run({ input_ids: new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, E]), attention_mask: mask });
-    let r = await this._step(this.decoder, { encoder_attention_mask: mask, input_ids: token(w.decoder_start_token_id), encoder_hidden_states: enc.last_hidden_state });
+    const r = await this.decode([w.decoder_start_token_id], { encoder_attention_mask: mask, encoder_hidden_states: enc.last_hidden_state }, o,
+                                (z, history, made) => this._rules(z, history, made, n, o.forcedBosTokenId));
+    return { ...r, promptTokens: E, timings: timings(t0, r) };
+  }
+
+  /** The decoder's loop over one row, after the encoder (generate's, and speech.mjs'): its
+   * first step on the `prompt` tokens (the decoder start, or Whisper's start, language and
+   * task), then one token a step with the caches. `memory`: encoder_hidden_states and what
+   * else every step reads (a text source's encoder_attention_mask); `rules(z, history, made)`
+   * sets, in place, the logits of tokens not allowed; `o`: generate's options (maxNewTokens,
+   * sampling, stop, onToken, signal); `textOf(ids)`: the text of the tokens so far. */
+  async decode(prompt, memory, o, rules, textOf = (ids) => this.tokenizer.hf.decode(ids, { skip_special_tokens: true })) {
+    const w = this.web, n = o.maxNewTokens, random = rng(o.seed);
+    const token = (t) => new ort.Tensor("int64", BigInt64Array.of(BigInt(t)), [1, 1]);
+    const { encoder_hidden_states: _, ...every } = memory;  // what each later step reads too
+    let r = await this._step(this.decoder, { ...memory, input_ids: new ort.Tensor("int64", BigInt64Array.from(prompt, BigInt), [1, prompt.length]) });
     const cross = {};  // the cross keys / values of the source, made once
     for (let l = 0; l < w.n_layer; l++) {
       for (const kv of ["key", "value"]) cross[`past_key_values.${l}.encoder.${kv}`] = r.out[`present.${l}.encoder.${kv}`];
     }
-    const tPrompt = performance.now() - t0, out = [], history = [w.decoder_start_token_id];
+    const firstAt = performance.now(), out = [], history = [...prompt];
     let text = "", shown = 0, reason = "length";
     for (let made = 0; made < n; made++) {
       if (o.signal && o.signal.aborted) { reason = "cancelled"; break; }
-      this._rules(r.z, history, made, n, o.forcedBosTokenId);
+      rules(r.z, history, made);
       const id = sample(r.z, o, random);
       if (this.eos.has(id)) { reason = "eos"; break; }
       out.push(id); history.push(id);
-      text = this.tokenizer.hf.decode(out, { skip_special_tokens: true });
+      text = textOf(out);
       const cut = o.stop.map((s) => text.indexOf(s)).filter((i) => i >= 0);
       if (cut.length) { text = text.slice(0, Math.min(...cut)); reason = "stop"; }
       const safe = reason === "stop" ? text.length : (text.endsWith("\ufffd") ? text.lastIndexOf("\ufffd") : text.length);
       if (o.onToken) o.onToken(safe > shown ? text.slice(shown, safe) : "", id);
       shown = Math.max(shown, safe);
       if (reason === "stop" || made === n - 1) break;
-      const feeds = { encoder_attention_mask: mask, input_ids: token(id), ...cross };
+      const feeds = { ...every, input_ids: token(id), ...cross };
       for (let l = 0; l < w.n_layer; l++) {
         for (const kv of ["key", "value"]) feeds[`past_key_values.${l}.decoder.${kv}`] = r.out[`present.${l}.decoder.${kv}`];
       }
       r = await this._step(this.withPast, feeds);
       await yieldNow();  // let the page paint the token
     }
-    const ms = performance.now() - t0;
-    return { tokenIds: out, text, finishReason: reason, promptTokens: E,
-             timings: { prefillMs: tPrompt, totalMs: ms,
-                        decodeMsPerToken: out.length > 1 ? (ms - tPrompt) / (out.length - 1) : null } };
+    return { tokenIds: out, text, finishReason: reason, firstAt };
   }
 }

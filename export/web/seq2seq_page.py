@@ -118,18 +118,24 @@ def check_page(out: Path, lm, rows: list[list[int]], new_tokens: int) -> int:
     return seq2seq_ties(lm, rows, [g["token_ids"] for g in got["generate"]], want)
 
 
-def seq2seq_ties(lm, rows: list[list[int]], got: list[list[int]], want: list[list[int]]) -> int:
+def seq2seq_ties(lm, rows: list, got: list[list[int]], want: list[list[int]], *,
+                 logits_after=None) -> int:
     """Greedy tokens of the page (got) against tinyt.runtime's (want), per source row: equal,
     but where a row first differs the runtime's own logits there must make the two tokens a
     tie at the graphs' precision (as greedy_ties for a decoder: WebAssembly sums in other
     orders; an int8 graph now and then rounds an activation to the neighbouring step). Returns
-    how many rows ended at such a tie; raises WebPackageError for a real difference."""
+    how many rows ended at such a tie; raises WebPackageError for a real difference.
+    logits_after(model, row, prefix): the next-token logits [vocab] of `model` (lm, or lm with
+    fp32 activations) for a row after the target `prefix` (default: a source's token ids;
+    a Whisper's: speech_page.py's, its features and prompt, Whisper's rules applied)."""
     import numpy as np
 
-    from ..compare import MAGNITUDE_FLOOR, first_difference, reorder_bound
+    from ..compare import MAGNITUDE_FLOOR, first_difference
+    from ..seq2seq_checks import graph_bound as reorder_bound  # widened for speech
     from ..shared_cache_checks import QUANT_LEVEL
 
     quantized, cfg, ties = bool(lm.artifact.manifest.quantization), lm.config, 0
+    logits_after = logits_after or _logits_after
     eos = lm.generation.eos[0] if lm.generation.eos else None
     for row, g, w in zip(rows, got, want):
         first = first_difference(g, w)
@@ -140,8 +146,8 @@ def seq2seq_ties(lm, rows: list[list[int]], got: list[list[int]], want: list[lis
         if page is None or ours is None:
             raise WebPackageError(f"greedy tokens under onnxruntime-web {g} differ in length "
                                   f"from tinyt.runtime's {w}")
-        z = _logits_after(lm, row, w[:first])
-        size = float(np.abs(z).max())
+        z = logits_after(lm, row, w[:first])
+        size = float(np.abs(z[np.isfinite(z)]).max())  # (the rules' -inf left out)
         # the logits pass through both stacks: each block (and the head) may flip one int8
         # rounding of its activations (shared_cache_checks.quant_floor, at this depth)
         depth = cfg.n_layer + cfg.decoder_layers
@@ -152,8 +158,9 @@ def seq2seq_ties(lm, rows: list[list[int]], got: list[list[int]], want: list[lis
             # prepacks the weights for this CPU; WebAssembly may keep them fp32, as tinyt's own
             # graphs at level 'disabled' do. If the page's logits are those (z_alt), it chose
             # `page` where z_alt[page] >= z_alt[ours], so z[ours] - z[page] <= 2 max|z - z_alt|.
-            z_alt = _logits_after(_activations_fp32(lm), row, w[:first])
-            atol = max(atol, 2 * float(np.abs(z - z_alt).max())
+            z_alt = logits_after(_activations_fp32(lm), row, w[:first])
+            moved = np.abs(z - z_alt)  # (nan where both are a rule's -inf)
+            atol = max(atol, 2 * float(moved[np.isfinite(moved)].max())
                        + 2 * reorder_bound(cfg, size, depth))
         if not z[ours] - z[page] <= atol:
             raise WebPackageError(

@@ -17,6 +17,8 @@
 //   await clf.tag("a text")   // a token classifier's: [{token, start, end, label, probability}, ...]
 //   const mt = await load(".");                              // an encoder-decoder (seq2seq.mjs)
 //   await mt.generate("a source text", { maxNewTokens: 32 }) // its translation, as generate's
+//   const asr = await load(".");                             // a Whisper (speech.mjs)
+//   await asr.transcribe(samples16k, { language: null })     // {text, tokenIds, language, ...}
 //
 // generate() options: maxNewTokens (default 32), temperature (0: greedy), topK, topP, seed
 // (sampling is reproducible for a seed), stop (strings that end the text, cut before them),
@@ -467,9 +469,15 @@ export class TextModel {
   }
 }
 
+async function speechModel(web, tokenizer, sessions, bytes) {  // a Whisper's (speech.mjs)
+  const { n_mels: m, bins } = web.speech, filters = new Float64Array(bytes.slice().buffer);
+  if (filters.length !== m * bins) throw new TinytWebError(`${web.speech.mel_filters} holds ${filters.length} numbers; the model's ${m} mel filters over ${bins} bins are ${m * bins}`);
+  return new (await import("./speech.mjs")).SpeechModel(web, tokenizer, sessions, filters);
+}
+
 /** Load a packaged model from `base` (a URL of the package folder): a LanguageModel, a
- * TextModel for an encoder or a (token) classifier, or a Seq2SeqModel (seq2seq.mjs) for an
- * encoder-decoder. Options: numThreads (1: no threads; more need cross-origin isolation),
+ * TextModel for an encoder or a (token) classifier, a Seq2SeqModel (seq2seq.mjs) for an
+ * encoder-decoder, or a SpeechModel (speech.mjs) for a Whisper. Options: numThreads (1: no threads; more need cross-origin isolation),
  * fetchBytes(url) to load files another way. */
 export async function load(base = ".", { numThreads = 1, fetch: get = fetchBytes } = {}) {
   const t0 = performance.now();
@@ -496,7 +504,8 @@ export async function load(base = ".", { numThreads = 1, fetch: get = fetchBytes
       throw new TinytWebError(`ONNX Runtime Web cannot load ${f}: ${String(e.message || e).slice(0, 300)}`);
     }
   }
-  const model = seq2seq ? new (await import("./seq2seq.mjs")).Seq2SeqModel(web, tokenizer, sessions)
+  const model = web.speech ? await speechModel(web, tokenizer, sessions, await get(url(web.speech.mel_filters), "the mel filters"))
+    : seq2seq ? new (await import("./seq2seq.mjs")).Seq2SeqModel(web, tokenizer, sessions)
     : text ? new TextModel(web, tokenizer, sessions[0])
     : new LanguageModel(web, tokenizer, sessions[0], sessions[1]);
   model.loadMs = performance.now() - t0;

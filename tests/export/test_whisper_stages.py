@@ -4,7 +4,8 @@ heads, 80 mel bins, 1,500 frames and 51,865-token vocabulary, 2 + 2 layers) impo
 verifies (export/speech_verify.py), optimizes (attention and the convolutions' GELU fused),
 quantizes to INT8 and INT4 with the speech report (export/speech_accuracy.py) and writes the
 report; then the ORT-format package transcribes as its source does, and what is not built for
-speech (static INT8, the web packages) is refused by name.
+speech (static INT8) is refused by name. The web and transformers.js packages:
+test_speech_web.py, test_speech_transformers_js.py.
 
 Tolerances: verify and optimize hold every output to seq2seq_checks.graph_bound (fp32
 rounding of both stacks, widened to the audio encoder's 1,500-frame sums and its two
@@ -24,7 +25,7 @@ from whisper_fixtures import save_whisper
 import tinyt.runtime as rt
 from tinyt.app.pipeline import Record, _imported, pipeline
 from tinyt.contract import SEQ2SEQ_FILES
-from tinyt.errors import OptimizeError, PackageError, QuantizeError
+from tinyt.errors import OptimizeError, QuantizeError
 from tinyt.export import speech_accuracy, verify
 from tinyt.export.optimize import _check_seq2seq_fusions
 from tinyt.export.package import package
@@ -176,14 +177,6 @@ def test_the_ort_package_transcribes_as_its_source(run, tmp_path):
     ours = rt.load(pkg, threads=1).transcribe(audio, max_new_tokens=12)
     theirs = rt.load(out / "onnx-int8", threads=1).transcribe(audio, max_new_tokens=12)
     assert ours.tokens == theirs.tokens and ours.language == theirs.language
-
-
-@pytest.mark.parametrize("fmt", ["web", "transformers-js"])
-def test_web_packages_are_refused_by_name(run, tmp_path, fmt):
-    out, _, _ = run
-    with pytest.raises(PackageError, match=f"speech .Whisper. artifact: --format {fmt} is not "
-                                           "built for it yet"):
-        package(out / "onnx-opt", tmp_path / "p", format=fmt)
 
 
 def test_static_int8_is_refused_by_name(run, tmp_path):

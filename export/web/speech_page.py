@@ -1,0 +1,224 @@
+"""`tinyt package ARTIFACT OUT --format web` for a speech (Whisper) artifact: the page
+transcribes an audio file, or the microphone where the browser grants it, on ONNX Runtime Web's
+WebAssembly backend.
+
+    ARTIFACT (Whisper: Optimum's three speech graphs, fp32 or quantized by the seq2seq stage)
+      ──▶ OUT/index.html        speech.html: an audio file or the microphone, a language
+                                (or detected), the text as its tokens come, timings
+          OUT/speech.mjs        the audio front end (Web Audio's decodeAudioData at 16 kHz,
+                                runtime/audio.log_mel's features in JavaScript) and Whisper's
+                                prompt and rules over seq2seq.mjs' decoder loop
+          OUT/mel_filters.bin   runtime/audio.mel_filters(n_mels) as little-endian float64
+                                [201, n_mels]: the page reads the filters, not a copy of their
+                                arithmetic
+          OUT/encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx, speech.json,
+          tinyt.mjs, seq2seq.mjs, ort files, tokenizer.json, config.json, web.json, manifest.json
+      checked before it is written, under Node on the package's own files, on
+      speech_accuracy.voice (3 s): the module's log-mel features lie within feature_bounds of
+      exact arithmetic, as runtime/audio.log_mel's do; its greedy tokens (English forced, and the
+      language detected) equal SpeechModel.decode_features' on those features, but where a row
+      first differs at a tie of the runtime's own logits (seq2seq_page.seq2seq_ties).
+
+web.json's "speech" block carries what speech.mjs reads of speech.json (special tokens,
+languages, suppress_tokens, begin_suppress_tokens) as the runtime reads it.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES
+from tinyt.errors import WebPackageError
+from tinyt.fsutil import atomic_dir
+from tinyt.manifest import Artifact, write_manifest
+
+from ..stage import Built, built, copy_artifact_files
+from .seq2seq_page import seq2seq_ties, web_json
+from .tools import (
+    ASSETS,
+    ORT_WEB_VERSION,
+    TOKENIZERS_JS_VERSION,
+    copy_runtime,
+    node,
+    node_version,
+    ort_web_dist,
+    run_module,
+    tokenizers_js_dist,
+)
+
+MODULES = ("seq2seq.mjs", "speech.mjs")
+PAGE = "speech.html"  # written as index.html
+MEL_FILE = "mel_filters.bin"
+CHECK_NEW_TOKENS = 12
+U32, U64 = 2.0 ** -24, 2.0 ** -53  # unit roundoffs
+# A float32 FFT's error, per output, over the 2-norm of its whole spectrum: log2(N) stages
+# each within (4 sqrt(2) + 1) u (Higham, Accuracy and Stability, 2nd ed., thm 24.2, radix 2;
+# pocketfft's mixed radices 4 and 5 do no worse a stage), rounded up
+FFT_STAGE = 7
+# The features' float32 steps after the mel sums (log10, + 4, / 4), each rounding at most
+# half an ulp at |x| < 16 before the / 4: what two computations of them may add to a difference
+FINAL_ROUNDING = 2.0 ** -20
+
+
+def package_speech_web(src_dir: Path, out_dir: Path, src: Artifact) -> Built:
+    """Write the Whisper's web package (module docstring); returns out_dir. The caller
+    (export/seq2seq_package.py) has refused what does not apply."""
+    from tinyt.runtime import load
+    from tinyt.runtime.audio import mel_filters
+
+    from . import check_tokenizer
+
+    ort_web_dist()
+    tokenizers_js_dist()
+    node()
+    check_tokenizer(src_dir / "tokenizer.json")
+    sm = load(src_dir, threads=1, tune=False)
+    web = speech_web_json(src_dir.name, sm)
+    graphs = list(SEQ2SEQ_FILES.values())
+    with atomic_dir(out_dir) as out:
+        for f in graphs:
+            shutil.copy2(src_dir / f, out / f)
+        copy_artifact_files(src_dir, out)
+        runtime = [*copy_runtime(out), *MODULES, MEL_FILE]
+        for f in MODULES:
+            shutil.copy2(ASSETS / f, out / f)
+        shutil.copy2(ASSETS / PAGE, out / "index.html")
+        mel_filters(sm.n_mels).astype("<f8").tofile(out / MEL_FILE)
+        (out / "web.json").write_text(json.dumps(web, indent=1) + "\n")
+        checked = check_speech_page(out, sm)
+        manifest = src.manifest
+        written = write_manifest(
+            out, stage="package", source=src.record(), options={"format": "web"}, extra={
+                "graph": SEQ2SEQ, "package_format": "web", "web": {
+                    **web, "files": [*graphs, *runtime], "notes": [],
+                    "checked": {"runtime": f"node {node_version()}",
+                                "onnxruntime_web": ORT_WEB_VERSION,
+                                "tokenizers_js": TOKENIZERS_JS_VERSION, **checked}},
+                **manifest.records("quantization", "accuracy", "int8"),
+                "versions": manifest.versions})
+    return built(out_dir, written)
+
+
+def speech_web_json(name: str, sm) -> dict:
+    """web.json of a Whisper (`sm`: its SpeechModel): the encoder-decoder's, its end token
+    Whisper's, and the "speech" block speech.mjs reads."""
+    web = web_json(name, sm.decoder)
+    t = sm.tokens
+    web["eos_token_ids"] = [sm.eos]
+    web["speech"] = {
+        "n_mels": sm.n_mels, "bins": 201, "mel_filters": MEL_FILE,
+        "start": t["start"], "end": sm.eos, "no_timestamps": t["no_timestamps"],
+        "tasks": t["tasks"], "languages": sm.languages, "multilingual": sm.multilingual,
+        "suppress_tokens": list(sm.suppress), "begin_suppress_tokens": list(sm.begin_suppress)}
+    return web
+
+
+def check_speech_page(out: Path, sm) -> dict:
+    """The module under Node on the files just written to `out`, on speech_accuracy.voice:
+    features within feature_bounds, tokens as the runtime's (module docstring). Returns the
+    manifest's record; raises WebPackageError for a difference."""
+    from tinyt.runtime.audio import log_mel
+
+    from ..speech_accuracy import voice
+
+    samples = voice()
+    languages = ["en", None] if sm.multilingual else ["en"]
+    got = run_module(out, {"transcribe": [
+        {"samples": samples.tolist(), "language": lang, "max_new_tokens": CHECK_NEW_TOKENS,
+         "features": lang == "en"} for lang in languages]})
+    if "error" in got:
+        raise WebPackageError(f"the packaged graphs do not run on onnxruntime-web "
+                              f"{ORT_WEB_VERSION}: {got['error']}")
+    page = np.asarray(got["transcribe"][0]["features"], np.float32).reshape(sm.n_mels, -1)
+    worst = check_features(page, log_mel(samples, sm.n_mels), samples, sm.n_mels)
+    ties = speech_ties(sm, [page], [got["transcribe"][0]["token_ids"]], "en")
+    if len(languages) > 1:  # detected: the runtime's choice on the runtime's own features
+        want = sm.transcribe(samples, language=None, max_new_tokens=CHECK_NEW_TOKENS)
+        detected = got["transcribe"][1]
+        if detected["language"] != want.language:
+            raise WebPackageError(f"the page detects language {detected['language']!r} where "
+                                  f"tinyt.runtime detects {want.language!r}")
+        ties += speech_ties(sm, [page], [detected["token_ids"]], want.language)
+    return {"audio": "synthetic voice (3 s)", "languages": [x or "detected" for x in languages],
+            "features": worst, "greedy_tokens": CHECK_NEW_TOKENS, "greedy_equal": True,
+            "greedy_ties": ties}
+
+
+def feature_bounds(samples: np.ndarray, n_mels: int) -> tuple[np.ndarray, np.ndarray]:
+    """[n_mels, 3000] intervals (lo, hi) that hold runtime/audio.log_mel's features of
+    `samples` (numpy's float32 FFT) and the page's (a float64 DFT) alike: exact arithmetic's
+    (a float64 FFT of the same float32 windowed frames) widened by each FFT's rounding.
+
+    A spectrum entry X_k moves by at most d = (FFT_STAGE u32 log2 N + N u64) sqrt(N) |frame|_2
+    (the FFT's error over its spectrum's 2-norm, sqrt(N) |frame|_2 by Parseval; the page's
+    direct sums, N terms of float64); |X|^2 then by 2 |X| d + d^2, and by 3 u32 |X|^2 where
+    numpy rounds |X| and its square to float32. The mel sums (nonnegative filters) move by
+    the filters' sums of those; log10 is monotone, the floor max - 8 moves as the maximum
+    does, and max(., floor) is 1-Lipschitz; FINAL_ROUNDING is added on either side."""
+    from tinyt.runtime.audio import HOP, N_FFT, N_FRAMES, N_SAMPLES, mel_filters
+
+    x = np.zeros(N_SAMPLES, np.float32)
+    x[:min(samples.size, N_SAMPLES)] = samples[:N_SAMPLES]
+    x = np.pad(x, N_FFT // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP][:N_FRAMES]
+    window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
+    y = (frames * window).astype(np.float64)  # as both compute it: a float32 product
+    spectrum = np.abs(np.fft.rfft(y, axis=-1))  # [frames, 201]
+    d = (FFT_STAGE * U32 * np.log2(N_FFT) + N_FFT * U64) * np.sqrt(N_FFT) * \
+        np.linalg.norm(y, axis=-1, keepdims=True)
+    power, dp = spectrum ** 2, 2 * spectrum * d + d ** 2 + 3 * U32 * spectrum ** 2
+    filters = mel_filters(n_mels)
+    mel, dmel = power @ filters, dp @ filters
+    lo = np.log10(np.maximum(mel - dmel, 1e-10))
+    hi = np.log10(np.maximum(mel + dmel, 1e-10))
+    lo = (np.maximum(lo, lo.max() - 8) + 4) / 4 - FINAL_ROUNDING
+    hi = (np.maximum(hi, hi.max() - 8) + 4) / 4 + FINAL_ROUNDING
+    return lo.T, hi.T
+
+
+def check_features(page: np.ndarray, ours: np.ndarray, samples: np.ndarray, n_mels: int
+                   ) -> dict:
+    """The page's features against the runtime's (`ours`, log_mel's): both within
+    feature_bounds, or WebPackageError. Returns the worst difference and the widest bound."""
+    if page.shape != ours.shape:
+        raise WebPackageError(f"the page's log-mel features have shape {page.shape}; the "
+                              f"runtime's {ours.shape}")
+    lo, hi = feature_bounds(samples, n_mels)
+    for who, f in (("the page's", page), ("tinyt.runtime's", ours)):
+        out = (f < lo) | (f > hi)
+        if out.any():
+            m, t = np.argwhere(out)[0]
+            raise WebPackageError(
+                f"{who} log-mel features leave the FFT's rounding bound at {int(out.sum())} "
+                f"of {f.size} entries; first at mel {m}, frame {t}: {f[m, t]:.7g} outside "
+                f"[{lo[m, t]:.7g}, {hi[m, t]:.7g}]")
+    return {"max_abs_diff": float(np.abs(page - ours).max()),
+            "widest_bound": float((hi - lo).max())}
+
+
+def speech_ties(sm, features: list[np.ndarray], got: list[list[int]], language: str, *,
+                new_tokens: int = CHECK_NEW_TOKENS) -> int:
+    """The page's greedy tokens (`new_tokens` at most) of each window's `features` (the
+    page's own) against SpeechModel.decode_features' on them: seq2seq_ties, the logits with
+    Whisper's rules."""
+    from tinyt.runtime.encoder_decoder import DecoderSteps
+
+    want = [sm.decode_features(f[None], language=language,
+                               max_new_tokens=new_tokens)[0] for f in features]
+    prompt = sm._prefix(language, "transcribe", False)
+    rules = sm._settings(len(prompt), False, new_tokens).rules
+
+    def logits_after(model, f, prefix):
+        (memory,) = model.sessions["encoder"].run(["last_hidden_state"],
+                                                  {"input_features": f[None]})
+        steps = DecoderSteps(model, memory, None)
+        z = steps.first(prompt)
+        for tok in prefix:
+            z = steps(np.zeros(1, np.int64), np.array([tok], np.int64))
+        z = z.astype(np.float32)
+        rules.apply(z, [prompt + list(prefix)], len(prefix))
+        return z[0]
+    return seq2seq_ties(sm.decoder, features, got, want, logits_after=logits_after)
