@@ -135,6 +135,7 @@ SMALL = {  # demo-sized numbers -> test-preset ones (block_size 32)
     "artifacts-enc/onnx-best --max-loss-increase 0.02":
         "artifacts-enc/onnx-best --max-loss-increase 0.5",
     "--rounds 10": "--rounds 1", "--rounds 5": "--rounds 1", "--max-steps 150": "--max-steps 3",
+    "--max-steps 50 ": "--max-steps 3 ",  # your own text: a few steps show it trains (37 s -> ~8)
     # the kernel probe at the GPT-2-small shape -> one small layer
     "step_kernels --n-layer 12 --n-embd 768 --vocab 8192 --rounds 15":
         "step_kernels --n-layer 1 --n-embd 64 --vocab 256 --rounds 1",
