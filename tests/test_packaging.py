@@ -58,7 +58,8 @@ def test_wheel_holds_every_floor(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for must in ("tinyt/__init__.py", "tinyt/model.py", "tinyt/hf/catalogue.py",
                  "tinyt/export/__init__.py", "tinyt/export/web/__init__.py",
-                 "tinyt/export/web/tinyt.mjs", "tinyt/export/web/index.html",
+                 "tinyt/export/web/tinyt.mjs", "tinyt/export/web/tokenizer.mjs",
+                 "tinyt/export/web/index.html",
                  "tinyt/runtime/__init__.py", "tinyt/benchmarks/harness.py",
                  "tinyt/benchmarks/peers/__init__.py", "tinyt/server/handlers.py", "tinyt/app/cli.py"):
         assert must in names, f"{must} missing from the wheel"

@@ -99,6 +99,13 @@ export function transcript(tokenizer, ids, end) {
   return words.length ? tokenizer.hf.decode(words, { skip_special_tokens: true }).trim() : "";
 }
 
+/** tinyt.mjs' load() for a speech package: its SpeechModel, the mel filters' bytes checked. */
+export function speechModel(web, tokenizer, sessions, bytes) {
+  const { n_mels: m, bins } = web.speech, filters = new Float64Array(bytes.slice().buffer);
+  if (filters.length !== m * bins) throw new TinytWebError(`${web.speech.mel_filters} holds ${filters.length} numbers; the model's ${m} mel filters over ${bins} bins are ${m * bins}`);
+  return new SpeechModel(web, tokenizer, sessions, filters);
+}
+
 export class SpeechModel extends Seq2SeqModel {
   constructor(web, tokenizer, sessions, filters) {
     super(web, tokenizer, sessions);

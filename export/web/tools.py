@@ -15,7 +15,8 @@ ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-sim
 TOKENIZERS_JS_VERSION = "0.2.0"  # @huggingface/tokenizers (npm), what tinyt.mjs is checked with
 TOKENIZERS_JS_FILE = "tokenizers.min.mjs"
 TOKENIZER_MODELS = ("BPE", "WordPiece", "Unigram")  # what it runs (it reads others as a guess)
-PAGE_FILES = ("tinyt.mjs", "offsets.mjs", "index.html")  # offsets.mjs: tag's character offsets
+PAGE_FILES = ("tinyt.mjs", "tokenizer.mjs", "offsets.mjs", "index.html")  # offsets.mjs: tag's
+# character offsets; tokenizer.mjs: the tokenizer (and TinytWebError) tinyt.mjs re-exports
 ASSETS = Path(__file__).parent  # tinyt.mjs, offsets.mjs, index.html, check.mjs beside this module
 REPO_WEB = Path(__file__).resolve().parents[2] / "web"  # the checkout's web/package.json (npm)
 GQA_WEB_INPUTS = 16  # GroupQueryAttention's inputs in onnxruntime-web 1.30
