@@ -59,6 +59,31 @@ def verify(
     typer.echo("passed")
 
 
+def _say_gqa(manifest, src: Path, prefill_from: Optional[Path]) -> None:
+    """What optimize --target gqa did: its check, its pair's, its int8 cache's."""
+    eq = manifest["equivalence"]
+    typer.echo(f"GroupQueryAttention with a shared KV cache in {manifest['layers']} layers; "
+               f"logits max abs diff vs input graph {eq['logits_max_abs']:.2e} (tolerance "
+               f"{eq['tolerance']:.3g}"
+               + (f": the quantization's own distance from {eq['fp32_source']}"
+                  if eq['tolerance'] == eq.get("quantization_vs_fp32_max_abs") else "")
+               + f"; prompts + steps of up to "
+               f"{eq['sizes']['longest_sequence']} tokens of the context "
+               f"{eq['sizes']['context']}), greedy agreement {eq['greedy_agreement']:.0%}")
+    if "pair" in manifest:
+        p = manifest["pair"]
+        typer.echo(f"prompts run by {manifest['prefill_model_file']} (from {prefill_from}); "
+                   f"the pair vs {src}: logits max abs diff {p['logits_max_abs']:.2e}, "
+                   f"top-1 agreement {p['top1_agreement']:.0%}")
+    if "kv_cache" in manifest:
+        kv = manifest["kv_cache"]
+        c = kv["check"]
+        typer.echo(f"int8 KV cache ({kv['scales']}, calibrated on {kv['calibration']['tokens']}"
+                   f" tokens of {kv['calibration']['data']}): logits max abs diff vs the "
+                   f"float32 cache {c['logits_max_abs']:.3g} (tolerance "
+                   f"{c['tolerance']:.3g}), top-1 agreement {c['top1_agreement']:.0%}")
+
+
 def optimize(
     src: Annotated[Path, typer.Argument(help="Exported artifact directory (tinyt export).")],
     out: Annotated[Path, typer.Argument(help="Optimized artifact directory to write.")],
@@ -101,27 +126,7 @@ def optimize(
                            != ("float32", "per-channel", None, "mse") else {}))
     manifest = path.manifest  # the stage says what it did
     if target == "gqa":
-        eq = manifest["equivalence"]
-        typer.echo(f"GroupQueryAttention with a shared KV cache in {manifest['layers']} layers; "
-                   f"logits max abs diff vs input graph {eq['logits_max_abs']:.2e} (tolerance "
-                   f"{eq['tolerance']:.3g}"
-                   + (f": the quantization's own distance from {eq['fp32_source']}"
-                      if eq['tolerance'] == eq.get("quantization_vs_fp32_max_abs") else "")
-                   + f"; prompts + steps of up to "
-                   f"{eq['sizes']['longest_sequence']} tokens of the context "
-                   f"{eq['sizes']['context']}), greedy agreement {eq['greedy_agreement']:.0%}")
-        if "pair" in manifest:
-            p = manifest["pair"]
-            typer.echo(f"prompts run by {manifest['prefill_model_file']} (from {prefill_from}); "
-                       f"the pair vs {src}: logits max abs diff {p['logits_max_abs']:.2e}, "
-                       f"top-1 agreement {p['top1_agreement']:.0%}")
-        if "kv_cache" in manifest:
-            kv = manifest["kv_cache"]
-            c = kv["check"]
-            typer.echo(f"int8 KV cache ({kv['scales']}, calibrated on {kv['calibration']['tokens']}"
-                       f" tokens of {kv['calibration']['data']}): logits max abs diff vs the "
-                       f"float32 cache {c['logits_max_abs']:.3g} (tolerance "
-                       f"{c['tolerance']:.3g}), top-1 agreement {c['top1_agreement']:.0%}")
+        _say_gqa(manifest, src, prefill_from)
         typer.echo(f"onnx: {path}")
         return
     worst = manifest["equivalence"]["worst"]
@@ -277,11 +282,7 @@ def quantize(
                    kernel=kernel, keep_8bit=keep_8bit or [], scheme=scheme,
                    scale_search=scale_search)
     calibrated = dict(awq=awq, max_bytes=None if max_mb is None else int(max_mb * 1e6))
-    if max_loss_increase is not None and (gguf_blocks or awq or max_mb is not None):
-        from tinyt.errors import QuantizeError
-        raise QuantizeError("--max-loss-increase searches recipes; --gguf-blocks (one table per "
-                            "weight as the GGUF stores it), --awq and --max-mb make one: use "
-                            "one or the other")
+    _one_recipe_or_a_search(max_loss_increase, gguf_blocks or awq or max_mb is not None)
     if max_loss_increase is not None:
         path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg,
                                **choices)
@@ -289,6 +290,14 @@ def quantize(
         path = run_quantize(src, out, data=data_arg, gguf_blocks=gguf_blocks, **choices,
                             **calibrated)
     _say_quantized(path)
+
+
+def _one_recipe_or_a_search(max_loss_increase: Optional[float], one_recipe: bool) -> None:
+    if max_loss_increase is not None and one_recipe:
+        from tinyt.errors import QuantizeError
+        raise QuantizeError("--max-loss-increase searches recipes; --gguf-blocks (one table per "
+                            "weight as the GGUF stores it), --awq and --max-mb make one: use "
+                            "one or the other")
 
 
 def _say_quantized(path) -> None:

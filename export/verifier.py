@@ -222,6 +222,18 @@ def case_feeds(model, cfg: ModelConfig, kind: str, ids: np.ndarray, past_len: in
     return feeds
 
 
+def _verify_graphs(ckpt, onnx_dir: Path, kind: str, seed: int, gen_tokens: int) -> dict:
+    """The report of an artifact of several graphs: a Whisper's (export/speech_verify.py), an
+    encoder-decoder's (export/seq2seq_verify.py), or a shared-cache pair's."""
+    if kind == SEQ2SEQ and ckpt.config.n_mels is not None:
+        from .speech_verify import verify_speech
+        return verify_speech(ckpt, onnx_dir, gen_tokens)
+    if kind == SEQ2SEQ:
+        from .seq2seq_verify import verify_seq2seq
+        return verify_seq2seq(ckpt, onnx_dir, seed, gen_tokens)
+    return _verify_shared_cache(ckpt, onnx_dir, seed, gen_tokens)
+
+
 def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
            report_path: str | os.PathLike | None = None, seed: int = 0,
            gen_tokens: int = GEN_TOKENS) -> dict[str, Any]:
@@ -232,14 +244,7 @@ def verify(checkpoint_dir: str | os.PathLike, onnx_dir: str | os.PathLike, *,
     ckpt = load_checkpoint(checkpoint_dir)
     cfg, model = ckpt.config, ckpt.model
     if kind in (SHARED_CACHE_KIND, SEQ2SEQ):
-        if kind == SEQ2SEQ and cfg.n_mels is not None:  # Whisper (export/speech_verify.py)
-            from .speech_verify import verify_speech
-            report = verify_speech(ckpt, onnx_dir, gen_tokens)
-        elif kind == SEQ2SEQ:  # three graphs (export/seq2seq_verify.py)
-            from .seq2seq_verify import verify_seq2seq
-            report = verify_seq2seq(ckpt, onnx_dir, seed, gen_tokens)
-        else:
-            report = _verify_shared_cache(ckpt, onnx_dir, seed, gen_tokens)
+        report = _verify_graphs(ckpt, onnx_dir, kind, seed, gen_tokens)
         report.update(checkpoint=str(Path(checkpoint_dir).resolve()), onnx=str(onnx_dir.resolve()))
         if report_path is not None:
             write_json(report_path, report)
