@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES
@@ -51,34 +52,55 @@ def package_seq2seq_web(src_dir: Path, out_dir: Path, src: Artifact) -> Built:
     (export/seq2seq_package.py) has refused what does not apply."""
     from tinyt.runtime import load
 
+    web_tools(src_dir)
+    lm = load(src_dir, threads=1, tune=False)
+
+    def check(out: Path) -> dict:
+        rows = [lm.tokenizer.encode_prompt(t) for t in CHECK_SOURCES]
+        ties = check_page(out, lm, rows, CHECK_NEW_TOKENS)
+        return {"sources": len(rows), "greedy_tokens": CHECK_NEW_TOKENS, "greedy_equal": True,
+                "greedy_ties": ties, "tokenizer_texts": len(CHECK_TEXTS)}
+    return write_web_package(src_dir, out_dir, src, web_json(src_dir.name, lm), (MODULE,),
+                             lambda out: [], check)
+
+
+def web_tools(src_dir: Path) -> None:
+    """What a page of three graphs needs here: onnxruntime-web, tokenizers.js and Node, and a
+    tokenizer.json the JS library runs as the Rust one."""
     from . import check_tokenizer
 
     ort_web_dist()
     tokenizers_js_dist()
     node()
     check_tokenizer(src_dir / "tokenizer.json")
-    manifest = src.manifest
-    lm = load(src_dir, threads=1, tune=False)
-    web = web_json(src_dir.name, lm)
+
+
+def write_web_package(src_dir: Path, out_dir: Path, src: Artifact, web: dict,
+                      modules: tuple[str, ...], write_more: Callable[[Path], list[str]],
+                      check: Callable[[Path], dict]) -> Built:
+    """The package of an encoder-decoder's three graphs (an encoder-decoder's page or a
+    Whisper's): the graphs, the artifact's files, the runtime, `modules`, what write_more
+    writes (the files it names), web.json; then check(out) before the manifest, which records
+    what it returns."""
     graphs = list(SEQ2SEQ_FILES.values())
+    manifest = src.manifest
     with atomic_dir(out_dir) as out:
         for f in graphs:
             shutil.copy2(src_dir / f, out / f)
         copy_artifact_files(src_dir, out)
-        runtime = [*copy_runtime(out), MODULE]
-        shutil.copy2(ASSETS / MODULE, out / MODULE)
+        runtime = [*copy_runtime(out), *modules]
+        for f in modules:
+            shutil.copy2(ASSETS / f, out / f)
+        runtime += write_more(out)
         (out / "web.json").write_text(json.dumps(web, indent=1) + "\n")
-        rows = [lm.tokenizer.encode_prompt(t) for t in CHECK_SOURCES]
-        ties = check_page(out, lm, rows, CHECK_NEW_TOKENS)
+        checked = check(out)
         written = write_manifest(
             out, stage="package", source=src.record(), options={"format": "web"}, extra={
                 "graph": SEQ2SEQ, "package_format": "web", "web": {
                     **web, "files": [*graphs, *runtime], "notes": [],
                     "checked": {"runtime": f"node {node_version()}",
                                 "onnxruntime_web": ORT_WEB_VERSION,
-                                "tokenizers_js": TOKENIZERS_JS_VERSION, "sources": len(rows),
-                                "greedy_tokens": CHECK_NEW_TOKENS, "greedy_equal": True,
-                                "greedy_ties": ties, "tokenizer_texts": len(CHECK_TEXTS)}},
+                                "tokenizers_js": TOKENIZERS_JS_VERSION, **checked}},
                 **manifest.records("quantization", "accuracy", "int8"),
                 "versions": manifest.versions})
     return built(out_dir, written)

@@ -24,29 +24,20 @@ languages, suppress_tokens, begin_suppress_tokens) as the runtime reads it.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES
 from tinyt.errors import WebPackageError
-from tinyt.fsutil import atomic_dir
-from tinyt.manifest import Artifact, write_manifest
+from tinyt.manifest import Artifact
 
-from ..stage import Built, built, copy_artifact_files
-from .seq2seq_page import seq2seq_ties, web_json
+from ..stage import Built
+from .seq2seq_page import seq2seq_ties, web_json, web_tools, write_web_package
 from .tools import (
     ASSETS,
     ORT_WEB_VERSION,
-    TOKENIZERS_JS_VERSION,
-    copy_runtime,
-    node,
-    node_version,
-    ort_web_dist,
     run_module,
-    tokenizers_js_dist,
 )
 
 MODULES = ("seq2seq.mjs", "speech.mjs")
@@ -69,37 +60,15 @@ def package_speech_web(src_dir: Path, out_dir: Path, src: Artifact) -> Built:
     from tinyt.runtime import load
     from tinyt.runtime.audio import mel_filters
 
-    from . import check_tokenizer
-
-    ort_web_dist()
-    tokenizers_js_dist()
-    node()
-    check_tokenizer(src_dir / "tokenizer.json")
+    web_tools(src_dir)
     sm = load(src_dir, threads=1, tune=False)
-    web = speech_web_json(src_dir.name, sm)
-    graphs = list(SEQ2SEQ_FILES.values())
-    with atomic_dir(out_dir) as out:
-        for f in graphs:
-            shutil.copy2(src_dir / f, out / f)
-        copy_artifact_files(src_dir, out)
-        runtime = [*copy_runtime(out), *MODULES, MEL_FILE]
-        for f in MODULES:
-            shutil.copy2(ASSETS / f, out / f)
+
+    def page_and_filters(out: Path) -> list[str]:
         shutil.copy2(ASSETS / PAGE, out / "index.html")
         mel_filters(sm.n_mels).astype("<f8").tofile(out / MEL_FILE)
-        (out / "web.json").write_text(json.dumps(web, indent=1) + "\n")
-        checked = check_speech_page(out, sm)
-        manifest = src.manifest
-        written = write_manifest(
-            out, stage="package", source=src.record(), options={"format": "web"}, extra={
-                "graph": SEQ2SEQ, "package_format": "web", "web": {
-                    **web, "files": [*graphs, *runtime], "notes": [],
-                    "checked": {"runtime": f"node {node_version()}",
-                                "onnxruntime_web": ORT_WEB_VERSION,
-                                "tokenizers_js": TOKENIZERS_JS_VERSION, **checked}},
-                **manifest.records("quantization", "accuracy", "int8"),
-                "versions": manifest.versions})
-    return built(out_dir, written)
+        return [MEL_FILE]
+    return write_web_package(src_dir, out_dir, src, speech_web_json(src_dir.name, sm), MODULES,
+                             page_and_filters, lambda out: check_speech_page(out, sm))
 
 
 def speech_web_json(name: str, sm) -> dict:
