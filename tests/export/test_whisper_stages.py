@@ -135,6 +135,43 @@ def test_optimize_fuses_attention_and_the_convolutions_gelu(run):
         _check_seq2seq_fusions(open_artifact_dir(out / "onnx-opt").config, "cpu", records)
 
 
+def test_beams_read_a_windows_cross_cache_once(run):
+    """onnx-opt's stepping graph takes each window's cross keys / values once for its rows
+    (export/cross_groups.py): fed so, without a copy, three rows of each of two windows get the
+    logits of the caches copied a row, within graph_bound (the same products in another
+    order); rows not k to a window are fed a cache a row; beams choose the same tokens."""
+    from tinyt.export.seq2seq_checks import graph_bound
+    from tinyt.runtime.audio import log_mel
+    from tinyt.runtime.encoder_decoder import DecoderSteps
+
+    out, _, _ = run
+    m = _manifest(out / "onnx-opt")
+    assert m["fusions"]["decoder_with_past_model.onnx"]["cross_attention_groups"] == LAYERS
+    model = rt.load(out / "onnx-opt", threads=1)
+    assert model.decoder.cross_groups
+    feats = np.stack([log_mel(voice(2.0, seed=s)) for s in (0, 1)])
+    memory, prompt = model.encode(feats[0]), model._prefix("en", "transcribe", False)
+    memory = np.concatenate([memory, model.encode(feats[1])])
+    logits = {}
+    for grouped in (True, False):
+        model.decoder.cross_groups = grouped
+        steps = DecoderSteps(model.decoder, memory, None)
+        steps.first(prompt)
+        a = steps(np.array([0, 0, 0, 1, 1, 1]), np.array([11, 12, 13, 11, 12, 13]))
+        assert (steps.cross is steps.cross_src) == grouped  # grouped: the first step's arrays
+        assert steps.cross[0].shape[0] == (2 if grouped else 6)
+        b = steps(np.array([0, 1, 3]), np.array([14, 15, 16]))  # 2 rows, then 1: a row each
+        assert steps.cross[0].shape[0] == 3
+        logits[grouped] = np.concatenate([a, b])
+    bound = graph_bound(model.config, np.abs(logits[False]).max(), 2 * LAYERS)
+    assert np.abs(logits[True] - logits[False]).max() <= bound
+    beams = {}
+    for grouped in (True, False):
+        model.decoder.cross_groups = grouped
+        beams[grouped] = model.decode_features(feats, max_new_tokens=8, num_beams=3)
+    assert beams[True] == beams[False]
+
+
 @pytest.mark.parametrize("row", ["onnx-int8", "onnx-int4"])
 def test_quantizations_report_speech_against_fp32(run, row):
     out, _, _ = run
