@@ -44,8 +44,8 @@ from tinyt.rope import is_longrope
 from tinyt.runtime.session import graph_session, ort_options
 
 from .compare import compare_graphs, grid, grid_sizes, within_bound
-from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
 from .cross_groups import group_cross_attention
+from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
 from .kvfuse import attention_with_past, cross_attention_bnsh
 from .seq2seq_checks import (
     CONV_GELU_OPS,
