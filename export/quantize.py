@@ -51,7 +51,7 @@ from .blockquant import QuantReport, quantize_weights
 from .qdq import calibration_batches, quantize_qdq
 from .seq2seq_accuracy import seq2seq_report
 from .seq2seq_checks import is_speech, open_graphs
-from .seq2seq_quantize import quantize_graphs
+from .seq2seq_quantize import graph_recipe, quantize_graphs
 from .speech_accuracy import speech_report
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 from .text_batches import TEXT_KINDS
@@ -264,7 +264,8 @@ def _quantize_seq2seq(src: Artifact, out_dir: Path, recipe: QuantRecipe, preset:
     protos = open_graphs(src)
     for role, file in SEQ2SEQ_FILES.items():
         _check_source(src.path / file, src.manifest, protos[role], SEQ2SEQ, recipe, data)
-    exactness = _exactness(recipe, recipe.kernel, recipe.mode)
+    exactness = {f: _exactness(r, r.kernel, r.mode) for f, r in (
+        (file, graph_recipe(src, role, recipe)) for role, file in SEQ2SEQ_FILES.items())}
     tokenizer = Tokenizer.from_file(src.path / "tokenizer.json")
     files = list(SEQ2SEQ_FILES.values())
     with tempfile.TemporaryDirectory() as tmp:
@@ -299,7 +300,7 @@ def _quantize_seq2seq(src: Artifact, out_dir: Path, recipe: QuantRecipe, preset:
                 "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
                 "rows_independent": recipe.rows_independent, "recipe": recipe.to_json(),
                 **({"calibration_set": calibrated} if calibrated else {})},
-            "int8": {f: exactness for f in files}, "accuracy": accuracy,
+            "int8": exactness, "accuracy": accuracy,
             "versions": source_versions(src)})
 
 
