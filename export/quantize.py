@@ -41,7 +41,7 @@ from tinyt.errors import QuantizeError
 from tinyt.graphio import CONTRIB_DOMAIN, check_graph, graph_files, quantized_ops, save_graph
 from tinyt.hardware import int8_preset, saturates_here
 from tinyt.manifest import Artifact, Manifest
-from tinyt.recipe import DEFAULT_BLOCK, QuantRecipe
+from tinyt.recipe import DEFAULT_BLOCK, SPEECH_BLOCK, QuantRecipe
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
@@ -94,7 +94,7 @@ def _check_source(src: Path, manifest: Manifest, proto: onnx.ModelProto, kind: s
 
 
 def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, *, bits: int = 8,
-             block_size: int = DEFAULT_BLOCK, mode: str = "dynamic",
+             block_size: int | None = None, mode: str = "dynamic",
              exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
              calibration: str = "minmax", per_channel: bool = True,
              reduce_range: bool | None = None, search: dict | None = None,
@@ -104,7 +104,8 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
              max_bytes: int | None = None) -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). The
-    keywords make one QuantRecipe (tinyt/recipe.py), which says what each allows. Static
+    keywords make one QuantRecipe (tinyt/recipe.py), which says what each allows; block_size
+    None: DEFAULT_BLOCK, or SPEECH_BLOCK for a speech artifact's 8-bit tables. Static
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
     CPU's preset. keep_8bit (bits=4): modules kept at 8 bits, e.g. 'lm_head' (the tied table
     then 8-bit for both its readers: export/blockquant.py). scheme / scale_search: how a
@@ -121,6 +122,8 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
     cfg, kind = src.config, src.kind
+    if block_size is None:
+        block_size = SPEECH_BLOCK if is_speech(cfg) and bits == 8 else DEFAULT_BLOCK
     preset = int8_preset()
     if reduce_range is not None:
         preset = {**preset, "reduce_range": reduce_range}

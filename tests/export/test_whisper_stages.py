@@ -38,6 +38,7 @@ from tinyt.export.speech_accuracy import (
 )
 from tinyt.fsutil import sha256_file
 from tinyt.manifest import open_artifact_dir
+from tinyt.recipe import SPEECH_BLOCK
 from tinyt.tokenizer import Tokenizer
 
 ROWS = ("onnx", "onnx-opt", "onnx-int8", "onnx-int4")
@@ -191,6 +192,7 @@ def test_quantizations_report_speech_against_fp32(run, row):
         assert not any("activations per row" in q for q in done if q not in encoder)
         assert m["int8"]["encoder_model.onnx"]["u8s8_gemm"]
         assert not m["int8"]["decoder_with_past_model.onnx"]["u8s8_gemm"]
+        assert m["quantization"]["recipe"]["block_size"] == SPEECH_BLOCK  # (none was named)
     asr = rt.load(out / row, threads=1)
     assert len(asr.transcribe(voice(), max_new_tokens=4).tokens) == 4
 
