@@ -185,13 +185,16 @@ def test_quantizations_report_speech_against_fp32(run, row):
     # a different model from fp32: its distributions move, and so do some tokens
     assert a["kl_divergence"] > 0 and a["top1_agreement"] < 1 and a["token_agreement"] < 1
     assert m["quantization"]["size_ratio"] < (0.35 if row == "onnx-int8" else 0.2)
-    if row == "onnx-int8":  # the encoder's 1,500 rows a window: int8 GEMMs, a scale a row
+    if row == "onnx-int8":  # 1,500 rows a window: int8 GEMMs, a scale a row
         done = m["quantization"]["quantized"]
-        encoder = [q for q in done if q.startswith("encoder_model.onnx")]
-        assert encoder and all("activations per row" in q for q in encoder)
-        assert not any("activations per row" in q for q in done if q not in encoder)
+        rows = [q for q in done if q.startswith(("encoder_model.onnx", "decoder_model.onnx"))
+                and "lm_head" not in q]  # (the tied table: MatMulNBits, shared)
+        assert rows and all("activations per row" in q for q in rows)
+        assert not any("activations per row" in q for q in done if q not in rows)
         assert m["int8"]["encoder_model.onnx"]["u8s8_gemm"]
+        assert m["int8"]["decoder_model.onnx"]["u8s8_gemm"]
         assert not m["int8"]["decoder_with_past_model.onnx"]["u8s8_gemm"]
+        assert any(t.startswith("decoder_model.onnx") for t in m["quantization"]["shared_tables"])
         assert m["quantization"]["recipe"]["block_size"] == SPEECH_BLOCK  # (none was named)
     asr = rt.load(out / row, threads=1)
     assert len(asr.transcribe(voice(), max_new_tokens=4).tokens) == 4
