@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from tinyt.errors import TinytError
-from tinyt.recipe import DEFAULT_BLOCK
+from tinyt.recipe import DEFAULT_BLOCK, SPEECH_BLOCK
 
 
 def export_cmd(
@@ -216,8 +216,9 @@ def quantize(
     src: Annotated[Path, typer.Argument(help="Exported or cpu-optimized artifact directory.")],
     out: Annotated[Path, typer.Argument(help="Quantized artifact directory to write.")],
     bits: Annotated[int, typer.Option(help="8, or 4 for the smallest footprint.")] = 8,
-    block_size: Annotated[int, typer.Option(help="Weights per scale (power of two >= 16).")] = \
-        DEFAULT_BLOCK,
+    block_size: Annotated[Optional[int], typer.Option(
+        help=f"Weights per scale (power of two >= 16; default {DEFAULT_BLOCK}, "
+             f"{SPEECH_BLOCK} for a speech artifact's 8-bit tables).")] = None,
     mode: Annotated[str, typer.Option(help="dynamic (int8 activations at run time), "
                                            "weight-only (fp32 products) or static (QDQ, "
                                            "calibrated; from the plain export).")] = "dynamic",

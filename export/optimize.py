@@ -44,6 +44,7 @@ from tinyt.rope import is_longrope
 from tinyt.runtime.session import graph_session, ort_options
 
 from .compare import compare_graphs, grid, grid_sizes, within_bound
+from .cross_groups import group_cross_attention
 from .encoder_fusions import embed_layer_norm, unfuse_skip_layer_norms
 from .kvfuse import attention_with_past, cross_attention_bnsh
 from .seq2seq_checks import (
@@ -417,6 +418,8 @@ def _optimize_seq2seq(src: Artifact, out_dir: Path, target: str, level: str) -> 
                 fusions["skip_layer_norm_as_sum"] = unfused
             if role == "encoder" and is_speech(cfg):
                 fusions["conv_gelu"] = conv_gelus(optimized)
+            if role == "decoder_with_past" and (groups := group_cross_attention(optimized)):
+                fusions["cross_attention_groups"] = groups  # a source's cache once for its beams
             counts = op_counts(optimized)
             records[file] = {"fusions": fusions, "op_counts": dict(sorted(counts.items())),
                              "attention": attention_report(cfg, role, optimized)}

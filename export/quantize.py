@@ -41,7 +41,7 @@ from tinyt.errors import QuantizeError
 from tinyt.graphio import CONTRIB_DOMAIN, check_graph, graph_files, quantized_ops, save_graph
 from tinyt.hardware import int8_preset, saturates_here
 from tinyt.manifest import Artifact, Manifest
-from tinyt.recipe import DEFAULT_BLOCK, QuantRecipe
+from tinyt.recipe import DEFAULT_BLOCK, SPEECH_BLOCK, QuantRecipe
 from tinyt.runtime.feeds import check_tokens
 from tinyt.runtime.session import graph_session
 from tinyt.tokenizer import Tokenizer
@@ -51,7 +51,7 @@ from .blockquant import QuantReport, quantize_weights
 from .qdq import calibration_batches, quantize_qdq
 from .seq2seq_accuracy import seq2seq_report
 from .seq2seq_checks import is_speech, open_graphs
-from .seq2seq_quantize import quantize_graphs
+from .seq2seq_quantize import graph_recipe, quantize_graphs
 from .speech_accuracy import speech_report
 from .stage import Built, open_source, source_graph, source_versions, write_artifact
 from .text_batches import TEXT_KINDS
@@ -94,7 +94,7 @@ def _check_source(src: Path, manifest: Manifest, proto: onnx.ModelProto, kind: s
 
 
 def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, *, bits: int = 8,
-             block_size: int = DEFAULT_BLOCK, mode: str = "dynamic",
+             block_size: int | None = None, mode: str = "dynamic",
              exclude: list[str] | tuple[str, ...] = (), data: str | None = None,
              calibration: str = "minmax", per_channel: bool = True,
              reduce_range: bool | None = None, search: dict | None = None,
@@ -104,7 +104,8 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
              max_bytes: int | None = None) -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). The
-    keywords make one QuantRecipe (tinyt/recipe.py), which says what each allows. Static
+    keywords make one QuantRecipe (tinyt/recipe.py), which says what each allows; block_size
+    None: DEFAULT_BLOCK, or SPEECH_BLOCK for a speech artifact's 8-bit tables. Static
     mode calibrates on the training split of the same corpus; reduce_range=None takes this
     CPU's preset. keep_8bit (bits=4): modules kept at 8 bits, e.g. 'lm_head' (the tied table
     then 8-bit for both its readers: export/blockquant.py). scheme / scale_search: how a
@@ -121,6 +122,8 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
     cfg, kind = src.config, src.kind
+    if block_size is None:
+        block_size = SPEECH_BLOCK if is_speech(cfg) and bits == 8 else DEFAULT_BLOCK
     preset = int8_preset()
     if reduce_range is not None:
         preset = {**preset, "reduce_range": reduce_range}
@@ -264,7 +267,8 @@ def _quantize_seq2seq(src: Artifact, out_dir: Path, recipe: QuantRecipe, preset:
     protos = open_graphs(src)
     for role, file in SEQ2SEQ_FILES.items():
         _check_source(src.path / file, src.manifest, protos[role], SEQ2SEQ, recipe, data)
-    exactness = _exactness(recipe, recipe.kernel, recipe.mode)
+    exactness = {f: _exactness(r, r.kernel, r.mode) for f, r in (
+        (file, graph_recipe(src, role, recipe)) for role, file in SEQ2SEQ_FILES.items())}
     tokenizer = Tokenizer.from_file(src.path / "tokenizer.json")
     files = list(SEQ2SEQ_FILES.values())
     with tempfile.TemporaryDirectory() as tmp:
@@ -299,7 +303,7 @@ def _quantize_seq2seq(src: Artifact, out_dir: Path, recipe: QuantRecipe, preset:
                 "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
                 "rows_independent": recipe.rows_independent, "recipe": recipe.to_json(),
                 **({"calibration_set": calibrated} if calibrated else {})},
-            "int8": {f: exactness for f in files}, "accuracy": accuracy,
+            "int8": exactness, "accuracy": accuracy,
             "versions": source_versions(src)})
 
 

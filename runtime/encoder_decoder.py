@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from tinyt.contract import SEQ2SEQ_FILES, SEQ2SEQ_ORT_FILES, refuse_speech, seq2seq_cache_names
+from tinyt.contract import (
+    CROSS_GROUPS,
+    SEQ2SEQ_FILES,
+    SEQ2SEQ_ORT_FILES,
+    refuse_speech,
+    seq2seq_cache_names,
+)
 from tinyt.errors import ConfigError, ManifestError, NonFiniteError
 from tinyt.tokenizer import Tokenizer
 
@@ -134,7 +140,7 @@ class DecoderSteps:
             self.own = [c[parents] for c in self.own]
             src = self.src[parents]
             if not np.array_equal(src, self.src):
-                self.cross = [c[src] for c in self.cross_src]
+                self.cross = self._cross(src)
                 self.mask = None if self.mask_src is None else self.mask_src[src]
             self.src = src
         position = self.own[0].shape[2]  # the fed token's
@@ -150,6 +156,19 @@ class DecoderSteps:
         out = self.model.sessions["decoder_with_past"].run(self._next_out, feeds)
         self.own = out[1:]
         return self.model.choosable(out[0][:, -1])
+
+    def _cross(self, src: np.ndarray) -> list[np.ndarray]:
+        """The cross caches for rows of sources `src`: each source's once where the graph
+        takes them so (Seq2SeqModel.cross_groups) and every source has k consecutive rows
+        (a beam search's, the first step past), else one a row."""
+        if self.model.cross_groups and self.mask_src is None:
+            k = int(np.count_nonzero(src == src[0]))
+            order = src[::k]
+            if len(src) % k == 0 and np.array_equal(np.repeat(order, k), src):
+                if np.array_equal(order, np.arange(len(self.memory))):
+                    return self.cross_src  # (no copy at all)
+                return [c[order] for c in self.cross_src]
+        return [c[src] for c in self.cross_src]
 
 
 class Seq2SeqModel:
@@ -169,6 +188,10 @@ class Seq2SeqModel:
         self._choosable = (tokenizer.vocab_size if tokenizer.vocab_size < self.config.vocab_size
                            else None)
         self.beam_head = BeamHead()
+        # decoder_with_past takes a source's cross caches once for its k rows
+        # (export/cross_groups.py)
+        self.cross_groups = CROSS_GROUPS in sessions["decoder_with_past"].get_modelmeta() \
+            .custom_metadata_map
 
     def choosable(self, logits: np.ndarray) -> np.ndarray:
         """Logits [R, V] cut to the ids the tokenizer has."""

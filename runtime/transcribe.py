@@ -45,6 +45,7 @@ from .fallback import (
     token_logprob,
 )
 from .session import Artifact, create_session
+from .whisper_rules import WhisperRules
 
 TIME_PRECISION = 0.02  # seconds a timestamp token stands for
 FRAME_SECONDS = 0.01  # a feature frame: HOP samples at 16 kHz
@@ -76,82 +77,6 @@ class Transcription:
         return {"text": self.text, "language": self.language, "duration": self.duration,
                 "segments": [{"id": i, "start": s.start, "end": s.end, "text": s.text,
                               "tokens": list(s.tokens)} for i, s in enumerate(self.segments)]}
-
-
-def _log_softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-
-
-@dataclass(frozen=True)
-class WhisperRules:
-    """transformers' SuppressTokensAtBegin, SuppressTokens and WhisperTimeStamp logits
-    processors, in that order (runtime/rules.py's interface: the loops of runtime/
-    encoder_decoder.py and runtime/beam.py apply them). A history is the prompt (begin_index
-    tokens) then the generated tokens; `made` counts the generated ones."""
-    begin_index: int
-    eos: int
-    suppress: tuple[int, ...] = ()
-    begin_suppress: tuple[int, ...] = ()
-    timestamps: bool = False
-    timestamp_begin: int = 0
-    no_timestamps: int = 0
-    max_initial: int | None = None  # the latest first timestamp (its index), or None
-
-    active = True
-
-    def apply(self, scores: np.ndarray, histories: Sequence[Sequence[int]], made: int) -> None:
-        """Set, in place, the scores [rows, vocab] of the tokens each row may not choose to
-        -inf."""
-        if made == 0 and self.begin_suppress:
-            scores[:, list(self.begin_suppress)] = -np.inf
-        if self.suppress:
-            scores[:, list(self.suppress)] = -np.inf
-        if self.timestamps:
-            self._timestamp_rules(scores, histories, made)
-
-    def static_mask(self, made: int, vocab: int) -> np.ndarray | None:
-        """apply's effect as one mask [vocab] for every row, without timestamps (their rules
-        read each row's history: None)."""
-        if self.timestamps:
-            return None
-        mask = np.zeros(vocab, dtype=np.float32)
-        if made == 0 and self.begin_suppress:
-            mask[list(self.begin_suppress)] = -np.inf
-        if self.suppress:
-            mask[list(self.suppress)] = -np.inf
-        return mask
-
-    def _timestamp_rules(self, scores: np.ndarray, histories, made: int) -> None:
-        """Timestamps come in pairs (but one before the end), never decrease, the first token
-        is one (at most max_initial), and a timestamp is forced where the timestamps' total
-        probability beats every text token's."""
-        T = self.timestamp_begin
-        scores[:, self.no_timestamps] = -np.inf
-        for k, history in enumerate(histories):
-            seq = list(history[self.begin_index:])
-            last = len(seq) >= 1 and seq[-1] >= T
-            penultimate = len(seq) < 2 or seq[-2] >= T
-            if last:
-                if penultimate:  # a pair just closed: text next
-                    scores[k, T:] = -np.inf
-                else:  # an open timestamp: its pair or the end
-                    scores[k, :self.eos] = -np.inf
-            stamps = [t for t in seq if t >= T]
-            if stamps:
-                floor = stamps[-1] if last and not penultimate else stamps[-1] + 1
-                scores[k, T:floor] = -np.inf
-        if made == 0:
-            scores[:, :T] = -np.inf
-            if self.max_initial is not None:
-                scores[:, T + self.max_initial + 1:] = -np.inf
-        logp = _log_softmax(scores.astype(np.float32))
-        for k in range(len(scores)):
-            row = logp[k, T:]
-            peak = row.max()
-            total = peak + np.log(np.exp(row - peak).sum()) if np.isfinite(peak) else peak
-            if total > logp[k, :T].max():
-                scores[k, :T] = -np.inf
 
 
 def split_segments(tokens: Sequence[int], timestamp_begin: int, offset: float, frames: int,
@@ -492,7 +417,11 @@ def load_speech_model(artifact: Artifact, tokenizer: Tokenizer, *, provider: str
                             "transcribes with the artifact it was made from, or its ORT-format "
                             "package (tinyt package --format ort)")
     files = SEQ2SEQ_ORT_FILES if package == "ort" else SEQ2SEQ_FILES
+    # the encoder and the first decoder step run once a window, then the steps back to back:
+    # their threads sleep as soon as a run ends, not spin beside the steps' own (as
+    # runtime/encoder_decoder.load_seq2seq, measured there)
     sessions = {role: create_session(artifact, provider=provider, threads=threads,
-                                     spinning=spinning, level=level, graph=file)
+                                     spinning=spinning, level=level, graph=file,
+                                     phase="step" if role == "decoder_with_past" else "prompt")
                 for role, file in files.items()}
     return SpeechModel(artifact, sessions, tokenizer, max_context=max_context)

@@ -273,6 +273,11 @@ def seq2seq_contract(cfg: ModelConfig) -> dict[str, tuple[list[TensorSpec], list
     }
 
 
+# decoder_with_past's metadata key (its value: the attentions rewritten) where its cross-
+# attention takes each source's cached keys / values once for the k rows of that source, the
+# rows of a source consecutive (export/cross_groups.py); without it, a cache a row
+CROSS_GROUPS = "tinyt.cross_attention_groups"
+
 # Optimum's merged decoder, the one transformers.js runs (`tinyt package --format
 # transformers-js`): the two decoder graphs as the branches of one If on USE_CACHE_BRANCH
 SEQ2SEQ_MERGED_FILE = "decoder_model_merged.onnx"

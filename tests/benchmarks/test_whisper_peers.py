@@ -30,14 +30,12 @@ pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """ARTIFACTS as --make makes it (peer_whisper, import-hf, export), and CTranslate2's
-    float32 conversion of another seed's model beside it (the engine that must be refused)."""
-    from tinyt.export.exporter import export_onnx
-    from tinyt.hf import import_hf
-
+    """ARTIFACTS as --make makes it (peer_whisper, then the pipeline's rows: import-hf,
+    export, optimize, INT8, INT4), and CTranslate2's float32 conversion of another seed's model
+    beside it (the engine that must be refused)."""
     root = tmp_path_factory.mktemp("whisper-peers")
     peer_whisper("tiny", root / "hf", **SMALL)
-    export_onnx(import_hf(root / "hf", root / "checkpoint"), root / "onnx")
+    bench.make("tiny", root, log=lambda _: None)  # (hf/ is there: the rest is made)
     peer_whisper("tiny", root / "other-hf", seed=1, **SMALL)
     formats.ctranslate2(root / "other-hf", root / "peers" / "ct2-other", "float32")
     return root
@@ -56,7 +54,7 @@ def result(artifacts):
     return out, r, installed
 
 
-@pytest.mark.slow  # conversions and worker processes: ~60 s on 2 loaded cores
+@pytest.mark.slow  # the pipeline's rows, conversions, workers: ~5 min on 2 loaded cores
 def test_every_installed_fp32_engine_gives_tinyts_tokens(result):
     _, r, installed = result
     # the windows are different sentences and the tokens follow them: a check on one output
@@ -87,18 +85,19 @@ def test_an_engine_running_another_model_is_refused_before_timing(result):
 @pytest.mark.slow
 def test_results_hold_a_row_per_timed_engine_and_every_token_asked(result):
     out, r, installed = result
-    assert set(r["rows"]) == {f"{e}@1t" for e in ("tinyt-fp32", *installed)}
+    assert set(r["rows"]) == {f"{e}@1t" for e in ("tinyt-fp32", "tinyt-int8", *installed)}
     n = CALLS["new_tokens"]  # peer_whisper's zero end row: every engine makes every token
     for label in r["rows"]:
         assert r["made"][label] == [n, n, CALLS["batch"] * n], label
-    assert "onnx-int8 is missing" in r["skipped"]["tinyt-int8"] or \
-        "tinyt-int8@1t" in r["rows"]  # where `tinyt quantize` takes a Whisper
+    a = r["agreement"]["tinyt-int8"]  # INT8: its agreement reported, its times taken
+    assert a["must_equal"] is None and 0.0 <= a["greedy"]["agreement"] <= 1.0
     saved = json.loads((out / "results.json").read_text())
     assert saved["rows"] == r["rows"] and len(saved["environment"]["load_average"]["before"]) == 3
     md = (out / "results.md").read_text()
     assert "# Whisper: tinyt vs peers" in md and "1 window greedy ms" in md
     if "ct2-int8" in installed:
-        assert r["targets"]["greedy_ms@1t"]["tinyt"] == "tinyt-fp32"
+        # tinyt's best of its timed rows (which one is the timing's call, not the test's)
+        assert r["targets"]["greedy_ms@1t"]["tinyt"] in ("tinyt-fp32", "tinyt-int8")
         assert "× CTranslate2 int8" in md
 
 

@@ -39,6 +39,7 @@ from tinyt.export.speech_accuracy import (
 )
 from tinyt.fsutil import sha256_file
 from tinyt.manifest import open_artifact_dir
+from tinyt.recipe import SPEECH_BLOCK
 from tinyt.tokenizer import Tokenizer
 
 ROWS = ("onnx", "onnx-opt", "onnx-int8", "onnx-int4")
@@ -136,6 +137,43 @@ def test_optimize_fuses_attention_and_the_convolutions_gelu(run):
         _check_seq2seq_fusions(open_artifact_dir(out / "onnx-opt").config, "cpu", records)
 
 
+def test_beams_read_a_windows_cross_cache_once(run):
+    """onnx-opt's stepping graph takes each window's cross keys / values once for its rows
+    (export/cross_groups.py): fed so, without a copy, three rows of each of two windows get the
+    logits of the caches copied a row, within graph_bound (the same products in another
+    order); rows not k to a window are fed a cache a row; beams choose the same tokens."""
+    from tinyt.export.seq2seq_checks import graph_bound
+    from tinyt.runtime.audio import log_mel
+    from tinyt.runtime.encoder_decoder import DecoderSteps
+
+    out, _, _ = run
+    m = _manifest(out / "onnx-opt")
+    assert m["fusions"]["decoder_with_past_model.onnx"]["cross_attention_groups"] == LAYERS
+    model = rt.load(out / "onnx-opt", threads=1)
+    assert model.decoder.cross_groups
+    feats = np.stack([log_mel(voice(2.0, seed=s)) for s in (0, 1)])
+    memory, prompt = model.encode(feats[0]), model._prefix("en", "transcribe", False)
+    memory = np.concatenate([memory, model.encode(feats[1])])
+    logits = {}
+    for grouped in (True, False):
+        model.decoder.cross_groups = grouped
+        steps = DecoderSteps(model.decoder, memory, None)
+        steps.first(prompt)
+        a = steps(np.array([0, 0, 0, 1, 1, 1]), np.array([11, 12, 13, 11, 12, 13]))
+        assert (steps.cross is steps.cross_src) == grouped  # grouped: the first step's arrays
+        assert steps.cross[0].shape[0] == (2 if grouped else 6)
+        b = steps(np.array([0, 1, 3]), np.array([14, 15, 16]))  # 2 rows, then 1: a row each
+        assert steps.cross[0].shape[0] == 3
+        logits[grouped] = np.concatenate([a, b])
+    bound = graph_bound(model.config, np.abs(logits[False]).max(), 2 * LAYERS)
+    assert np.abs(logits[True] - logits[False]).max() <= bound
+    beams = {}
+    for grouped in (True, False):
+        model.decoder.cross_groups = grouped
+        beams[grouped] = model.decode_features(feats, max_new_tokens=8, num_beams=3)
+    assert beams[True] == beams[False]
+
+
 @pytest.mark.parametrize("row", ["onnx-int8", "onnx-int4"])
 def test_quantizations_report_speech_against_fp32(run, row):
     out, _, _ = run
@@ -148,6 +186,17 @@ def test_quantizations_report_speech_against_fp32(run, row):
     # a different model from fp32: its distributions move, and so do some tokens
     assert a["kl_divergence"] > 0 and a["top1_agreement"] < 1 and a["token_agreement"] < 1
     assert m["quantization"]["size_ratio"] < (0.35 if row == "onnx-int8" else 0.2)
+    if row == "onnx-int8":  # 1,500 rows a window: int8 GEMMs, a scale a row
+        done = m["quantization"]["quantized"]
+        rows = [q for q in done if q.startswith(("encoder_model.onnx", "decoder_model.onnx"))
+                and "(MatMul," in q]  # (the tied table, the lookups: block tables, shared)
+        assert rows and all("activations per row" in q for q in rows)
+        assert not any("activations per row" in q for q in done if q not in rows)
+        assert m["int8"]["encoder_model.onnx"]["u8s8_gemm"]
+        assert m["int8"]["decoder_model.onnx"]["u8s8_gemm"]
+        assert not m["int8"]["decoder_with_past_model.onnx"]["u8s8_gemm"]
+        assert any(t.startswith("decoder_model.onnx") for t in m["quantization"]["shared_tables"])
+        assert m["quantization"]["recipe"]["block_size"] == SPEECH_BLOCK  # (none was named)
     asr = rt.load(out / row, threads=1)
     assert len(asr.transcribe(voice(), max_new_tokens=4).tokens) == 4
 
