@@ -257,6 +257,11 @@ def quantize(
         help="A GGUF import's Q4_0 / Q4_1 / Q8_0 weights as MatMulNBits tables of their own "
              "blocks, not quantized again (needs --block-size 32); the rest by the recipe.")]
         = False,
+    activations: Annotated[str, typer.Option(
+        help="With --gguf-blocks --mode weight-only: q8 rounds the activations before each "
+             "carried table as llama.cpp does (blocks of 32 to 8 bits, q8_0 / q8_1), so the "
+             "model computes llama.cpp's logits on the same file; float leaves them fp32.")]
+        = "float",
     awq: Annotated[bool, typer.Option(
         "--awq",
         help="With --bits 4 (a decoder): activation-aware scales per input channel, searched "
@@ -277,7 +282,8 @@ def quantize(
                    kernel=kernel, keep_8bit=keep_8bit or [], scheme=scheme,
                    scale_search=scale_search)
     calibrated = dict(awq=awq, max_bytes=None if max_mb is None else int(max_mb * 1e6))
-    if max_loss_increase is not None and (gguf_blocks or awq or max_mb is not None):
+    if max_loss_increase is not None and (gguf_blocks or awq or max_mb is not None
+                                          or activations != "float"):
         from tinyt.errors import QuantizeError
         raise QuantizeError("--max-loss-increase searches recipes; --gguf-blocks (one table per "
                             "weight as the GGUF stores it), --awq and --max-mb make one: use "
@@ -287,7 +293,7 @@ def quantize(
                                **choices)
     else:
         path = run_quantize(src, out, data=data_arg, gguf_blocks=gguf_blocks, **choices,
-                            **calibrated)
+                            **calibrated, activations=activations)
     _say_quantized(path)
 
 
@@ -311,6 +317,9 @@ def _say_quantized(path) -> None:
         g = q["gguf_blocks"]
         typer.echo(f"GGUF blocks carried as stored: {len(g['carried'])} tables; by the recipe: "
                    + (", ".join(f"{k} ({why})" for k, why in g["not_carried"].items()) or "none"))
+        if g.get("activations_rounded"):
+            typer.echo(f"activations rounded as llama.cpp's: {len(g['activations_rounded'])} "
+                       "products")
     typer.echo(f"size: {q['bytes']:,} bytes = {q['size_ratio']:.1%} of the source")
     for key, value in a.items():
         if isinstance(value, float):

@@ -4,6 +4,8 @@
     GGUF ──tinyt import-hf → export──▶ fp32 graph (the blocks dequantized, fp32 products)
          ──quantize --gguf-blocks --mode weight-only──▶ the blocks carried, fp32 products
          ──quantize --gguf-blocks──▶ the blocks carried, int8 activations (accuracy_level 4)
+         ──quantize --gguf-blocks --mode weight-only --activations q8──▶ the blocks carried,
+           the activations rounded as llama.cpp's q8_0 / q8_1 (export/gguf_activations.py)
          ──llama-cpp-python (logits of every position)──▶ llama.cpp's logits
 
     python -m tinyt.benchmarks.gguf_llama_cpp MODEL.gguf WORK [--q4-0] [--out DIR]
@@ -14,7 +16,10 @@ max |tinyt − llama.cpp| / max |llama.cpp's logits|. llama.cpp quantizes each a
 to 8 bits in blocks of 32 (q8_0 / q8_1) for its products with 4-bit weights and keeps the KV
 cache in f16, so its logits are not the dequantized model's: the fp32 graph against llama.cpp
 shows what that arithmetic moves, the int8-activation graph whether tinyt's own int8 products
-(also blocks of 32, one scale each) land nearer.
+(also blocks of 32, one scale each) land nearer, and the q8-activation graph that arithmetic
+emulated (compared with llama.cpp's f32 KV cache too, where the f16 one's rounding is gone).
+Each graph's time for the prompts (one pass each, median of 3) and for one decode step
+after the longest says what the emulation costs.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +43,8 @@ PROMPTS = ["def fibonacci(n):\n    return n if n < 2 else fibonacci(n-1) + fibon
            "red light; water is split, oxygen is released, and the energy is stored in ATP and "
            "NADPH, which the Calvin cycle then uses to fix carbon dioxide into sugars. Because "
            "the reactions depend on temperature, light and the supply of water, the rate"]
-GRAPHS = {"fp32": "onnx", "weight-only": "wo", "int8-activations": "dyn"}  # graph: WORK/dir
+GRAPHS = {"fp32": "onnx", "weight-only": "wo", "int8-activations": "dyn",
+          "q8-activations": "q8"}  # graph: WORK/dir
 Q4_0 = 2  # general.file_type: llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_0
 
 
@@ -56,7 +63,9 @@ def make_graphs(gguf: Path, work: Path, graphs=tuple(GRAPHS)) -> dict[str, Path]
              ("wo", ("quantize", work / "onnx", work / "wo", "--bits", 4, "--block-size", 32,
                      "--gguf-blocks", "--mode", "weight-only")),
              ("dyn", ("quantize", work / "onnx", work / "dyn", "--bits", 4, "--block-size", 32,
-                      "--gguf-blocks"))]
+                      "--gguf-blocks")),
+             ("q8", ("quantize", work / "onnx", work / "q8", "--bits", 4, "--block-size", 32,
+                     "--gguf-blocks", "--mode", "weight-only", "--activations", "q8"))]
     wanted = {"ck", *(GRAPHS[g] for g in graphs)}
     for out, args in steps:
         made = work / out / ("config.json" if out == "ck" else "manifest.json")
@@ -72,21 +81,38 @@ def tokenize(work: Path) -> list[list[int]]:
     return [tok.encode(p) for p in PROMPTS]
 
 
-def tinyt_logits(onnx_dir: Path, ck: Path, ids: list[int], threads: int) -> np.ndarray:
-    """Every position's logits of onnx_dir's model.onnx, the prompt from an empty cache."""
+def tinyt_logits(onnx_dir: Path, ck: Path, prompts: list[list[int]], threads: int
+                 ) -> tuple[list[np.ndarray], dict]:
+    """Every position's logits of onnx_dir's model.onnx for each prompt from an empty cache,
+    and the time of the prompts' passes (all of them) and of one decode step after the
+    longest (ms, median of 3)."""
     import onnxruntime as ort
 
     from tinyt.checkpoint import load_checkpoint
     from tinyt.contract import DECODER_WITH_PAST
-    from tinyt.runtime.feeds import prefill_feeds
+    from tinyt.runtime.feeds import prefill_feeds, step_feeds
 
     cfg = load_checkpoint(ck).config
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     session = ort.InferenceSession(str(onnx_dir / "model.onnx"), opts,
                                    providers=["CPUExecutionProvider"])
-    feeds = prefill_feeds(cfg, DECODER_WITH_PAST, np.array([ids], np.int64))
-    return session.run(["logits"], feeds)[0][0]
+    names = [o.name for o in session.get_outputs()]
+    feeds = [prefill_feeds(cfg, DECODER_WITH_PAST, np.array([ids], np.int64)) for ids in prompts]
+    passes, steps = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        outs = [session.run(names, f) for f in feeds]
+        passes.append(time.perf_counter() - t0)
+        longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+        nxt = outs[longest][0][:, -1].argmax(-1)
+        step = step_feeds(DECODER_WITH_PAST, feeds[longest], nxt, names, outs[longest])
+        for _ in range(5):
+            t0 = time.perf_counter()
+            session.run(names, step)
+            steps.append(time.perf_counter() - t0)
+    return [o[0][0] for o in outs], {"prompts_ms": 1e3 * float(np.median(passes)),
+                                     "step_ms": 1e3 * float(np.median(steps))}
 
 
 def llama_cpp_logits(gguf: Path, prompts: list[list[int]], threads: int,
@@ -166,10 +192,12 @@ def compare(gguf: Path, work: Path, threads: int, graphs=tuple(GRAPHS)) -> dict:
     file: no 8-bit activations) with its f16 and with an f32 KV cache."""
     graphs = make_graphs(gguf, work, ("fp32", *(g for g in graphs if g != "fp32")))
     prompts = tokenize(work)
-    ours = {g: [tinyt_logits(d, work / "ck", ids, threads) for ids in prompts]
-            for g, d in graphs.items()}
-    theirs = llama_cpp_logits(gguf, prompts, threads)
-    rows = {f"{g} | {gguf.name}, KV f16": _row(x, theirs, ours["fp32"]) for g, x in ours.items()}
+    ran = {g: tinyt_logits(d, work / "ck", prompts, threads) for g, d in graphs.items()}
+    ours = {g: logits for g, (logits, _) in ran.items()}
+    theirs = {kv: llama_cpp_logits(gguf, prompts, threads, kv) for kv in ("f16", "f32")}
+    rows = {f"{g} | {gguf.name}, KV {kv}": {**_row(x, theirs[kv], ours["fp32"]), **ran[g][1]}
+            for kv in ("f16", "f32") for g, x in ours.items()}
+    theirs = theirs["f16"]
     f32 = requantize(gguf, work / (gguf.stem + ".F32.gguf"), "F32")
     dequantized = {kv: llama_cpp_logits(f32, prompts, threads, kv) for kv in ("f16", "f32")}
     for kv, logits in dequantized.items():
@@ -193,15 +221,17 @@ def report(results: dict) -> str:
              + f"; {results['threads']} thread(s). Per position: max |tinyt − llama.cpp| / "
              "max |llama.cpp's logits|.", "",
              "| file | tinyt graph | llama.cpp on | positions | max | median | positions ≤ 1e-3 "
-             "| top-1 = llama.cpp | vs tinyt fp32 graph (max) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| top-1 = llama.cpp | vs tinyt fp32 graph (max) | prompts ms | step ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in results["files"]:
         for g, r in f["graphs"].items():
             lines.append(f"| {f['gguf']} | {g} | {f['positions']} | {r['vs_llama_cpp_max']:.2e} "
                          f"| {r['vs_llama_cpp_median']:.2e} | "
                          f"{100 * r['vs_llama_cpp_positions_le_1e-3']:.1f}% | "
                          f"{100 * r['top1_equal_llama_cpp']:.1f}% | "
-                         f"{r['vs_fp32_graph_max']:.2e} |")
+                         f"{r['vs_fp32_graph_max']:.2e} | " + " | ".join(
+                             f"{r[k]:.1f}" if k in r else "" for k in ("prompts_ms", "step_ms"))
+                         + " |")
     lines += ["", "llama.cpp on each file against llama.cpp on its dequantized F32 file (both KV "
               "f16: its 8-bit activations alone): " + "; ".join(
                   f"{f['gguf']} max {f['llama_cpp_file_vs_its_f32_max']:.2e}, median "

@@ -38,6 +38,7 @@ class QuantReport:
     modules: set[str] = field(default_factory=set)  # every module holding a weight node
     carried: list[str] = field(default_factory=list)  # "module (GGUF type)" taken as stored
     not_carried: dict[str, str] = field(default_factory=dict)  # module -> why the recipe's
+    rounded: list[str] = field(default_factory=list)  # "node (q8_0|q8_1)": llama.cpp's rounding
     calibrated: dict = field(default_factory=dict)  # awq / mixed precision (export/mixed.py)
 
 

@@ -41,6 +41,10 @@ U8S8_KERNELS = ("qgemm", "qgemm-rows")  # kernels whose products are u8 x s8 int
 # How a block's values map to levels (export/blockquant.py says each one's arithmetic)
 SCHEMES = ("symmetric", "symmetric-full", "asymmetric")
 CALIBRATIONS = ("minmax", "entropy", "percentile")  # static: how activation ranges are set
+# weight-only: the activations before each carried GGUF table rounded as llama.cpp rounds
+# them for its integer products ("q8": blocks of 32 to 8 bits, q8_0 / q8_1 by the table's
+# type; export/gguf_activations.py); "float": as they come (fp32 products)
+ACTIVATIONS = ("float", "q8")
 ACTIVATION_TYPES = ("uint8", "int8")  # static: x86's int8 kernels are u8 x s8, ARM's s8 x s8
 # Weights per block scale, unless the caller names it.
 DEFAULT_BLOCK = 64
@@ -104,6 +108,7 @@ class QuantRecipe:
     # model file within which the matmuls whose 4 bits move the logits most stay at 8
     awq: bool = False
     max_bytes: int | None = None
+    activations: str = "float"  # weight-only: "q8" rounds as llama.cpp (ACTIVATIONS)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -144,6 +149,11 @@ class QuantRecipe:
                                 "shape MatMulNBits' blocks (mode dynamic or weight-only, kernel "
                                 f"nbits); this is mode={self.mode!r}, kernel={self.kernel!r}, "
                                 "whose int8 weights are symmetric per channel")
+        _one_of("activations", self.activations, ACTIVATIONS)
+        if self.activations != "float" and not (self.weight_only and self.block_wise):
+            raise QuantizeError(f"activations={self.activations!r} rounds the activations "
+                                "before fp32 products (mode weight-only, kernel nbits); this "
+                                f"is mode={self.mode!r}, kernel={self.kernel!r}")
         if not isinstance(self.reduce_range, bool):
             raise QuantizeError(f"reduce_range={self.reduce_range!r} must be True or False")
         if self.reduce_range and not self.u8s8_products:
@@ -184,7 +194,7 @@ class QuantRecipe:
                 scale_search: bool | None = None, reduce_range: bool = False,
                 calibration: str = "minmax", per_channel: bool = True,
                 activation_type: str = "uint8", awq: bool = False,
-                max_bytes: int | None = None) -> QuantRecipe:
+                max_bytes: int | None = None, activations: str = "float") -> QuantRecipe:
         """The recipe of `tinyt.export.quantize`'s keyword arguments: scheme / scale_search
         None take DEFAULT_SCHEME for the bits where MatMulNBits blocks are made; what the mode
         does not use is dropped as quantize always has (a block size in static mode,
@@ -206,7 +216,8 @@ class QuantRecipe:
                      keep_8bit=_modules("keep_8bit", keep_8bit),
                      reduce_range=bool(reduce_range) and u8s8,
                      scales=ActivationScales(calibration, per_channel, activation_type)
-                     if static else None, awq=awq, max_bytes=max_bytes)
+                     if static else None, awq=awq, max_bytes=max_bytes,
+                     activations=activations)
         if not static:  # unused here, but a wrong name is still a mistake worth naming
             _one_of("calibration", calibration, CALIBRATIONS)
         return recipe
@@ -279,7 +290,8 @@ class QuantRecipe:
                 **({"scheme": self.scheme, "scale_search": self.scale_search}
                    if self.block_wise else {}),
                 **({"awq": True} if self.awq else {}),
-                **({"max_bytes": self.max_bytes} if self.max_bytes is not None else {})}
+                **({"max_bytes": self.max_bytes} if self.max_bytes is not None else {}),
+                **({"activations": self.activations} if self.activations != "float" else {})}
 
     def to_json(self) -> dict[str, Any]:
         """Every field, JSON-ready (the manifest's "quantization"."recipe")."""
@@ -303,7 +315,7 @@ class QuantRecipe:
         before --kernel (no key: nbits), before reduce_range was recorded beside the static
         preset (read from "hardware_preset"), before --keep-8bit (none), before --scheme and
         --scale-search (symmetric blocks without the search, what those stages made), before
-        --exclude (none), before awq and max_bytes (off)."""
+        --exclude (none), before awq and max_bytes (off), before --activations (float)."""
         mode = options.get("mode", "dynamic")
         static = mode == "static"
         kernel = options.get("kernel", "nbits")
@@ -322,7 +334,8 @@ class QuantRecipe:
                                            options.get("per_channel", True),
                                            preset.get("activation_type", "uint8"))
                    if static else None, awq=options.get("awq", False),
-                   max_bytes=options.get("max_bytes"))
+                   max_bytes=options.get("max_bytes"),
+                   activations=options.get("activations", "float"))
 
 
 def recorded(quantization: Mapping[str, Any] | None) -> QuantRecipe | None:
