@@ -135,11 +135,13 @@ def llama_cpp_logits(gguf: Path, prompts: list[list[int]], threads: int,
     return out
 
 
-def requantize(src: Path, dst: Path, to: str = "Q4_0") -> Path:
+def requantize(src: Path, dst: Path, to: str = "Q4_0", layers: int | None = None) -> Path:
     """src with each Q4_1 matrix as `to`: Q4_0 (dequantized, then quantized by the gguf
     package's port of llama.cpp's quantize_row_q4_0_ref), every other tensor and field as it
     is (the tied Q8_0 table too); or F32, every quantized matrix dequantized (llama.cpp then
-    multiplies fp32 by fp32, its activations never made 8-bit); made once."""
+    multiplies fp32 by fp32, its activations never made 8-bit); or "same", the types kept.
+    layers: only the first `layers` blocks (block_count with them), the model cut short, its
+    final norm and head kept; made once."""
     import gguf
     from gguf.quants import dequantize, quantize
 
@@ -152,12 +154,16 @@ def requantize(src: Path, dst: Path, to: str = "Q4_0") -> Path:
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
             continue
         value = field.contents()
-        if field.name == gguf.Keys.General.FILE_TYPE:
+        if field.name == gguf.Keys.General.FILE_TYPE and to != "same":
             value = Q4_0 if to == "Q4_0" else 0  # LLAMA_FTYPE_ALL_F32
+        if field.name == gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch) and layers is not None:
+            value = layers
         writer.add_key_value(field.name, value, field.types[0],
                              sub_type=field.types[-1] if len(field.types) > 1 else None)
     Q = gguf.GGMLQuantizationType
     for t in reader.tensors:
+        if layers is not None and t.name.startswith("blk.") and int(t.name.split(".")[1]) >= layers:
+            continue
         if to == "F32" and t.tensor_type in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
             writer.add_tensor(t.name, dequantize(t.data, t.tensor_type).astype(np.float32))
         elif to == "Q4_0" and t.tensor_type == Q.Q4_1:
