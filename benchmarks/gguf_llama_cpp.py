@@ -83,9 +83,10 @@ def tokenize(work: Path) -> list[list[int]]:
 
 def tinyt_logits(onnx_dir: Path, ck: Path, prompts: list[list[int]], threads: int
                  ) -> tuple[list[np.ndarray], dict]:
-    """Every position's logits of onnx_dir's model.onnx for each prompt from an empty cache,
-    and the time of the prompts' passes (all of them) and of one decode step after the
-    longest (ms, median of 3)."""
+    """Every position's logits of onnx_dir's model.onnx for each prompt from an empty cache;
+    the time of the prompts' passes (all of them, ms, median of 3); and the longest prompt
+    again one token at a time: the median ms of a step, and how far its logits are from the
+    one pass's (relative, as `relative`: the graph against itself in another order of sums)."""
     import onnxruntime as ort
 
     from tinyt.checkpoint import load_checkpoint
@@ -99,31 +100,39 @@ def tinyt_logits(onnx_dir: Path, ck: Path, prompts: list[list[int]], threads: in
                                    providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     feeds = [prefill_feeds(cfg, DECODER_WITH_PAST, np.array([ids], np.int64)) for ids in prompts]
-    passes, steps = [], []
+    passes = []
     for _ in range(3):
         t0 = time.perf_counter()
         outs = [session.run(names, f) for f in feeds]
         passes.append(time.perf_counter() - t0)
-        longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
-        nxt = outs[longest][0][:, -1].argmax(-1)
-        step = step_feeds(DECODER_WITH_PAST, feeds[longest], nxt, names, outs[longest])
-        for _ in range(5):
-            t0 = time.perf_counter()
-            session.run(names, step)
-            steps.append(time.perf_counter() - t0)
-    return [o[0][0] for o in outs], {"prompts_ms": 1e3 * float(np.median(passes)),
-                                     "step_ms": 1e3 * float(np.median(steps))}
+    ids = max(prompts, key=len)
+    step = prefill_feeds(cfg, DECODER_WITH_PAST, np.array([ids[:1]], np.int64))
+    last, rows, times = session.run(names, step), [], []
+    rows.append(last[0][0, -1])
+    for t in ids[1:]:
+        step = step_feeds(DECODER_WITH_PAST, step, np.array([t]), names, last)
+        t0 = time.perf_counter()
+        last = session.run(names, step)
+        times.append(time.perf_counter() - t0)
+        rows.append(last[0][0, -1])
+    logits = [o[0][0] for o in outs]
+    alone = relative(np.array(rows), logits[prompts.index(ids)])
+    return logits, {"prompts_ms": 1e3 * float(np.median(passes)),
+                    "step_ms": 1e3 * float(np.median(times)),
+                    "steps_vs_one_pass_max": float(alone.max())}
 
 
 def llama_cpp_logits(gguf: Path, prompts: list[list[int]], threads: int,
-                     kv: str = "f16") -> list[np.ndarray]:
-    """llama.cpp's logits at every position of each prompt (one batch each, logits_all), its
-    KV cache f16 (its default) or f32, the extra buffer types (repacked weights) on."""
+                     kv: str = "f16", batch: int | None = None) -> list[np.ndarray]:
+    """llama.cpp's logits at every position of each prompt (one batch each, or `batch` tokens
+    at a time; logits_all), its KV cache f16 (its default) or f32, the extra buffer types
+    (repacked weights) on."""
     import llama_cpp
 
     n_ctx = max(map(len, prompts))
     kv_type = {"f16": 1, "f32": 0}[kv]  # ggml_type
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
+    batch = batch or n_ctx
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=batch, n_ubatch=batch,
                           n_threads=threads, n_threads_batch=threads, logits_all=True,
                           type_k=kv_type, type_v=kv_type, verbose=False)
     out = []
@@ -203,6 +212,9 @@ def compare(gguf: Path, work: Path, threads: int, graphs=tuple(GRAPHS)) -> dict:
     theirs = {kv: llama_cpp_logits(gguf, prompts, threads, kv) for kv in ("f16", "f32")}
     rows = {f"{g} | {gguf.name}, KV {kv}": {**_row(x, theirs[kv], ours["fp32"]), **ran[g][1]}
             for kv in ("f16", "f32") for g, x in ours.items()}
+    # llama.cpp against itself: the same tokens one at a time (its decode kernels), KV f32
+    steps = llama_cpp_logits(gguf, prompts, threads, "f32", batch=1)
+    self_rel = np.concatenate([relative(a, b) for a, b in zip(steps, theirs["f32"])])
     theirs = theirs["f16"]
     f32 = requantize(gguf, work / (gguf.stem + ".F32.gguf"), "F32")
     dequantized = {kv: llama_cpp_logits(f32, prompts, threads, kv) for kv in ("f16", "f32")}
@@ -213,6 +225,8 @@ def compare(gguf: Path, work: Path, threads: int, graphs=tuple(GRAPHS)) -> dict:
     # its 8-bit activations alone move)
     own = np.concatenate([relative(a, b) for a, b in zip(dequantized["f16"], theirs)])
     return {"gguf": gguf.name, "positions": int(sum(map(len, prompts))),
+            "llama_cpp_steps_vs_one_pass_max": float(self_rel.max()),
+            "llama_cpp_steps_vs_one_pass_median": float(np.median(self_rel)),
             "llama_cpp_file_vs_its_f32_max": float(own.max()),
             "llama_cpp_file_vs_its_f32_median": float(np.median(own)),
             "largest_logit": float(max(np.abs(t).max() for t in theirs)), "graphs": rows}
@@ -227,8 +241,9 @@ def report(results: dict) -> str:
              + f"; {results['threads']} thread(s). Per position: max |tinyt − llama.cpp| / "
              "max |llama.cpp's logits|.", "",
              "| file | tinyt graph | llama.cpp on | positions | max | median | positions ≤ 1e-3 "
-             "| top-1 = llama.cpp | vs tinyt fp32 graph (max) | prompts ms | step ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| top-1 = llama.cpp | vs tinyt fp32 graph (max) | prompts ms | step ms "
+             "| its steps vs its one pass (max) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in results["files"]:
         for g, r in f["graphs"].items():
             lines.append(f"| {f['gguf']} | {g} | {f['positions']} | {r['vs_llama_cpp_max']:.2e} "
@@ -237,11 +252,16 @@ def report(results: dict) -> str:
                          f"{100 * r['top1_equal_llama_cpp']:.1f}% | "
                          f"{r['vs_fp32_graph_max']:.2e} | " + " | ".join(
                              f"{r[k]:.1f}" if k in r else "" for k in ("prompts_ms", "step_ms"))
-                         + " |")
+                         + f" | {r['steps_vs_one_pass_max']:.2e} |"
+                         if "step_ms" in r else " | | |")
     lines += ["", "llama.cpp on each file against llama.cpp on its dequantized F32 file (both KV "
               "f16: its 8-bit activations alone): " + "; ".join(
                   f"{f['gguf']} max {f['llama_cpp_file_vs_its_f32_max']:.2e}, median "
-                  f"{f['llama_cpp_file_vs_its_f32_median']:.2e}" for f in results["files"])]
+                  f"{f['llama_cpp_file_vs_its_f32_median']:.2e}" for f in results["files"]),
+              "", "llama.cpp on each file, the longest prompt's tokens one at a time against its "
+              "one pass (KV f32): " + "; ".join(
+                  f"{f['gguf']} max {f['llama_cpp_steps_vs_one_pass_max']:.2e}, median "
+                  f"{f['llama_cpp_steps_vs_one_pass_median']:.2e}" for f in results["files"])]
     return "\n".join(lines) + "\n"
 
 

@@ -166,8 +166,14 @@ def exported(tmp_path_factory):
 
 def test_the_artifact_records_and_runs(exported, tmp_path):
     """The stage: every carried product rounded (q8_0 before Q4_0 / Q8_0 tables, q8_1 before
-    Q4_1), the recipe in the manifest, and tinyt's runtime loads and generates from it."""
+    Q4_1), the recipe in the manifest; tinyt's runtime generates from it, and ONNX Runtime
+    GenAI (where installed) loads it as it is and computes the same logits (the same graph
+    on the same kernels: measured equal; bound compare.reorder_bound)."""
+    import importlib.util
+
     import tinyt.runtime as rt
+    from tinyt.checkpoint import load_checkpoint
+    from tinyt.export.compare import reorder_bound
     from tinyt.export.quantize import quantize
     from tinyt.recipe import QuantRecipe
 
@@ -181,8 +187,25 @@ def test_the_artifact_records_and_runs(exported, tmp_path):
     assert len(rounded) == len(q["gguf_blocks"]["carried"]) == 9
     assert sum(r.endswith("(q8_1)") for r in rounded) == 4  # the MLP's Q4_1 (gate+up, down) x 2
     lm = rt.load(out, threads=1)
-    text = lm.generate("the", max_new_tokens=4, temperature=0.0)
-    assert isinstance(text, str)
+    ids = [5, 70, 200, 3, 9, 261, 33, 140, 7, 99, 12, 250]
+    greedy = lm.generate_ids([ids], max_new_tokens=6, min_new_tokens=6)[0].token_ids
+    assert len(greedy) == 6
+    if importlib.util.find_spec("onnxruntime_genai"):
+        import onnxruntime_genai as og
+
+        from tinyt.benchmarks.gguf_llama_cpp import tinyt_logits
+        from tinyt.benchmarks.peers.adapters import genai_greedy, genai_logits
+
+        config = og.Config(str(out))
+        config.clear_providers()
+        model = og.Model(config)
+        ck = json.loads((exported / "manifest.json").read_text())["source"]["path"]
+        want = tinyt_logits(out, ck, [ids], 1)[0][0][-1]
+        got = genai_logits(model, ids)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        top = float(np.abs(want).max())
+        assert float(np.abs(got - want).max()) <= reorder_bound(load_checkpoint(ck).config, top)
+        assert genai_greedy(model, ids, 6) == list(greedy)
 
 
 def test_refusals(exported, tmp_path):
