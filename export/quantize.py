@@ -115,10 +115,11 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     MatMulNBits tables of those blocks, not quantized again (export/gguf_blocks.py); the
     others follow the recipe; activations='q8' (with gguf_blocks, mode weight-only) rounds
     the activations before each carried table as llama.cpp does for its integer products
-    (export/gguf_activations.py), so the graph computes llama.cpp's numbers. awq (bits=4): activation-aware scales per input channel,
-    searched on each matmul's output error over calibration windows of the training split
-    (export/awq.py); max_bytes (bits=4): the weight tables whose 4 bits move the logits most
-    kept at 8 bits while the model file stays within these bytes (export/mixed.py)."""
+    (export/gguf_activations.py), so the graph computes llama.cpp's numbers. awq (bits=4):
+    activation-aware scales per input channel, searched on each matmul's output error over
+    calibration windows of the training split (export/awq.py); max_bytes (bits=4): the weight
+    tables whose 4 bits move the logits most kept at 8 bits while the model file stays within
+    these bytes (export/mixed.py)."""
     src = open_source(src_dir, out_dir)  # an Artifact already opened: not hashed again
     src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
