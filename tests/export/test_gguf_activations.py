@@ -18,6 +18,7 @@ import json
 
 import numpy as np
 import pytest
+from cli_run import run_cli
 from gguf_fixtures import write_gguf
 
 from tinyt.errors import QuantizeError
@@ -164,7 +165,7 @@ def exported(tmp_path_factory):
     return export_onnx(ck, work / "onnx")
 
 
-def test_the_artifact_records_and_runs(exported, tmp_path):
+def test_the_artifact_records_and_runs(exported, tmp_path, monkeypatch, capsys):
     """The stage: every carried product rounded (q8_0 before Q4_0 / Q8_0 tables, q8_1 before
     Q4_1), the recipe in the manifest; tinyt's runtime generates from it, and ONNX Runtime
     GenAI (where installed) loads it as it is and computes the same logits (the same graph
@@ -174,11 +175,14 @@ def test_the_artifact_records_and_runs(exported, tmp_path):
     import tinyt.runtime as rt
     from tinyt.checkpoint import load_checkpoint
     from tinyt.export.compare import reorder_bound
-    from tinyt.export.quantize import quantize
     from tinyt.recipe import QuantRecipe
 
-    out = quantize(exported, tmp_path / "q8", bits=4, block_size=32, mode="weight-only",
-                   gguf_blocks=True, activations="q8")
+    out = tmp_path / "q8"
+    code, said, err = run_cli(monkeypatch, capsys, "quantize", exported, out, "--bits", 4,
+                              "--block-size", 32, "--gguf-blocks", "--mode", "weight-only",
+                              "--activations", "q8")
+    assert code == 0, err
+    assert "activations rounded as llama.cpp's: 9 products" in said
     manifest = json.loads((out / "manifest.json").read_text())
     q = manifest["quantization"]
     assert QuantRecipe.from_json(q["recipe"]).activations == "q8"
