@@ -14,6 +14,8 @@ exactness record, the runtime's batching) asks it instead of comparing option st
 awq and max_bytes (4-bit blocks only) calibrate the rounding on activations of training text:
 activation-aware scales per input channel (export/awq.py) and the weight tables whose 4 bits
 move the logits most kept at 8 bits within a byte budget for the model file (export/mixed.py).
+activations="q8" (weight-only, a GGUF import's carried blocks) rounds the activations before
+each carried table as llama.cpp does for its integer products (export/gguf_activations.py).
 
 The manifest keeps the keys the stage has always written under "options" (`options()`), and
 the whole recipe under "quantization"."recipe" (`to_json()`); `from_manifest` reads every form
