@@ -224,3 +224,16 @@ def test_refusals(exported, tmp_path):
     with pytest.raises(QuantizeError, match="activations='q4' is not one of float, q8"):
         quantize(exported, tmp_path / "c", bits=4, block_size=32, mode="weight-only",
                  gguf_blocks=True, activations="q4")
+
+
+def test_the_recipe_records_the_rounding():
+    """activations rides in both of the manifest's forms, and older manifests read as float."""
+    from tinyt.recipe import QuantRecipe
+
+    recipe = QuantRecipe.request(mode="weight-only", bits=4, block_size=32, activations="q8")
+    assert recipe.options()["activations"] == "q8" and recipe.rows_independent
+    assert QuantRecipe.from_manifest(recipe.options()) == recipe
+    assert QuantRecipe.from_json(recipe.to_json()) == recipe
+    older = {k: v for k, v in recipe.options().items() if k != "activations"}
+    assert QuantRecipe.from_manifest(older).activations == "float"
+    assert "activations" not in QuantRecipe.request(mode="weight-only").options()
