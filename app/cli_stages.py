@@ -319,7 +319,7 @@ def _say_quantized(path) -> None:
                    + (", ".join(f"{k} ({why})" for k, why in g["not_carried"].items()) or "none"))
         if g.get("activations_rounded"):
             typer.echo(f"activations rounded as llama.cpp's: {len(g['activations_rounded'])} "
-                       "products")
+                       f"products; RMSNorm means in double: {g.get('norms_in_double', 0)}")
     typer.echo(f"size: {q['bytes']:,} bytes = {q['size_ratio']:.1%} of the source")
     for key, value in a.items():
         if isinstance(value, float):

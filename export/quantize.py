@@ -173,7 +173,8 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
                 **({"calibration_set": calibrated} if calibrated else {}),
                 **({"calibrated_4bit": report.calibrated} if recipe.calibrated else {}),
                 **({"gguf_blocks": {"carried": report.carried, "not_carried": report.not_carried,
-                                    "activations_rounded": report.rounded}}
+                                    "activations_rounded": report.rounded,
+                                    "norms_in_double": report.double_norms}}
                    if gguf_blocks else {}),
             },
             "int8": {ONNX_FILE: exactness},
@@ -248,9 +249,9 @@ def _quantized_graph(src: Artifact, proto: onnx.ModelProto, path: Path, recipe: 
 
 
 def _round_activations(proto: onnx.ModelProto, report: QuantReport) -> list[str]:
-    """llama.cpp's activation rounding before each carried table (export/gguf_activations.py);
-    QuantizeError where no table was carried."""
-    from .gguf_activations import round_activations
+    """llama.cpp's activation rounding before each carried table, and its RMSNorms' means in
+    double (export/gguf_activations.py); QuantizeError where no table was carried."""
+    from .gguf_activations import double_norms, round_activations
     from .kvfuse import drop_dead
 
     carried = dict(c[:-1].split(" (") for c in report.carried)  # "name (Q4_0)"
@@ -259,6 +260,7 @@ def _round_activations(proto: onnx.ModelProto, report: QuantReport) -> list[str]
         raise QuantizeError("activations='q8' rounds the activations of carried GGUF tables; "
                             f"none was carried: {report.not_carried}")
     drop_dead(proto.graph)  # the q8_1 terms of chains only q8_0 tables read
+    report.double_norms = double_norms(proto.graph)  # ggml's mean of squares, in double
     return rounded
 
 

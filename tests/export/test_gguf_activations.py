@@ -172,6 +172,8 @@ def test_the_artifact_records_and_runs(exported, tmp_path, monkeypatch, capsys):
     on the same kernels: measured equal; bound compare.reorder_bound)."""
     import importlib.util
 
+    import onnx
+
     import tinyt.runtime as rt
     from tinyt.checkpoint import load_checkpoint
     from tinyt.export.compare import reorder_bound
@@ -190,6 +192,11 @@ def test_the_artifact_records_and_runs(exported, tmp_path, monkeypatch, capsys):
     rounded = q["gguf_blocks"]["activations_rounded"]
     assert len(rounded) == len(q["gguf_blocks"]["carried"]) == 9
     assert sum(r.endswith("(q8_1)") for r in rounded) == 4  # the MLP's Q4_1 (gate+up, down) x 2
+    assert q["gguf_blocks"]["norms_in_double"] == 5  # ln_1, ln_2 of 2 layers, the final norm
+    graph = onnx.load(out / "model.onnx")
+    doubles = [n for n in graph.graph.node if n.op_type == "ReduceMean"
+               and n.input[0].endswith("/f64")]
+    assert len(doubles) == 5
     lm = rt.load(out, threads=1)
     ids = [5, 70, 200, 3, 9, 261, 33, 140, 7, 99, 12, 250]
     greedy = lm.generate_ids([ids], max_new_tokens=6, min_new_tokens=6)[0].token_ids
