@@ -263,6 +263,11 @@ def quantize(
         help="A GGUF import's Q4_0 / Q4_1 / Q8_0 weights as MatMulNBits tables of their own "
              "blocks, not quantized again (needs --block-size 32); the rest by the recipe.")]
         = False,
+    activations: Annotated[str, typer.Option(
+        help="With --gguf-blocks --mode weight-only: q8 rounds the activations before each "
+             "carried table as llama.cpp does (blocks of 32 to 8 bits, q8_0 / q8_1), so the "
+             "model computes llama.cpp's logits on the same file; float leaves them fp32.")]
+        = "float",
     awq: Annotated[bool, typer.Option(
         "--awq",
         help="With --bits 4 (a decoder): activation-aware scales per input channel, searched "
@@ -283,13 +288,14 @@ def quantize(
                    kernel=kernel, keep_8bit=keep_8bit or [], scheme=scheme,
                    scale_search=scale_search)
     calibrated = dict(awq=awq, max_bytes=None if max_mb is None else int(max_mb * 1e6))
-    _one_recipe_or_a_search(max_loss_increase, gguf_blocks or awq or max_mb is not None)
+    _one_recipe_or_a_search(max_loss_increase, gguf_blocks or awq or max_mb is not None
+                            or activations != "float")
     if max_loss_increase is not None:
         path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg,
                                **choices)
     else:
         path = run_quantize(src, out, data=data_arg, gguf_blocks=gguf_blocks, **choices,
-                            **calibrated)
+                            **calibrated, activations=activations)
     _say_quantized(path)
 
 
@@ -297,8 +303,8 @@ def _one_recipe_or_a_search(max_loss_increase: Optional[float], one_recipe: bool
     if max_loss_increase is not None and one_recipe:
         from tinyt.errors import QuantizeError
         raise QuantizeError("--max-loss-increase searches recipes; --gguf-blocks (one table per "
-                            "weight as the GGUF stores it), --awq and --max-mb make one: use "
-                            "one or the other")
+                            "weight as the GGUF stores it), --activations, --awq and --max-mb "
+                            "make one: use one or the other")
 
 
 def _say_quantized(path) -> None:
@@ -321,6 +327,9 @@ def _say_quantized(path) -> None:
         g = q["gguf_blocks"]
         typer.echo(f"GGUF blocks carried as stored: {len(g['carried'])} tables; by the recipe: "
                    + (", ".join(f"{k} ({why})" for k, why in g["not_carried"].items()) or "none"))
+        if g.get("activations_rounded"):
+            typer.echo(f"activations rounded as llama.cpp's: {len(g['activations_rounded'])} "
+                       f"products; RMSNorm means in double: {g.get('norms_in_double', 0)}")
     typer.echo(f"size: {q['bytes']:,} bytes = {q['size_ratio']:.1%} of the source")
     for key, value in a.items():
         if isinstance(value, float):

@@ -4,6 +4,8 @@
     GGUF ──tinyt import-hf → export──▶ fp32 graph (the blocks dequantized, fp32 products)
          ──quantize --gguf-blocks --mode weight-only──▶ the blocks carried, fp32 products
          ──quantize --gguf-blocks──▶ the blocks carried, int8 activations (accuracy_level 4)
+         ──quantize --gguf-blocks --mode weight-only --activations q8──▶ the blocks carried,
+           the activations rounded as llama.cpp's q8_0 / q8_1 (export/gguf_activations.py)
          ──llama-cpp-python (logits of every position)──▶ llama.cpp's logits
 
     python -m tinyt.benchmarks.gguf_llama_cpp MODEL.gguf WORK [--q4-0] [--out DIR]
@@ -14,7 +16,10 @@ max |tinyt − llama.cpp| / max |llama.cpp's logits|. llama.cpp quantizes each a
 to 8 bits in blocks of 32 (q8_0 / q8_1) for its products with 4-bit weights and keeps the KV
 cache in f16, so its logits are not the dequantized model's: the fp32 graph against llama.cpp
 shows what that arithmetic moves, the int8-activation graph whether tinyt's own int8 products
-(also blocks of 32, one scale each) land nearer.
+(also blocks of 32, one scale each) land nearer, and the q8-activation graph that arithmetic
+emulated (compared with llama.cpp's f32 KV cache too, where the f16 one's rounding is gone).
+Each graph's time for the prompts (one pass each, median of 3) and for one decode step
+after the longest says what the emulation costs.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +43,8 @@ PROMPTS = ["def fibonacci(n):\n    return n if n < 2 else fibonacci(n-1) + fibon
            "red light; water is split, oxygen is released, and the energy is stored in ATP and "
            "NADPH, which the Calvin cycle then uses to fix carbon dioxide into sugars. Because "
            "the reactions depend on temperature, light and the supply of water, the rate"]
-GRAPHS = {"fp32": "onnx", "weight-only": "wo", "int8-activations": "dyn"}  # graph: WORK/dir
+GRAPHS = {"fp32": "onnx", "weight-only": "wo", "int8-activations": "dyn",
+          "q8-activations": "q8"}  # graph: WORK/dir
 Q4_0 = 2  # general.file_type: llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_0
 
 
@@ -56,7 +63,9 @@ def make_graphs(gguf: Path, work: Path, graphs=tuple(GRAPHS)) -> dict[str, Path]
              ("wo", ("quantize", work / "onnx", work / "wo", "--bits", 4, "--block-size", 32,
                      "--gguf-blocks", "--mode", "weight-only")),
              ("dyn", ("quantize", work / "onnx", work / "dyn", "--bits", 4, "--block-size", 32,
-                      "--gguf-blocks"))]
+                      "--gguf-blocks")),
+             ("q8", ("quantize", work / "onnx", work / "q8", "--bits", 4, "--block-size", 32,
+                     "--gguf-blocks", "--mode", "weight-only", "--activations", "q8"))]
     wanted = {"ck", *(GRAPHS[g] for g in graphs)}
     for out, args in steps:
         made = work / out / ("config.json" if out == "ck" else "manifest.json")
@@ -72,32 +81,58 @@ def tokenize(work: Path) -> list[list[int]]:
     return [tok.encode(p) for p in PROMPTS]
 
 
-def tinyt_logits(onnx_dir: Path, ck: Path, ids: list[int], threads: int) -> np.ndarray:
-    """Every position's logits of onnx_dir's model.onnx, the prompt from an empty cache."""
+def tinyt_logits(onnx_dir: Path, ck: Path, prompts: list[list[int]], threads: int
+                 ) -> tuple[list[np.ndarray], dict]:
+    """Every position's logits of onnx_dir's model.onnx for each prompt from an empty cache;
+    the time of the prompts' passes (all of them, ms, median of 3); and the longest prompt
+    again one token at a time: the median ms of a step, and how far its logits are from the
+    one pass's (relative, as `relative`: the graph against itself in another order of sums)."""
     import onnxruntime as ort
 
     from tinyt.checkpoint import load_checkpoint
     from tinyt.contract import DECODER_WITH_PAST
-    from tinyt.runtime.feeds import prefill_feeds
+    from tinyt.runtime.feeds import prefill_feeds, step_feeds
 
     cfg = load_checkpoint(ck).config
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     session = ort.InferenceSession(str(onnx_dir / "model.onnx"), opts,
                                    providers=["CPUExecutionProvider"])
-    feeds = prefill_feeds(cfg, DECODER_WITH_PAST, np.array([ids], np.int64))
-    return session.run(["logits"], feeds)[0][0]
+    names = [o.name for o in session.get_outputs()]
+    feeds = [prefill_feeds(cfg, DECODER_WITH_PAST, np.array([ids], np.int64)) for ids in prompts]
+    passes = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        outs = [session.run(names, f) for f in feeds]
+        passes.append(time.perf_counter() - t0)
+    ids = max(prompts, key=len)
+    step = prefill_feeds(cfg, DECODER_WITH_PAST, np.array([ids[:1]], np.int64))
+    last, rows, times = session.run(names, step), [], []
+    rows.append(last[0][0, -1])
+    for t in ids[1:]:
+        step = step_feeds(DECODER_WITH_PAST, step, np.array([t]), names, last)
+        t0 = time.perf_counter()
+        last = session.run(names, step)
+        times.append(time.perf_counter() - t0)
+        rows.append(last[0][0, -1])
+    logits = [o[0][0] for o in outs]
+    alone = relative(np.array(rows), logits[prompts.index(ids)])
+    return logits, {"prompts_ms": 1e3 * float(np.median(passes)),
+                    "step_ms": 1e3 * float(np.median(times)),
+                    "steps_vs_one_pass_max": float(alone.max())}
 
 
 def llama_cpp_logits(gguf: Path, prompts: list[list[int]], threads: int,
-                     kv: str = "f16") -> list[np.ndarray]:
-    """llama.cpp's logits at every position of each prompt (one batch each, logits_all), its
-    KV cache f16 (its default) or f32, the extra buffer types (repacked weights) on."""
+                     kv: str = "f16", batch: int | None = None) -> list[np.ndarray]:
+    """llama.cpp's logits at every position of each prompt (one batch each, or `batch` tokens
+    at a time; logits_all), its KV cache f16 (its default) or f32, the extra buffer types
+    (repacked weights) on."""
     import llama_cpp
 
     n_ctx = max(map(len, prompts))
     kv_type = {"f16": 1, "f32": 0}[kv]  # ggml_type
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
+    batch = batch or n_ctx
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=batch, n_ubatch=batch,
                           n_threads=threads, n_threads_batch=threads, logits_all=True,
                           type_k=kv_type, type_v=kv_type, verbose=False)
     out = []
@@ -109,11 +144,13 @@ def llama_cpp_logits(gguf: Path, prompts: list[list[int]], threads: int,
     return out
 
 
-def requantize(src: Path, dst: Path, to: str = "Q4_0") -> Path:
+def requantize(src: Path, dst: Path, to: str = "Q4_0", layers: int | None = None) -> Path:
     """src with each Q4_1 matrix as `to`: Q4_0 (dequantized, then quantized by the gguf
     package's port of llama.cpp's quantize_row_q4_0_ref), every other tensor and field as it
     is (the tied Q8_0 table too); or F32, every quantized matrix dequantized (llama.cpp then
-    multiplies fp32 by fp32, its activations never made 8-bit); made once."""
+    multiplies fp32 by fp32, its activations never made 8-bit); or "same", the types kept.
+    layers: only the first `layers` blocks (block_count with them), the model cut short, its
+    final norm and head kept; made once."""
     import gguf
     from gguf.quants import dequantize, quantize
 
@@ -126,12 +163,16 @@ def requantize(src: Path, dst: Path, to: str = "Q4_0") -> Path:
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
             continue
         value = field.contents()
-        if field.name == gguf.Keys.General.FILE_TYPE:
+        if field.name == gguf.Keys.General.FILE_TYPE and to != "same":
             value = Q4_0 if to == "Q4_0" else 0  # LLAMA_FTYPE_ALL_F32
+        if field.name == gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch) and layers is not None:
+            value = layers
         writer.add_key_value(field.name, value, field.types[0],
                              sub_type=field.types[-1] if len(field.types) > 1 else None)
     Q = gguf.GGMLQuantizationType
     for t in reader.tensors:
+        if layers is not None and t.name.startswith("blk.") and int(t.name.split(".")[1]) >= layers:
+            continue
         if to == "F32" and t.tensor_type in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
             writer.add_tensor(t.name, dequantize(t.data, t.tensor_type).astype(np.float32))
         elif to == "Q4_0" and t.tensor_type == Q.Q4_1:
@@ -166,10 +207,15 @@ def compare(gguf: Path, work: Path, threads: int, graphs=tuple(GRAPHS)) -> dict:
     file: no 8-bit activations) with its f16 and with an f32 KV cache."""
     graphs = make_graphs(gguf, work, ("fp32", *(g for g in graphs if g != "fp32")))
     prompts = tokenize(work)
-    ours = {g: [tinyt_logits(d, work / "ck", ids, threads) for ids in prompts]
-            for g, d in graphs.items()}
-    theirs = llama_cpp_logits(gguf, prompts, threads)
-    rows = {f"{g} | {gguf.name}, KV f16": _row(x, theirs, ours["fp32"]) for g, x in ours.items()}
+    ran = {g: tinyt_logits(d, work / "ck", prompts, threads) for g, d in graphs.items()}
+    ours = {g: logits for g, (logits, _) in ran.items()}
+    theirs = {kv: llama_cpp_logits(gguf, prompts, threads, kv) for kv in ("f16", "f32")}
+    rows = {f"{g} | {gguf.name}, KV {kv}": {**_row(x, theirs[kv], ours["fp32"]), **ran[g][1]}
+            for kv in ("f16", "f32") for g, x in ours.items()}
+    # llama.cpp against itself: the same tokens one at a time (its decode kernels), KV f32
+    steps = llama_cpp_logits(gguf, prompts, threads, "f32", batch=1)
+    self_rel = np.concatenate([relative(a, b) for a, b in zip(steps, theirs["f32"])])
+    theirs = theirs["f16"]
     f32 = requantize(gguf, work / (gguf.stem + ".F32.gguf"), "F32")
     dequantized = {kv: llama_cpp_logits(f32, prompts, threads, kv) for kv in ("f16", "f32")}
     for kv, logits in dequantized.items():
@@ -179,6 +225,8 @@ def compare(gguf: Path, work: Path, threads: int, graphs=tuple(GRAPHS)) -> dict:
     # its 8-bit activations alone move)
     own = np.concatenate([relative(a, b) for a, b in zip(dequantized["f16"], theirs)])
     return {"gguf": gguf.name, "positions": int(sum(map(len, prompts))),
+            "llama_cpp_steps_vs_one_pass_max": float(self_rel.max()),
+            "llama_cpp_steps_vs_one_pass_median": float(np.median(self_rel)),
             "llama_cpp_file_vs_its_f32_max": float(own.max()),
             "llama_cpp_file_vs_its_f32_median": float(np.median(own)),
             "largest_logit": float(max(np.abs(t).max() for t in theirs)), "graphs": rows}
@@ -193,19 +241,26 @@ def report(results: dict) -> str:
              + f"; {results['threads']} thread(s). Per position: max |tinyt − llama.cpp| / "
              "max |llama.cpp's logits|.", "",
              "| file | tinyt graph | llama.cpp on | positions | max | median | positions ≤ 1e-3 "
-             "| top-1 = llama.cpp | vs tinyt fp32 graph (max) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| top-1 = llama.cpp | vs tinyt fp32 graph (max) | prompts ms | step ms "
+             "| its steps vs its one pass (max) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in results["files"]:
         for g, r in f["graphs"].items():
+            timed = (f"{r['prompts_ms']:.1f} | {r['step_ms']:.1f} | "
+                     f"{r['steps_vs_one_pass_max']:.2e}") if "step_ms" in r else " | | "
             lines.append(f"| {f['gguf']} | {g} | {f['positions']} | {r['vs_llama_cpp_max']:.2e} "
                          f"| {r['vs_llama_cpp_median']:.2e} | "
                          f"{100 * r['vs_llama_cpp_positions_le_1e-3']:.1f}% | "
                          f"{100 * r['top1_equal_llama_cpp']:.1f}% | "
-                         f"{r['vs_fp32_graph_max']:.2e} |")
+                         f"{r['vs_fp32_graph_max']:.2e} | {timed} |")
     lines += ["", "llama.cpp on each file against llama.cpp on its dequantized F32 file (both KV "
               "f16: its 8-bit activations alone): " + "; ".join(
                   f"{f['gguf']} max {f['llama_cpp_file_vs_its_f32_max']:.2e}, median "
-                  f"{f['llama_cpp_file_vs_its_f32_median']:.2e}" for f in results["files"])]
+                  f"{f['llama_cpp_file_vs_its_f32_median']:.2e}" for f in results["files"]),
+              "", "llama.cpp on each file, the longest prompt's tokens one at a time against its "
+              "one pass (KV f32): " + "; ".join(
+                  f"{f['gguf']} max {f['llama_cpp_steps_vs_one_pass_max']:.2e}, median "
+                  f"{f['llama_cpp_steps_vs_one_pass_median']:.2e}" for f in results["files"])]
     return "\n".join(lines) + "\n"
 
 

@@ -101,7 +101,7 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
              kernel: str = "nbits", keep_8bit: list[str] | tuple[str, ...] = (),
              scheme: str | None = None, scale_search: bool | None = None,
              gguf_blocks: bool = False, awq: bool = False,
-             max_bytes: int | None = None) -> Built:
+             max_bytes: int | None = None, activations: str = "float") -> Built:
     """Quantize an artifact's weights and measure the accuracy change against it on held-out
     data (`data`: the corpus or classification directory; default the built-in one). The
     keywords make one QuantRecipe (tinyt/recipe.py), which says what each allows; block_size
@@ -114,10 +114,13 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
     tinyt.recipe.DEFAULT_SCHEME for the bits (4: asymmetric with the search, 8: symmetric).
     gguf_blocks: the weights a GGUF import kept as Q4_0 / Q4_1 / Q8_0 blocks become
     MatMulNBits tables of those blocks, not quantized again (export/gguf_blocks.py); the
-    others follow the recipe. awq (bits=4): activation-aware scales per input channel,
-    searched on each matmul's output error over calibration windows of the training split
-    (export/awq.py); max_bytes (bits=4): the weight tables whose 4 bits move the logits most
-    kept at 8 bits while the model file stays within these bytes (export/mixed.py)."""
+    others follow the recipe; activations='q8' (with gguf_blocks, mode weight-only) rounds
+    the activations before each carried table as llama.cpp does for its integer products
+    (export/gguf_activations.py), so the graph computes llama.cpp's numbers. awq (bits=4):
+    activation-aware scales per input channel, searched on each matmul's output error over
+    calibration windows of the training split (export/awq.py); max_bytes (bits=4): the weight
+    tables whose 4 bits move the logits most kept at 8 bits while the model file stays within
+    these bytes (export/mixed.py)."""
     src = open_source(src_dir, out_dir)  # an Artifact already opened: not hashed again
     src_dir, out_dir = src.path, Path(out_dir)
     manifest = src.manifest
@@ -132,7 +135,10 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
         keep_8bit=keep_8bit, scheme=scheme, scale_search=scale_search,
         reduce_range=bool(preset["reduce_range"]), calibration=calibration,
         per_channel=per_channel, activation_type=str(preset["activation_type"]), awq=awq,
-        max_bytes=max_bytes)
+        max_bytes=max_bytes, activations=activations)
+    if recipe.activations != "float" and not gguf_blocks:
+        raise QuantizeError(f"activations={activations!r} rounds the activations of carried "
+                            "GGUF tables as llama.cpp does: it needs gguf_blocks")
     if recipe.calibrated and (kind in TEXT_KINDS or kind == SEQ2SEQ or gguf_blocks):
         what = "gguf_blocks, which carries the stored blocks" if gguf_blocks else kind
         raise QuantizeError(f"awq={awq}, max_bytes={max_bytes}: calibrated 4-bit weights are "
@@ -169,8 +175,10 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
                 **({"calibration_window": check_tokens(cfg)} if recipe.static else {}),
                 **({"calibration_set": calibrated} if calibrated else {}),
                 **({"calibrated_4bit": report.calibrated} if recipe.calibrated else {}),
-                **({"gguf_blocks": {"carried": report.carried,
-                                    "not_carried": report.not_carried}} if gguf_blocks else {}),
+                **({"gguf_blocks": {"carried": report.carried, "not_carried": report.not_carried,
+                                    "activations_rounded": report.rounded,
+                                    "norms_in_double": report.double_norms}}
+                   if gguf_blocks else {}),
             },
             "int8": {ONNX_FILE: exactness},
             "accuracy": accuracy, **({"search": search} if search else {}),
@@ -235,10 +243,28 @@ def _quantized_graph(src: Artifact, proto: onnx.ModelProto, path: Path, recipe: 
                                 f"{record['mixed']['estimated_bytes']:,})")
     else:
         report = quantize_weights(proto, recipe, gguf)
+        if recipe.activations == "q8":
+            report.rounded = _round_activations(proto, report)
         save_graph(proto, path)
     _check_done(recipe, report, src.path / ONNX_FILE)
     check_graph(path)
     return report, calibrated
+
+
+def _round_activations(proto: onnx.ModelProto, report: QuantReport) -> list[str]:
+    """llama.cpp's activation rounding before each carried table, and its RMSNorms' means in
+    double (export/gguf_activations.py); QuantizeError where no table was carried."""
+    from .gguf_activations import double_norms, round_activations
+    from .kvfuse import drop_dead
+
+    carried = dict(c[:-1].split(" (") for c in report.carried)  # "name (Q4_0)"
+    rounded = round_activations(proto.graph, carried)
+    if not rounded:
+        raise QuantizeError("activations='q8' rounds the activations of carried GGUF tables; "
+                            f"none was carried: {report.not_carried}")
+    drop_dead(proto.graph)  # the q8_1 terms of chains only q8_0 tables read
+    report.double_norms = double_norms(proto.graph)  # ggml's mean of squares, in double
+    return rounded
 
 
 def _check_done(recipe: QuantRecipe, report: QuantReport, where: Path) -> None:

@@ -14,6 +14,8 @@ exactness record, the runtime's batching) asks it instead of comparing option st
 awq and max_bytes (4-bit blocks only) calibrate the rounding on activations of training text:
 activation-aware scales per input channel (export/awq.py) and the weight tables whose 4 bits
 move the logits most kept at 8 bits within a byte budget for the model file (export/mixed.py).
+activations="q8" (weight-only, a GGUF import's carried blocks) rounds the activations before
+each carried table as llama.cpp does for its integer products (export/gguf_activations.py).
 
 The manifest keeps the keys the stage has always written under "options" (`options()`), and
 the whole recipe under "quantization"."recipe" (`to_json()`); `from_manifest` reads every form
@@ -41,6 +43,10 @@ U8S8_KERNELS = ("qgemm", "qgemm-rows")  # kernels whose products are u8 x s8 int
 # How a block's values map to levels (export/blockquant.py says each one's arithmetic)
 SCHEMES = ("symmetric", "symmetric-full", "asymmetric")
 CALIBRATIONS = ("minmax", "entropy", "percentile")  # static: how activation ranges are set
+# weight-only: the activations before each carried GGUF table rounded as llama.cpp rounds
+# them for its integer products ("q8": blocks of 32 to 8 bits, q8_0 / q8_1 by the table's
+# type; export/gguf_activations.py); "float": as they come (fp32 products)
+ACTIVATIONS = ("float", "q8")
 ACTIVATION_TYPES = ("uint8", "int8")  # static: x86's int8 kernels are u8 x s8, ARM's s8 x s8
 # Weights per block scale, unless the caller names it.
 DEFAULT_BLOCK = 64
@@ -110,6 +116,7 @@ class QuantRecipe:
     # model file within which the matmuls whose 4 bits move the logits most stay at 8
     awq: bool = False
     max_bytes: int | None = None
+    activations: str = "float"  # weight-only: "q8" rounds as llama.cpp (ACTIVATIONS)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -150,6 +157,11 @@ class QuantRecipe:
                                 "shape MatMulNBits' blocks (mode dynamic or weight-only, kernel "
                                 f"nbits); this is mode={self.mode!r}, kernel={self.kernel!r}, "
                                 "whose int8 weights are symmetric per channel")
+        _one_of("activations", self.activations, ACTIVATIONS)
+        if self.activations != "float" and not (self.weight_only and self.block_wise):
+            raise QuantizeError(f"activations={self.activations!r} rounds the activations "
+                                "before fp32 products (mode weight-only, kernel nbits); this "
+                                f"is mode={self.mode!r}, kernel={self.kernel!r}")
         if not isinstance(self.reduce_range, bool):
             raise QuantizeError(f"reduce_range={self.reduce_range!r} must be True or False")
         if self.reduce_range and not self.u8s8_products:
@@ -190,7 +202,7 @@ class QuantRecipe:
                 scale_search: bool | None = None, reduce_range: bool = False,
                 calibration: str = "minmax", per_channel: bool = True,
                 activation_type: str = "uint8", awq: bool = False,
-                max_bytes: int | None = None) -> QuantRecipe:
+                max_bytes: int | None = None, activations: str = "float") -> QuantRecipe:
         """The recipe of `tinyt.export.quantize`'s keyword arguments: scheme / scale_search
         None take DEFAULT_SCHEME for the bits where MatMulNBits blocks are made; what the mode
         does not use is dropped as quantize always has (a block size in static mode,
@@ -212,7 +224,8 @@ class QuantRecipe:
                      keep_8bit=_modules("keep_8bit", keep_8bit),
                      reduce_range=bool(reduce_range) and u8s8,
                      scales=ActivationScales(calibration, per_channel, activation_type)
-                     if static else None, awq=awq, max_bytes=max_bytes)
+                     if static else None, awq=awq, max_bytes=max_bytes,
+                     activations=activations)
         if not static:  # unused here, but a wrong name is still a mistake worth naming
             _one_of("calibration", calibration, CALIBRATIONS)
         return recipe
@@ -285,7 +298,8 @@ class QuantRecipe:
                 **({"scheme": self.scheme, "scale_search": self.scale_search}
                    if self.block_wise else {}),
                 **({"awq": True} if self.awq else {}),
-                **({"max_bytes": self.max_bytes} if self.max_bytes is not None else {})}
+                **({"max_bytes": self.max_bytes} if self.max_bytes is not None else {}),
+                **({"activations": self.activations} if self.activations != "float" else {})}
 
     def to_json(self) -> dict[str, Any]:
         """Every field, JSON-ready (the manifest's "quantization"."recipe")."""
@@ -309,7 +323,7 @@ class QuantRecipe:
         before --kernel (no key: nbits), before reduce_range was recorded beside the static
         preset (read from "hardware_preset"), before --keep-8bit (none), before --scheme and
         --scale-search (symmetric blocks without the search, what those stages made), before
-        --exclude (none), before awq and max_bytes (off)."""
+        --exclude (none), before awq and max_bytes (off), before --activations (float)."""
         mode = options.get("mode", "dynamic")
         static = mode == "static"
         kernel = options.get("kernel", "nbits")
@@ -328,7 +342,8 @@ class QuantRecipe:
                                            options.get("per_channel", True),
                                            preset.get("activation_type", "uint8"))
                    if static else None, awq=options.get("awq", False),
-                   max_bytes=options.get("max_bytes"))
+                   max_bytes=options.get("max_bytes"),
+                   activations=options.get("activations", "float"))
 
 
 def recorded(quantization: Mapping[str, Any] | None) -> QuantRecipe | None:
