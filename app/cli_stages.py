@@ -279,32 +279,34 @@ def quantize(
         = None,
 ) -> None:
     """Quantize weights (the tied embedding / lm_head once) and report the accuracy change."""
-    from tinyt.export.quantize import quantize as run_quantize
-    from tinyt.export.search import quantize_search
-
-    data_arg = None if data is None else str(data)
     choices = dict(bits=bits, block_size=block_size, mode=mode, exclude=exclude or [],
                    calibration=calibration, per_channel=per_channel, reduce_range=reduce_range,
                    kernel=kernel, keep_8bit=keep_8bit or [], scheme=scheme,
                    scale_search=scale_search)
-    calibrated = dict(awq=awq, max_bytes=None if max_mb is None else int(max_mb * 1e6))
-    _one_recipe_or_a_search(max_loss_increase, gguf_blocks or awq or max_mb is not None
-                            or activations != "float")
-    if max_loss_increase is not None:
-        path = quantize_search(src, out, max_loss_increase=max_loss_increase, data=data_arg,
-                               **choices)
-    else:
-        path = run_quantize(src, out, data=data_arg, gguf_blocks=gguf_blocks, **choices,
-                            **calibrated, activations=activations)
-    _say_quantized(path)
+    one = dict(gguf_blocks=gguf_blocks, awq=awq, activations=activations,
+               max_bytes=None if max_mb is None else int(max_mb * 1e6))
+    _say_quantized(_quantize_or_search(src, out, None if data is None else str(data),
+                                       max_loss_increase, choices, one))
 
 
-def _one_recipe_or_a_search(max_loss_increase: Optional[float], one_recipe: bool) -> None:
-    if max_loss_increase is not None and one_recipe:
+ONE_RECIPE = dict(gguf_blocks=False, awq=False, activations="float", max_bytes=None)
+
+
+def _quantize_or_search(src: Path, out: Path, data: Optional[str],
+                        max_loss_increase: Optional[float], choices: dict, one: dict):
+    """One recipe (`one`: the options only one recipe takes, ONE_RECIPE when unset), or the
+    search of --max-loss-increase."""
+    from tinyt.export.quantize import quantize
+    from tinyt.export.search import quantize_search
+
+    if max_loss_increase is None:
+        return quantize(src, out, data=data, **choices, **one)
+    if one != ONE_RECIPE:
         from tinyt.errors import QuantizeError
         raise QuantizeError("--max-loss-increase searches recipes; --gguf-blocks (one table per "
                             "weight as the GGUF stores it), --activations, --awq and --max-mb "
                             "make one: use one or the other")
+    return quantize_search(src, out, max_loss_increase=max_loss_increase, data=data, **choices)
 
 
 def _say_quantized(path) -> None:

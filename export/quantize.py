@@ -136,13 +136,7 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
         reduce_range=bool(preset["reduce_range"]), calibration=calibration,
         per_channel=per_channel, activation_type=str(preset["activation_type"]), awq=awq,
         max_bytes=max_bytes, activations=activations)
-    if recipe.activations != "float" and not gguf_blocks:
-        raise QuantizeError(f"activations={activations!r} rounds the activations of carried "
-                            "GGUF tables as llama.cpp does: it needs gguf_blocks")
-    if recipe.calibrated and (kind in TEXT_KINDS or kind == SEQ2SEQ or gguf_blocks):
-        what = "gguf_blocks, which carries the stored blocks" if gguf_blocks else kind
-        raise QuantizeError(f"awq={awq}, max_bytes={max_bytes}: calibrated 4-bit weights are "
-                            f"for a decoder's graph (its logits score each table), not {what}")
+    _refuse_what_does_not_apply(recipe, kind, gguf_blocks)
     if kind == SEQ2SEQ:
         return _quantize_seq2seq(src, out_dir, recipe, preset, data)
     proto = source_graph(src)
@@ -166,15 +160,9 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
             extra={
             "graph": kind, "opset": manifest.record("opset"), "io": manifest.record("io"),
             "quantization": {
-                "quantized": report.quantized, "excluded": report.excluded,
-                "skipped": report.skipped, "shared_tables": report.shared_tables,
-                **({"kept_8bit": report.kept_8bit} if report.kept_8bit else {}),
-                "contrib_domain": CONTRIB_DOMAIN, "bytes": out_bytes,
-                "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
-                "rows_independent": independent, "recipe": recipe.to_json(),
+                **_record(report, recipe, src_bytes, out_bytes, calibrated),
+                "rows_independent": independent,
                 **({"calibration_window": check_tokens(cfg)} if recipe.static else {}),
-                **({"calibration_set": calibrated} if calibrated else {}),
-                **({"calibrated_4bit": report.calibrated} if recipe.calibrated else {}),
                 **({"gguf_blocks": {"carried": report.carried, "not_carried": report.not_carried,
                                     "activations_rounded": report.rounded,
                                     "norms_in_double": report.double_norms}}
@@ -183,6 +171,31 @@ def quantize(src_dir: str | os.PathLike | Artifact, out_dir: str | os.PathLike, 
             "int8": {ONNX_FILE: exactness},
             "accuracy": accuracy, **({"search": search} if search else {}),
             "versions": source_versions(src)})
+
+
+def _refuse_what_does_not_apply(recipe: QuantRecipe, kind: str, gguf_blocks: bool) -> None:
+    if recipe.activations != "float" and not gguf_blocks:
+        raise QuantizeError(f"activations={recipe.activations!r} rounds the activations of "
+                            "carried GGUF tables as llama.cpp does: it needs gguf_blocks")
+    if recipe.calibrated and (kind in TEXT_KINDS or kind == SEQ2SEQ or gguf_blocks):
+        what = "gguf_blocks, which carries the stored blocks" if gguf_blocks else kind
+        raise QuantizeError(f"awq={recipe.awq}, max_bytes={recipe.max_bytes}: calibrated 4-bit "
+                            f"weights are for a decoder's graph (its logits score each table), "
+                            f"not {what}")
+
+
+def _record(report, recipe: QuantRecipe, src_bytes: int, out_bytes: int,
+            calibrated: Any) -> dict:
+    """The manifest's "quantization" record of a decoder's or an encoder's graph: what was
+    quantized, kept, shared, its sizes and recipe."""
+    return {"quantized": report.quantized, "excluded": report.excluded,
+            "skipped": report.skipped, "shared_tables": report.shared_tables,
+            **({"kept_8bit": report.kept_8bit} if report.kept_8bit else {}),
+            "contrib_domain": CONTRIB_DOMAIN, "bytes": out_bytes,
+            "bytes_of_source": src_bytes, "size_ratio": out_bytes / src_bytes,
+            "recipe": recipe.to_json(),
+            **({"calibration_set": calibrated} if calibrated else {}),
+            **({"calibrated_4bit": report.calibrated} if recipe.calibrated else {})}
 
 
 def _exactness(recipe: QuantRecipe, kernel: str, mode: str) -> dict:

@@ -216,6 +216,9 @@ class _Branch:
     def get_outputs(self):
         return self.outputs
 
+    def get_modelmeta(self):  # the merged graph's (whether it takes cross caches grouped)
+        return self.session.get_modelmeta()
+
     def run(self, names, feeds):
         return self.session.run(names, merged_feeds(self.cfg, self.role, feeds))
 

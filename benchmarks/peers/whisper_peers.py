@@ -89,10 +89,11 @@ WHISPER_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
 )}
 
 
-def make(name: str, artifacts: Path, log=print) -> None:
+def make(name: str, artifacts: Path, log=print, rows: tuple[str, ...] | None = None) -> None:
     """ARTIFACTS/hf (whisper_shape.peer_whisper `name`), its checkpoint and the rows of
     `tinyt pipeline --skip-train ARTIFACTS/hf --out ARTIFACTS --no-bench` (onnx, onnx-opt,
-    onnx-int8, onnx-int4), each where absent."""
+    onnx-int8, onnx-int4; or those of `rows`, each after the rows it is made from), each
+    where absent."""
     from tinyt.benchmarks.whisper_shape import WHISPER, peer_whisper
 
     if name not in WHISPER:
@@ -112,7 +113,8 @@ def make(name: str, artifacts: Path, log=print) -> None:
         import_hf(artifacts / "hf", ckpt)
     stages = {"export": export_onnx, "optimize": optimize, "quantize": quantize}
     for v in SEQ2SEQ_VARIANTS:  # the pipeline's rows, each where absent
-        if v.made_by == "pipeline" and not (artifacts / v.dir / "manifest.json").is_file():
+        if v.made_by == "pipeline" and (rows is None or v.dir in rows) and \
+                not (artifacts / v.dir / "manifest.json").is_file():
             log(f"making {artifacts / v.dir}")
             source, out, options = arguments(v, artifacts, checkpoint=ckpt)
             stages[v.stage](source, out, **options)
