@@ -5,8 +5,8 @@
 // [a, b]] (ids and token types, cut where the model cuts), "offsets": [texts] (tokens and their
 // [start, end)), "embed" | "classify" | "tag": [texts] (classify: pairs too)} for an encoder
 // or a classifier, and {"transcribe": [{"samples": [16 kHz floats], "language": code | null,
-// "task", "max_new_tokens", "features": true (to have the log-mel features back)}]} for a
-// Whisper. tinyt's packaging and tests call it; the page does the same in a browser.
+// "task", "timestamps", "max_new_tokens", "features": true (to have the log-mel features
+// back)}]} for a Whisper (its answer's segments and windows as speech.mjs returns them). tinyt's packaging and tests call it; the page does the same in a browser.
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -47,9 +47,11 @@ try {
   }
   for (const t of request.transcribe || []) {  // a Whisper's: 16 kHz samples
     const r = await lm.transcribe(Float32Array.from(t.samples), {
-      language: t.language ?? null, task: t.task || "transcribe", maxNewTokens: t.max_new_tokens });
+      language: t.language ?? null, task: t.task || "transcribe", timestamps: !!t.timestamps,
+      maxNewTokens: t.max_new_tokens });
     (answer.transcribe ||= []).push({ token_ids: r.tokenIds, text: r.text, language: r.language,
-      prompt: r.prompt, finish_reason: r.finishReason, features: t.features ? Array.from(r.features) : null });
+      prompt: r.prompt, finish_reason: r.finishReason, segments: r.segments, windows: r.windows,
+      features: t.features ? Array.from(r.features) : null });
   }
 } catch (e) {
   answer.error = String(e && e.message ? e.message : e);

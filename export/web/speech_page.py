@@ -40,7 +40,7 @@ from .tools import (
     run_module,
 )
 
-MODULES = ("seq2seq.mjs", "speech.mjs")
+MODULES = ("seq2seq.mjs", "speech.mjs", "longform.mjs")
 PAGE = "speech.html"  # written as index.html
 MEL_FILE = "mel_filters.bin"
 CHECK_NEW_TOKENS = 12
@@ -80,6 +80,8 @@ def speech_web_json(name: str, sm) -> dict:
     web["speech"] = {
         "n_mels": sm.n_mels, "bins": 201, "mel_filters": MEL_FILE,
         "start": t["start"], "end": sm.eos, "no_timestamps": t["no_timestamps"],
+        "timestamp_begin": t["timestamp_begin"], "timestamps": t["timestamps"],
+        "max_initial_timestamp_index": sm.max_initial,
         "tasks": t["tasks"], "languages": sm.languages, "multilingual": sm.multilingual,
         "suppress_tokens": list(sm.suppress), "begin_suppress_tokens": list(sm.begin_suppress)}
     return web
