@@ -13,11 +13,16 @@ WebAssembly backend.
                                 arithmetic
           OUT/encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx, speech.json,
           tinyt.mjs, seq2seq.mjs, ort files, tokenizer.json, config.json, web.json, manifest.json
+          OUT/longform.mjs      long audio window by window: the runtime's seek rule,
+                                Whisper's timestamp rules, segments, the page's limit
       checked before it is written, under Node on the package's own files, on
       speech_accuracy.voice (3 s): the module's log-mel features lie within feature_bounds of
       exact arithmetic, as runtime/audio.log_mel's do; its greedy tokens (English forced, and the
       language detected) equal SpeechModel.decode_features' on those features, but where a row
-      first differs at a tie of the runtime's own logits (seq2seq_page.seq2seq_ties).
+      first differs at a tie of the runtime's own logits (seq2seq_page.seq2seq_ties); and on
+      LONG_SECONDS of it, long-form (check_long_form): the whole's features within the bound,
+      each window from where the one before ends, its tokens the runtime's on the page's own
+      window (timestamps on; a tie at most), its segments split_segments' of them.
 
 web.json's "speech" block carries what speech.mjs reads of speech.json (special tokens,
 languages, suppress_tokens, begin_suppress_tokens) as the runtime reads it.
@@ -44,6 +49,7 @@ MODULES = ("seq2seq.mjs", "speech.mjs", "longform.mjs")
 PAGE = "speech.html"  # written as index.html
 MEL_FILE = "mel_filters.bin"
 CHECK_NEW_TOKENS = 12
+LONG_SECONDS = 32.0  # the check's long-form audio: two windows, the second of 2 s at most
 U32, U64 = 2.0 ** -24, 2.0 ** -53  # unit roundoffs
 # A float32 FFT's error, per output, over the 2-norm of its whole spectrum: log2(N) stages
 # each within (4 sqrt(2) + 1) u (Higham, Accuracy and Stability, 2nd ed., thm 24.2, radix 2;
@@ -95,11 +101,13 @@ def check_speech_page(out: Path, sm) -> dict:
 
     from ..speech_accuracy import voice
 
-    samples = voice()
+    samples, long = voice(), voice(LONG_SECONDS, seed=1)
     languages = ["en", None] if sm.multilingual else ["en"]
     got = run_module(out, {"transcribe": [
-        {"samples": samples.tolist(), "language": lang, "max_new_tokens": CHECK_NEW_TOKENS,
-         "features": lang == "en"} for lang in languages]})
+        *({"samples": samples.tolist(), "language": lang, "max_new_tokens": CHECK_NEW_TOKENS,
+           "features": lang == "en"} for lang in languages),
+        {"samples": long.tolist(), "language": "en", "max_new_tokens": CHECK_NEW_TOKENS,
+         "timestamps": True, "features": True}]})
     if "error" in got:
         raise WebPackageError(f"the packaged graphs do not run on onnxruntime-web "
                               f"{ORT_WEB_VERSION}: {got['error']}")
@@ -113,15 +121,59 @@ def check_speech_page(out: Path, sm) -> dict:
             raise WebPackageError(f"the page detects language {detected['language']!r} where "
                                   f"tinyt.runtime detects {want.language!r}")
         ties += speech_ties(sm, [page], [detected["token_ids"]], want.language)
+    answer = got["transcribe"][-1]
+    long_ties = check_long_form(sm, answer, long, "en", CHECK_NEW_TOKENS)
     return {"audio": "synthetic voice (3 s)", "languages": [x or "detected" for x in languages],
             "features": worst, "greedy_tokens": CHECK_NEW_TOKENS, "greedy_equal": True,
-            "greedy_ties": ties}
+            "greedy_ties": ties, "long_form": {
+                "audio": f"synthetic voice ({LONG_SECONDS:g} s)", "timestamps": True,
+                "windows": len(answer["windows"]), "segments": len(answer["segments"]),
+                "ties": long_ties}}
 
 
-def feature_bounds(samples: np.ndarray, n_mels: int) -> tuple[np.ndarray, np.ndarray]:
+def check_long_form(sm, got: dict, samples: np.ndarray, language: str,
+                    new_tokens: int | None) -> int:
+    """The module's long-form answer `got` (check.mjs' or the page's: features, windows,
+    segments) on `samples` against the runtime's rules: the whole's features within
+    feature_bounds; each window from the frame split_segments of the one before says (the
+    first from 0, the last reaching the end); its tokens SpeechModel.decode_features' on the
+    page's own window (timestamps on; where they first differ, a tie of the runtime's logits:
+    speech_ties); its segments split_segments' of them. Returns the windows that parted at a
+    tie; raises WebPackageError for a difference."""
+    from tinyt.runtime.audio import log_mel
+    from tinyt.runtime.transcribe import INPUT_STRIDE, TIME_PRECISION, SpeechModel, split_segments
+
+    page = np.asarray(got["features"], np.float32).reshape(sm.n_mels, -1)
+    check_features(page, log_mel(samples, sm.n_mels, whole=True), samples, sm.n_mels,
+                   whole=True)
+    T, total = sm.tokens["timestamp_begin"], page.shape[1]
+    seek, ties, want = 0, 0, []
+    for k, w in enumerate(got["windows"]):
+        if w["seek"] != seek:
+            raise WebPackageError(f"the page's window {k} starts at frame {w['seek']}; the one "
+                                  f"before it ends its segments at frame {seek}")
+        window, frames = SpeechModel._cut(page, seek)
+        ties += speech_ties(sm, [window], [w["tokens"]], language, new_tokens=new_tokens,
+                            timestamps=True)
+        pieces, advance = split_segments(w["tokens"], T, seek * TIME_PRECISION / INPUT_STRIDE,
+                                         frames)
+        want += [(round(a, 3), round(b, 3), list(p)) for a, b, p in pieces]
+        seek += max(advance, 1)
+    if not got["windows"] or seek < total:
+        raise WebPackageError(f"the page's windows stop at frame {seek} of {total}")
+    made = [(s["start"], s["end"], s["tokens"]) for s in got["segments"]]
+    if made != want:
+        raise WebPackageError(f"the page's segments (start, end, tokens) {made} are not "
+                              f"split_segments' of its windows' tokens: {want}")
+    return ties
+
+
+def feature_bounds(samples: np.ndarray, n_mels: int, *, whole: bool = False,
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """[n_mels, 3000] intervals (lo, hi) that hold runtime/audio.log_mel's features of
     `samples` (numpy's float32 FFT) and the page's (a float64 DFT) alike: exact arithmetic's
     (a float64 FFT of the same float32 windowed frames) widened by each FFT's rounding.
+    whole: every sample's frames (long-form's log_mel(whole=True), [n_mels, samples // 160]).
 
     A spectrum entry X_k moves by at most d = (FFT_STAGE u32 log2 N + N u64) sqrt(N) |frame|_2
     (the FFT's error over its spectrum's 2-norm, sqrt(N) |frame|_2 by Parseval; the page's
@@ -129,12 +181,13 @@ def feature_bounds(samples: np.ndarray, n_mels: int) -> tuple[np.ndarray, np.nda
     numpy rounds |X| and its square to float32. The mel sums (nonnegative filters) move by
     the filters' sums of those; log10 is monotone, the floor max - 8 moves as the maximum
     does, and max(., floor) is 1-Lipschitz; FINAL_ROUNDING is added on either side."""
-    from tinyt.runtime.audio import HOP, N_FFT, N_FRAMES, N_SAMPLES, mel_filters
+    from tinyt.runtime.audio import HOP, N_FFT, N_SAMPLES, mel_filters
 
-    x = np.zeros(N_SAMPLES, np.float32)
-    x[:min(samples.size, N_SAMPLES)] = samples[:N_SAMPLES]
+    n = samples.size if whole else N_SAMPLES
+    x = np.zeros(n, np.float32)
+    x[:min(samples.size, n)] = samples[:n]
     x = np.pad(x, N_FFT // 2, mode="reflect")
-    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP][:N_FRAMES]
+    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP][:n // HOP]
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
     y = (frames * window).astype(np.float64)  # as both compute it: a float32 product
     spectrum = np.abs(np.fft.rfft(y, axis=-1))  # [frames, 201]
@@ -150,14 +203,15 @@ def feature_bounds(samples: np.ndarray, n_mels: int) -> tuple[np.ndarray, np.nda
     return lo.T, hi.T
 
 
-def check_features(page: np.ndarray, ours: np.ndarray, samples: np.ndarray, n_mels: int
-                   ) -> dict:
-    """The page's features against the runtime's (`ours`, log_mel's): both within
-    feature_bounds, or WebPackageError. Returns the worst difference and the widest bound."""
+def check_features(page: np.ndarray, ours: np.ndarray, samples: np.ndarray, n_mels: int, *,
+                   whole: bool = False) -> dict:
+    """The page's features against the runtime's (`ours`, log_mel's; whole: long-form's):
+    both within feature_bounds, or WebPackageError. Returns the worst difference and the
+    widest bound."""
     if page.shape != ours.shape:
         raise WebPackageError(f"the page's log-mel features have shape {page.shape}; the "
                               f"runtime's {ours.shape}")
-    lo, hi = feature_bounds(samples, n_mels)
+    lo, hi = feature_bounds(samples, n_mels, whole=whole)
     for who, f in (("the page's", page), ("tinyt.runtime's", ours)):
         out = (f < lo) | (f > hi)
         if out.any():
@@ -171,16 +225,16 @@ def check_features(page: np.ndarray, ours: np.ndarray, samples: np.ndarray, n_me
 
 
 def speech_ties(sm, features: list[np.ndarray], got: list[list[int]], language: str, *,
-                new_tokens: int = CHECK_NEW_TOKENS) -> int:
-    """The page's greedy tokens (`new_tokens` at most) of each window's `features` (the
-    page's own) against SpeechModel.decode_features' on them: seq2seq_ties, the logits with
-    Whisper's rules."""
+                new_tokens: int | None = CHECK_NEW_TOKENS, timestamps: bool = False) -> int:
+    """The page's greedy tokens (`new_tokens` at most; None: as many as the decoder holds)
+    of each window's `features` (the page's own) against SpeechModel.decode_features' on them
+    (timestamps: predicted): seq2seq_ties, the logits with Whisper's rules."""
     from tinyt.runtime.encoder_decoder import DecoderSteps
 
-    want = [sm.decode_features(f[None], language=language,
+    want = [sm.decode_features(f[None], language=language, timestamps=timestamps,
                                max_new_tokens=new_tokens)[0] for f in features]
-    prompt = sm._prefix(language, "transcribe", False)
-    rules = sm._settings(len(prompt), False, new_tokens).rules
+    prompt = sm._prefix(language, "transcribe", timestamps)
+    rules = sm._settings(len(prompt), timestamps, new_tokens).rules
 
     def logits_after(model, f, prefix):
         (memory,) = model.sessions["encoder"].run(["last_hidden_state"],
