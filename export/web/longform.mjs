@@ -25,13 +25,6 @@ import { TinytWebError } from "./tinyt.mjs";
 export const TIME_PRECISION = 0.02;  // seconds a timestamp token stands for
 export const FRAME_SECONDS = 0.01;  // a feature frame: 160 samples at 16 kHz
 export const INPUT_STRIDE = 2;  // feature frames an encoder position reads
-// The longest audio the page takes. Per second it holds 64 KB of samples, 32 KB (80 bins) to
-// 51 KB (128) of features, and while decoding 64 KB a channel of Web Audio's buffer: 30 min
-// is ~0.45 GB at its peak (stereo, 128 bins), what a phone's tab still holds (a desktop's
-// holds far more, but the time grows too: the features alone take ~1.6 s a window in
-// JavaScript, the encoder 1-3 s at tiny's shape, so 60 windows are minutes). Longer audio
-// gets a message (tinyt transcribe reads up to 4 h).
-export const MAX_SECONDS = 30 * 60;
 
 /** "mm:ss.xx" of `seconds` (minutes past 59 keep counting: 61:02.00). */
 export function clock(seconds) {
@@ -126,7 +119,9 @@ function timestampRules(z, seq, made, s) {
   if (total > text) z.fill(-Infinity, 0, T);
 }
 
-/** The refusal of audio over MAX_SECONDS (`seconds` long), as the page and transcribe say it. */
-export function tooLong(seconds) {
-  return new TinytWebError(`the audio lasts ${clock(seconds)} (${seconds.toFixed(1)} s); the page transcribes at most ${MAX_SECONDS / 60} min (what a browser tab holds: longform.mjs' MAX_SECONDS). Split it, or run tinyt transcribe, which reads up to 4 h`);
+/** The refusal of audio `seconds` long, over `limit` (web.json's speech.max_seconds: what a
+ * browser tab holds, export/web/speech_page.py's MAX_SECONDS), as the page and transcribe say
+ * it. */
+export function tooLong(seconds, limit) {
+  return new TinytWebError(`the audio lasts ${clock(seconds)} (${seconds.toFixed(1)} s); the page transcribes at most ${clock(limit)} (what a browser tab holds). Split it, or run tinyt transcribe, which reads up to 4 h`);
 }

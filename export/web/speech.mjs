@@ -19,18 +19,18 @@
 //           [<|notimestamps|>] ──seq2seq.mjs' decode (longform.mjs' whisperRules; greedy)──▶
 //           tokens up to <|endoftext|> ──splitSegments──▶ segments, and seek moves on
 //
-// Audio of at most 30 s is one window padded with silence; longer audio (up to longform.mjs'
-// MAX_SECONDS) has its features made whole and is always decoded with timestamps, each window
-// from the end of the last one's last complete segment, as tinyt transcribe does (what the
-// page leaves out of the runtime's options: longform.mjs).
+// Audio of at most 30 s is one window padded with silence; longer audio (up to web.json's
+// speech.max_seconds: export/web/speech_page.py's MAX_SECONDS) has its features made whole
+// and is always decoded with timestamps, each window from the end of the last one's last
+// complete segment, as tinyt transcribe does (what the page leaves out of the runtime's
+// options: longform.mjs).
 import * as ort from "./ort.wasm.min.mjs";
-import { cutWindow, INPUT_STRIDE, MAX_SECONDS, splitSegments, TIME_PRECISION, tooLong, whisperRules } from "./longform.mjs";
+import { cutWindow, INPUT_STRIDE, splitSegments, TIME_PRECISION, tooLong, whisperRules } from "./longform.mjs";
 import { Seq2SeqModel } from "./seq2seq.mjs";
 import { TinytWebError, yieldNow } from "./tinyt.mjs";
 
 export const SAMPLE_RATE = 16000, N_FFT = 400, HOP = 160, N_SAMPLES = 30 * SAMPLE_RATE;
 export const N_FRAMES = N_SAMPLES / HOP;  // 3,000
-export const MAX_SAMPLES = MAX_SECONDS * SAMPLE_RATE;
 const OPTIONS = ["language", "task", "timestamps", "maxNewTokens", "onToken", "onProgress", "signal"];
 
 /** Audio bytes (any format the browser decodes: WAV, FLAC, MP3, Ogg...) as mono samples at
@@ -205,7 +205,7 @@ export class SpeechModel extends Seq2SeqModel {
                 temperature: 0, topK: 0, topP: 1, seed: 0, stop: [], ...opts };
     if (typeof o.timestamps !== "boolean") throw new TinytWebError(`timestamps=${o.timestamps} is invalid: true or false`);
     if (!(audio instanceof Float32Array) || !audio.length) throw new TinytWebError("transcribe takes 16 kHz mono samples, a non-empty Float32Array");
-    if (audio.length > MAX_SAMPLES) throw tooLong(audio.length / SAMPLE_RATE);
+    if (audio.length > this.speech.max_seconds * SAMPLE_RATE) throw tooLong(audio.length / SAMPLE_RATE, this.speech.max_seconds);
     for (let i = 0; i < audio.length; i++) if (!Number.isFinite(audio[i])) throw new TinytWebError(`the audio holds a non-finite sample at ${i}`);
     // longer than one window (runtime/transcribe.py's test): long-form, timestamps on
     o.whole = Math.floor(audio.length / HOP) > N_FRAMES;
@@ -218,7 +218,7 @@ export class SpeechModel extends Seq2SeqModel {
   }
 
   /** Speech to text: `audio` 16 kHz mono samples (a Float32Array: decodeAudio's, or the
-   * microphone's), at most MAX_SECONDS. Options: language (a code, or null: detected), task
+   * microphone's), at most speech.max_seconds. Options: language (a code, or null: detected), task
    * ("transcribe" | "translate"), timestamps (audio over 30 s always has them), maxNewTokens
    * (a window's; default: the decoder's positions left), onToken(piece, id), onProgress(done,
    * total) (seconds, before each window and once at the end, as the runtime's progress),

@@ -50,6 +50,13 @@ PAGE = "speech.html"  # written as index.html
 MEL_FILE = "mel_filters.bin"
 CHECK_NEW_TOKENS = 12
 LONG_SECONDS = 32.0  # the check's long-form audio: two windows, the second of 2 s at most
+# The longest audio the page takes (web.json's speech.max_seconds; tinyt transcribe reads 4 h).
+# Per second the tab holds 64 KB of samples, 32 KB (80 bins) to 51 KB (128) of features, and
+# while the browser decodes, 64 KB a channel of Web Audio's buffer: 30 min is ~0.45 GB at the
+# peak (stereo, 128 bins), what a phone's tab still holds. The time grows as much: the features
+# take ~1.6 s a window in JavaScript, tiny's encoder 1-3 s on WebAssembly (one thread), so 60
+# windows are minutes, and a larger Whisper's far more.
+MAX_SECONDS = 30 * 60
 U32, U64 = 2.0 ** -24, 2.0 ** -53  # unit roundoffs
 # A float32 FFT's error, per output, over the 2-norm of its whole spectrum: log2(N) stages
 # each within (4 sqrt(2) + 1) u (Higham, Accuracy and Stability, 2nd ed., thm 24.2, radix 2;
@@ -87,7 +94,7 @@ def speech_web_json(name: str, sm) -> dict:
         "n_mels": sm.n_mels, "bins": 201, "mel_filters": MEL_FILE,
         "start": t["start"], "end": sm.eos, "no_timestamps": t["no_timestamps"],
         "timestamp_begin": t["timestamp_begin"], "timestamps": t["timestamps"],
-        "max_initial_timestamp_index": sm.max_initial,
+        "max_initial_timestamp_index": sm.max_initial, "max_seconds": MAX_SECONDS,
         "tasks": t["tasks"], "languages": sm.languages, "multilingual": sm.multilingual,
         "suppress_tokens": list(sm.suppress), "begin_suppress_tokens": list(sm.begin_suppress)}
     return web
