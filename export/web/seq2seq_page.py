@@ -181,7 +181,8 @@ def seq2seq_ties(lm, rows: list, got: list[list[int]], want: list[list[int]], *,
             # graphs at level 'disabled' do. If the page's logits are those (z_alt), it chose
             # `page` where z_alt[page] >= z_alt[ours], so z[ours] - z[page] <= 2 max|z - z_alt|.
             z_alt = logits_after(_activations_fp32(lm), row, w[:first])
-            moved = np.abs(z - z_alt)  # (nan where both are a rule's -inf)
+            with np.errstate(invalid="ignore"):  # nan where both are a rule's -inf
+                moved = np.abs(z - z_alt)
             atol = max(atol, 2 * float(moved[np.isfinite(moved)].max())
                        + 2 * reorder_bound(cfg, size, depth))
         if not z[ours] - z[page] <= atol:
