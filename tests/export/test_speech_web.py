@@ -6,8 +6,8 @@ espeak-ng's speech written as a WAV, chosen in the page's file input as a user w
 - A 16-kHz WAV (32-bit float): the page's samples (Web Audio's decodeAudioData) are runtime/audio.load_audio's
   exactly; its log-mel features lie within speech_page.feature_bounds of exact arithmetic, as
   the runtime's do (numpy's float32 FFT is what rounds; measured ~1e-7 apart, the bound
-  ~1e-3 at its widest, near the floor); its greedy tokens equal SpeechModel.decode_features' on
-  the page's features, and `rt.load(...).transcribe(wav)`'s, English forced and detected (fp32;
+  ~1e-3 at its widest, near the floor); its first window's greedy tokens equal
+  SpeechModel.decode_features' on the page's features, and `rt.load(...).transcribe(wav)`'s, English forced and detected (fp32;
   an INT8 row may part only at a tie of the runtime's own logits: seq2seq_ties).
 - espeak-ng's own 22,050-Hz WAV (16-bit PCM): the browser resamples (its resampler, not soxr's;
   and it reads positive PCM samples over 32,767 where libsndfile divides by 32,768), so the
@@ -20,8 +20,8 @@ espeak-ng's speech written as a WAV, chosen in the page's file input as a user w
 - Audio over the page's limit (speech_page.MAX_SECONDS, 30 min: an 8-kHz 8-bit WAV of 30:01,
   refused from its header before it is decoded) and a file that is not audio: a message that
   names the problem; samples over the limit passed to transcribe under Node, likewise.
-- Under Node: longform.mjs' splitSegments, whisperRules and clock against the runtime's
-  split_segments, WhisperRules and the CLI's times.
+- Under Node: longform.mjs' splitSegments and whisperRules against the runtime's
+  split_segments and WhisperRules on hand-made cases, and clock's mm:ss.xx.
 - Under Node (no browser): the INT4 package's own check, and the checks refusing features
   one frame off and a token the runtime does not rank near the top; logMel at 80 and 128 bins
   and on exactly 30 s; a transcript's text as the runtime's, "" for only special tokens.
