@@ -188,6 +188,7 @@ def package(
         decoders = ("decoder_with_past", "decoder", "decoder_gqa", "seq2seq")
         what = "greedy tokens" if manifest.get("graph") in decoders else "outputs"
         checked = ("log-mel features within the FFT's rounding and greedy tokens as tinyt's"
+                   ", long audio window by window as tinyt transcribe's"
                    if "speech" in web else f"tokenizer ids and {what} equal tinyt's")
         typer.echo(f"checked under {web['checked']['runtime']} with onnxruntime-web "
                    f"{web['onnxruntime_web']}: {checked}")

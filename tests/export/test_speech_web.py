@@ -245,7 +245,8 @@ def test_int4_package_and_the_checks_that_refuse(small_whisper, tmp_path, monkey
     code, said, err = run_cli(monkeypatch, capsys, "package", small_whisper["int4"],
                               tmp_path / "int4", "--format", "web")
     assert code == 0, err
-    assert "log-mel features within the FFT's rounding and greedy tokens as tinyt's" in said
+    assert "log-mel features within the FFT's rounding and greedy tokens as tinyt's, long " \
+        "audio window by window as tinyt transcribe's" in said
     pkg = tmp_path / "int4"
     m = open_artifact_dir(pkg).manifest.data
     assert m["package_format"] == "web" and m["quantization"]["recipe"]["bits"] == 4
