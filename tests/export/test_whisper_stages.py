@@ -40,6 +40,7 @@ from tinyt.export.speech_accuracy import (
 from tinyt.fsutil import sha256_file
 from tinyt.manifest import open_artifact_dir
 from tinyt.recipe import SPEECH_BLOCK
+from tinyt.runtime.transcribe import SpeechModel
 from tinyt.tokenizer import Tokenizer
 
 ROWS = ("onnx", "onnx-opt", "onnx-int8", "onnx-int4")
@@ -212,6 +213,20 @@ def test_the_report_of_fp32_against_itself_is_exact(run, monkeypatch):
     assert same["token_agreement"] == same["exact_match"] == same["top1_agreement"] == 1.0
     assert same["wer_vs_fp32"] == same["cer_vs_fp32"] == 0.0
     assert same["kl_divergence"] == pytest.approx(0.0, abs=1e-9)
+    # a second report on the same source (the pipeline's INT4 after its INT8) transcribes the
+    # candidate only: fp32's side is kept, by the source's hashes and the sentences
+    calls = []
+    transcribe = SpeechModel.transcribe
+    monkeypatch.setattr(SpeechModel, "transcribe",
+                        lambda self, *a, **k: calls.append(self) or transcribe(self, *a, **k))
+    again = speech_report(src, {r: src.path / f for r, f in SEQ2SEQ_FILES.items()},
+                          Tokenizer.from_file(src.path / "tokenizer.json"), None)
+    assert again == same and len(calls) == 2  # the candidate's two sentences
+    monkeypatch.setattr(speech_accuracy, "SENTENCES", speech_accuracy.SENTENCES[:1])
+    calls.clear()
+    speech_report(src, {r: src.path / f for r, f in SEQ2SEQ_FILES.items()},
+                  Tokenizer.from_file(src.path / "tokenizer.json"), None)
+    assert len(calls) == 2  # other sentences: fp32's side again, then the candidate's
 
 
 def test_the_ort_package_transcribes_as_its_source(run, tmp_path):
