@@ -2,10 +2,11 @@
 (a manylinux wheel: whisper.cpp 1.8.5, ggml 0.13.1) run whisper.cpp's own ggml file, made by
 whisper.cpp's own converter from the benchmark's Hugging Face directory.
 
-    ARTIFACTS/hf ──whisper.cpp's models/convert-h5-to-ggml.py──▶ peers/whisper.cpp-f16/ggml-model.bin
-        (the converter wants the slow tokenizer's vocab.json and added_tokens.json, written
-        from tokenizer.json, and OpenAI's mel_filters.npz: runtime/audio.mel_filters', the
-        filters tinyt's log-mel uses, so whisper.cpp's own front end has the same)
+    ARTIFACTS/hf ──whisper.cpp's models/convert-h5-to-ggml.py──▶ peers/whisper.cpp-f16/
+        ggml-model.bin (the converter wants the slow tokenizer's vocab.json and
+        added_tokens.json, written from tokenizer.json, and OpenAI's mel_filters.npz:
+        runtime/audio.mel_filters', the filters tinyt's log-mel uses, so whisper.cpp's own
+        front end has the same)
     ──whisper.cpp's whisper-quantize (built from the same source)──▶ peers/whisper.cpp-q8_0/
 
     bash scripts/setup-whisper-cpp.sh       (the wheel, the converter, the quantizer: cached)
@@ -14,15 +15,20 @@ f16 is the converter's default and the only float file this whisper.cpp runs: it
 rounds every tensor to fp16 before writing it as f32 (convert-h5-to-ggml.py casts to float16
 first), and a true f32 file stops in the encoder's first convolution (ggml_conv_1d's im2col
 asserts an f16 kernel: ggml-org/whisper.cpp#2557). So no whisper.cpp row is fp32 and none must
-give tinyt fp32's tokens; each reports its agreement (on these weights, f16 without flash
-attention gives them all: the fp16-rounded weights move the logits by ~1e-3).
+give tinyt fp32's tokens; each reports its agreement. f16 without flash attention gives them
+but where tinyt suppresses a token whisper.cpp does not (below): the fp16-rounded weights move
+these logits by ~1e-3. Flash attention (its default) parts sooner.
 
 A call is whisper_full on a window's log-mel features set with whisper_set_mel (the features
 every engine gets; whisper_full with no samples skips its own front end): English, transcribe,
 no timestamps, one segment, max_tokens n - 1 (it stops after making the token that reaches the
 limit: n tokens), no temperature fallback, suppress_blank and its non-speech suppression
-(suppress_nst: its form of the generation config's suppress_tokens, found by their text). One
-window at a time: whisper_full transcribes one audio, so a batch is the windows in turn.
+(suppress_nst: its form of the generation config's suppress_tokens, found by their text; on
+the random Whisper's filler vocabulary it finds the one-byte ones only, so where tinyt
+suppresses a longer one whisper.cpp may pick it. Its suppress_regex would reach them at ~12 ms
+a step, a regex over the 51,865 tokens' text: not timed so; the bindings hand a logits filter
+no array to write). One window at a time: whisper_full transcribes one audio, so a batch is
+the windows in turn.
 """
 from __future__ import annotations
 
