@@ -29,6 +29,7 @@ src="pywhispercpp-$version/whisper.cpp"
 if [ ! -f "$cache/converter/convert-h5-to-ggml.py" ]; then
   tar xzf "$sdist" -C "$cache/src" "$src/models/convert-h5-to-ggml.py"
   cp "$cache/src/$src/models/convert-h5-to-ggml.py" "$cache/converter/"
+  rm -rf "$cache/src/pywhispercpp-$version"
 fi
 if [ "${WHISPER_CPP_QUANTIZE:-1}" != 0 ] && [ ! -x "$cache/bin/whisper-quantize" ]; then
   echo "building whisper.cpp's whisper-quantize from source (about 6 minutes on 2 cores)..." >&2
@@ -39,7 +40,8 @@ if [ "${WHISPER_CPP_QUANTIZE:-1}" != 0 ] && [ ! -x "$cache/bin/whisper-quantize"
     -DWHISPER_SDL2=OFF >/dev/null
   cmake --build "$build" --target whisper-quantize -j "$(nproc)" >/dev/null
   cp "$build/bin/whisper-quantize" "$cache/bin/"
-  rm -rf "$build" "$cache/src/$src"
+  rm -rf "$build" "$cache/src/pywhispercpp-$version"
 fi
 .venv/bin/python -c "import _pywhispercpp as pw; print('pywhispercpp $version installed:', \
-pw.whisper_print_system_info().strip()); print('converter and quantizer in $cache')"
+pw.whisper_print_system_info().strip())"
+ls "$cache/converter" "$cache/bin"

@@ -30,7 +30,7 @@ def test_bad_options_are_refused_together(tmp_path):
 
 
 @NEEDS
-@pytest.mark.slow  # two packages each for two engines, four pages: ~3 min on 2 loaded cores
+@pytest.mark.slow  # two packages each for two engines, four pages: ~8 min on 2 loaded cores
 def test_pages_give_the_runtimes_tokens_then_are_timed(tmp_path):
     from tinyt.benchmarks.peers import whisper_peers
     from tinyt.benchmarks.whisper_shape import peer_whisper

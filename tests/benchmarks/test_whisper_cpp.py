@@ -50,7 +50,7 @@ def result(artifacts):
     return r
 
 
-@pytest.mark.slow  # conversions, four workers, one round: ~3 min on 2 loaded cores
+@pytest.mark.slow  # conversions, four workers, one round: ~4 min on 2 loaded cores
 def test_whisper_cpp_rows_are_checked_and_timed(result):
     a = result["agreement"]
     assert all(a[name]["must_equal"] is None for name in ROWS)  # none fp32: told
