@@ -220,8 +220,7 @@ def run(artifacts: Path, out: Path, transformers_js: Path | None, *,
         windows = speech(check_windows, work)
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         result = {"artifacts": str(artifacts), "variants": list(variants),
-                  "model": json.loads((artifacts / "hf" / "config.json").read_text())
-                  if (artifacts / "hf" / "config.json").is_file() else {},
+                  "model": _shape(artifacts),
                   "environment": {**environment(("tinyt", "onnxruntime", "playwright"),
                                                 load_average=os.getloadavg()),
                                   "chromium": browser.version, "transformers_js": version},
@@ -254,6 +253,14 @@ def run(artifacts: Path, out: Path, transformers_js: Path | None, *,
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "results.md").write_text(markdown(result))
     return result
+
+
+def _shape(artifacts: Path) -> dict:
+    """The Whisper's widths, layers, mel bins and vocabulary (ARTIFACTS/hf's config.json)."""
+    cfg = artifacts / "hf" / "config.json"
+    keys = ("d_model", "encoder_layers", "decoder_layers", "num_mel_bins", "vocab_size")
+    return {k: v for k, v in json.loads(cfg.read_text()).items() if k in keys} \
+        if cfg.is_file() else {}
 
 
 def _check_options(artifacts: Path, variants: tuple[str, ...], threads: tuple[int, ...],
