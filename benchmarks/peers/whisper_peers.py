@@ -9,6 +9,8 @@ weights and the same log-mel features (issue 52, the peers): the encoder-decoder
       ├─CTranslate2's TransformersConverter─▶ peers/ct2-int8, peers/ct2-float32 (the models
       │   faster-whisper runs: ctranslate2.models.Whisper, called with faster-whisper's arguments)
       ├─Optimum's ORTModelForSpeechSeq2Seq(export=True)─▶ peers/optimum-fp32
+      ├─whisper.cpp's converter (and quantizer)─▶ peers/whisper.cpp-f16, peers/whisper.cpp-q8_0
+      │   (opt-in: scripts/setup-whisper-cpp.sh; whisper_cpp.py, run through pywhispercpp)
       └─transformers' PyTorch model loads ARTIFACTS/hf itself
     features: espeak-ng speaking sentences of tinyt's retrieval set, runtime/audio.log_mel, one
     30-s window each (padded with silence) ──▶ OUT/features.npy, read by every worker
