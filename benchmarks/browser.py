@@ -21,7 +21,9 @@ settings, onnx/model.onnx — the directory tinyt writes for Optimum); its greed
 compared with tinyt's before its times count.
 
 --encoder: an encoder's page against transformers.js' feature-extraction pipeline on the same
-weights (benchmarks/peers/browser_encoders.py).
+weights (benchmarks/peers/browser_encoders.py). --whisper: Whisper's speech page against its
+automatic-speech-recognition pipeline on the same weights and audio
+(benchmarks/peers/browser_whisper.py).
 """
 from __future__ import annotations
 
@@ -268,7 +270,12 @@ def main(argv: list[str] | None = None) -> None:
     enc.add_argument("--threads", type=int, action="append", help="repeat (default 1 and 2)")
     enc.add_argument("--check-texts", type=int, default=None,
                      help="the first N texts of the retrieval set (default all 220)")
+    ap.add_argument("--whisper", action="store_true", help="Whisper's speech page against "
+                    "transformers.js' pipeline on ARTIFACTS' onnx and onnx-int8 (--rounds, "
+                    "--settle, --block, --threads, --new-tokens as --encoder's)")
     args = ap.parse_args(argv)
+    if args.whisper:
+        return _whisper(args)
     if args.encoder:
         from tinyt.errors import BenchError
 
@@ -293,6 +300,24 @@ def main(argv: list[str] | None = None) -> None:
                  new_tokens=args.new_tokens, variants=tuple(args.variants.split(",")),
                  transformers_js=args.transformers_js)
     print(markdown(result))
+
+
+def _whisper(args) -> None:
+    from tinyt.errors import BenchError
+
+    from .peers import browser_whisper as bw
+    if args.artifacts is None:
+        raise SystemExit("error: --whisper needs ARTIFACTS (whisper_peers --make tiny makes one)")
+    out = args.out or Path("benchmarks/results/browser-whisper")
+    try:
+        bw.run(args.artifacts, out, args.transformers_js,
+               variants=tuple(args.variants.split(",")) if args.variants else bw.VARIANTS,
+               threads=tuple(args.threads or (1, 2)), rounds=args.rounds, settle=args.settle,
+               block=args.block, new_tokens=args.new_tokens)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print((out / "results.md").read_text())
 
 
 if __name__ == "__main__":

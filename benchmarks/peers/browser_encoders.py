@@ -169,9 +169,10 @@ def build(st_dir: Path, work: Path, variants: tuple[str, ...], log=print) -> dic
     return {v: make(v) for v in variants}
 
 
-def tjs_site(node_modules: Path, site: Path) -> str:
+def tjs_site(node_modules: Path, site: Path, page: str = TJS_PAGE) -> str:
     """A folder for transformers.js pages: its browser bundle and its onnxruntime-web's
-    WebAssembly files, copied from `node_modules`; returns its version."""
+    WebAssembly files, copied from `node_modules`, and `page` as index.html (the encoders';
+    browser_whisper's); returns its version."""
     dist = node_modules / "@huggingface" / "transformers" / "dist"
     if not (dist / "transformers.min.js").is_file():
         raise BenchError(f"{node_modules} has no @huggingface/transformers (bash "
@@ -181,7 +182,7 @@ def tjs_site(node_modules: Path, site: Path) -> str:
     shutil.copy2(dist / "transformers.min.js", site)
     for f in TJS_ORT_FILES:
         shutil.copy2(node_modules / "onnxruntime-web" / "dist" / f, site)
-    (site / "index.html").write_text(TJS_PAGE)
+    (site / "index.html").write_text(page)
     return json.loads((dist.parent / "package.json").read_text())["version"]
 
 

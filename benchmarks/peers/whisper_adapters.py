@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import whisper_cpp
 from .seq2seq_adapters import Translate
 
 FEATURES = "features.npy"  # the parent's windows, beside the worker's spec
@@ -118,4 +119,5 @@ def _load_transformers(path: Path, threads: int, *, features: str, **_) -> Trans
 
 
 LOADERS = {"whisper-tinyt": _load_tinyt, "whisper-ctranslate2": _load_ctranslate2,
-           "whisper-optimum": _load_optimum, "whisper-transformers": _load_transformers}
+           "whisper-optimum": _load_optimum, "whisper-transformers": _load_transformers,
+           "whisper-cpp": whisper_cpp.load}

@@ -9,6 +9,8 @@ weights and the same log-mel features (issue 52, the peers): the encoder-decoder
       ├─CTranslate2's TransformersConverter─▶ peers/ct2-int8, peers/ct2-float32 (the models
       │   faster-whisper runs: ctranslate2.models.Whisper, called with faster-whisper's arguments)
       ├─Optimum's ORTModelForSpeechSeq2Seq(export=True)─▶ peers/optimum-fp32
+      ├─whisper.cpp's converter (and quantizer)─▶ peers/whisper.cpp-f16, peers/whisper.cpp-q8_0
+      │   (opt-in: scripts/setup-whisper-cpp.sh; whisper_cpp.py, run through pywhispercpp)
       └─transformers' PyTorch model loads ARTIFACTS/hf itself
     features: espeak-ng speaking sentences of tinyt's retrieval set, runtime/audio.log_mel, one
     30-s window each (padded with silence) ──▶ OUT/features.npy, read by every worker
@@ -44,7 +46,7 @@ from pathlib import Path
 
 from tinyt.errors import BenchError
 
-from . import formats
+from . import formats, whisper_cpp
 from .engines import PeerEngine
 from .seq2seq_check import REFERENCE
 from .seq2seq_peers import FP32, TINYT_ROWS, _bytes, makes, measure, prepare
@@ -71,6 +73,16 @@ def _ct2(option: str) -> PeerEngine:
                       modules=("ctranslate2",))
 
 
+def _whisper_cpp(option: str, flash: bool = False) -> PeerEngine:
+    how = "flash attention (its default)" if flash else "flash attention off"
+    return PeerEngine(f"whisper.cpp-{option}" + "-fa" * flash,
+                      f"whisper.cpp {option}, {how}: whisper_full through pywhispercpp on its "
+                      "own converter's file of ARTIFACTS/hf (features set by whisper_set_mel)",
+                      "pywhispercpp", f"opt-in: {whisper_cpp.SETUP}", "whisper-cpp",
+                      f"peers/whisper.cpp-{option}", whisper_cpp.convert, option,
+                      modules=("_pywhispercpp",), options={"flash_attn": flash})
+
+
 # tinyt's rows: the encoder-decoder catalogue's (seq2seq_peers.TINYT_ROWS: a form is a row
 # there); one not made (optimize / quantize of speech graphs, where absent) is skipped, saying
 # which command makes it
@@ -86,6 +98,8 @@ WHISPER_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
     PeerEngine("transformers", "transformers' PyTorch WhisperForConditionalGeneration (eager "
                "attention) generate on ARTIFACTS/hf", "torch", "extra torch",
                "whisper-transformers", "hf", exact=True, modules=("torch", "transformers")),
+    # opt-in (scripts/setup-whisper-cpp.sh); none fp32 (whisper_cpp.py says why)
+    _whisper_cpp("f16"), _whisper_cpp("f16", flash=True), _whisper_cpp("q8_0"),
 )}
 
 
@@ -179,8 +193,8 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     timed = rows(raw, batch)
     result = {
         "model": _model(artifacts), "artifacts": str(artifacts),
-        "environment": environment(VERSIONS, load_average={"before": load_before,
-                                                           "after": os.getloadavg()}),
+        "environment": environment((*VERSIONS, "pywhispercpp"), load_average={
+            "before": load_before, "after": os.getloadavg()}),
         "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
                    "check_sources": check_windows, "new_tokens": new_tokens, "batch": batch,
                    "beams": beams, "unit": UNIT,
