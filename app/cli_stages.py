@@ -156,7 +156,8 @@ def package(
                                              "list), triton (model repository), onnx, web "
                                              "(a page + ES module on ONNX Runtime Web), or "
                                              "transformers-js (an encoder-decoder as "
-                                             "transformers.js loads it).")
+                                             "transformers.js loads it), or genai (a "
+                                             "Whisper as ONNX Runtime GenAI loads it).")
                       ] = "ort",
     fixed: Annotated[Optional[list[str]], typer.Option(
         help="Pin an axis, AXIS=N (repeat): batch_size, sequence_length, "
@@ -200,6 +201,12 @@ def package(
             serve_dir(path, port)
         return
     eq = manifest["equivalence"]
+    if format == "genai":
+        typer.echo(f"files: {', '.join(manifest['files'])}")
+        typer.echo(f"checked with onnxruntime-genai {manifest['versions']['onnxruntime_genai']}"
+                   f": {eq['greedy']['tokens']} greedy tokens equal tinyt's")
+        typer.echo(f"package: {path}")
+        return
     worst = max(w["max_abs"] for w in eq["worst"].values())
     bound = min(w["bound"] for w in eq["worst"].values())
     typer.echo(f"files: {', '.join(manifest['files'])}")

@@ -8,7 +8,8 @@
         format triton ─▶ OUT/<name>/config.pbtxt + OUT/<name>/1/model.onnx (Triton repository)
         format web    ─▶ a static page + ES module on ONNX Runtime Web (export/web/)
     an encoder-decoder (seq2seq) artifact: its three graphs as ort or web, or as transformers.js
-    loads an encoder-decoder, --format transformers-js (seq2seq_package.py)
+    loads an encoder-decoder, --format transformers-js (seq2seq_package.py), or a Whisper as
+    ONNX Runtime GenAI loads it, --format genai (genai_whisper.py)
 
 Pinned shapes (`fixed`) are for accelerators that cannot take dynamic shapes: batch_size,
 sequence_length and past_sequence_length become numbers in the graph; the runtime and
@@ -38,7 +39,7 @@ from .ort_format import ORT_FILE, to_ort, write_operators
 from .stage import Built, built, copy_artifact_files, open_source, source_graph, source_versions
 from .triton import check_config, config_pbtxt
 
-FORMATS = ("onnx", "ort", "triton", "web", "transformers-js")
+FORMATS = ("onnx", "ort", "triton", "web", "transformers-js", "genai")
 # packaged vs source graph on the same inputs, every output: the same graph, perhaps optimized
 # at another level, so fp32 rounding in other orders at most (compare.reorder_bound)
 
@@ -211,6 +212,11 @@ def _elsewhere(src_dir: Path, out_dir: Path, format: str, fixed) -> Built | None
             "classifier or encoder graph uses Optimum's input and output names already: "
             "transformers.js loads its model.onnx as onnx/model.onnx beside config.json and "
             "the tokenizer's files")
+    if format == "genai":
+        raise PackageError(
+            f"{src_dir} is not a Whisper artifact: --format genai writes ONNX Runtime GenAI's "
+            "Whisper layout. A KV-cache decoder's --format onnx and ort packages carry "
+            "genai_config.json already (GenAI loads them as they are)")
     if format == "web":
         if fixed:
             raise PackageError("--fixed pins shapes for accelerators; the web package runs "

@@ -11,6 +11,8 @@ web page (export/web/seq2seq_page.py).
       ──format web──▶ export/web/seq2seq_page.py (a Whisper: export/web/speech_page.py)
       ──format transformers-js──▶ export/transformers_js.py (onnx/encoder_model.onnx and
                       Optimum's onnx/decoder_model_merged.onnx, as transformers.js loads them)
+      ──format genai (a Whisper)──▶ export/genai_whisper.py (encoder.onnx with the cross
+                      caches, decoder.onnx, genai_config.json: ONNX Runtime GenAI's Whisper)
       checked before it is written: each .ort graph against its source graph on the contract's
       random inputs over seq2seq_checks' grid (fp32 rounding in other orders at most), then the
       package, loaded by tinyt.runtime, gives the source's greedy tokens.
@@ -60,8 +62,14 @@ def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, f
     if why:
         raise PackageError(f"{src_dir} is an encoder-decoder (seq2seq) artifact: "
                            f"{'--fixed' if fixed else f'--format {format}'} does not apply, as "
-                           f"{why}. It packages as --format ort, web or transformers-js")
+                           f"{why}. It packages as --format ort, web or transformers-js (a "
+                           "Whisper also as genai)")
     src = open_source(src_dir, out_dir)
+    if format == "genai" and not is_speech(src.config):
+        raise PackageError(f"{src_dir} is a text encoder-decoder: --format genai writes ONNX "
+                           "Runtime GenAI's Whisper layout, and GenAI 0.18 runs no other "
+                           "encoder-decoder type. It packages as --format ort, web or "
+                           "transformers-js")
     if src.manifest.stage == "package":
         raise PackageError(f"{src_dir} is already a package; package the artifact it was made "
                            "from")
@@ -78,6 +86,9 @@ def package_seq2seq(src_dir: str | os.PathLike, out_dir: str | os.PathLike, *, f
     if format == "web":
         from .web.seq2seq_page import package_seq2seq_web
         return package_seq2seq_web(src_dir, out_dir, src)
+    if format == "genai":
+        from .genai_whisper import package_genai_whisper
+        return package_genai_whisper(src_dir, out_dir, src)
     if format == "transformers-js":
         from .transformers_js import package_transformers_js
         return package_transformers_js(src_dir, out_dir, src)

@@ -1,0 +1,214 @@
+"""`tinyt package WHISPER OUT --format genai`: a tinyt Whisper artifact in the layout ONNX Runtime
+GenAI's Whisper (`genai_config.json` `model.type` "whisper", onnxruntime-genai 0.18) loads, with
+tinyt's graphs, weights and tokens.
+
+GenAI's Whisper runs two graphs: an encoder that also returns every decoder layer's
+cross-attention keys / values, and one decoder that takes the self cache (empty on the first
+step) and the cross cache. Its config names each input and output, so tinyt's graphs keep their
+Optimum names; only the encoder is new:
+
+    input_features [B, n_mels, 3000]
+         │
+    encoder_model.onnx ──▶ last_hidden_state [B, 1500, d] ─────────────────────▶ (output)
+                                   │
+      <|startoftranscript|> [B, 1] │ (a constant, Expand to the batch)
+                   │               ▼
+                   └────▶ decoder_model.onnx, pruned to its cross projections
+                                   └──▶ present.{i}.encoder.key / .value [B, h, 1500, hd]
+    decoder.onnx = decoder_with_past_model.onnx as it is (past length 0 on the first step)
+
+    OUT/encoder.onnx, decoder.onnx, genai_config.json, config.json, generation_config.json,
+        tokenizer.json, tokenizer_config.json, manifest.json
+    checked before it is written: onnxruntime_genai loads OUT and, fed the log-mel features of a
+    synthetic voice, gives tinyt.runtime's greedy tokens (Whisper's suppressions applied by the
+    caller through the generator's logits: GenAI 0.18's config has no suppress_tokens).
+
+Not written: GenAI's `audio_processor_config.json` (its onnxruntime-extensions front end), so
+the package takes log-mel features (`runtime/audio.log_mel`), not audio files.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, compose, helper
+
+from tinyt.contract import SEQ2SEQ, SEQ2SEQ_FILES
+from tinyt.errors import PackageError
+from tinyt.fsutil import atomic_dir, write_json
+from tinyt.graphio import load_graph, save_graph
+from tinyt.manifest import Artifact, write_manifest
+
+from .stage import Built, built, copy_artifact_files, source_versions
+
+FILES = {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
+CHECK_NEW_TOKENS = 16
+_CROSS = "cross/"  # the pruned decoder's names inside the merged encoder
+
+
+def cross_encoder(encoder: onnx.ModelProto, decoder: onnx.ModelProto, start_id: int
+                  ) -> onnx.ModelProto:
+    """The encoder that also returns the cross-attention caches (module sketch): `encoder`
+    then `decoder` (decoder_model.onnx) fed <|startoftranscript|>, kept to the cross outputs."""
+    dg = decoder.graph
+    ids = next(i for i in dg.input if i.name == "input_ids")
+    dg.input.remove(ids)
+    make = [helper.make_node("Shape", ["encoder_hidden_states"], ["/genai/batch"], start=0,
+                             end=1, name="/genai/Shape"),
+            helper.make_node("Concat", ["/genai/batch", "/genai/one"], ["/genai/ids_shape"],
+                             axis=0, name="/genai/Concat"),
+            helper.make_node("Expand", ["/genai/start", "/genai/ids_shape"], ["input_ids"],
+                             name="/genai/Expand")]
+    dg.initializer.extend([helper.make_tensor("/genai/one", TensorProto.INT64, [1], [1]),
+                           helper.make_tensor("/genai/start", TensorProto.INT64, [1, 1],
+                                              [start_id])])
+    for node in reversed(make):
+        dg.node.insert(0, node)
+    cross = [o.name for o in dg.output if ".encoder." in o.name]
+    merged = compose.merge_models(
+        encoder, decoder, io_map=[("last_hidden_state", "encoder_hidden_states")],
+        prefix2=_CROSS, outputs=["last_hidden_state"] + [_CROSS + n for n in cross])
+    renamed = {_CROSS + n: n for n in cross}  # back to Optimum's names
+    for node in merged.graph.node:
+        node.input[:] = [renamed.get(x, x) for x in node.input]
+        node.output[:] = [renamed.get(x, x) for x in node.output]
+    for out in merged.graph.output:
+        out.name = renamed.get(out.name, out.name)
+    merged.graph.name = "tinyt_whisper_encoder_cross"
+    onnx.checker.check_model(merged)
+    return merged
+
+
+def _part(filename: str, hf: dict, layers: int, inputs: dict, outputs: dict) -> dict:
+    heads, width = hf["decoder_attention_heads"], hf["d_model"]
+    return {"filename": filename, "session_options": {"log_id": "tinyt", "provider_options": []},
+            "head_size": width // heads, "hidden_size": width, "num_attention_heads": heads,
+            "num_key_value_heads": heads, "num_hidden_layers": layers, "inputs": inputs,
+            "outputs": outputs}
+
+
+def genai_whisper_config(hf: dict, gen: dict) -> dict:
+    """genai_config.json over the package's graphs: hf the artifact's config.json, gen its
+    generation_config.json."""
+    enc = _part(FILES["encoder"], hf, hf["encoder_layers"], {"audio_features": "input_features"},
+                {"encoder_hidden_states": "last_hidden_state",
+                 "cross_present_key_names": "present.%d.encoder.key",
+                 "cross_present_value_names": "present.%d.encoder.value"})
+    dec = _part(FILES["decoder"], hf, hf["decoder_layers"],
+                {"input_ids": "input_ids",
+                 "past_key_names": "past_key_values.%d.decoder.key",
+                 "past_value_names": "past_key_values.%d.decoder.value",
+                 "cross_past_key_names": "past_key_values.%d.encoder.key",
+                 "cross_past_value_names": "past_key_values.%d.encoder.value"},
+                {"logits": "logits", "present_key_names": "present.%d.decoder.key",
+                 "present_value_names": "present.%d.decoder.value"})
+    eos = gen["eos_token_id"]
+    return {"model": {"type": "whisper", "bos_token_id": gen["decoder_start_token_id"],
+                      "eos_token_id": eos, "pad_token_id": gen.get("pad_token_id", eos),
+                      "vocab_size": hf["vocab_size"],
+                      "context_length": hf["max_target_positions"],
+                      "encoder": enc, "decoder": dec},
+            "search": {"do_sample": False, "num_beams": 1,
+                       "max_length": hf["max_target_positions"], "min_length": 0,
+                       "past_present_share_buffer": False, "repetition_penalty": 1.0,
+                       "temperature": 1.0, "top_k": 1, "top_p": 1.0,
+                       "num_return_sequences": 1, "length_penalty": 1.0,
+                       "early_stopping": True, "no_repeat_ngram_size": 0,
+                       "diversity_penalty": 0.0}}
+
+
+def genai_greedy(model, features: np.ndarray, prompt: list[int], max_new_tokens: int, *,
+                 eos: int, suppress=(), begin_suppress=(),
+                 feature_name: str = "input_features") -> list[int]:
+    """One window's greedy tokens from an onnxruntime_genai Whisper `model` on log-mel
+    `features` [n_mels, 3000] after `prompt`; `suppress` (every step) and `begin_suppress`
+    (the first) set to -inf in the generator's logits, as transformers' rules. The tokens
+    after the prompt, the end token left out (decode_features' form)."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + max_new_tokens, batch_size=1)
+    gen = og.Generator(model, params)
+    feeds = og.NamedTensors()
+    feeds[feature_name] = np.ascontiguousarray(features[None], dtype=np.float32)
+    feeds["input_ids"] = np.asarray([prompt], dtype=np.int32)
+    gen.set_inputs(feeds)
+    suppress, begin = list(suppress), list(suppress) + list(begin_suppress)
+    while not gen.is_done():
+        mask = begin if gen.token_count() == len(prompt) else suppress
+        if mask:
+            logits = gen.get_logits()
+            logits[..., mask] = -np.inf
+            gen.set_logits(logits)
+        gen.generate_next_token()
+    tokens = [int(t) for t in gen.get_sequence(0)][len(prompt):]
+    return tokens[:tokens.index(eos)] if eos in tokens else tokens
+
+
+def load_genai(directory: Path):
+    """onnxruntime_genai.Model of a package directory (a clear error without the package)."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        raise PackageError("--format genai checks the package by loading it in ONNX Runtime "
+                           "GenAI, which is not installed: pip install 'tinyt[peers]' (or "
+                           "onnxruntime-genai>=0.18)") from None
+    return og.Model(str(directory))
+
+
+def package_genai_whisper(src_dir: Path, out_dir: Path, src: Artifact) -> Built:
+    """Write the GenAI package (module docstring); returns out_dir. The caller
+    (export/seq2seq_package.py) has refused what does not apply."""
+    from tinyt.runtime import load
+
+    hf = json.loads((src_dir / "config.json").read_text(encoding="utf-8"))
+    gen = json.loads((src_dir / "generation_config.json").read_text(encoding="utf-8"))
+    with atomic_dir(out_dir) as out:
+        copy_artifact_files(src_dir, out)
+        encoder = cross_encoder(load_graph(src_dir / SEQ2SEQ_FILES["encoder"]),
+                                load_graph(src_dir / SEQ2SEQ_FILES["decoder"]),
+                                int(gen["decoder_start_token_id"]))
+        save_graph(encoder, out / FILES["encoder"], external=False)
+        del encoder
+        shutil.copyfile(src_dir / SEQ2SEQ_FILES["decoder_with_past"], out / FILES["decoder"])
+        write_json(out / "genai_config.json", genai_whisper_config(hf, gen))
+        asr = load(src_dir, threads=1, tune=False)
+        greedy = check_greedy(out, asr)
+        import onnxruntime_genai as og
+
+        extra = {**src.manifest.records("quantization", "accuracy", "opset"),
+                 "graph": SEQ2SEQ, "package_format": "genai",
+                 "int8": src.manifest.record("int8") or {},
+                 "versions": source_versions(src, onnxruntime_genai=og.__version__),
+                 "genai": {"type": "whisper", "files": dict(FILES),
+                           "from": {"encoder": [SEQ2SEQ_FILES["encoder"],
+                                                SEQ2SEQ_FILES["decoder"]],
+                                    "decoder": [SEQ2SEQ_FILES["decoder_with_past"]]}},
+                 "equivalence": {"greedy": greedy}}
+        written = write_manifest(out, stage="package", source=src.record(),
+                                 options={"format": "genai"}, extra=extra)
+    return built(out_dir, written)
+
+
+def check_greedy(out: Path, asr) -> dict:
+    """GenAI's greedy tokens on the package against tinyt.runtime's on the same features (a
+    synthetic voice, English forced); PackageError where they differ."""
+    from tinyt.runtime.audio import log_mel
+
+    from .speech_accuracy import voice
+
+    model = load_genai(out)
+    features = log_mel(voice(), n_mels=asr.n_mels)
+    want = asr.decode_features(features[None], language="en",
+                               max_new_tokens=CHECK_NEW_TOKENS)[0]
+    got = genai_greedy(model, features, asr._prefix("en", "transcribe", False),
+                       CHECK_NEW_TOKENS, eos=asr.eos, suppress=asr.suppress,
+                       begin_suppress=asr.begin_suppress)
+    if got != want:
+        raise PackageError(f"ONNX Runtime GenAI's greedy tokens on the package {got} differ "
+                           f"from tinyt.runtime's {want} (a synthetic voice, English)")
+    return {"audio": "synthetic voice (3 s)", "max_new_tokens": CHECK_NEW_TOKENS,
+            "tokens": len(want), "equal": True}
