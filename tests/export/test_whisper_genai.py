@@ -1,0 +1,90 @@
+"""`tinyt package WHISPER --format genai` (export/genai_whisper.py): ONNX Runtime GenAI's Whisper
+(onnxruntime-genai, `model.type` "whisper") loads the package unchanged and, on espeak-ng's
+speech (the synthetic voice without it), gives tinyt.runtime's greedy tokens with tinyt's
+weights: fp32, INT8 and INT4 (tests/conftest.py's small_whisper). The encoder with the cross
+caches returns what the source's encoder and first decoder graph return; what does not apply
+is refused by name."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from whisper_fixtures import speech_features
+
+import tinyt.runtime as rt
+from tinyt.errors import PackageError
+from tinyt.export.package import package
+
+og = pytest.importorskip("onnxruntime_genai", reason="pip install 'tinyt[peers]'")
+from tinyt.export.genai_whisper import FILES, genai_greedy  # noqa: E402
+
+NEW_TOKENS = 24
+# The composed encoder runs the source's own nodes on the same inputs: ONNX Runtime may fuse
+# them otherwise, so fp32 reordering at most — 1e-5 of outputs of magnitude ~1-10 (64 wide,
+# 1 layer; compare.reorder_bound's arithmetic gives ~1e-5 here).
+ENCODER_TOL = 1e-5
+
+
+def _features(n_mels: int) -> np.ndarray:
+    feats = speech_features(n_mels)
+    if feats is None:  # no espeak-ng: the package check's synthetic voice
+        from tinyt.export.speech_accuracy import voice
+        from tinyt.runtime.audio import log_mel
+        feats = log_mel(voice(), n_mels=n_mels)
+    return feats
+
+
+@pytest.fixture(scope="module")
+def genai_packages(small_whisper, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("genai")
+    return {v: package(small_whisper[v], root / v, format="genai")
+            for v in ("fp32", "int8", "int4")}
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8", "int4"])
+def test_genai_tokens_equal_tinyt(genai_packages, small_whisper, variant):
+    out = genai_packages[variant]
+    cfg = json.loads((out / "genai_config.json").read_text())
+    assert cfg["model"]["type"] == "whisper"
+    assert cfg["model"]["encoder"]["filename"] == FILES["encoder"]
+    assert out.manifest["equivalence"]["greedy"]["equal"] is True
+    asr = rt.load(small_whisper[variant], threads=1, tune=False)
+    feats = _features(asr.n_mels)
+    want = asr.decode_features(feats[None], language="en", max_new_tokens=NEW_TOKENS)[0]
+    model = og.Model(str(out))
+    prompt = asr._prefix("en", "transcribe", False)
+    got = genai_greedy(model, feats, prompt, NEW_TOKENS, eos=asr.eos, suppress=asr.suppress,
+                       begin_suppress=asr.begin_suppress)
+    assert got == want, f"{variant}: GenAI {got} != tinyt {want}"
+    assert len(want) >= 8
+    # the rules reach GenAI's search: suppressing the first token tinyt chose moves GenAI's
+    moved = genai_greedy(model, feats, prompt, 2, eos=asr.eos, suppress=asr.suppress,
+                         begin_suppress=list(asr.begin_suppress) + [want[0]])
+    assert moved[0] != want[0]
+
+
+def test_encoder_returns_the_cross_caches(genai_packages, small_whisper):
+    src, out = small_whisper["fp32"], genai_packages["fp32"]
+    feats = _features(80)[None].astype(np.float32)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    run = {f: ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+           for f, p in (("enc", src / "encoder_model.onnx"), ("dec", src / "decoder_model.onnx"),
+                        ("new", out / FILES["encoder"]))}
+    hidden = run["enc"].run(None, {"input_features": feats})[0]
+    names = [o.name for o in run["dec"].get_outputs() if ".encoder." in o.name]
+    cross = run["dec"].run(names, {"input_ids": np.array([[50258]], np.int64),
+                                   "encoder_hidden_states": hidden})
+    got = dict(zip([o.name for o in run["new"].get_outputs()],
+                   run["new"].run(None, {"input_features": feats})))
+    assert set(got) == {"last_hidden_state", *names}
+    for name, want in zip(["last_hidden_state", *names], [hidden, *cross]):
+        assert got[name].shape == want.shape, name
+        assert np.abs(got[name] - want).max() <= ENCODER_TOL * max(1.0, np.abs(want).max()), name
+
+
+def test_genai_refusals(lm_onnx, tmp_path):
+    with pytest.raises(PackageError, match="not a Whisper artifact.*genai_config.json already"):
+        package(lm_onnx, tmp_path / "x", format="genai")
