@@ -120,32 +120,40 @@ def genai_whisper_config(hf: dict, gen: dict) -> dict:
                        "diversity_penalty": 0.0}}
 
 
-def genai_greedy(model, features: np.ndarray, prompt: list[int], max_new_tokens: int, *,
-                 eos: int, suppress=(), begin_suppress=(),
-                 feature_name: str = "input_features") -> list[int]:
-    """One window's greedy tokens from an onnxruntime_genai Whisper `model` on log-mel
-    `features` [n_mels, 3000] after `prompt`; `suppress` (every step) and `begin_suppress`
-    (the first) set to -inf in the generator's logits, as transformers' rules. The tokens
-    after the prompt, the end token left out (decode_features' form)."""
+def genai_generate(model, features: np.ndarray, prompt: list[int], max_new_tokens: int, *,
+                   eos: int, beams: int = 1, suppress=(), begin_suppress=(),
+                   feature_name: str = "input_features", exact: bool = False
+                   ) -> list[list[int]]:
+    """Each window's tokens from an onnxruntime_genai Whisper `model` on log-mel `features`
+    [B, n_mels, 3000], one batch, after `prompt`: greedy, or beam search keeping `beams`;
+    `suppress` (every step) and `begin_suppress` (the first) set to -inf in the generator's
+    logits, as transformers' rules (GenAI's config has no such lists). The tokens after the
+    prompt, from the end token on left out (decode_features' form); `exact`: exactly
+    `max_new_tokens` (GenAI's min_length keeps the end token out)."""
     import onnxruntime_genai as og
 
+    rows, total = len(features), len(prompt) + max_new_tokens
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + max_new_tokens, batch_size=1)
+    params.set_search_options(max_length=total, batch_size=rows, num_beams=beams,
+                              do_sample=False, **({"min_length": total} if exact else {}))
     gen = og.Generator(model, params)
     feeds = og.NamedTensors()
-    feeds[feature_name] = np.ascontiguousarray(features[None], dtype=np.float32)
-    feeds["input_ids"] = np.asarray([prompt], dtype=np.int32)
+    feeds[feature_name] = np.ascontiguousarray(features, dtype=np.float32)
+    feeds["input_ids"] = np.asarray([prompt] * rows, dtype=np.int32)
     gen.set_inputs(feeds)
     suppress, begin = list(suppress), list(suppress) + list(begin_suppress)
     while not gen.is_done():
         mask = begin if gen.token_count() == len(prompt) else suppress
         if mask:
-            logits = gen.get_logits()
+            logits = gen.get_logits()  # [rows x beams, 1, vocab]
             logits[..., mask] = -np.inf
             gen.set_logits(logits)
         gen.generate_next_token()
-    tokens = [int(t) for t in gen.get_sequence(0)][len(prompt):]
-    return tokens[:tokens.index(eos)] if eos in tokens else tokens
+    out = []
+    for r in range(rows):
+        tokens = [int(t) for t in gen.get_sequence(r)][len(prompt):]
+        out.append(tokens[:tokens.index(eos)] if eos in tokens else tokens)
+    return out
 
 
 def load_genai(directory: Path):
@@ -204,9 +212,9 @@ def check_greedy(out: Path, asr) -> dict:
     features = log_mel(voice(), n_mels=asr.n_mels)
     want = asr.decode_features(features[None], language="en",
                                max_new_tokens=CHECK_NEW_TOKENS)[0]
-    got = genai_greedy(model, features, asr._prefix("en", "transcribe", False),
-                       CHECK_NEW_TOKENS, eos=asr.eos, suppress=asr.suppress,
-                       begin_suppress=asr.begin_suppress)
+    got = genai_generate(model, features[None], asr._prefix("en", "transcribe", False),
+                         CHECK_NEW_TOKENS, eos=asr.eos, suppress=asr.suppress,
+                         begin_suppress=asr.begin_suppress)[0]
     if got != want:
         raise PackageError(f"ONNX Runtime GenAI's greedy tokens on the package {got} differ "
                            f"from tinyt.runtime's {want} (a synthetic voice, English)")

@@ -223,6 +223,9 @@ def prepare(artifacts: Path, rows: list[PeerEngine]) -> dict[str, str]:
         except md.PackageNotFoundError:
             skipped[e.name] = f"{e.package} is not installed ({e.install})"
             continue
+        if e.missing is not None and (why := e.missing(False)):  # a tool of its own absent
+            skipped[e.name] = why
+            continue
         if e.ours and not (artifacts / e.artifact / "manifest.json").is_file():
             skipped[e.name] = (f"{artifacts / e.artifact} is missing (`"
                                f"{makes(e.artifact)}` makes it)"

@@ -118,6 +118,31 @@ def _load_transformers(path: Path, threads: int, *, features: str, **_) -> Trans
     return _generate(model, torch, _features(features))
 
 
+def _load_genai(path: Path, threads: int, *, features: str, hf: str, **_) -> Translate:
+    """ONNX Runtime GenAI's Whisper on a directory with its genai_config.json (the model
+    builder's, or `tinyt package --format genai`'s), `threads` for both sessions; the
+    suppressions through the generator's logits (genai_whisper.genai_generate), exactly n
+    tokens (GenAI's min_length), beams by its own beam search."""
+    import onnxruntime_genai as og
+
+    from tinyt.export.genai_whisper import genai_generate
+
+    config = og.Config(str(path))
+    opts = {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}
+    config.overlay(json.dumps({"model": {"encoder": opts, "decoder": opts}}))
+    model = og.Model(config)
+    name = json.loads((path / "genai_config.json").read_text())["model"]["encoder"][
+        "inputs"]["audio_features"]  # the builder's "audio_features", tinyt's "input_features"
+    windows, (prompt, gen) = _features(features), _prompt(Path(hf))
+
+    def translate(sources, n, beams):
+        return genai_generate(model, windows[sources], prompt, n, eos=gen["eos_token_id"],
+                              beams=beams, suppress=gen.get("suppress_tokens") or (),
+                              begin_suppress=gen.get("begin_suppress_tokens") or (),
+                              feature_name=name, exact=True)
+    return translate
+
+
 LOADERS = {"whisper-tinyt": _load_tinyt, "whisper-ctranslate2": _load_ctranslate2,
            "whisper-optimum": _load_optimum, "whisper-transformers": _load_transformers,
-           "whisper-cpp": whisper_cpp.load}
+           "whisper-cpp": whisper_cpp.load, "whisper-genai": _load_genai}

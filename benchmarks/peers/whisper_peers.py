@@ -9,6 +9,8 @@ weights and the same log-mel features (issue 52, the peers): the encoder-decoder
       ├─CTranslate2's TransformersConverter─▶ peers/ct2-int8, peers/ct2-float32 (the models
       │   faster-whisper runs: ctranslate2.models.Whisper, called with faster-whisper's arguments)
       ├─Optimum's ORTModelForSpeechSeq2Seq(export=True)─▶ peers/optimum-fp32
+      ├─GenAI's model builder (-p fp32|int8|int4, its own venv)─▶ peers/genai-builder-{fp32,
+      │   int8,int4} (opt-in: scripts/setup-genai-builder.sh), run by onnxruntime_genai
       ├─whisper.cpp's converter (and quantizer)─▶ peers/whisper.cpp-f16, peers/whisper.cpp-q8_0
       │   (opt-in: scripts/setup-whisper-cpp.sh; whisper_cpp.py, run through pywhispercpp)
       └─transformers' PyTorch model loads ARTIFACTS/hf itself
@@ -73,6 +75,16 @@ def _ct2(option: str) -> PeerEngine:
                       modules=("ctranslate2",))
 
 
+def _genai_builder(option: str) -> PeerEngine:
+    return PeerEngine(f"genai-builder-{option}",
+                      f"ONNX Runtime GenAI's Whisper on its model builder's {option} build of "
+                      "ARTIFACTS/hf (-p " + option + " -e cpu; encoder.onnx with the cross "
+                      "caches, decoder.onnx)", "onnxruntime-genai", "extra peers",
+                      "whisper-genai", f"peers/genai-builder-{option}", formats.genai_builder,
+                      option, exact=option == "fp32", modules=("onnxruntime_genai",),
+                      missing=lambda _: formats.builder_missing(True))
+
+
 def _whisper_cpp(option: str, flash: bool = False) -> PeerEngine:
     how = "flash attention (its default)" if flash else "flash attention off"
     return PeerEngine(f"whisper.cpp-{option}" + "-fa" * flash,
@@ -98,6 +110,8 @@ WHISPER_ENGINES: dict[str, PeerEngine] = {e.name: e for e in (
     PeerEngine("transformers", "transformers' PyTorch WhisperForConditionalGeneration (eager "
                "attention) generate on ARTIFACTS/hf", "torch", "extra torch",
                "whisper-transformers", "hf", exact=True, modules=("torch", "transformers")),
+    # the builder in its own venv (scripts/setup-genai-builder.sh); GenAI in the peers extra
+    _genai_builder("fp32"), _genai_builder("int8"), _genai_builder("int4"),
     # opt-in (scripts/setup-whisper-cpp.sh); none fp32 (whisper_cpp.py says why)
     _whisper_cpp("f16"), _whisper_cpp("f16", flash=True), _whisper_cpp("q8_0"),
 )}

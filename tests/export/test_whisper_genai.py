@@ -18,7 +18,7 @@ from tinyt.errors import PackageError
 from tinyt.export.package import package
 
 og = pytest.importorskip("onnxruntime_genai", reason="pip install 'tinyt[peers]'")
-from tinyt.export.genai_whisper import FILES, genai_greedy  # noqa: E402
+from tinyt.export.genai_whisper import FILES, genai_generate  # noqa: E402
 
 NEW_TOKENS = 24
 # The composed encoder runs the source's own nodes on the same inputs: ONNX Runtime may fuse
@@ -55,13 +55,13 @@ def test_genai_tokens_equal_tinyt(genai_packages, small_whisper, variant):
     want = asr.decode_features(feats[None], language="en", max_new_tokens=NEW_TOKENS)[0]
     model = og.Model(str(out))
     prompt = asr._prefix("en", "transcribe", False)
-    got = genai_greedy(model, feats, prompt, NEW_TOKENS, eos=asr.eos, suppress=asr.suppress,
-                       begin_suppress=asr.begin_suppress)
+    got = genai_generate(model, feats[None], prompt, NEW_TOKENS, eos=asr.eos,
+                         suppress=asr.suppress, begin_suppress=asr.begin_suppress)[0]
     assert got == want, f"{variant}: GenAI {got} != tinyt {want}"
     assert len(want) >= 8
     # the rules reach GenAI's search: suppressing the first token tinyt chose moves GenAI's
-    moved = genai_greedy(model, feats, prompt, 2, eos=asr.eos, suppress=asr.suppress,
-                         begin_suppress=list(asr.begin_suppress) + [want[0]])
+    moved = genai_generate(model, feats[None], prompt, 2, eos=asr.eos, suppress=asr.suppress,
+                           begin_suppress=list(asr.begin_suppress) + [want[0]])[0]
     assert moved[0] != want[0]
 
 
