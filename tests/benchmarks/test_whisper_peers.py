@@ -1,8 +1,9 @@
 """The Whisper peer benchmark (benchmarks/peers/whisper_peers.py) at a test's size (Whisper's 80
 mel bins, 51,865-token vocabulary and special ids; tiny's widths, 1 + 1 layers; peer_whisper's random
 weights with the special rows of the head zero) on espeak-ng speech: the proof before any
-timing — CTranslate2 float32 (faster-whisper's engine), Optimum's own speech export and
-transformers' PyTorch model give tinyt fp32's greedy tokens on the same log-mel features,
+timing — CTranslate2 float32 (faster-whisper's engine), Optimum's own speech export,
+transformers' PyTorch model and ONNX Runtime GenAI on its model builder's fp32 build (where
+scripts/setup-genai-builder.sh has run: ~15 s more, the build) give tinyt fp32's greedy tokens on the same log-mel features,
 CTranslate2 int8 reports its agreement, and an engine running another model (the same shape,
 another seed) is refused with the difference, never timed. One round is timed to see the
 results' rows; nothing here asserts a time."""
@@ -18,8 +19,8 @@ from tinyt.benchmarks.peers import whisper_peers as bench
 from tinyt.benchmarks.whisper_shape import peer_whisper, special_ids
 from tinyt.errors import BenchError
 
-PEERS = ("ct2-int8", "ct2-float32", "optimum-fp32", "transformers")
-EXACT = ("ct2-float32", "optimum-fp32", "transformers")
+PEERS = ("ct2-int8", "ct2-float32", "optimum-fp32", "transformers", "genai-builder-fp32")
+EXACT = ("ct2-float32", "optimum-fp32", "transformers", "genai-builder-fp32")
 # tiny's widths, 1 + 1 layers: at width 64 the three windows gave one output (the encoder's
 # part too small to move the decoder's choices), a check that could not see the encoder
 SMALL = dict(encoder_layers=1, decoder_layers=1)
@@ -45,7 +46,8 @@ def artifacts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def result(artifacts):
     installed = [e for e in PEERS if importlib.util.find_spec(
-        bench.WHISPER_ENGINES[e].modules[0].split(".")[0]) is not None]
+        bench.WHISPER_ENGINES[e].modules[0].split(".")[0]) is not None
+        and not (bench.WHISPER_ENGINES[e].missing or (lambda _: None))(False)]
     other = replace(bench.WHISPER_ENGINES["ct2-float32"], name="ct2-other",
                     artifact="peers/ct2-other", convert=None)
     out = artifacts / "out"
