@@ -88,3 +88,14 @@ def test_encoder_returns_the_cross_caches(genai_packages, small_whisper):
 def test_genai_refusals(lm_onnx, tmp_path):
     with pytest.raises(PackageError, match="not a Whisper artifact.*genai_config.json already"):
         package(lm_onnx, tmp_path / "x", format="genai")
+
+
+def test_cli_packages_a_whisper_for_genai(small_whisper, tmp_path):
+    from conftest import run_tinyt
+
+    r = run_tinyt("package", str(small_whisper["int8"]), str(tmp_path / "g"), "--format",
+                  "genai")
+    assert r.returncode == 0, r.stderr
+    assert "greedy tokens equal tinyt's" in r.stdout
+    assert {"encoder.onnx", "decoder.onnx", "genai_config.json"} <= {
+        p.name for p in (tmp_path / "g").iterdir()}
