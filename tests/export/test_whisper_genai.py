@@ -86,8 +86,14 @@ def test_encoder_returns_the_cross_caches(genai_packages, small_whisper):
 
 
 def test_genai_refusals(lm_onnx, tmp_path):
+    from seq2seq_fixtures import seq2seq_artifact
+
     with pytest.raises(PackageError, match="not a Whisper artifact.*genai_config.json already"):
         package(lm_onnx, tmp_path / "x", format="genai")
+    _, text = seq2seq_artifact(tmp_path / "text")
+    with pytest.raises(PackageError, match="text encoder-decoder.*runs no other"):
+        package(text, tmp_path / "y", format="genai")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 def test_cli_packages_a_whisper_for_genai(small_whisper, tmp_path):
