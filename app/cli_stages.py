@@ -203,8 +203,9 @@ def package(
     eq = manifest["equivalence"]
     if format == "genai":
         typer.echo(f"files: {', '.join(manifest['files'])}")
+        tie = " (parting at an int8 tie of tinyt's logits)" if eq["greedy"]["ties"] else ""
         typer.echo(f"checked with onnxruntime-genai {manifest['versions']['onnxruntime_genai']}"
-                   f": {eq['greedy']['tokens']} greedy tokens equal tinyt's")
+                   f": {eq['greedy']['tokens']} greedy tokens as tinyt's{tie}")
         typer.echo(f"package: {path}")
         return
     worst = max(w["max_abs"] for w in eq["worst"].values())
