@@ -59,11 +59,13 @@ def worker(spec: str, artifacts: Path, threads: int, context: int) -> None:
 def run(artifacts: Path, engines: list[str], threads: int, context: int, new: int,
         rounds: int) -> dict:
     ids = prompt(artifacts, context - new)
-    procs = {e: subprocess.Popen(
-        [sys.executable, "-m", "lab.kv_long_decode", str(artifacts), "-", "--worker", e,
-         "--threads", str(threads), "--context", str(context)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for e in engines}
-    plans = {e: json.loads(p.stdout.readline())["ready"] for e, p in procs.items()}
+    procs, plans = {}, {}
+    for e in engines:  # one at a time: a tinyt load's peak (its tuner's sessions) is its own
+        procs[e] = subprocess.Popen(
+            [sys.executable, "-m", "lab.kv_long_decode", str(artifacts), "-", "--worker", e,
+             "--threads", str(threads), "--context", str(context)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        plans[e] = json.loads(procs[e].stdout.readline())["ready"]
     times: dict[str, list[float]] = {e: [] for e in engines}
     for _ in range(rounds + 1):  # the first round settles (caches, threads), untimed
         for e, p in procs.items():

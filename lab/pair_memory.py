@@ -7,6 +7,10 @@ docs/quantization.md's "the pair's weights once" (issue 51).
     .venv/bin/python -m lab.pair_memory memory DIR --threads 1 [--tune]
     # prefill of 128 tokens and decode ms/token, artifacts interleaved round by round
     .venv/bin/python -m lab.pair_memory speed DIR [DIR ...] --threads 1 --rounds 5
+    # the same for the GenAI builder's artifact (a directory with genai_config.json)
+    .venv/bin/python -m lab.pair_memory memory PEERS/genai-builder-int4 --threads 1
+    # the process around a session: imports, then the tokenizer alone (before / after trim)
+    .venv/bin/python -m lab.pair_memory parts DIR/tokenizer.json
     # one Qwen3-0.6B layer's weight matmuls over 128 rows: the qgemm prompt graph's int8 GEMM
     # against the 4-bit MatMulNBits the one graph runs prompts with (lab/step_kernels.py kinds)
     .venv/bin/python -m lab.pair_memory kernels --prompt 128 --rounds 11
@@ -23,6 +27,7 @@ import json
 import resource
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +75,66 @@ def memory(directory: Path, threads: int, tune: bool, prompt: int, steps: int) -
             "after_trimmed": memory_mb(),
             # ru_maxrss: kilobytes on Linux
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3}
+
+
+def genai_memory(directory: Path, threads: int, prompt: int, steps: int) -> dict:
+    """memory()'s figures for ONNX Runtime GenAI on a directory with its genai_config.json
+    (the GenAI builder's artifact), loaded as the peer benchmark's adapter loads it."""
+    import onnxruntime_genai as og
+
+    from tinyt.runtime.session import return_freed_memory
+
+    before = memory_mb()
+    t = time.perf_counter()
+    config = og.Config(str(directory))
+    config.clear_providers()
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+        "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+    model = og.Model(config)
+    model_only = memory_mb()  # the peer benchmark's worker holds this: it makes no tokenizer
+    tokenizer = og.Tokenizer(model)
+    load_s = time.perf_counter() - t
+    loaded = memory_mb()
+    vocab = json.loads((directory / "genai_config.json").read_text())["model"]["vocab_size"]
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=prompt + steps + 1, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.asarray([_ids(prompt, vocab)], dtype=np.int32))
+    for _ in range(steps):
+        gen.generate_next_token()
+    after = memory_mb()
+    return_freed_memory()
+    del tokenizer
+    return {"artifact": str(directory), "files_mb": round(sum(
+        f.stat().st_size for f in directory.iterdir() if f.is_file()) / 1e6, 1),
+            "threads": threads, "load_s": round(load_s, 2), "before": before,
+            "model_only": model_only, "loaded": loaded, "tokens": prompt + steps, "after": after,
+            "after_trimmed": memory_mb(),
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3}
+
+
+def parts(tokenizer_json: Path) -> dict:
+    """What a loaded process holds besides its session, step by step in this fresh process:
+    the interpreter, tinyt.runtime's imports, then `tokenizers.Tokenizer.from_file` of
+    `tokenizer_json` alone, before and after malloc_trim hands back its parse's freed heap."""
+    out = {"interpreter": memory_mb()}
+    import tinyt.runtime  # noqa: F401  (numpy, onnxruntime, tokenizers and tinyt's modules)
+    from tinyt.runtime.session import return_freed_memory
+
+    out["imports"] = memory_mb()
+    import tokenizers
+
+    t = time.perf_counter()
+    tok = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+    out["from_file_s"] = round(time.perf_counter() - t, 3)
+    out["tokenizer"] = memory_mb()
+    return_freed_memory()
+    out["tokenizer_trimmed"] = memory_mb()
+    out["vocab"] = tok.get_vocab_size()
+    del tok
+    return_freed_memory()
+    out["tokenizer_dropped"] = memory_mb()
+    return out
 
 
 def speed(dirs: list[Path], threads: int, rounds: int, prompt: int, steps: int) -> dict:
@@ -143,7 +208,7 @@ def kernels(rows: int, rounds: int, threads: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("memory", "speed", "kernels"))
+    ap.add_argument("what", choices=("memory", "speed", "kernels", "parts"))
     ap.add_argument("dirs", nargs="*", type=Path)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tune", action="store_true", help="memory: load as rt.load's default "
@@ -154,10 +219,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.what == "kernels":
         out = kernels(args.prompt or 128, args.rounds, args.threads)
+    elif args.what == "parts":
+        if len(args.dirs) != 1:
+            ap.error("parts: one tokenizer.json")
+        out = parts(args.dirs[0])
     elif args.what == "memory":
         if len(args.dirs) != 1:
             ap.error("memory: one artifact a process")
-        out = memory(args.dirs[0], args.threads, args.tune, args.prompt or 4032, args.steps)
+        measure = genai_memory if (args.dirs[0] / "genai_config.json").is_file() else \
+            partial(memory, tune=args.tune)
+        out = measure(args.dirs[0], args.threads, prompt=args.prompt or 4032, steps=args.steps)
     else:
         if not args.dirs:
             ap.error("speed: name the artifacts")

@@ -46,7 +46,8 @@ def feeds_for(session: ort.InferenceSession, past: int, cfg,
     wpast = past if cfg.sliding_window is None else \
         min(past, cfg.sliding_window + window_slack(cfg.sliding_window) // 2)
     for i in session.get_inputs():
-        dtype = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}.get(i.type, np.float32)
+        dtype = {"tensor(int64)": np.int64, "tensor(int32)": np.int32,
+                 "tensor(int8)": np.int8}.get(i.type, np.float32)  # int8: an 8-bit KV cache
         if i.name.startswith("past_key_values") and i.shape[2] == WINDOW_CAPACITY:
             out[i.name] = np.zeros(kv_shape(cfg, 1, window_capacity(cfg, capacity)), dtype)
         elif i.name == WINDOW_INPUTS[0]:
