@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import warnings
 from pathlib import Path
 
 import onnx
@@ -42,6 +41,7 @@ from tinyt.graphio import save_graph
 from tinyt.hf import encoder_config, gpt2_config, llama_config, seq2seq_config
 from tinyt.manifest import check_output_dir, checkpoint_source, io_spec, write_manifest
 
+from . import export_cache
 from .graph_names import name_axes, tidy_nodes
 from .stage import Built, built
 
@@ -202,14 +202,9 @@ def export_onnx(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, *
                CLASSIFIER: lambda m: m, TOKEN_CLASSIFIER: lambda m: m}[kind](ckpt.model).eval()
     inputs, outputs = contract_for(cfg, kind)
     kwargs, shapes = _example(cfg, kind)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the exporter's progress chatter, not our concern
-        program = torch.onnx.export(
-            wrapper, args=(), kwargs=kwargs, dynamo=True, dynamic_shapes=shapes,
-            opset_version=opset, input_names=[t.name for t in inputs],
-            output_names=[t.name for t in outputs], external_data=False, verbose=False,
-        )
-    proto = program.model_proto
+    proto = export_cache.export(wrapper, kwargs=kwargs, shapes=shapes, opset=opset,
+                                input_names=[t.name for t in inputs],
+                                output_names=[t.name for t in outputs], what=f"{kind} {cfg!r}")
     name_axes(proto, inputs, outputs)
     tidy_nodes(proto, wrapped=kind not in (CLASSIFIER, TOKEN_CLASSIFIER))
     proto.producer_name, proto.producer_version = "tinyt", __version__

@@ -18,7 +18,6 @@ decoders both, as Optimum's export has it).
 from __future__ import annotations
 
 import platform
-import warnings
 from pathlib import Path
 
 import onnx
@@ -34,6 +33,7 @@ from tinyt.graphio import save_graph
 from tinyt.hf.speech import SPEECH_FILE, load_speech
 from tinyt.manifest import checkpoint_source, io_spec, write_manifest
 
+from . import export_cache
 from .graph_names import name_axes, tidy_nodes
 from .stage import Built, built
 
@@ -172,13 +172,10 @@ def export_seq2seq(ckpt: Checkpoint, checkpoint_dir: Path, out_dir: Path, *, ops
     for role, wrap in wrappers.items():
         inputs, outputs = contract[role]
         kwargs, shapes = examples[role]
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                wrap(model).eval(), args=(), kwargs=kwargs, dynamo=True, dynamic_shapes=shapes,
-                opset_version=opset, input_names=[t.name for t in inputs],
-                output_names=[t.name for t in outputs], external_data=False, verbose=False)
-        proto = program.model_proto
+        proto = export_cache.export(wrap(model).eval(), kwargs=kwargs, shapes=shapes,
+                                    opset=opset, input_names=[t.name for t in inputs],
+                                    output_names=[t.name for t in outputs],
+                                    what=f"{role} {cfg!r}")
         name_axes(proto, inputs, outputs)
         tidy_nodes(proto, wrapped=True)
         proto.producer_name, proto.producer_version = "tinyt", __version__

@@ -34,7 +34,32 @@ LONGEST_FIRST = ("tests/test_readme.py", "tests/export/test_families_dirs.py",
                  "tests/real/test_minilm.py", "tests/test_faults.py", "tests/test_packaging.py")
 
 
+# torch's exporter behind a cache of one directory a run, shared by the workers and every process
+# they start (export/export_cache.py; the same tiny checkpoints are exported in many files).
+# Made by the process that starts the run (xdist's workers inherit the variable), removed by it.
+_EXPORT_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    if "TINYT_EXPORT_CACHE" not in os.environ and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import tempfile
+        _EXPORT_CACHE.append(tempfile.mkdtemp(prefix="tinyt-export-cache-"))
+        os.environ["TINYT_EXPORT_CACHE"] = _EXPORT_CACHE[0]
+
+
+def pytest_unconfigure(config):
+    if _EXPORT_CACHE:
+        import shutil
+        shutil.rmtree(_EXPORT_CACHE.pop(), ignore_errors=True)
+        del os.environ["TINYT_EXPORT_CACHE"]
+
+
 def pytest_terminal_summary(terminalreporter):
+    from tinyt.export.export_cache import saved_seconds
+    if os.environ.get("TINYT_EXPORT_CACHE"):
+        hits, misses, saved = saved_seconds(os.environ["TINYT_EXPORT_CACHE"])
+        terminalreporter.write_line(f"export cache: {hits} exports read back, {misses} traced, "
+                                    f"{saved:.0f} s of tracing saved")
     """The README test's slowest commands (its record_property, which pytest-xdist carries
     back from the worker): where its time goes, in CI's output too."""
     for report in (r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])

@@ -11,8 +11,11 @@ The signal goes to the thread that raises it (the main one), and Python runs its
 the next function call, in the frame that raised it (`interrupt`).
 """
 import importlib.abc
+import os
 import signal
 import sys
+
+os.environ.pop("TINYT_EXPORT_CACHE", None)  # "trace" needs the exporter to trace
 
 point, argv = sys.argv[1], sys.argv[2:]
 
