@@ -637,8 +637,62 @@ def _run_every_block(tmp_path):
     chain = (after / "chain-results" / "chain.md").read_text()
     assert chain.count("| `") == 8 and "test preset" in chain
     assert ran > 45
+    _peers_compute_the_same_model(after)
     # the runs wrote into their work directories only, never over the committed results
     assert {p: p.stat().st_mtime_ns for p in results.rglob("*") if p.is_file()} == committed
+
+
+def _peers_compute_the_same_model(after: Path) -> None:
+    """What the documented peer runs found (their peers.json), beyond their exit status: at
+    Gemma 3's settings (window 512 with a global layer, two rope bases, one KV head, q/k norms)
+    and on the trained Llama-form model, Optimum's own export, CTranslate2 float32 and GenAI's
+    builder (where its venv is set up) give tinyt fp32's tokens, the quantized peers load and
+    run, llama.cpp where it is built (opt-in) and is skipped with its setup command where not.
+    (These were tests/benchmarks/test_peers.py's and tests/app/test_llama_deploy.py's, which ran
+    the same chains again.)"""
+    import importlib.util
+
+    from tinyt.benchmarks import peers
+
+    def found(out: str) -> dict:
+        return json.loads((after / out / "peers.json").read_text())
+
+    def same(result: dict, name: str) -> None:
+        agree = result["agreement"][name]
+        assert agree["identical_to"] is True and agree["kl_vs_fp32"] < 1e-6, (name, agree)
+
+    def installed(name: str) -> bool:  # the opt-in peers: skipped with their setup command
+        if name.startswith("llama.cpp"):
+            return bool(importlib.util.find_spec("llama_cpp") and peers.llama_cpp_converter())
+        return bool(peers.builder_python())
+
+    def skipped(result: dict, name: str) -> None:
+        setup = "setup-llama-cpp.sh" if name.startswith("llama.cpp") else \
+            "setup-genai-builder.sh"
+        assert setup in result["skipped"][name], (name, result["skipped"])
+
+    gemma, gemma_1t = found("peers-gemma3-agree-results"), found("peers-gemma3-1t-results")
+    for name in ("optimum-fp32", "ct2-float32"):
+        same(gemma, name)
+    assert gemma_1t["agreement"]["ct2-int8"]["kl_vs_fp32"] < 0.1  # (its unk_token named)
+    llama = found("benchmarks/results/peers-llama-demo-xeon-amx")
+    same(llama, "optimum-fp32")
+    assert 0 < llama["agreement"]["tinyt-int4"]["kl_vs_fp32"] < 0.1
+    assert llama["agreement"]["ct2-int8"]["agreement_with_fp32"] > 0.5
+    assert {"tinyt-int4@1t", "tinyt-int4-gqa@1t", "optimum-fp32@1t"} <= set(llama["rows"])
+    if installed("genai-builder"):
+        same(gemma, "genai-builder-fp32")
+        same(llama, "genai-builder-fp32")
+        assert "genai-builder-int4@1t" in llama["rows"]
+    else:
+        skipped(gemma, "genai-builder-fp32")
+        skipped(llama, "genai-builder-int4")
+    if installed("llama.cpp"):
+        assert gemma_1t["agreement"]["llama.cpp-q8_0"]["kl_vs_fp32"] < 0.01
+        assert 0 < llama["agreement"]["llama.cpp-q4_0"]["kl_vs_fp32"] < 0.1
+    else:
+        skipped(gemma_1t, "llama.cpp-q8_0")
+        skipped(llama, "llama.cpp-q4_0")
 
 
 @pytest.mark.parametrize("command,expected", [

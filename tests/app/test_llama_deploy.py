@@ -2,8 +2,6 @@
 verified against PyTorch; `optimize --target cpu` fusing RMSNorm, rotary positions and
 attention (counted per layer); the shared-cache pair on GroupQueryAttention with kv_num_heads
 and its own rotary; INT8 and INT4 with the accuracy report; the runtime generating on each."""
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -11,7 +9,6 @@ import pytest
 import torch
 from llama_reference import small_llama
 
-from tinyt.artifacts import made_by
 from tinyt.checkpoint import load_checkpoint
 from tinyt.contract import ONNX_FILE
 from tinyt.manifest import check_manifest
@@ -136,50 +133,6 @@ def test_kv_cache_bytes_per_token_follow_the_key_value_heads():
     assert small_llama(n_embd=64, n_head=4, n_kv_head=1).kv_cache_bytes_per_token() * 4 == \
         full.kv_cache_bytes_per_token() == 2 * 2 * 64 * 4
     np.testing.assert_equal(full.kv_heads, 4)
-
-
-@pytest.mark.slow
-def test_the_main_job_and_the_peers_take_a_llama_model(tmp_path, corpus_dir, monkeypatch):
-    """`tinyt pipeline --skip-train` on a small Llama-form checkpoint makes every artifact,
-    and the peer benchmark runs the Llama family's peers on the same weights: Optimum's own
-    export, CTranslate2, GenAI's own builder (where its venv is set up), tinyt INT4."""
-    from tinyt.app.pipeline import pipeline
-    from tinyt.benchmarks import peers
-    from tinyt.config import TrainConfig
-    from tinyt.train import train
-
-    cfg = small_llama(block_size=64, vocab_size=300, **SHAPES["grouped"])
-    ck = train(cfg, TrainConfig(max_steps=40, batch_size=8, warmup_steps=2, eval_interval=40,
-                                eval_batches=2), tmp_path / "art" / "checkpoint",
-               data=str(corpus_dir), log=lambda s: None)
-    pipeline(tmp_path / "art", skip_train=ck, data=str(corpus_dir), bench=False,
-             log=lambda s: None)
-    kept = {v.dir for v in made_by("pipeline") if (tmp_path / "art" / v.dir).is_dir()}
-    assert {"onnx-int8", "onnx-int8-gqa", "onnx-int8-rows-gqa"} <= kept  # (qgemm: if it holds)
-    for sub in kept:
-        assert check_manifest(tmp_path / "art" / sub)["graph"] in ("decoder_with_past",
-                                                                   "decoder_gqa")
-    monkeypatch.chdir(tmp_path)
-    engines = ["tinyt-fp32", "tinyt-int4", "tinyt-int4-gqa", "optimum-fp32", "ct2-int8",
-               "genai-builder-int4", "genai-builder-fp32", "llama.cpp-q4_0"]
-    result = peers.run(Path("art"), tmp_path / "out", threads=[1], rounds=1, block=1,
-                       agreement_prompts=2, agreement_tokens=8, engines=engines)
-    agree = result["agreement"]
-    assert agree["optimum-fp32"]["identical_to"] is True  # Optimum's fp32 export: same tokens
-    assert agree["optimum-fp32"]["kl_vs_fp32"] < 1e-6  # and distributions (fp32 rounding)
-    assert 0 < agree["tinyt-int4"]["kl_vs_fp32"] < 0.1
-    assert agree["ct2-int8"]["agreement_with_fp32"] > 0.5
-    assert {"tinyt-int4@1t", "tinyt-int4-gqa@1t", "optimum-fp32@1t"} <= set(result["rows"])
-    assert check_manifest(tmp_path / "art" / "onnx-int4")["options"]["bits"] == 4
-    if peers.builder_python():  # scripts/setup-genai-builder.sh
-        assert agree["genai-builder-fp32"]["identical_to"] is True
-        assert "genai-builder-int4@1t" in result["rows"]
-    else:
-        assert "setup-genai-builder.sh" in result["skipped"]["genai-builder-int4"]
-    if importlib.util.find_spec("llama_cpp") and peers.llama_cpp_converter():  # opt-in
-        assert 0 < agree["llama.cpp-q4_0"]["kl_vs_fp32"] < 0.1
-    else:
-        assert "setup-llama-cpp.sh" in result["skipped"]["llama.cpp-q4_0"]
 
 
 def test_optimum_loads_the_llama_artifacts_as_llama(llama_ckpt, chain, monkeypatch):

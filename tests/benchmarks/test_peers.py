@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime_genai as og
 import pytest
 import torch
-from conftest import _python_like, assert_close
+from conftest import assert_close
 
 import tinyt.runtime as rt
 from tinyt.benchmarks import peers
@@ -443,52 +443,6 @@ def test_a_long_context_decode_is_timed_per_step_inside_the_loop(lm_int8, monkey
     times = gen.stepped([5, 6, 7], 6)
     assert len(times) == 6 and all(0 < a < b for a, b in zip(times, times[1:]))
     assert len(runs) == 6  # the prompt's pass, then 5 steps: the last token is never fed
-
-
-@pytest.mark.slow
-def test_the_peers_take_a_gemma_3_directory(tmp_path, monkeypatch):
-    """At Gemma 3's settings (window 512 with a global layer, two rope bases, one KV head,
-    q/k norms, a tokenizer covering the table): Optimum's export and CTranslate2 float32 give
-    tinyt fp32's tokens, and so does GenAI's builder (its Gemma 3 path reads transformers 4's
-    rope settings, handed to it in both forms) where its venv is set up; llama.cpp's converter
-    keeps the whole table (it cuts the embedding to the tokenizer's entries)."""
-    import importlib.util
-    import random
-
-    from tinyt.benchmarks import hf_shape
-    from tinyt.export import export_onnx
-    from tinyt.hf import import_hf
-
-    hf = hf_shape.save("gemma-3-test", tmp_path / "hf")
-    art = tmp_path / "art"
-    import_hf(hf, art / "checkpoint")
-    export_onnx(art / "checkpoint", art / "onnx")
-    optimize(art / "onnx", art / "onnx-opt")
-    docs = tmp_path / "long-docs"  # the peers' prompts reach 1,024 tokens at this context
-    docs.mkdir()
-    rng = random.Random(1)
-    for i in range(6):
-        (docs / f"big_{i}.py").write_text("\n".join(_python_like(rng, 20 * i + j)
-                                                    for j in range(20)))
-    quantize(art / "onnx-opt", art / "onnx-int8", bits=8, data=str(docs))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    engines = ["tinyt-fp32", "optimum-fp32", "ct2-float32", "ct2-int8", "genai-builder-fp32",
-               "llama.cpp-q8_0"]
-    result = peers.run(art, tmp_path / "out", threads=[1], rounds=0, agreement_prompts=2,
-                       agreement_tokens=8, engines=engines)
-    agree, skipped = result["agreement"], result["skipped"]
-    for name in ("optimum-fp32", "ct2-float32"):
-        assert agree[name]["identical_to"] is True and agree[name]["kl_vs_fp32"] < 1e-6, name
-    assert agree["ct2-int8"]["kl_vs_fp32"] < 0.1  # loads (its unk_token named) and runs
-    if peers.builder_python():
-        assert agree["genai-builder-fp32"]["identical_to"] is True
-        assert agree["genai-builder-fp32"]["kl_vs_fp32"] < 1e-6
-    else:
-        assert "setup-genai-builder.sh" in skipped["genai-builder-fp32"]
-    if importlib.util.find_spec("llama_cpp") and peers.llama_cpp_converter():  # opt-in
-        assert agree["llama.cpp-q8_0"]["kl_vs_fp32"] < 0.01
-    else:
-        assert "setup-llama-cpp.sh" in skipped["llama.cpp-q8_0"]
 
 
 _ORPHAN = """
