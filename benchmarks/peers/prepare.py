@@ -78,11 +78,11 @@ def prepare_here(artifacts: Path, engines: list[str]) -> dict[str, str]:
 
 def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None:
     from tinyt.fsutil import sha256_file
-    from tinyt.hf import to_hf
 
     stamp = sha256_file(artifacts / "checkpoint" / "model.safetensors")
     hf = artifacts / "peers" / "hf"
     if formats.stamp(hf) != stamp:
+        from tinyt.hf import to_hf  # (torch: imported only where a conversion runs)
         to_hf(artifacts / "checkpoint", hf)
         (hf / formats.STAMP).write_text(stamp)
     for name in names:
