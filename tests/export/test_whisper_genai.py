@@ -22,8 +22,8 @@ from tinyt.export.package import package
 from tinyt.export.web.speech_page import speech_ties
 
 og = pytest.importorskip("onnxruntime_genai", reason="pip install 'tinyt[peers]'")
-from tinyt.export.genai_whisper import (  # noqa: E402
-    FILES, PROCESSOR, genai_generate, genai_transcribe)
+from tinyt.export import genai_whisper as gw  # noqa: E402
+from tinyt.export.genai_whisper import FILES, genai_generate  # noqa: E402
 
 NEW_TOKENS = 24
 # The composed encoder runs the source's own nodes on the same inputs: ONNX Runtime may fuse
@@ -69,7 +69,7 @@ def test_genai_tokens_equal_tinyt(genai_packages, sources, variant):
     cfg = json.loads((out / "genai_config.json").read_text())
     assert cfg["model"]["type"] == "whisper"
     assert cfg["model"]["encoder"]["filename"] == FILES["encoder"]
-    assert (out / PROCESSOR).is_file()
+    assert (out / gw.PROCESSOR).is_file()
     checked = out.manifest["equivalence"]["greedy"]
     quantized = variant.startswith("int")
     assert checked["equal"] is True or (quantized and checked["ties"] == 1)
@@ -126,11 +126,11 @@ def test_genai_transcribes_a_wav(genai_packages, sources, tmp_path):
     assert np.abs(got - want).max() <= FRONT_END_TOL
     asr = rt.load(sources["fp32"], threads=1, tune=False)
     ours = asr.transcribe(wav, language="en", max_new_tokens=NEW_TOKENS).tokens
-    theirs = genai_transcribe(model, wav, asr._prefix("en", "transcribe", False), NEW_TOKENS,
+    theirs = gw.genai_transcribe(model, wav, asr._prefix("en", "transcribe", False), NEW_TOKENS,
                               eos=asr.eos, processor=processor, suppress=asr.suppress,
                               begin_suppress=asr.begin_suppress)
     assert theirs == ours and len(ours) >= 8
-    assert genai_transcribe(model, wav.read_bytes(), asr._prefix("en", "transcribe", False),
+    assert gw.genai_transcribe(model, wav.read_bytes(), asr._prefix("en", "transcribe", False),
                             NEW_TOKENS, eos=asr.eos, suppress=asr.suppress,
                             begin_suppress=asr.begin_suppress) == ours
 
