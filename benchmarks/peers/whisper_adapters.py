@@ -243,6 +243,22 @@ def _load_genai(path: Path, threads: int, *, features: str, hf: str,
             "audio_features"].as_numpy())
 
 
+def _load_whisper_cpp(path: Path, threads: int, *, clip: str | None = None, **options
+                      ) -> Translate:
+    """whisper_cpp.load's transcriber, with the clip through whisper_full's own front end (the
+    text read back), whisper_pcm_to_mel alone for its features (none handed back)."""
+    translate = whisper_cpp.load(path, threads, **options)
+
+    def transcript(samples, n):
+        ids = translate.from_samples(samples, n)  # type: ignore[attr-defined]
+        translate.text()  # type: ignore[attr-defined]
+        return ids
+
+    def front_end(samples):
+        translate.pcm_to_mel(samples)  # type: ignore[attr-defined]
+    return with_clip(translate, clip, transcript, front_end)
+
+
 LOADERS = {"whisper-tinyt": _load_tinyt, "whisper-ctranslate2": _load_ctranslate2,
            "whisper-optimum": _load_optimum, "whisper-transformers": _load_transformers,
-           "whisper-cpp": whisper_cpp.load, "whisper-genai": _load_genai}
+           "whisper-cpp": _load_whisper_cpp, "whisper-genai": _load_genai}

@@ -131,16 +131,13 @@ def _staged(hf: Path, tmp: Path) -> tuple[Path, Path]:
     return model, repo
 
 
-def load(path: Path, threads: int, *, features: str, flash_attn: bool = False,
-         clip: str | None = None, **_):
+def load(path: Path, threads: int, *, features: str, flash_attn: bool = False, **_):
     """A Translate (seq2seq_adapters' kind) running whisper.cpp on the windows in `features`:
-    translate(sources, n, beams) -> each window's n generated ids (module docstring); the clip
-    (whisper_adapters.with_clip) through whisper_full's own front end, whisper_pcm_to_mel
-    alone timed as its features."""
+    translate(sources, n, beams) -> each window's n generated ids (module docstring);
+    translate.from_samples(samples, n) through whisper_full's own front end (the last call's
+    text then in translate.text()), translate.pcm_to_mel(samples) that front end alone."""
     import _pywhispercpp as pw
     import numpy as np
-
-    from .whisper_adapters import with_clip
 
     windows = np.load(features, allow_pickle=False)
     ctx_params = pw.whisper_context_default_params()
@@ -171,17 +168,15 @@ def load(path: Path, threads: int, *, features: str, flash_attn: bool = False,
         None, n, 1, np.ascontiguousarray(samples, dtype=np.float32))
     translate.context = ctx  # type: ignore[attr-defined]  # kept alive with the closure
 
-    def transcript(samples, n):
-        ids = translate.from_samples(samples, n)  # type: ignore[attr-defined]
-        b"".join(pw.whisper_full_get_segment_text(ctx, s)  # the text, as a user reads it
-                 for s in range(pw.whisper_full_n_segments(ctx)))
-        return ids
+    translate.text = lambda: b"".join(  # type: ignore[attr-defined]  # the last call's
+        pw.whisper_full_get_segment_text(ctx, s) for s in range(pw.whisper_full_n_segments(ctx)))
 
-    def front_end(samples):  # its log-mel, kept in the context (none handed back)
+    def pcm_to_mel(samples):  # its log-mel alone, kept in the context (none handed back)
         x = np.ascontiguousarray(samples, dtype=np.float32)
         if (rc := pw.whisper_pcm_to_mel(ctx, x, x.size, threads)) != 0:
             raise BenchError(f"whisper_pcm_to_mel returned {rc}")
-    return with_clip(translate, clip, transcript, front_end)
+    translate.pcm_to_mel = pcm_to_mel  # type: ignore[attr-defined]
+    return translate
 
 
 def _params(pw, threads: int, beams: int):
