@@ -120,10 +120,9 @@ def worker(spec: dict, loaders: dict | None = None) -> None:
     {"op": "memory"}; a Whisper's {"op": "clip", "n"} -> the clip's tokens and how far its
     front end's features are from runtime/audio.log_mel's (and a "time" call may be {"clip":
     "transcript" | "features", "n"}: whisper_adapters.py). loaders: the table spec["loader"]
-    names (default LOADERS; the Whisper
-    peers' is whisper_adapters.LOADERS). The hello says ready (with the load's time and
-    memory, the peak reset after it so that later it is the calls'), a missing package, or the
-    load's error."""
+    names (default LOADERS; the Whisper peers' is whisper_adapters.LOADERS). The hello says
+    ready (with the load's time and memory, the peak reset after it so that later it is the
+    calls'), a missing package, or the load's error."""
     def load():
         missing = missing_package(spec["packages"])
         if missing:

@@ -219,7 +219,7 @@ def _load_genai(path: Path, threads: int, *, features: str, hf: str,
         return genai_generate(model, windows[sources], prompt, n, beams=beams,
                               feature_name=name, exact=True, **rules)
     if clip is None or not (path / "audio_processor_config.json").is_file():
-        return translate  # (the clip's calls then fail, naming the missing attribute)
+        return translate  # no clip: its calls answered empty, its cells "—"
     processor, tokenizer, wav = model.create_multimodal_processor(), og.Tokenizer(model), {}
 
     def as_wav(samples) -> bytes:  # the samples as they are: a float32 WAV, made once
