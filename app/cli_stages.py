@@ -203,9 +203,12 @@ def package(
     eq = manifest["equivalence"]
     if format == "genai":
         typer.echo(f"files: {', '.join(manifest['files'])}")
-        tie = " (parting at an int8 tie of tinyt's logits)" if eq["greedy"]["ties"] else ""
+        g = eq["greedy"]
+        tie = " (parting at an int8 tie of tinyt's logits)" if g["ties"] or g.get(
+            "wav_ties") else ""
         typer.echo(f"checked with onnxruntime-genai {manifest['versions']['onnxruntime_genai']}"
-                   f": {eq['greedy']['tokens']} greedy tokens as tinyt's{tie}")
+                   f": {g['tokens']} greedy tokens as tinyt's, fed log-mel features and fed a "
+                   f"WAV through its own front end (audio_processor_config.json){tie}")
         typer.echo(f"package: {path}")
         return
     worst = max(w["max_abs"] for w in eq["worst"].values())

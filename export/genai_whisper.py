@@ -17,15 +17,20 @@ Optimum names; only the encoder is new:
                                    └──▶ present.{i}.encoder.key / .value [B, h, 1500, hd]
     decoder.onnx = decoder_with_past_model.onnx as it is (past length 0 on the first step)
 
-    OUT/encoder.onnx, decoder.onnx, genai_config.json, config.json, generation_config.json,
-        tokenizer.json, tokenizer_config.json, manifest.json
-    checked before it is written: onnxruntime_genai loads OUT and, fed the log-mel features of a
-    synthetic voice, gives tinyt.runtime's greedy tokens (Whisper's suppressions applied by the
-    caller through the generator's logits: GenAI 0.18's config has no suppress_tokens); a
-    quantized artifact's may part at a tie of the runtime's logits (check_greedy says why).
+    OUT/encoder.onnx, decoder.onnx, genai_config.json, audio_processor_config.json,
+        config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
+        manifest.json
+    checked before it is written: onnxruntime_genai loads OUT and gives tinyt.runtime's greedy
+    tokens on a synthetic voice, fed its log-mel features and fed it as a WAV file through
+    GenAI's own front end (Whisper's suppressions applied by the caller through the
+    generator's logits: GenAI 0.18's config has no suppress_tokens); a quantized artifact's
+    may part at a tie of the runtime's logits (check_greedy says why).
 
-Not written: GenAI's `audio_processor_config.json` (its onnxruntime-extensions front end), so
-the package takes log-mel features (`runtime/audio.log_mel`), not audio files.
+audio_processor_config.json is what GenAI's model builder writes for Whisper: GenAI's
+multimodal processor (onnxruntime-extensions' AudioDecoder, STFTNorm, LogMelSpectrum) turns a
+file into the features `runtime/audio.log_mel` makes, within 2.5e-5 on a 16-kHz float WAV (as
+transformers' WhisperFeatureExtractor); a file at another rate is resampled by its own
+filter, not soxr's, so its features part by more (docs/speech.md: the figures).
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ from tinyt.manifest import Artifact, write_manifest
 from .stage import Built, built, copy_artifact_files, source_versions
 
 FILES = {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
+PROCESSOR = "audio_processor_config.json"  # GenAI's front end: audio files in
 CHECK_NEW_TOKENS = 16
 _CROSS = "cross/"  # the pruned decoder's names inside the merged encoder
 
@@ -121,6 +127,19 @@ def genai_whisper_config(hf: dict, gen: dict) -> dict:
                        "diversity_penalty": 0.0}}
 
 
+def audio_processor_config(n_mels: int) -> dict:
+    """GenAI's front end for Whisper, as its model builder writes it (builders/whisper.py):
+    the file decoded to 16-kHz mono, frames of a 400-sample Hann window every 160 samples,
+    n_mels Slaney mel bins over 30 s (padded), Whisper's log and normalisation."""
+    return {"feature_extraction": {"sequence": [
+        {"operation": {"name": "audio_decoder", "type": "AudioDecoder"}},
+        {"operation": {"name": "STFT", "type": "STFTNorm",
+                       "attrs": {"n_fft": 400, "frame_length": 400, "hop_length": 160}}},
+        {"operation": {"name": "log_mel_spectrogram", "type": "LogMelSpectrum",
+                       "attrs": {"chunk_size": 30, "hop_length": 160, "n_fft": 400,
+                                 "n_mel": n_mels}}}]}}
+
+
 def genai_generate(model, features: np.ndarray, prompt: list[int], max_new_tokens: int, *,
                    eos: int, beams: int = 1, suppress=(), begin_suppress=(),
                    feature_name: str = "input_features", exact: bool = False
@@ -133,14 +152,42 @@ def genai_generate(model, features: np.ndarray, prompt: list[int], max_new_token
     `max_new_tokens` (GenAI's min_length keeps the end token out)."""
     import onnxruntime_genai as og
 
-    rows, total = len(features), len(prompt) + max_new_tokens
+    feeds = og.NamedTensors()
+    feeds[feature_name] = np.ascontiguousarray(features, dtype=np.float32)
+    feeds["input_ids"] = np.asarray([prompt] * len(features), dtype=np.int32)
+    return _search(model, feeds, len(features), prompt, max_new_tokens, eos=eos, beams=beams,
+                   suppress=suppress, begin_suppress=begin_suppress, exact=exact)
+
+
+def genai_transcribe(model, audio: str | Path | bytes, prompt: list[int], max_new_tokens: int,
+                     *, eos: int, processor=None, **search) -> list[int]:
+    """The tokens of one audio file (a path, or its bytes) through GenAI's own front end (the
+    package's audio_processor_config.json: model.create_multimodal_processor, og.Audios), then
+    genai_generate's search after `prompt` (search: its beams, suppress, begin_suppress,
+    exact). processor: one made before, to reuse."""
+    import onnxruntime_genai as og
+
+    processor = processor or model.create_multimodal_processor()
+    audios = og.Audios.open_bytes(audio) if isinstance(audio, bytes) else og.Audios.open(
+        str(audio))
+    # the processor wants a prompt to tokenize; its ids are replaced by `prompt`'s own
+    feeds = processor("<|startoftranscript|>", audios=audios)
+    feeds["input_ids"] = np.asarray([prompt], dtype=np.int32)
+    return _search(model, feeds, 1, prompt, max_new_tokens, eos=eos, **search)[0]
+
+
+def _search(model, feeds, rows: int, prompt: list[int], max_new_tokens: int, *, eos: int,
+            beams: int = 1, suppress=(), begin_suppress=(), exact: bool = False
+            ) -> list[list[int]]:
+    """GenAI's search on `feeds` (the features and the prompt's ids of `rows` windows), the
+    suppressions through its logits (genai_generate)."""
+    import onnxruntime_genai as og
+
+    total = len(prompt) + max_new_tokens
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=total, batch_size=rows, num_beams=beams,
                               do_sample=False, **({"min_length": total} if exact else {}))
     gen = og.Generator(model, params)
-    feeds = og.NamedTensors()
-    feeds[feature_name] = np.ascontiguousarray(features, dtype=np.float32)
-    feeds["input_ids"] = np.asarray([prompt] * rows, dtype=np.int32)
     gen.set_inputs(feeds)
     suppress, begin = list(suppress), list(suppress) + list(begin_suppress)
     while not gen.is_done():
@@ -184,6 +231,7 @@ def package_genai_whisper(src_dir: Path, out_dir: Path, src: Artifact) -> Built:
         del encoder
         shutil.copyfile(src_dir / SEQ2SEQ_FILES["decoder_with_past"], out / FILES["decoder"])
         write_json(out / "genai_config.json", genai_whisper_config(hf, gen))
+        write_json(out / PROCESSOR, audio_processor_config(int(hf["num_mel_bins"])))
         asr = load(src_dir, threads=1, tune=False)
         greedy = check_greedy(out, asr)
         import onnxruntime_genai as og
@@ -203,33 +251,69 @@ def package_genai_whisper(src_dir: Path, out_dir: Path, src: Artifact) -> Built:
 
 
 def check_greedy(out: Path, asr) -> dict:
-    """GenAI's greedy tokens on the package against tinyt.runtime's on the same features (a
-    synthetic voice, English forced): equal for fp32 graphs; a quantized artifact's may part
-    only at a tie of the runtime's logits at int8 precision (speech_page.speech_ties: GenAI
-    runs the prompt through the stepping graph, whose weights the quantize stage quantized
-    by another recipe than the first decoder graph's). PackageError otherwise."""
-    from tinyt.errors import WebPackageError
+    """GenAI's greedy tokens on the package against tinyt.runtime's on the same audio (a
+    synthetic voice, English forced), fed its log-mel features and fed it as a WAV through
+    GenAI's own front end: equal for fp32 graphs; a quantized artifact's may part only at a
+    tie of the runtime's logits at int8 precision (speech_page.speech_ties: GenAI runs the
+    prompt through the stepping graph, whose weights the quantize stage quantized by another
+    recipe than the first decoder graph's). PackageError otherwise."""
     from tinyt.runtime.audio import log_mel
 
-    from .speech_accuracy import voice
-    from .web.speech_page import speech_ties
-
     model = load_genai(out)
-    features = log_mel(voice(), n_mels=asr.n_mels)
+    wav, samples = voice_wav()
+    features = log_mel(samples, n_mels=asr.n_mels)
     want = asr.decode_features(features[None], language="en",
                                max_new_tokens=CHECK_NEW_TOKENS)[0]
-    got = genai_generate(model, features[None], asr._prefix("en", "transcribe", False),
-                         CHECK_NEW_TOKENS, eos=asr.eos, suppress=asr.suppress,
-                         begin_suppress=asr.begin_suppress)[0]
-    said = (f"ONNX Runtime GenAI's greedy tokens on the package {got} differ from "
-            f"tinyt.runtime's {want} (a synthetic voice, English)")
-    quantized = bool(asr.decoder.artifact.manifest.quantization)
-    if got != want and not quantized:
+    prompt, rules = asr._prefix("en", "transcribe", False), {
+        "eos": asr.eos, "suppress": asr.suppress, "begin_suppress": asr.begin_suppress}
+    got = {"features": genai_generate(model, features[None], prompt, CHECK_NEW_TOKENS,
+                                      **rules)[0],
+           "wav": genai_transcribe(model, wav, prompt, CHECK_NEW_TOKENS, **rules)}
+    ties = {fed: _ties(asr, features, tokens, want, fed) for fed, tokens in got.items()}
+    return {"audio": "synthetic voice (3 s, 0.25 s of silence either side; a 16-bit WAV "
+                     "through GenAI's front end)", "max_new_tokens": CHECK_NEW_TOKENS,
+            "tokens": len(want), "equal": got["features"] == want,
+            "ties": ties["features"], "wav_equal": got["wav"] == want,
+            "wav_ties": ties["wav"]}
+
+
+def _ties(asr, features: np.ndarray, got: list[int], want: list[int], fed: str) -> int:
+    """0 where GenAI's tokens are tinyt's; the ties they part at where the artifact is
+    quantized; PackageError otherwise (check_greedy)."""
+    from tinyt.errors import WebPackageError
+
+    from .web.speech_page import speech_ties
+
+    if got == want:
+        return 0
+    said = (f"ONNX Runtime GenAI's greedy tokens on the package, fed the {fed}, {got} differ "
+            f"from tinyt.runtime's {want} (a synthetic voice, English)")
+    if not asr.decoder.artifact.manifest.quantization:
         raise PackageError(said)
     try:
-        ties = speech_ties(asr, [features], [got], "en", new_tokens=CHECK_NEW_TOKENS) \
-            if got != want else 0
+        return speech_ties(asr, [features], [got], "en", new_tokens=CHECK_NEW_TOKENS)
     except WebPackageError as e:
         raise PackageError(f"{said}: {str(e).split('(', 1)[-1].rstrip(')')}") from None
-    return {"audio": "synthetic voice (3 s)", "max_new_tokens": CHECK_NEW_TOKENS,
-            "tokens": len(want), "equal": got == want, "ties": ties}
+
+
+def voice_wav(edge_s: float = 0.25) -> tuple[bytes, np.ndarray]:
+    """The synthetic voice as a 16-kHz, 16-bit mono WAV (the standard library's writer) with
+    `edge_s` of silence either side, and the samples that file holds (int / 32768, as
+    libsndfile and GenAI's decoder read them). The silence: GenAI frames the audio's first
+    and last 20 ms its own way (its features part there by up to ~0.9 where the audio does not
+    start and end in silence; docs/speech.md)."""
+    import io
+    import wave
+
+    from .speech_accuracy import SAMPLE_RATE, voice
+
+    edge = np.zeros(int(edge_s * SAMPLE_RATE), dtype=np.float32)
+    pcm = np.round(np.clip(np.concatenate([edge, voice(), edge]), -1, 1) * 32767)
+    pcm = pcm.astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue(), pcm.astype(np.float32) / 32768

@@ -117,10 +117,12 @@ def worker(spec: dict, loaders: dict | None = None) -> None:
     decoder's start and prefix, and the largest |logit| (tinyt's engines: the reference);
     {"op": "time", "calls": [{"sources", "n", "beams"}], "settle", "block"} -> seconds per
     call, and the tokens each call's last run made ("made");
-    {"op": "memory"}. loaders: the table spec["loader"] names (default LOADERS; the Whisper
-    peers' is whisper_adapters.LOADERS). The hello says ready (with the load's time and
-    memory, the peak reset after it so that later it is the calls'), a missing package, or the
-    load's error."""
+    {"op": "memory"}; a Whisper's {"op": "clip", "n"} -> the clip's tokens and how far its
+    front end's features are from runtime/audio.log_mel's (and a "time" call may be {"clip":
+    "transcript" | "features", "n"}: whisper_adapters.py). loaders: the table spec["loader"]
+    names (default LOADERS; the Whisper peers' is whisper_adapters.LOADERS). The hello says
+    ready (with the load's time and memory, the peak reset after it so that later it is the
+    calls'), a missing package, or the load's error."""
     def load():
         missing = missing_package(spec["packages"])
         if missing:
@@ -138,13 +140,22 @@ def worker(spec: dict, loaders: dict | None = None) -> None:
 def _answer(req: dict, translate: Translate) -> dict:
     if req["op"] == "translate":
         return {"tokens": translate(req["sources"], req["n"], req["beams"])}
+    if req["op"] == "clip":  # a Whisper's clip: its tokens, its features against log_mel's
+        if not hasattr(translate, "clip"):
+            return {"tokens": None, "features_vs_log_mel": None}
+        return {"tokens": translate.clip(req["n"]),  # type: ignore[attr-defined]
+                "features_vs_log_mel": translate.features_vs_log_mel()}  # type: ignore
     if req["op"] == "time":
         times, made = [], []
         for c in req["calls"]:
             last: list = []
+            if "clip" in c and not hasattr(translate, "clip"):  # an engine without the clip
+                times.append([])
+                made.append(0)
+                continue
 
             def call(c=c, last=last):
-                last[:] = translate(c["sources"], c["n"], c["beams"])
+                last[:] = _call(translate, c)
             times.append(timed(call, req["settle"], req["block"]))
             made.append(sum(map(len, last)))
         return {"times": times, "made": made}
@@ -155,6 +166,17 @@ def _answer(req: dict, translate: Translate) -> dict:
     if req["op"] == "memory":
         return {"memory": memory()}
     return {"error": f"unknown op {req['op']!r}"}
+
+
+def _call(translate: Translate, c: dict) -> list[list[int]]:
+    """One timed call: sources translated, or (a Whisper's) the clip's audio to its transcript
+    (c["clip"] "transcript": [its tokens]) or to its features alone ("features": [])."""
+    if "clip" not in c:
+        return translate(c["sources"], c["n"], c["beams"])
+    if c["clip"] == "transcript":
+        return [translate.clip(c["n"])]  # type: ignore[attr-defined]
+    translate.front_end()  # type: ignore[attr-defined]
+    return []
 
 
 def _version(dist: str) -> str | None:

@@ -40,6 +40,8 @@ def check(workers: list[Worker], rows: list[PeerEngine], threads: int, plan: dic
                                  beams=1)["tokens"][0] for s in plan["check"]],
                 "beams": [w.ask(op="translate", sources=[s], n=plan["new_tokens"],
                                 beams=plan["beams"])["tokens"][0] for s in plan["check"]]}
+            if "clip" in plan:  # a Whisper's clip from its audio (told, not required)
+                tokens[w.name]["clip"] = w.ask(op="clip", n=plan["clip"]["n"])
         except RuntimeError as err:
             skipped[w.name] = "failed the check: " + " ".join(str(err).split())[:300]
     if REFERENCE not in tokens:
@@ -50,6 +52,8 @@ def check(workers: list[Worker], rows: list[PeerEngine], threads: int, plan: dic
     agreement = {}
     for name, got in tokens.items():
         a = {k: _agree(got[k], ref[k]) for k in ("greedy", "beams")}
+        if "clip" in got:
+            a["clip"] = _clip(got["clip"], ref["clip"])
         a.update(must_equal=REFERENCE if exact[name] else None)
         if exact[name] and not a["greedy"]["identical"]:
             a["greedy"]["ties"] = ties(reference, plan, got["greedy"], ref["greedy"], tie)
@@ -101,6 +105,15 @@ def ties(reference: Worker, plan: dict, got: list[list[int]], ref: list[list[int
         out.append({"source": k, "position": at, "margin": margin, "tie_bound": bound,
                     "tie": margin <= bound})
     return out
+
+
+def _clip(got: dict, ref: dict) -> dict | None:
+    """The clip's tokens against the reference's, and how far the engine's features of it
+    are from runtime/audio.log_mel's (None: it keeps them, or takes no clip)."""
+    if got["tokens"] is None or ref["tokens"] is None:
+        return None
+    return {**_agree([got["tokens"]], [ref["tokens"]]),
+            "features_vs_log_mel": got["features_vs_log_mel"]}
 
 
 def _agree(got: list[list[int]], ref: list[list[int]]) -> dict:

@@ -7,16 +7,28 @@ import statistics
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
 CT2_INT8 = "ct2-int8"  # the issue's yardstick
 TARGET = 0.9  # tinyt's best time over CTranslate2 int8's, at most (the issue's)
-MEASURES = {"greedy_ms": False, "beam_ms": False, "batch_sentences_per_s": True}  # higher wins
+# each timed call's figure: its key in a row, and whether higher wins; clip and clip_features:
+# a Whisper's 5-s clip, audio to transcript and its front end alone (whisper_peers.py)
+FIGURES = {"greedy": ("greedy_ms", False), "beam": ("beam_ms", False),
+           "batch": ("batch_sentences_per_s", True), "clip": ("clip_ms", False),
+           "clip_features": ("clip_features_ms", False)}
+CALLS = ("greedy", "beam", "batch")  # the timed calls of the text benchmark, in order
+MEASURES = {key: higher for name, (key, higher) in FIGURES.items()  # the target's measures
+            if name != "clip_features"}
 
 
-def rows(raw: dict, batch: int) -> dict[str, dict]:
-    """Per worker: one sentence's ms greedy and with beams, sentences per second in a batch."""
+def rows(raw: dict, batch: int, calls: tuple[str, ...] = CALLS) -> dict[str, dict]:
+    """Per worker, a figure per timed call (`calls`, FIGURES' names, in raw's order): ms of
+    one call, or sentences (windows) per second of the batch; None where the engine took no
+    such call (a Whisper without the clip)."""
     out = {}
-    for label, (one, beam, many) in raw.items():
-        out[label] = {"greedy_ms": 1e3 * statistics.median(one),
-                      "beam_ms": 1e3 * statistics.median(beam),
-                      "batch_sentences_per_s": batch / statistics.median(many)}
+    for label, times in raw.items():
+        out[label] = {}
+        for name, ts in zip(calls, times):
+            key, _ = FIGURES[name]
+            out[label][key] = None if not ts else (
+                batch / statistics.median(ts) if name == "batch" else
+                1e3 * statistics.median(ts))
     return out
 
 
@@ -32,9 +44,11 @@ def targets(timed: dict[str, dict], threads: list[int], ours: set[str]) -> dict[
     out = {}
     for n in threads:
         at = {k.rsplit("@", 1)[0]: v for k, v in timed.items() if k.endswith(f"@{n}t")}
-        mine = {k: v for k, v in at.items() if k in ours}
-        peers = {k: v for k, v in at.items() if k not in ours}
-        for key in MEASURES if mine else ():
+        for key in MEASURES:
+            mine = {k: v for k, v in at.items() if k in ours and v.get(key) is not None}
+            peers = {k: v for k, v in at.items() if k not in ours and v.get(key) is not None}
+            if not mine:
+                continue
             best = min(mine, key=lambda k, key=key: _time_of(mine[k], key))
             entry: dict = {"tinyt": best}
             if CT2_INT8 in peers:
@@ -90,16 +104,24 @@ def _times(result: dict) -> list[str]:
         return ["Nothing timed (--rounds 0, or no engine passed the check).", ""]
     m = result["method"]
     one = m.get("unit", "sentence")  # what one call reads: a sentence, a 30-s window
-    lines = [f"| engine | threads | 1 {one} greedy ms | 1 {one}, {m['beams']} beams ms |"
-             f" batch {m['batch']}: {one}s/s | tokens made (per call) |",
-             "|---|---|---|---|---|---|"]
+    heads = {"greedy_ms": f"1 {one} greedy ms", "beam_ms": f"1 {one}, {m['beams']} beams ms",
+             "batch_sentences_per_s": f"batch {m['batch']}: {one}s/s",
+             "clip_ms": "5-s clip, audio to text ms", "clip_features_ms": "its front end ms"}
+    keys = [k for k in heads if any(k in r for r in rows.values())]
+    lines = ["| engine | threads | " + " | ".join(heads[k] for k in keys)
+             + " | tokens made (per call) |", "|---|---|" + "---|" * len(keys) + "---|"]
     for label, r in sorted(rows.items(), key=lambda kv: (int(kv[0].rsplit("@", 1)[1][:-1]),
-                                                         kv[1]["greedy_ms"])):
+                                                         kv[1][keys[0]] or 0)):
         name, n = label.rsplit("@", 1)
         made = " / ".join(str(x) for x in result["made"].get(label, []))
-        lines.append(f"| {name} | {n[:-1]} | {r['greedy_ms']:.1f} | {r['beam_ms']:.1f} | "
-                     f"{r['batch_sentences_per_s']:.2f} | {made} |")
+        cells = [_ms(r.get(k), ".2f" if k == "batch_sentences_per_s" else ".1f")
+                 for k in keys]
+        lines.append(f"| {name} | {n[:-1]} | " + " | ".join(cells) + f" | {made} |")
     return lines + [""]
+
+
+def _ms(x: float | None, form: str = ".1f") -> str:
+    return "—" if x is None else format(x, form)
 
 
 def _targets(result: dict) -> list[str]:
@@ -150,7 +172,16 @@ def _check(result: dict) -> list[str]:
              "verifier's rule), or is refused; the beams' are told.", "",
              "| engine | greedy agreement | sources differing | different outputs | beams "
              "agreement | must equal | verdict |", "|---|---|---|---|---|---|---|"]
+    clip = ["", "The 5-s clip from its audio, greedy, each engine through its own front end "
+            "(told, not required): its tokens against tinyt fp32's, and its features' largest "
+            "difference from runtime/audio.log_mel's (— where the engine keeps them).", "",
+            "| engine | clip agreement | features max abs difference |", "|---|---|---|"]
     for name, a in result["agreement"].items():
+        if "clip" in a:
+            c = a["clip"] or {}
+            diff = c.get("features_vs_log_mel")
+            clip.append(f"| {name} | {c['agreement']:.1%} |" if c else f"| {name} | — |")
+            clip[-1] += f" {'—' if diff is None else f'{diff:.2g}'} |"
         g, b = a["greedy"], a["beams"]
         ties = g.get("ties") or []
         verdict = ("**refused**" if name in result["skipped"] else
@@ -162,7 +193,7 @@ def _check(result: dict) -> list[str]:
         lines.append(f"| {name} | {g['agreement']:.1%} | {g['sources_differing']} | "
                      f"{g['distinct_outputs']} of {m['check_sources']} | {b['agreement']:.1%} | "
                      f"{a['must_equal'] or '—'} | {verdict} |")
-    return lines + [""]
+    return lines + (clip if len(clip) > 5 else []) + [""]
 
 
 def _memory(result: dict) -> list[str]:

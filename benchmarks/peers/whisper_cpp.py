@@ -133,7 +133,9 @@ def _staged(hf: Path, tmp: Path) -> tuple[Path, Path]:
 
 def load(path: Path, threads: int, *, features: str, flash_attn: bool = False, **_):
     """A Translate (seq2seq_adapters' kind) running whisper.cpp on the windows in `features`:
-    translate(sources, n, beams) -> each window's n generated ids (module docstring)."""
+    translate(sources, n, beams) -> each window's n generated ids (module docstring);
+    translate.from_samples(samples, n) through whisper_full's own front end (the last call's
+    text then in translate.text()), translate.pcm_to_mel(samples) that front end alone."""
     import _pywhispercpp as pw
     import numpy as np
 
@@ -165,6 +167,15 @@ def load(path: Path, threads: int, *, features: str, flash_attn: bool = False, *
     translate.from_samples = lambda samples, n: one(  # type: ignore[attr-defined]
         None, n, 1, np.ascontiguousarray(samples, dtype=np.float32))
     translate.context = ctx  # type: ignore[attr-defined]  # kept alive with the closure
+
+    translate.text = lambda: b"".join(  # type: ignore[attr-defined]  # the last call's
+        pw.whisper_full_get_segment_text(ctx, s) for s in range(pw.whisper_full_n_segments(ctx)))
+
+    def pcm_to_mel(samples):  # its log-mel alone, kept in the context (none handed back)
+        x = np.ascontiguousarray(samples, dtype=np.float32)
+        if (rc := pw.whisper_pcm_to_mel(ctx, x, x.size, threads)) != 0:
+            raise BenchError(f"whisper_pcm_to_mel returned {rc}")
+    translate.pcm_to_mel = pcm_to_mel  # type: ignore[attr-defined]
     return translate
 
 

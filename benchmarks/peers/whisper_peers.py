@@ -16,6 +16,9 @@ weights and the same log-mel features (issue 52, the peers): the encoder-decoder
       └─transformers' PyTorch model loads ARTIFACTS/hf itself
     features: espeak-ng speaking sentences of tinyt's retrieval set, runtime/audio.log_mel, one
     30-s window each (padded with silence) ──▶ OUT/features.npy, read by every worker
+    the clip: espeak-ng speaking the first of them said within 5 s, resampled to 16 kHz,
+    padded with silence to 5 s ──▶ OUT/clip.npy (samples), taken by each engine's own front
+    end (whisper_adapters.py: what each does, and pads to 30 s)
     one worker process per (engine, threads), each loading once (whisper_adapters.py):
       1. same output first, at the first thread count: every engine's greedy tokens on each
          check window, one at a time, against tinyt fp32's; an fp32 engine must give them
@@ -23,7 +26,9 @@ weights and the same log-mel features (issue 52, the peers): the encoder-decoder
          fp32's logits there prefer its token by at most TIE_FACTOR x reorder_bound over both
          stacks), or it is refused, never timed; INT8 reports its agreement; beams told
       2. then time, rounds interleaved (seq2seq_peers.py's): one window greedy (encoder and
-         decode), one window with beams, a batch of windows greedy (windows per second)
+         decode), one window with beams, a batch of windows greedy (windows per second), and
+         the clip's latency: its audio to its transcript, greedy (front end, encoder, the
+         tokens of its sentence, their text), and its front end alone (--measure: some)
     ──▶ OUT/results.json (the CPU, the load average before and after, every raw time),
         OUT/results.md; tinyt's best time over CTranslate2 int8's (faster-whisper's default
         compute type on a CPU) per measure and thread count
@@ -53,10 +58,12 @@ from .engines import PeerEngine
 from .seq2seq_check import REFERENCE
 from .seq2seq_peers import FP32, TINYT_ROWS, _bytes, makes, measure, prepare
 from .seq2seq_report import markdown, rows, targets
-from .whisper_adapters import FEATURES, LOADERS
+from .whisper_adapters import CLIP, FEATURES, LOADERS
 
 CHECK_WINDOWS = 8  # the check's windows: each a different sentence
 UNIT = "window"
+CLIP_SECONDS = 5  # the latency's clip (issue 52: "latency of a 5-second clip")
+MEASURES = ("greedy", "beam", "batch", "clip")  # clip: its transcript and its front end
 
 
 def _ours(name: str) -> PeerEngine:
@@ -148,70 +155,122 @@ def make(name: str, artifacts: Path, log=print, rows: tuple[str, ...] | None = N
             stages[v.stage](source, out, **options)
 
 
-def features(artifacts: Path, out: Path, count: int) -> Path:
-    """`count` windows [count, n_mels, 3000]: espeak-ng speaking the first sentences of tinyt's
-    retrieval set, one a window, through runtime/audio.log_mel; saved as out/FEATURES."""
+def _sentences() -> list[str]:
+    """The sentences of tinyt's retrieval set that espeak-ng says (five words or more)."""
+    from tinyt.export.retrieval_set import PASSAGES
+
+    return [s.strip() + "." for p in PASSAGES for s in p.split(".") if len(s.split()) > 4]
+
+
+def _speak(text: str, wav: Path):
+    """`text` spoken by espeak-ng, as 16-kHz samples (runtime/audio.load_audio: soxr)."""
     import shutil
     import subprocess
 
-    import numpy as np
-
-    from tinyt.export.retrieval_set import PASSAGES
-    from tinyt.runtime.audio import load_audio, log_mel
+    from tinyt.runtime.audio import load_audio
 
     if shutil.which("espeak-ng") is None:
         raise BenchError("espeak-ng is not installed: the benchmark speaks its windows with it "
                          "(apt-get install espeak-ng, or bash scripts/setup.sh)")
+    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, timeout=60)
+    return load_audio(wav)
+
+
+def features(artifacts: Path, out: Path, count: int) -> Path:
+    """`count` windows [count, n_mels, 3000]: espeak-ng speaking the first sentences of tinyt's
+    retrieval set, one a window, through runtime/audio.log_mel; saved as out/FEATURES."""
+    import numpy as np
+
+    from tinyt.runtime.audio import log_mel
+
     n_mels = json.loads((artifacts / "hf" / "config.json").read_text())["num_mel_bins"]
-    said = [s.strip() + "." for p in PASSAGES for s in p.split(".") if len(s.split()) > 4]
-    windows = []
+    said = _sentences()
     with tempfile.TemporaryDirectory() as tmp:
-        for k in range(count):
-            wav = Path(tmp) / f"{k}.wav"
-            subprocess.run(["espeak-ng", "-w", str(wav), said[k % len(said)]], check=True,
-                           timeout=60)
-            windows.append(log_mel(load_audio(wav), n_mels=n_mels))
+        windows = [log_mel(_speak(said[k % len(said)], Path(tmp) / f"{k}.wav"), n_mels=n_mels)
+                   for k in range(count)]
     path = out / FEATURES
     np.save(path, np.stack(windows).astype(np.float32), allow_pickle=False)
     return path
 
 
+def clip(out: Path) -> dict:
+    """The latency's clip: espeak-ng speaking the first sentence of tinyt's retrieval set it
+    says within CLIP_SECONDS, at 16 kHz, padded with silence to CLIP_SECONDS; saved as
+    out/CLIP. Its tokens: the sentence's words and punctuation marks, what Whisper's byte-level
+    BPE writes for common English (a word with its space one token, a mark one; the random
+    weights, which never end, write exactly as many). peer_whisper's tokenizer is not asked:
+    its filler vocabulary has no merges, a token a character or so."""
+    import re
+
+    import numpy as np
+
+    from tinyt.runtime.audio import SAMPLE_RATE
+
+    size = CLIP_SECONDS * SAMPLE_RATE
+    with tempfile.TemporaryDirectory() as tmp:
+        for text in _sentences():
+            samples = _speak(text, Path(tmp) / "clip.wav")
+            if samples.size <= size:
+                break
+        else:
+            raise BenchError(f"espeak-ng says no sentence of the retrieval set within "
+                             f"{CLIP_SECONDS} s")
+    clip_samples = np.zeros(size, dtype=np.float32)
+    clip_samples[:samples.size] = samples
+    np.save(out / CLIP, clip_samples, allow_pickle=False)
+    return {"path": str((out / CLIP).resolve()), "text": text, "seconds": CLIP_SECONDS,
+            "speech_s": round(samples.size / SAMPLE_RATE, 3),
+            "n": len(re.findall(r"\w+|[^\w\s]", text))}
+
+
+def _calls(measures: list[str], new_tokens: int, beams: int, batch: int,
+           clip_n: int) -> list[dict]:
+    """The timed calls of `measures` (MEASURES' names), each with its FIGURES name."""
+    made = {"greedy": [{"sources": [0], "n": new_tokens, "beams": 1}],
+            "beam": [{"sources": [0], "n": new_tokens, "beams": beams}],
+            "batch": [{"sources": list(range(batch)), "n": new_tokens, "beams": 1}],
+            "clip": [{"clip": "transcript", "n": clip_n, "beams": 1, "figure": "clip"},
+                     {"clip": "features", "n": 0, "beams": 1, "figure": "clip_features"}]}
+    return [{"figure": m, **c} for m in measures for c in made[m]]
+
+
 def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds: int = 5,
         block: int = 3, settle: int = 1, engines: list[str | PeerEngine] | None = None,
         check_windows: int = CHECK_WINDOWS, new_tokens: int = 64, batch: int = 4,
-        beams: int = 5, log=print) -> dict:
+        beams: int = 5, measures: list[str] | None = None, log=print) -> dict:
     """Check, then time every engine on ARTIFACTS' Whisper; write results.json and results.md
-    under `out`. Engines are names of WHISPER_ENGINES or rows (default: every one)."""
+    under `out`. Engines are names of WHISPER_ENGINES or rows (default: every one); measures
+    names of MEASURES (default: every one)."""
     from tinyt.benchmarks.environment import environment
 
     from .seq2seq_adapters import VERSIONS
 
-    threads = threads or [1, 2]
+    threads, measures = threads or [1, 2], measures or list(MEASURES)
     engine_rows = _engine_rows(engines)
-    _check_options(artifacts, threads, rounds=rounds, block=block, settle=settle,
+    _check_options(artifacts, threads, measures, rounds=rounds, block=block, settle=settle,
                    check_windows=check_windows, new_tokens=new_tokens, batch=batch, beams=beams)
     load_before = os.getloadavg()
     skipped = prepare(artifacts, engine_rows)
     out.mkdir(parents=True, exist_ok=True)
-    path = features(artifacts, out, max(check_windows, batch))
+    path, said = features(artifacts, out, max(check_windows, batch)), clip(out)
+    calls = _calls(measures, new_tokens, beams, batch, said["n"])
     plan = {"check": list(range(check_windows)), "new_tokens": new_tokens, "beams": beams,
             "batch": batch, "eos": json.loads((artifacts / "hf" / "config.json").read_text())[
-                "eos_token_id"],
-            "calls": [{"sources": [0], "n": new_tokens, "beams": 1},
-                      {"sources": [0], "n": new_tokens, "beams": beams},
-                      {"sources": list(range(batch)), "n": new_tokens, "beams": 1}]}
-    options = {"features": str(path.resolve()), "hf": str((artifacts / "hf").resolve())}
+                "eos_token_id"], "clip": said, "calls": calls}
+    options = {"features": str(path.resolve()), "hf": str((artifacts / "hf").resolve()),
+               "clip": said["path"]}
     agreement, raw, made, memory = measure(
         engine_rows, artifacts, threads, plan, skipped, (rounds, settle, block), log,
         module="tinyt.benchmarks.peers.whisper_peers", options=options)
-    timed = rows(raw, batch)
+    timed = rows(raw, batch, tuple(c["figure"] for c in calls))
     result = {
         "model": _model(artifacts), "artifacts": str(artifacts),
         "environment": environment((*VERSIONS, "pywhispercpp"), load_average={
             "before": load_before, "after": os.getloadavg()}),
         "method": {"threads": threads, "rounds": rounds, "block": block, "settle": settle,
                    "check_sources": check_windows, "new_tokens": new_tokens, "batch": batch,
-                   "beams": beams, "unit": UNIT,
+                   "beams": beams, "unit": UNIT, "measures": measures,
+                   "clip": {k: v for k, v in said.items() if k != "path"},
                    "check_said": "30-s windows of espeak-ng speech (a sentence each)"},
         "engines": {e.name: e.about for e in engine_rows}, "skipped": skipped,
         "agreement": agreement, "memory": memory,
@@ -236,12 +295,16 @@ def _engine_rows(engines: list[str | PeerEngine] | None) -> list[PeerEngine]:
     return list({e.name: e for e in rows}.values())
 
 
-def _check_options(artifacts: Path, threads: list[int], **counts: int) -> None:
-    """Refuse bad counts and a directory without a Whisper, every problem at once."""
+def _check_options(artifacts: Path, threads: list[int], measures: list[str],
+                   **counts: int) -> None:
+    """Refuse bad counts, measures and a directory without a Whisper, every problem at
+    once."""
     least = {"rounds": 0, "settle": 0, "block": 1, "check_windows": 1, "new_tokens": 1,
              "batch": 1, "beams": 2}
     problems = [f"{k}={v!r}: an integer >= {least[k]}" for k, v in counts.items()
                 if not (isinstance(v, int) and v >= least[k])]
+    if not measures or set(measures) - set(MEASURES) or len(set(measures)) < len(measures):
+        problems.append(f"measures={measures}: some of {', '.join(MEASURES)}, each once")
     if not all(isinstance(n, int) and n >= 1 for n in threads):
         problems.append(f"threads={threads}: each an integer >= 1")
     cfg = artifacts / "hf" / "config.json"
@@ -274,7 +337,26 @@ def _head(result: dict) -> list[str]:
             f"<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>. One window: the "
             f"encoder and {m['new_tokens']} new tokens, greedy and with {m['beams']} beams; a "
             f"batch: {m['batch']} windows, greedy. Median of {m['rounds']} interleaved rounds "
-            f"× {m['block']} calls (after {m['settle']} untimed).", ""] + _load(env)
+            f"× {m['block']} calls (after {m['settle']} untimed).", ""] + _clip_said(m) \
+        + _load(env)
+
+
+def _clip_said(m: dict) -> list[str]:
+    """What the clip's latency times (whisper_adapters.py: each engine's front end)."""
+    c = m.get("clip")
+    if not c or "clip" not in m.get("measures", ()):
+        return []
+    return [f"The 5-s clip's latency: \"{c['text']}\" ({c['speech_s']} s of espeak-ng speech, "
+            f"silence to {c['seconds']} s) from its 16-kHz samples to its transcript's text, "
+            f"greedy, {c['n']} tokens (its sentence's words and marks), features included, "
+            "each engine through its own front end, each padding the clip to Whisper's 30-s "
+            "window: "
+            "tinyt SpeechModel.transcribe (runtime/audio.log_mel, numpy); CTranslate2 the same "
+            "log_mel, then generate (faster-whisper's own numpy FeatureExtractor not run); "
+            "Optimum and transformers WhisperFeatureExtractor (numpy); whisper.cpp its own "
+            "(C++, whisper_full on the samples); GenAI its multimodal processor on the clip "
+            "as a float WAV in memory. \"Its front end\": the features alone (whisper.cpp's "
+            "whisper_pcm_to_mel).", ""]
 
 
 def _load(env: dict) -> list[str]:
@@ -307,6 +389,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per window")
     ap.add_argument("--batch", type=int, default=4, help="windows of the batch call")
     ap.add_argument("--beams", type=int, default=5, help="faster-whisper's default beam size")
+    ap.add_argument("--measure", action="append", choices=MEASURES,
+                    help="time only these (repeat; default all): greedy, beam and batch on "
+                    "30-s windows' features, clip the 5-s clip's latency from its audio")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -319,7 +404,7 @@ def main() -> None:
         run(args.artifacts, args.out, threads=args.threads, rounds=args.rounds,
             block=args.block, settle=args.settle, engines=args.engine,
             check_windows=args.check_windows, new_tokens=args.new_tokens, batch=args.batch,
-            beams=args.beams)
+            beams=args.beams, measures=args.measure)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -58,8 +58,13 @@ def test_whisper_cpp_rows_are_checked_and_timed(result):
     assert {"whisper.cpp-f16@1t", "whisper.cpp-f16-fa@1t"} <= timed
     assert all(result["rows"][label]["greedy_ms"] > 0 for label in timed)
     made = result["made"]["whisper.cpp-f16@1t"]  # exactly the tokens asked, every call
+    clip = result["method"]["clip"]["n"]  # the 5-s clip through its own front end
     assert made == [CALLS["new_tokens"], CALLS["new_tokens"],
-                    CALLS["new_tokens"] * CALLS["batch"]]
+                    CALLS["new_tokens"] * CALLS["batch"], clip, 0]
+    row = result["rows"]["whisper.cpp-f16@1t"]
+    assert 0 < row["clip_features_ms"] < row["clip_ms"]  # whisper_pcm_to_mel, then all of it
+    said = a["whisper.cpp-f16"]["clip"]  # its tokens told; its features kept in its context
+    assert said["tokens"] == clip and said["features_vs_log_mel"] is None
     if whisper_cpp.quantizer() is None:
         assert "setup-whisper-cpp.sh" in result["skipped"]["whisper.cpp-q8_0"]
     else:

@@ -5,8 +5,10 @@ timing — CTranslate2 float32 (faster-whisper's engine), Optimum's own speech e
 transformers' PyTorch model and ONNX Runtime GenAI on its model builder's fp32 build (where
 scripts/setup-genai-builder.sh has run: ~15 s more, the build) give tinyt fp32's greedy tokens on the same log-mel features,
 CTranslate2 int8 reports its agreement, and an engine running another model (the same shape,
-another seed) is refused with the difference, never timed. One round is timed to see the
-results' rows; nothing here asserts a time."""
+another seed) is refused with the difference, never timed. The 5-s clip from its audio through
+each engine's own front end: the fp32 engines' features within the FFT's rounding of tinyt's
+log_mel and their tokens tinyt fp32's. One round is timed to see the results' rows; nothing
+here asserts a time."""
 import importlib.util
 import json
 import shutil
@@ -25,6 +27,10 @@ EXACT = ("ct2-float32", "optimum-fp32", "transformers", "genai-builder-fp32")
 # part too small to move the decoder's choices), a check that could not see the encoder
 SMALL = dict(encoder_layers=1, decoder_layers=1)
 CALLS = dict(check_windows=3, new_tokens=6, batch=2, beams=2)
+# an fp32 front end's log-mel against runtime/audio.log_mel on the same samples: float32 FFTs
+# of 400 samples and mel sums through log10 / 4, ~1e-5 in quiet bins (measured 2.7e-5:
+# transformers', Optimum's, GenAI's); CTranslate2 takes log_mel's own (0)
+FRONT_END_TOL = 1e-4
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="espeak-ng is not installed (scripts/setup.sh)")
 
@@ -68,6 +74,10 @@ def test_every_installed_fp32_engine_gives_tinyts_tokens(result):
         assert a["must_equal"] == "tinyt-fp32" and a["greedy"]["identical"], (name, a)
         assert a["greedy"]["tokens"] == CALLS["check_windows"] * CALLS["new_tokens"]
         assert name not in r["skipped"]
+        clip = a["clip"]  # from the clip's audio, each through its own front end
+        assert clip["identical"] and clip["tokens"] == r["method"]["clip"]["n"], (name, clip)
+        assert clip["features_vs_log_mel"] <= (0 if name.startswith("ct2") else FRONT_END_TOL)
+    assert r["agreement"]["tinyt-fp32"]["clip"]["features_vs_log_mel"] == 0
     if "ct2-int8" in installed:  # reported, never refused
         a = r["agreement"]["ct2-int8"]
         assert a["must_equal"] is None and 0.0 <= a["greedy"]["agreement"] <= 1.0
@@ -90,18 +100,23 @@ def test_results_hold_a_row_per_timed_engine_and_every_token_asked(result):
     out, r, installed = result
     assert set(r["rows"]) == {f"{e}@1t" for e in ("tinyt-fp32", "tinyt-int8", *installed)}
     n = CALLS["new_tokens"]  # peer_whisper's zero end row: every engine makes every token
-    for label in r["rows"]:
-        assert r["made"][label] == [n, n, CALLS["batch"] * n], label
+    clip = r["method"]["clip"]  # 14 words, a comma, a full stop: 16 tokens
+    assert clip["n"] == 16 and clip["seconds"] == 5 and 4 < clip["speech_s"] <= 5
+    for label, row in r["rows"].items():
+        assert r["made"][label] == [n, n, CALLS["batch"] * n, clip["n"], 0], label
+        assert row["clip_ms"] > 0 and 0 < row["clip_features_ms"] < row["clip_ms"], label
     a = r["agreement"]["tinyt-int8"]  # INT8: its agreement reported, its times taken
     assert a["must_equal"] is None and 0.0 <= a["greedy"]["agreement"] <= 1.0
     saved = json.loads((out / "results.json").read_text())
     assert saved["rows"] == r["rows"] and len(saved["environment"]["load_average"]["before"]) == 3
     md = (out / "results.md").read_text()
     assert "# Whisper: tinyt vs peers" in md and "1 window greedy ms" in md
+    assert "5-s clip, audio to text ms" in md and clip["text"] in md
     if "ct2-int8" in installed:
         # tinyt's best of its timed rows (which one is the timing's call, not the test's)
         assert r["targets"]["greedy_ms@1t"]["tinyt"] in ("tinyt-fp32", "tinyt-int8")
         assert "× CTranslate2 int8" in md
+        assert r["targets"]["clip_ms@1t"]["tinyt"] in ("tinyt-fp32", "tinyt-int8")
 
 
 def test_peer_whisper_zeroes_the_special_rows_no_prompt_reads(tmp_path):
@@ -118,8 +133,10 @@ def test_unknown_engine_and_bad_settings_are_refused_before_any_work(tmp_path):
     with pytest.raises(BenchError, match="unknown engine.*faster"):
         bench.run(tmp_path, tmp_path / "out", engines=["faster"])
     with pytest.raises(BenchError) as e:
-        bench.run(tmp_path, tmp_path / "out", beams=1, new_tokens=0, threads=[0])
-    for said in ("beams=1", "new_tokens=0", "threads=[0]", "holds no Whisper"):
+        bench.run(tmp_path, tmp_path / "out", beams=1, new_tokens=0, threads=[0],
+                  measures=["clip", "latency"])
+    for said in ("beams=1", "new_tokens=0", "threads=[0]", "holds no Whisper",
+                 "measures=['clip', 'latency']: some of greedy, beam, batch, clip"):
         assert said in str(e.value)
     assert not (tmp_path / "out").exists()
 

@@ -4,7 +4,9 @@ speech (the synthetic voice without it), gives tinyt.runtime's greedy tokens wit
 weights: fp32, INT8 and INT4 (tests/conftest.py's small_whisper). The encoder with the cross
 caches returns what the source's encoder and first decoder graph return; what does not apply
 is refused by name. An optimized artifact's stepping graph (cross attention grouped by window)
-runs fed a cache a row, as GenAI feeds it."""
+runs fed a cache a row, as GenAI feeds it. Fed a WAV, GenAI's own front end (the package's
+audio_processor_config.json) gives transformers' features and tinyt.runtime's transcribe
+tokens on the same file."""
 from __future__ import annotations
 
 import json
@@ -20,6 +22,7 @@ from tinyt.export.package import package
 from tinyt.export.web.speech_page import speech_ties
 
 og = pytest.importorskip("onnxruntime_genai", reason="pip install 'tinyt[peers]'")
+from tinyt.export import genai_whisper as gw  # noqa: E402
 from tinyt.export.genai_whisper import FILES, genai_generate  # noqa: E402
 
 NEW_TOKENS = 24
@@ -27,6 +30,11 @@ NEW_TOKENS = 24
 # them otherwise, so fp32 reordering at most — 1e-5 of outputs of magnitude ~1-10 (64 wide,
 # 1 layer; compare.reorder_bound's arithmetic gives ~1e-5 here).
 ENCODER_TOL = 1e-5
+# GenAI's log-mel against transformers' WhisperFeatureExtractor on the same 16-bit samples: two
+# float32 FFTs of 400 samples and mel sums (relative error ~1e-6 in the power), through
+# log10 / 4: ~1e-6 where the power is large, up to ~1e-5 in quiet bins near the floor 8 below
+# the maximum; 1e-4 leaves room (measured: 2.3e-5, tinyt's log_mel the same).
+FRONT_END_TOL = 1e-4
 
 
 def _features(n_mels: int) -> np.ndarray:
@@ -61,9 +69,11 @@ def test_genai_tokens_equal_tinyt(genai_packages, sources, variant):
     cfg = json.loads((out / "genai_config.json").read_text())
     assert cfg["model"]["type"] == "whisper"
     assert cfg["model"]["encoder"]["filename"] == FILES["encoder"]
+    assert (out / gw.PROCESSOR).is_file()
     checked = out.manifest["equivalence"]["greedy"]
     quantized = variant.startswith("int")
     assert checked["equal"] is True or (quantized and checked["ties"] == 1)
+    assert checked["wav_equal"] is True or (quantized and checked["wav_ties"] == 1)
     asr = rt.load(sources[variant], threads=1, tune=False)
     feats = _features(asr.n_mels)
     want = asr.decode_features(feats[None], language="en", max_new_tokens=NEW_TOKENS)[0]
@@ -80,6 +90,49 @@ def test_genai_tokens_equal_tinyt(genai_packages, sources, variant):
     moved = genai_generate(model, feats[None], prompt, 2, eos=asr.eos, suppress=asr.suppress,
                            begin_suppress=list(asr.begin_suppress) + [want[0]])[0]
     assert moved[0] != want[0]
+
+
+def test_genai_transcribes_a_wav(genai_packages, sources, tmp_path):
+    """espeak-ng's speech at 16 kHz in a 16-bit WAV: GenAI's front end makes transformers'
+    features of it, and GenAI's greedy tokens from the file are tinyt.runtime's transcribe
+    tokens on the same file."""
+    import shutil
+    import subprocess
+    import wave
+
+    from transformers import WhisperFeatureExtractor
+
+    from tinyt.runtime.audio import load_audio
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (scripts/setup.sh)")
+    said = tmp_path / "said.wav"
+    subprocess.run(["espeak-ng", "-w", str(said), "The quick brown fox jumps over the lazy "
+                    "dog."], check=True, timeout=60)
+    pcm = np.round(load_audio(said) * 32767).astype("<i2")  # espeak's 22,050 Hz, soxr'd
+    wav = tmp_path / "16k.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(pcm.tobytes())
+    model = og.Model(str(genai_packages["fp32"]))
+    processor = model.create_multimodal_processor()
+    feeds = processor("<|startoftranscript|>", audios=og.Audios.open(str(wav)))
+    got = feeds["audio_features"].as_numpy()
+    want = WhisperFeatureExtractor(feature_size=80)(
+        pcm / 32768, sampling_rate=16_000, return_tensors="np").input_features
+    assert got.shape == want.shape == (1, 80, 3000) and got.dtype == np.float32
+    assert np.abs(got - want).max() <= FRONT_END_TOL
+    asr = rt.load(sources["fp32"], threads=1, tune=False)
+    ours = asr.transcribe(wav, language="en", max_new_tokens=NEW_TOKENS).tokens
+    theirs = gw.genai_transcribe(model, wav, asr._prefix("en", "transcribe", False), NEW_TOKENS,
+                              eos=asr.eos, processor=processor, suppress=asr.suppress,
+                              begin_suppress=asr.begin_suppress)
+    assert theirs == ours and len(ours) >= 8
+    assert gw.genai_transcribe(model, wav.read_bytes(), asr._prefix("en", "transcribe", False),
+                            NEW_TOKENS, eos=asr.eos, suppress=asr.suppress,
+                            begin_suppress=asr.begin_suppress) == ours
 
 
 def test_encoder_returns_the_cross_caches(genai_packages, small_whisper):
