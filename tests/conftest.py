@@ -77,6 +77,28 @@ def pytest_terminal_summary(terminalreporter):
                 terminalreporter.write_line(f"{seconds:7.1f} s  {command[:110]}")
 
 
+def _cpu_used() -> float:
+    import resource
+    return sum(r.ru_utime + r.ru_stime for r in (
+        resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._cpu_start = _cpu_used()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU seconds, its fixtures' and the processes it waited for included, as its
+    teardown report's `cpu_seconds` property (in --junitxml's output): what a test costs,
+    whatever the load beside it (wall seconds on a busy machine say little of an idle one's)."""
+    outcome = yield
+    if call.when == "teardown" and hasattr(item, "_cpu_start"):
+        outcome.get_result().user_properties.append(
+            ("cpu_seconds", round(_cpu_used() - item._cpu_start, 2)))
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
