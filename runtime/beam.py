@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -35,10 +36,22 @@ from .sampling import nonfinite_error
 # step(parents [R] int64, tokens [R] int64) -> logits [R, V]: row i continues row parents[i]
 # of the previous call (of the first logits, at the first step) with token tokens[i].
 StepFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
-# head(logits [R, V], k, mask [V] | None) -> each row's k best log-probabilities [R, k] (after
-# the mask's 0 / -inf), best first, and ids
-TopFn = Callable[[np.ndarray, int, "np.ndarray | None"], tuple[np.ndarray, np.ndarray]]
 EARLY_STOPPING = (False, True, "never")
+
+
+class TopFn(Protocol):
+    """A step's best continuations a row (runtime/heads.BeamHead)."""
+
+    def __call__(self, logits: np.ndarray, k: int, mask: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's k best log-probabilities [R, k] of logits [R, V] (after the mask's
+        0 / -inf), best first, and their ids."""
+        ...
+
+    def top(self, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's k largest scores [R, k] (log-probabilities already ruled), best first,
+        and their ids."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -82,9 +95,10 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
     and why it ended ('eos' or 'length'). first: the logits [B, V] of each source's one row
     (the prompt's last position, or the decoder's start token); prefixes: each source's
     tokens before the generated ones (for the rules' n-grams); step: see StepFn; head: each
-    row's best log-probabilities (runtime/heads.BeamHead), used at the steps no rule
-    touches or whose rules are one mask for every row (rules.static_mask; numpy's
-    log_softmax and rules.apply otherwise)."""
+    row's best log-probabilities (runtime/heads.BeamHead), read from the logits at the steps
+    no rule touches or whose rules are one mask for every row (rules.static_mask); else
+    numpy's log_softmax and rules.apply make them, and head.top picks each row's best (no
+    head: numpy's argpartition over all of a source's rows)."""
     K, eos_ids = params.num_beams, frozenset(int(e) for e in eos)
     if max_new_tokens == 0:
         return [([], "length") for _ in prefixes]
@@ -107,6 +121,8 @@ def beam_search(first: np.ndarray, step: StepFn, prefixes: Sequence[Sequence[int
             if rules is not None and ruled:
                 rules.apply(logp, [srcs[s].prefix + srcs[s].beams[i]
                                    for s, i in _row_beams(rows)], made)
+            if head is not None:  # a source's best `keep` are among its rows' own best `keep`
+                logp, ids = head.top(logp, keep)
         parents: list[int] = []
         tokens: list[int] = []
         next_rows: list[int] = []

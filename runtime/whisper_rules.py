@@ -4,6 +4,7 @@ seq2seq loops (runtime/encoder_decoder.py) and beams (runtime/beam.py) apply for
 runtime/transcribe.py's SpeechModel."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,6 +14,17 @@ import numpy as np
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=-1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _mask(suppress: tuple[int, ...], begin_suppress: tuple[int, ...], vocab: int) -> np.ndarray:
+    """0, or -inf at the suppressed tokens [vocab]: made once a call's rules and step kind
+    (a beam search asks it at every step), read-only since every caller shares it."""
+    mask = np.zeros(vocab, dtype=np.float32)
+    mask[list(begin_suppress)] = -np.inf
+    mask[list(suppress)] = -np.inf
+    mask.flags.writeable = False
+    return mask
 
 
 @dataclass(frozen=True)
@@ -47,12 +59,7 @@ class WhisperRules:
         read each row's history: None)."""
         if self.timestamps:
             return None
-        mask = np.zeros(vocab, dtype=np.float32)
-        if made == 0 and self.begin_suppress:
-            mask[list(self.begin_suppress)] = -np.inf
-        if self.suppress:
-            mask[list(self.suppress)] = -np.inf
-        return mask
+        return _mask(self.suppress, self.begin_suppress if made == 0 else (), vocab)
 
     def _timestamp_rules(self, scores: np.ndarray, histories, made: int) -> None:
         """Timestamps come in pairs (but one before the end), never decrease, the first token

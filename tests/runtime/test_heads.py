@@ -114,3 +114,52 @@ def test_a_static_mask_rule_chooses_the_same_through_the_head(seed):
     assert runs[0] == runs[1]
     assert calls and all(m is not None for m in calls)  # the head ran, with the rule's mask
     assert not any(t in range(100, 300) for hyp, _ in runs[0] for t in hyp)
+
+
+def test_top_gives_each_rows_largest_scores_the_lower_id_first_on_a_tie():
+    rng = np.random.default_rng(2)
+    scores = (rng.standard_normal((4, V)) * 4).astype(np.float32)
+    scores[1, 50:60] = 30.0  # ten equal best: TopK's tie rule, the lower id first
+    scores[2, :690] = -np.inf  # a row ruled down to 10 tokens: its -inf come after them
+    values, ids = BeamHead().top(scores, 12)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :12]
+    np.testing.assert_array_equal(ids, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(scores, order, 1))  # no arithmetic
+    assert ids[1, :10].tolist() == list(range(50, 60))
+
+
+class _NoRepeat:
+    """A rule that reads each row's history (no token twice in a row's generated tokens): no
+    mask serves every row, so beam_search applies it to numpy's log-probabilities."""
+    active = True
+
+    def apply(self, scores, histories, made):
+        for r, history in enumerate(histories):
+            scores[r, [t for t in history if t >= 10]] = -np.inf
+
+    def static_mask(self, made, vocab):
+        return None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_rule_that_reads_each_row_chooses_the_same_through_top(seed):
+    """Each row's best `keep` by BeamHead.top, then a source's best of those: what numpy's
+    argpartition over all of a source's rows chose (no ties among random logits)."""
+    prefixes = [[1, 2], [3]]
+    runs, calls, head = [], [], BeamHead()
+
+    class Counted:
+        def __call__(self, z, k, m):
+            return head(z, k, m)
+
+        def top(self, z, k):
+            calls.append(z.shape)
+            return head.top(z, k)
+    for top in (None, Counted()):
+        first, step = _model(seed, eos=0)
+        runs.append(beam_search(first(prefixes), step, prefixes, BeamParams(4), eos=[0],
+                                max_new_tokens=10, rules=_NoRepeat(), head=top))
+    assert runs[0] == runs[1]
+    assert calls and calls[0] == (2, V)  # top ran from the first step: a row a source
+    kept = [[t for t in hyp if t >= 10] for hyp, _ in runs[0]]
+    assert all(len(set(k)) == len(k) for k in kept)  # the rule held
