@@ -86,7 +86,7 @@ TIME_JS = """async ({texts, batch, settle, block}) => {
 @dataclass
 class Page:
     """One page in the browser: tinyt's page on a variant's package, or transformers.js on a
-    variant's graph."""
+    variant's graph (the encoder pages; browser_whisper.SpeechPage is the speech page)."""
     runner: str  # "tinyt" | "transformers.js"
     variant: str
     graph: str  # what it loads: "tinyt <variant>" or "optimum" (transformers.js' fallback)
@@ -94,6 +94,7 @@ class Page:
     page: object = None
     server: object = None
     info: dict = field(default_factory=dict)
+    ready = "lm"  # what tinyt's page sets once loaded: window.tinyt.<ready>
 
     @property
     def name(self) -> str:
@@ -107,26 +108,31 @@ class Page:
         self.page = browser.new_page()
         url = f"http://127.0.0.1:{self.server.server_address[1]}/index.html?"
         try:
+            self.page.goto(url + urlencode({"threads": threads}))
             if self.runner == "tinyt":
-                self.page.goto(url + urlencode({"threads": threads}))
-                self.page.wait_for_function("(window.tinyt && window.tinyt.lm) || "
+                model = f"window.tinyt.{self.ready}"
+                self.page.wait_for_function(f"(window.tinyt && {model}) || "
                                             "document.getElementById('error').textContent",
                                             timeout=600_000)
                 said = self.page.inner_text("#error")
                 if said:  # the page names what failed (docs/web.md)
                     raise RuntimeError(said)
-                self.info = self.page.evaluate("() => ({load_ms: window.tinyt.lm.loadMs, "
-                                               "threads: window.tinyt.lm.threads, "
-                                               "isolated: self.crossOriginIsolated})")
+                load_ms, ran = self.page.evaluate(f"() => [{model}.loadMs, {model}.threads]")
+                threads = threads if ran is None else ran  # what the page runs at
             else:
-                self.page.goto(url + urlencode({"threads": threads}))
                 self.page.wait_for_function("window.tjsReady === true", timeout=120_000)
                 load_ms = self.page.evaluate("() => window.tjs.load('m')")
-                self.info = {"load_ms": load_ms, "threads": threads,
-                             "isolated": self.page.evaluate("() => self.crossOriginIsolated")}
+            self.info = {"load_ms": load_ms, "threads": threads,
+                         "isolated": self.page.evaluate("() => self.crossOriginIsolated")}
         except Exception as e:  # e.g. an operator its ONNX Runtime Web build lacks
             self.info = {"error": str(e).splitlines()[0].removeprefix("Page.evaluate: ")[:300]}
         return self.info
+
+    def close(self) -> None:
+        if self.page is not None:
+            self.page.close()
+            self.server.shutdown()
+            self.page = self.server = None
 
     def vectors(self, texts: list[str], chunk: int = 32) -> np.ndarray:
         """The engine's sentence vectors of `texts` [n, dim], `chunk` texts a call."""
@@ -140,12 +146,6 @@ class Page:
         return self.page.evaluate(TIME_JS % CALL[self.runner],
                                   {"texts": texts, "batch": batch, "settle": settle,
                                    "block": block})
-
-    def close(self) -> None:
-        if self.page is not None:
-            self.page.close()
-            self.server.shutdown()
-            self.page = self.server = None
 
 
 def build(st_dir: Path, work: Path, variants: tuple[str, ...], log=print) -> dict[str, Path]:

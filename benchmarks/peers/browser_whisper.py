@@ -28,14 +28,14 @@ import statistics
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tinyt.errors import BenchError
 
-from .browser_encoders import ratios, tjs_site
+from .browser_encoders import Page, ratios, tjs_site
 from .encoders import REST_S
 
 VARIANTS = ("onnx", "onnx-int8")  # tinyt's Whisper rows both engines run
@@ -73,44 +73,10 @@ TIME_JS = """async ({n, settle, block}) => {
 
 
 @dataclass
-class SpeechPage:
+class SpeechPage(Page):
     """One engine's page: tinyt's speech page on a variant's web package, or transformers.js'
-    pipeline on the variant's transformers-js package."""
-    runner: str  # "tinyt" | "transformers.js"
-    variant: str
-    site: Path
-    page: object = None
-    server: object = None
-    info: dict = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"{self.runner}:{self.variant}"
-
-    def open(self, browser, threads: int) -> dict:
-        """Load the page at `threads`; {load_ms, threads, isolated} or {error}."""
-        from tinyt.export.web.serve import start
-
-        self.server, _ = start(self.site, 0)
-        self.page = browser.new_page()
-        url = f"http://127.0.0.1:{self.server.server_address[1]}/index.html?threads={threads}"
-        try:
-            self.page.goto(url)
-            if self.runner == "tinyt":
-                self.page.wait_for_function("(window.tinyt && window.tinyt.asr) || "
-                                            "document.getElementById('error').textContent",
-                                            timeout=600_000)
-                if said := self.page.inner_text("#error"):
-                    raise RuntimeError(said)
-                load_ms = self.page.evaluate("() => window.tinyt.asr.loadMs")
-            else:
-                self.page.wait_for_function("window.tjsReady === true", timeout=120_000)
-                load_ms = self.page.evaluate("() => window.tjs.load('m')")
-            self.info = {"load_ms": load_ms, "threads": threads,
-                         "isolated": self.page.evaluate("() => self.crossOriginIsolated")}
-        except Exception as e:  # e.g. an operator its ONNX Runtime Web build lacks
-            self.info = {"error": str(e).splitlines()[0].removeprefix("Page.evaluate: ")[:300]}
-        return self.info
+    pipeline on the variant's transformers-js package (loaded and closed as the encoder pages)."""
+    ready = "asr"
 
     def hold(self, samples: np.ndarray) -> None:
         """Keep `samples` in the page (window.samples), so that no timed call carries them."""
@@ -124,13 +90,6 @@ class SpeechPage:
     def time(self, n: int, settle: int, block: int) -> list[float]:
         return self.page.evaluate(TIME_JS % CALL[self.runner],
                                   {"n": n, "settle": settle, "block": block})
-
-    def close(self) -> None:
-        if self.page is not None:
-            self.page.close()
-            self.server.shutdown()
-            self.page = self.server = None
-
 
 def speech(count: int, work: Path) -> list[np.ndarray]:
     """`count` windows of 16-kHz samples: espeak-ng speaking the retrieval set's sentences (the
@@ -207,8 +166,8 @@ def run(artifacts: Path, out: Path, transformers_js: Path | None, *,
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         work = Path(tmp)
-        engines = [SpeechPage("tinyt", v, package(artifacts / v, work / "web" / v,
-                                                  format="web")) for v in variants]
+        engines = [SpeechPage("tinyt", v, f"tinyt {v}", package(
+            artifacts / v, work / "web" / v, format="web")) for v in variants]
         version = None
         if transformers_js is not None:
             version = tjs_site(Path(transformers_js), work / "tjs-files", TJS_ASR_PAGE)
@@ -216,7 +175,7 @@ def run(artifacts: Path, out: Path, transformers_js: Path | None, *,
                 site = work / "tjs" / v
                 shutil.copytree(work / "tjs-files", site)
                 package(artifacts / v, site / "models" / "m", format="transformers-js")
-                engines.append(SpeechPage("transformers.js", v, site))
+                engines.append(SpeechPage("transformers.js", v, f"tinyt {v}", site))
         windows = speech(check_windows, work)
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         result = {"artifacts": str(artifacts), "variants": list(variants),
