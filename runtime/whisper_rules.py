@@ -41,6 +41,7 @@ class WhisperRules:
     timestamp_begin: int = 0
     no_timestamps: int = 0
     max_initial: int | None = None  # the latest first timestamp (its index), or None
+    force_timestamp: bool = True  # False: every rule but the forced timestamp (a check's)
 
     active = True
 
@@ -84,10 +85,22 @@ class WhisperRules:
             scores[:, :T] = -np.inf
             if self.max_initial is not None:
                 scores[:, T + self.max_initial + 1:] = -np.inf
-        logp = _log_softmax(scores.astype(np.float32))
+        if not self.force_timestamp:
+            return
         for k in range(len(scores)):
-            row = logp[k, T:]
-            peak = row.max()
-            total = peak + np.log(np.exp(row - peak).sum()) if np.isfinite(peak) else peak
-            if total > logp[k, :T].max():
+            if self.forcing_margin(scores[k]) > 0:
                 scores[k, :T] = -np.inf
+
+    def forcing_margin(self, row: np.ndarray) -> float:
+        """The timestamps' log-sum-exp less the best text logit of one row [vocab] (the
+        other rules applied): the rule forces a timestamp where it is > 0. As log-softmax
+        shifts both sides alike, it is that of the logits themselves, each side 1-Lipschitz
+        in them (a change of at most e an entry moves it by at most 2 e)."""
+        T = self.timestamp_begin
+        logp = _log_softmax(row[None].astype(np.float32))[0]
+        stamps = logp[T:]
+        peak = stamps.max()
+        if not np.isfinite(peak):  # every timestamp ruled out: never forced
+            return float("-inf")
+        total = peak + np.log(np.exp(stamps - peak).sum())
+        return float(total - logp[:T].max())

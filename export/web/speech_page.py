@@ -29,6 +29,7 @@ languages, suppress_tokens, begin_suppress_tokens) as the runtime reads it.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -244,6 +245,7 @@ def speech_ties(sm, features: list[np.ndarray], got: list[list[int]], language: 
                                max_new_tokens=new_tokens)[0] for f in features]
     prompt = sm._prefix(language, "transcribe", timestamps)
     rules = sm._settings(len(prompt), timestamps, new_tokens).rules
+    free = dataclasses.replace(rules, force_timestamp=False)
 
     def logits_after(model, f, prefix):
         (memory,) = model.sessions["encoder"].run(["last_hidden_state"],
@@ -253,6 +255,12 @@ def speech_ties(sm, features: list[np.ndarray], got: list[list[int]], language: 
         for tok in prefix:
             z = steps(np.zeros(1, np.int64), np.array([tok], np.int64))
         z = z.astype(np.float32)
-        rules.apply(z, [prompt + list(prefix)], len(prefix))
-        return z[0]
+        free.apply(z, [prompt + list(prefix)], len(prefix))
+        if not timestamps:
+            return z[0]
+        # the forced timestamp, decided by the sign of a margin of these logits: the page's
+        # may fall the other way at a tie (seq2seq_ties), both readings go with it
+        margin, forced = free.forcing_margin(z[0]), z[0].copy()
+        forced[:free.timestamp_begin] = -np.inf
+        return (forced, [(margin, z[0])]) if margin > 0 else (z[0], [(margin, forced)])
     return seq2seq_ties(sm.decoder, features, got, want, logits_after=logits_after)
