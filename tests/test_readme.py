@@ -318,7 +318,7 @@ def small(command: str, work: Path) -> list[str]:
         command = re.sub(r"--long-context \d+", f"--long-context {n}", command)
     argv = shlex.split(command.replace(".venv/bin/", ""))
     argv = [str(work / a[len("/tmp/"):]) if a.startswith("/tmp/") else a for a in argv]
-    if argv[:3] == ["python", "-m", "benchmarks.peers"]:
+    if argv[:2] == ["python", "-m"] and argv[2] in SMALLEST:
         argv = _peers_small(argv)
     if argv[0] == "python":  # a benchmark script runs from the checkout; its outputs stay
         argv[0] = sys.executable  # in the work directory, never in the checkout
@@ -366,15 +366,22 @@ def small(command: str, work: Path) -> list[str]:
 
 
 # The decoder peer benchmark proves its method with two prompts agreeing (or not: an engine
-# that disagrees is skipped with its reason, as at full size) and one timed call a round;
-# the documented counts (32 prompts, 3 calls) only narrow a figure's noise.
-PEERS_SMALL = {"--agreement-prompts": 2, "--block": 1}
+# that disagrees is skipped with its reason, as at full size) and one timed call a round, none
+# untimed before it; the documented counts (32 prompts, 3 calls, a settling call) only narrow a
+# figure's noise. The encoder-decoder one likewise with two sources checked, a batch of four
+# and one thread count (it runs 1 and 2 where none is named).
+PEERS_SMALL = {"--agreement-prompts": 2, "--block": 1, "--settle": 0}
+SEQ2SEQ_SMALL = {"--check-sources": 2, "--block": 1, "--settle": 0, "--batch": 4,
+                 "--threads": 1}
+SMALLEST = {"benchmarks.peers": PEERS_SMALL,
+            "tinyt.benchmarks.peers.seq2seq_peers": SEQ2SEQ_SMALL}
 
 
 def _peers_small(argv: list[str]) -> list[str]:
-    """A peer benchmark's argv at its smallest proving size: agreement over at most two
-    prompts (0 stays 0: timing only), one timed call a round, at most one round."""
-    for flag, most in PEERS_SMALL.items():
+    """A peer benchmark's argv at its smallest proving size (SMALLEST): agreement over at most
+    two prompts (0 stays 0: timing only), one timed call a round and none before it, at most one
+    round."""
+    for flag, most in SMALLEST[argv[2]].items():
         if flag not in argv:
             argv = argv + [flag, str(most)]
         elif int(argv[argv.index(flag) + 1]) > most:
@@ -700,9 +707,11 @@ def _peers_compute_the_same_model(after: Path) -> None:
     ("tinyt train --out artifacts/clf --task classifier", "--preset test"),
     ("tinyt quantize a b", "--data"),
     ("tinyt bench artifacts --mode full", "--rounds 1"),
+    (".venv/bin/python -m tinyt.benchmarks.peers.seq2seq_peers a --rounds 2",
+     "--rounds 1 --check-sources 2 --block 1 --settle 0 --batch 4 --threads 1"),
     (".venv/bin/python lab/quick_latency.py x", str(ROOT / "lab")),
     (".venv/bin/python -m benchmarks.peers a --rounds 3", "--rounds 1 --agreement-prompts 2 "
-                                                          "--block 1"),
+                                                          "--block 1 --settle 0"),
     (".venv/bin/python -m benchmarks.peers a --rounds 0 --agreement-prompts 32 --block 3",
      "--rounds 0 --agreement-prompts 2 --block 1"),
     ("tinyt pipeline --preset llama-demo --out artifacts-llama", "--no-bench"),
