@@ -74,7 +74,9 @@ CALL = {"tinyt": "window.tinyt.lm.embed(texts, { batchSize: batch })",
         "transformers.js": "window.tjs.extract(texts, { pooling: 'mean', normalize: true })"}
 VECTORS = {"tinyt": f"(await {CALL['tinyt']}).map((e) => Array.from(e))",
            "transformers.js": f"(await {CALL['transformers.js']}).tolist()"}
-TIME_JS = """async ({texts, batch, settle, block}) => {
+# a page function: `settle` untimed calls, then `block` timed ones (ms); %s: the call's own
+# arguments, then the call (the Whisper page's too)
+TIME_JS = """async ({%s, settle, block}) => {
   const call = () => %s;
   for (let i = 0; i < settle; i++) await call();
   const ms = [];
@@ -143,7 +145,7 @@ class Page:
         return np.asarray(out, dtype=np.float32)
 
     def time(self, texts: list[str], batch: int, settle: int, block: int) -> list[float]:
-        return self.page.evaluate(TIME_JS % CALL[self.runner],
+        return self.page.evaluate(TIME_JS % ("texts, batch", CALL[self.runner]),
                                   {"texts": texts, "batch": batch, "settle": settle,
                                    "block": block})
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from tinyt.errors import BenchError
 
-from .browser_encoders import Page, ratios, tjs_site
+from .browser_encoders import TIME_JS, Page, ratios, tjs_site
 from .encoders import REST_S
 
 VARIANTS = ("onnx", "onnx-int8")  # tinyt's Whisper rows both engines run
@@ -63,13 +63,6 @@ CALL = {"tinyt": "window.tinyt.asr.transcribe(window.samples, { language: 'en', 
 TOKENS = {"tinyt": f"(async () => {{ const r = await {CALL['tinyt']}; return {{ tokens: "
                    "Array.from(r.tokenIds), features: Array.from(r.features) }; })()",
           "transformers.js": "window.tjs.tokens(window.samples, n)"}
-TIME_JS = """async ({n, settle, block}) => {
-  const call = () => %s;
-  for (let i = 0; i < settle; i++) await call();
-  const ms = [];
-  for (let i = 0; i < block; i++) {
-    const t = performance.now(); await call(); ms.push(performance.now() - t); }
-  return ms; }"""
 
 
 @dataclass
@@ -88,7 +81,7 @@ class SpeechPage(Page):
         return got["tokens"], np.asarray(got["features"], dtype=np.float32)
 
     def time(self, n: int, settle: int, block: int) -> list[float]:
-        return self.page.evaluate(TIME_JS % CALL[self.runner],
+        return self.page.evaluate(TIME_JS % ("n", CALL[self.runner]),
                                   {"n": n, "settle": settle, "block": block})
 
 def speech(count: int, work: Path) -> list[np.ndarray]:
