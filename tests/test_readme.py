@@ -541,6 +541,10 @@ def _matches(command: str, table: dict) -> str | None:
 
 
 COSTS: list[tuple[float, str]] = []  # (seconds, command) of each command run
+# The README's Python commands are forked from warm interpreters that imported torch, ONNX
+# Runtime, transformers... once (tests/readme_zygote.py): each is still its own process with its
+# argv, directory, environment, streams and exit status; what it saves is each command's imports
+ZYGOTES: list = []
 
 
 def _run_block(commands: list[str], work: Path, env: dict, proven: dict) -> int:
@@ -555,8 +559,11 @@ def _run_block(commands: list[str], work: Path, env: dict, proven: dict) -> int:
             print(f"  same as before  {command}")
             continue
         start = time.perf_counter()
-        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
-                              timeout=600)
+        if ZYGOTES:  # forked from a warm interpreter (tests/readme_zygote.py)
+            proc = ZYGOTES[0].run(argv, cwd=work, env=env, timeout=600)
+        else:
+            proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
+                                  timeout=600)
         COSTS.append((time.perf_counter() - start, command))
         print(f"{COSTS[-1][0]:6.1f} s  {command}")  # pytest -s shows the costs
         expected = FAILS_HERE.get(_matches(command, FAILS_HERE) or "")
@@ -580,9 +587,13 @@ def test_every_readme_command_runs_at_small_size(tmp_path, record_property):
     pinned = os.sched_getaffinity(0) if ALL_CPUS else None
     if ALL_CPUS:
         os.sched_setaffinity(0, ALL_CPUS)
+    from readme_zygote import Zygotes
+    (tmp_path / "streams").mkdir()
+    ZYGOTES[:] = [Zygotes(str(tmp_path / "streams"))]
     try:
         _run_every_block(tmp_path)
     finally:
+        ZYGOTES.pop().close()
         record_property("command_seconds", sorted(COSTS, reverse=True))
         if pinned is not None:
             os.sched_setaffinity(0, pinned)
