@@ -15,6 +15,7 @@ stamps `out` with the checkpoint's hash. Where the opt-in tools live is found he
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ GGUF = "model.gguf"
 EXTRA_BUFTS = "extra_bufts.txt"  # "on", or "off: why" (see gguf)
 BUILDER_VENV = Path(".venv-genai-builder")  # scripts/setup-genai-builder.sh
 STAMP = "tinyt-source.sha256"  # in each converted directory: the checkpoint it came from
+#                                  (and the shim its tool ran under: recipe)
 
 
 def builder_python() -> Path | None:
@@ -68,6 +70,14 @@ def stamp(path: Path) -> str | None:
     """The checkpoint hash `path` was converted from, or None."""
     f = path / STAMP
     return f.read_text() if f.is_file() else None
+
+
+def recipe(convert) -> str:
+    """What a conversion by `convert` depends on beside the checkpoint and the peer's tool: the
+    shim this module runs the tool under, so that a fix there remakes the conversions made
+    before it (they are kept while their stamp matches); "" where there is none."""
+    shim = {genai_builder: _BUILDER, gguf: _CONVERT}.get(convert)
+    return "" if shim is None else f" shim {hashlib.sha256(shim.encode()).hexdigest()[:16]}"
 
 
 def ctranslate2(hf: Path, out: Path, option: str) -> None:
