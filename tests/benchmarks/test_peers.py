@@ -318,6 +318,44 @@ def test_a_peers_quantizations_of_a_refused_model_are_not_timed():
     assert "genai-builder-int8 (of genai-builder-fp32), genai-builder-int4 (of " in md[-1]
 
 
+def test_a_conversion_made_under_another_shim_is_made_again(tmp_path, monkeypatch):
+    """A peer's conversion is kept while the checkpoint and the shim its tool runs under
+    (formats._BUILDER) are unchanged: the builder's LM head fix had to remake the conversions
+    made before it, which a stamp of the checkpoint alone kept."""
+    import importlib
+    from dataclasses import replace
+
+    from tinyt.benchmarks.peers import formats
+    from tinyt.fsutil import sha256_file
+
+    prepare = importlib.import_module("tinyt.benchmarks.peers.prepare")  # (the module)
+
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"weights")
+    sha = sha256_file(tmp_path / "checkpoint" / "model.safetensors")
+    (tmp_path / "peers" / "hf").mkdir(parents=True)
+    (tmp_path / "peers" / "hf" / formats.STAMP).write_text(sha)  # peers/hf is fresh
+    made = []
+
+    def builder(hf, out, option):  # stands in for GenAI's builder under the shim
+        out.mkdir(parents=True)
+        made.append(option)
+    monkeypatch.setattr(formats, "genai_builder", builder)
+    monkeypatch.setitem(prepare.ENGINES, "genai-builder-fp32",
+                        replace(prepare.ENGINES["genai-builder-fp32"], convert=builder))
+    out = tmp_path / "peers" / "genai-builder-fp32"
+    out.mkdir()
+    (out / formats.STAMP).write_text(sha)  # made before the shim was part of the stamp
+    prepare._convert(tmp_path, ["genai-builder-fp32"], {})
+    assert made == ["fp32"] and formats.stamp(out) == sha + formats.recipe(builder)
+    assert formats.recipe(builder).startswith(" shim ") and formats.recipe(formats.optimum) == ""
+    prepare._convert(tmp_path, ["genai-builder-fp32"], {})
+    assert made == ["fp32"]  # the same checkpoint and shim: kept
+    monkeypatch.setattr(formats, "_BUILDER", formats._BUILDER + "# changed\n")
+    prepare._convert(tmp_path, ["genai-builder-fp32"], {})
+    assert made == ["fp32", "fp32"]
+
+
 def test_a_worker_killed_while_timed_is_that_engine_s_result(monkeypatch):
     """GenAI's builder int8 at Phi-4-mini's shape grew past the machine at an 8,192-token
     context and the kernel killed it in the middle of the rounds: recorded with its signal,
