@@ -46,6 +46,16 @@ def agreement(tokens: dict[str, list[list[int]]]) -> dict[str, dict]:
     return out
 
 
+def refused_with(agreement: dict[str, dict], mismatched: list[str]) -> dict[str, str]:
+    """The peers' quantizations of a model refused in this run, {engine: the refused fp32
+    engine}: where a tool's fp32 build gives other tokens than tinyt fp32 (`mismatched`), its
+    int8 / int4 builds quantize that other model, so their times and agreement are not those of
+    tinyt's model and are not timed either. (A run without the tool's fp32 engine cannot tell:
+    the run that proved it can.)"""
+    return {name: ENGINES[name].quantizes for name in agreement
+            if name in ENGINES and ENGINES[name].quantizes in mismatched}
+
+
 def kl_vs_reference(logprobs: dict[str, np.ndarray]) -> dict[str, dict]:
     """KL(tinyt fp32 || engine) of the next token after each prompt ([prompts, vocab]
     log-probabilities per engine), mean and max over the prompts, in nats: how far each

@@ -37,6 +37,9 @@ class PeerEngine:
     ours: bool = False  # tinyt's own
     exact: bool = False  # fp32: its tokens (embeddings) must equal the reference's
     same_as: str | None = None  # runs that engine's graph: its tokens must equal that one's
+    # a peer's quantization, by its own tool, of that engine's (fp32) model: where that one's
+    # tokens differ from tinyt fp32's in a run, this quantizes another model and is not timed
+    quantizes: str | None = None
     missing: Callable[[bool], str | None] | None = None  # (Llama family?) -> why not here
     pipeline: bool = False  # in the main job's peer run
     modules: tuple[str, ...] = ()  # what its worker imports; one absent: "not installed"
@@ -84,7 +87,7 @@ _ROWS = (
                variant("onnx-int8").dir, same_as="tinyt-int8", pipeline=True),
     _converted("ct2-int8", "CTranslate2 int8 (converted from the GPT-2 directory)",
                "ctranslate2", _EXTRAS, adapters.ctranslate2, formats.ctranslate2, "int8",
-               pipeline=True),
+               quantizes="ct2-float32", pipeline=True),
     _converted("ct2-float32", "CTranslate2 float32", "ctranslate2", _EXTRAS,
                adapters.ctranslate2, formats.ctranslate2, "float32", exact=True, pipeline=True),
     *(_converted(f"llama.cpp-{q}", f"llama.cpp {q} (llama-cpp-python; GGUF from llama.cpp's own "
@@ -109,7 +112,8 @@ _ROWS = (
     *(_converted(f"genai-builder-{p}", f"ONNX Runtime GenAI on its own model builder's {p} "
                  "artifact of the same Hugging Face directory", "onnxruntime-genai",
                  "bash scripts/setup-genai-builder.sh", adapters.genai, formats.genai_builder,
-                 p, exact=p == "fp32", missing=formats.builder_missing)
+                 p, exact=p == "fp32", missing=formats.builder_missing,
+                 quantizes=None if p == "fp32" else "genai-builder-fp32")
       for p in ("int4", "int8", "fp32")),
     _converted("optimum-fp32", "Optimum's own ONNX export (text-generation-with-past) run by "
                "ORTModelForCausalLM.generate", "optimum-onnx", "extra optimum", adapters.optimum,

@@ -15,6 +15,7 @@ stamps `out` with the checkpoint's hash. Where the opt-in tools live is found he
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ GGUF = "model.gguf"
 EXTRA_BUFTS = "extra_bufts.txt"  # "on", or "off: why" (see gguf)
 BUILDER_VENV = Path(".venv-genai-builder")  # scripts/setup-genai-builder.sh
 STAMP = "tinyt-source.sha256"  # in each converted directory: the checkpoint it came from
+#                                  (and the shim its tool ran under: recipe)
 
 
 def builder_python() -> Path | None:
@@ -70,6 +72,14 @@ def stamp(path: Path) -> str | None:
     return f.read_text() if f.is_file() else None
 
 
+def recipe(convert) -> str:
+    """What a conversion by `convert` depends on beside the checkpoint and the peer's tool: the
+    shim this module runs the tool under, so that a fix there remakes the conversions made
+    before it (they are kept while their stamp matches); "" where there is none."""
+    shim = {genai_builder: _BUILDER, gguf: _CONVERT}.get(convert)
+    return "" if shim is None else f" shim {hashlib.sha256(shim.encode()).hexdigest()[:16]}"
+
+
 def ctranslate2(hf: Path, out: Path, option: str) -> None:
     """CTranslate2's converter at quantization `option` (int8, float32)."""
     from ctranslate2.converters import TransformersConverter
@@ -87,13 +97,24 @@ def ctranslate2(hf: Path, out: Path, option: str) -> None:
         config.write_text(json.dumps(data))
 
 
-# GenAI 0.18's builder reads Gemma 3's rope settings in transformers 4's form (one
-# `rope_parameters` dict, `rope_theta`, `rope_local_base_freq`), while transformers 5 keys them by
-# layer type ({"full_attention": {...}, "sliding_attention": {...}}): it stops with
-# KeyError 'rope_type' on any Gemma 3 text config, google/gemma-3-270m's included (its Gemma 4
-# path reads the new form; Gemma 3's does not). This hands it the same values in both forms:
-# the global layers' settings at the top of the dict beside the per-type entries transformers'
-# model reads when the builder loads the weights.
+# Two things GenAI 0.18's builder gets wrong on directories transformers loads correctly, handed
+# to it here (the builder is otherwise run as shipped):
+# 1. It takes every nn.Linear whose out_features equal the vocabulary for the LM head
+#    (Model.has_lm_head) while it walks the model's modules, and the first one it meets wins (a
+#    node's name is made once). Where a projection is as wide as the vocabulary, that is a layer-0
+#    projection: Qwen3's test shape (4 heads x head_dim 128 = 512 = its vocabulary: q_proj) and
+#    Phi-4-mini's (2 + 2 x 1 heads of 128 = 512: qkv_proj) got logits from layer 0's
+#    post-attention norm, skipping the rest of the model (25.8% / 50% greedy agreement, KL
+#    5.7e-3 / 7.8e-2; Llama-3.2's and Gemma 3's test shapes and hf_shape's real ones have no such
+#    projection; docs/peers.md). The LM head is the module the model names as its output
+#    embeddings.
+# 2. It reads Gemma 3's rope settings in transformers 4's form (one `rope_parameters` dict,
+#    `rope_theta`, `rope_local_base_freq`), while transformers 5 keys them by layer type
+#    ({"full_attention": {...}, "sliding_attention": {...}}): it stops with KeyError 'rope_type'
+#    on any Gemma 3 text config, google/gemma-3-270m's included (its Gemma 4 path reads the new
+#    form; Gemma 3's does not). This hands it the same values in both forms: the global layers'
+#    settings at the top of the dict beside the per-type entries transformers' model reads when
+#    the builder loads the weights.
 _BUILDER = """import runpy, sys
 import transformers
 load = transformers.AutoConfig.from_pretrained
@@ -107,6 +128,13 @@ def flat(*args, **kwargs):
         config.rope_parameters = {**rope["full_attention"], **rope}  # both forms
     return loaded
 transformers.AutoConfig.from_pretrained = flat
+import onnxruntime_genai.models  # puts its folder on sys.path: builder.py imports `builders`
+from builders import base
+any_wide = base.Model.has_lm_head
+def the_head(self, module):
+    named = getattr(self.weights, "get_output_embeddings", lambda: None)()
+    return module is named if named is not None else any_wide(self, module)
+base.Model.has_lm_head = the_head
 sys.argv[0] = "builder"
 runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
 """

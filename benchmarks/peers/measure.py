@@ -62,9 +62,10 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
     try:
         # 1. the same computation: greedy tokens on held-out prompts
         agreement, bad = _agreement(workers, threads[0], plan, cfg.vocab_size, skipped)
+        refused = analysis.refused_with(agreement, bad)  # quantizations of a refused model
         # 2. time, rounds interleaved (and the read bandwidth of 1..threads cores between them)
-        raw, bandwidth = _time(workers, bad, plan["calls"], rounds, settle, block, nbytes,
-                               threads, skipped)
+        raw, bandwidth = _time(workers, bad + list(refused), plan["calls"], rounds, settle,
+                               block, nbytes, threads, skipped)
         # resident memory, read before the loop probe loads a second runtime
         memory = _memory(workers)
         loop = {w.label: w.ask(op="outside_run", ids=plan["calls"][1]["ids"],
@@ -79,7 +80,7 @@ def run(artifacts: Path, out: Path, *, threads: list[int] | None = None, rounds:
         "method": _method(plan, threads, rounds, block, settle),
         "memory_floor": analysis.memory_floor(cfg, plan, bandwidth),
         "engines": {k: v.about for k, v in ENGINES.items() if k in engines},
-        "skipped": skipped, "mismatched": bad, "agreement": agreement,
+        "skipped": skipped, "mismatched": bad, "refused_with": refused, "agreement": agreement,
         "rows": analysis.rows(raw, plan, bandwidth, nbytes),
         "memory": memory, "files": {e: _bytes(artifacts / ENGINES[e].artifact)
                                     for e in engines if e not in skipped},

@@ -3,7 +3,8 @@ every engine's model brought up to date under ARTIFACTS:
 
     tinyt's on-demand variants (the catalogue's rows made_by "peers": onnx-int4, onnx-int4-gqa)
         made by their stage while not fresh
-    peers/hf and each peer's conversion (formats.py), kept while the checkpoint is unchanged
+    peers/hf and each peer's conversion (formats.py), kept while the checkpoint (and the shim
+    its tool runs under) is unchanged
 """
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None
         (hf / formats.STAMP).write_text(stamp)
     for name in names:
         row, out = ENGINES[name], artifacts / ENGINES[name].artifact
-        if formats.stamp(out) == stamp:
+        made = stamp + formats.recipe(row.convert)
+        if formats.stamp(out) == made:
             continue
         shutil.rmtree(out, ignore_errors=True)
         try:
@@ -95,7 +97,7 @@ def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None
         except Exception as e:  # a peer's converter failing is that peer's result
             skipped[name] = f"conversion failed: {type(e).__name__}: {e}".splitlines()[0][:300]
             continue
-        (out / formats.STAMP).write_text(stamp)
+        (out / formats.STAMP).write_text(made)
 
 
 def make_on_demand(artifacts: Path, engines: list[str], skipped: dict[str, str]) -> None:

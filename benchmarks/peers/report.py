@@ -150,6 +150,10 @@ def _choices(result: dict) -> list[str]:
     if result["mismatched"]:
         lines += ["", f"Not timed (tokens differ where they must be equal): "
                       f"{result['mismatched']}"]
+    if result.get("refused_with"):  # (runs before it was recorded have no such key)
+        lines += ["", "Not timed either (their tool's quantizations of the refused model, not "
+                      "of tinyt's; their agreement above is with another model's): " + ", ".join(
+                          f"{k} (of {v})" for k, v in result["refused_with"].items())]
     return lines
 
 

@@ -286,6 +286,76 @@ def test_an_engine_that_fails_the_greedy_check_is_skipped_with_its_error():
     assert all(w.closed for w in gone)
 
 
+def test_a_peers_quantizations_of_a_refused_model_are_not_timed():
+    """GenAI's builder put Qwen3's test shape's logits after layer 0 (formats.py): its fp32
+    build was refused and its int8 / int4 builds, the same wrong model quantized, were timed and
+    ranked beside tinyt's. Now a tool's quantized engines go with its refused fp32 engine: not
+    timed, named in the report with it; another tool's are timed."""
+    from tinyt.benchmarks.peers import analysis, report
+    from tinyt.benchmarks.peers.measure import _time
+
+    agreement = {e: {} for e in ("tinyt-fp32", "genai-builder-fp32", "genai-builder-int8",
+                                 "genai-builder-int4", "ct2-int8", "tinyt-int8")}
+    refused = analysis.refused_with(agreement, ["genai-builder-fp32"])
+    assert refused == {"genai-builder-int8": "genai-builder-fp32",
+                       "genai-builder-int4": "genai-builder-fp32"}
+    assert analysis.refused_with(agreement, []) == {}
+    assert analysis.refused_with(agreement, ["ct2-float32"]) == {"ct2-int8": "ct2-float32"}
+
+    class Fake:
+        def __init__(self, name):
+            self.name, self.label, self.threads = name, f"{name}@1t", 1
+
+        def ask(self, **req):
+            return {"times": [[0.01] for _ in req["calls"]]}
+    workers = [Fake(e) for e in agreement]
+    raw, _ = _time(workers, ["genai-builder-fp32", *refused], [{"ids": [1], "n": 1}], 1, 0, 1,
+                   1 << 20, [1])
+    assert set(raw) == {"tinyt-fp32@1t", "ct2-int8@1t", "tinyt-int8@1t"}
+    md = report._choices({"skipped": {}, "mismatched": ["genai-builder-fp32"],
+                          "refused_with": refused})
+    assert "Not timed either (their tool's quantizations of the refused model" in "\n".join(md)
+    assert "genai-builder-int8 (of genai-builder-fp32), genai-builder-int4 (of " in md[-1]
+
+
+def test_a_conversion_made_under_another_shim_is_made_again(tmp_path, monkeypatch):
+    """A peer's conversion is kept while the checkpoint and the shim its tool runs under
+    (formats._BUILDER) are unchanged: the builder's LM head fix had to remake the conversions
+    made before it, which a stamp of the checkpoint alone kept."""
+    import importlib
+    from dataclasses import replace
+
+    from tinyt.benchmarks.peers import formats
+    from tinyt.fsutil import sha256_file
+
+    prepare = importlib.import_module("tinyt.benchmarks.peers.prepare")  # (the module)
+
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"weights")
+    sha = sha256_file(tmp_path / "checkpoint" / "model.safetensors")
+    (tmp_path / "peers" / "hf").mkdir(parents=True)
+    (tmp_path / "peers" / "hf" / formats.STAMP).write_text(sha)  # peers/hf is fresh
+    made = []
+
+    def builder(hf, out, option):  # stands in for GenAI's builder under the shim
+        out.mkdir(parents=True)
+        made.append(option)
+    monkeypatch.setattr(formats, "genai_builder", builder)
+    monkeypatch.setitem(prepare.ENGINES, "genai-builder-fp32",
+                        replace(prepare.ENGINES["genai-builder-fp32"], convert=builder))
+    out = tmp_path / "peers" / "genai-builder-fp32"
+    out.mkdir()
+    (out / formats.STAMP).write_text(sha)  # made before the shim was part of the stamp
+    prepare._convert(tmp_path, ["genai-builder-fp32"], {})
+    assert made == ["fp32"] and formats.stamp(out) == sha + formats.recipe(builder)
+    assert formats.recipe(builder).startswith(" shim ") and formats.recipe(formats.optimum) == ""
+    prepare._convert(tmp_path, ["genai-builder-fp32"], {})
+    assert made == ["fp32"]  # the same checkpoint and shim: kept
+    monkeypatch.setattr(formats, "_BUILDER", formats._BUILDER + "# changed\n")
+    prepare._convert(tmp_path, ["genai-builder-fp32"], {})
+    assert made == ["fp32", "fp32"]
+
+
 def test_a_worker_killed_while_timed_is_that_engine_s_result(monkeypatch):
     """GenAI's builder int8 at Phi-4-mini's shape grew past the machine at an 8,192-token
     context and the kernel killed it in the middle of the rounds: recorded with its signal,
@@ -377,6 +447,9 @@ def test_every_engine_is_a_row_naming_its_model():
     assert set(peers.TINYT) == set(ours) and len(set(ours.values())) == len(ours)
     for e in peers.ENGINES.values():
         assert e.same_as is None or e.same_as in peers.ENGINES, e.name
+        if e.quantizes is not None:  # its own tool's fp32 engine, whose model it quantizes
+            fp32 = peers.ENGINES[e.quantizes]
+            assert fp32.exact and fp32.convert is e.convert and not e.exact, e.name
         if e.ours:
             assert e.artifact == ours[e.name] and e.artifact in BY_DIR
         elif e.convert is not None:
