@@ -135,21 +135,42 @@ def the_head(self, module):
     named = getattr(self.weights, "get_output_embeddings", lambda: None)()
     return module is named if named is not None else any_wide(self, module)
 base.Model.has_lm_head = the_head
-sys.argv[0] = "builder"
-runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+import json, traceback
+for args in json.loads(sys.argv[1]):  # one build each, in this one process
+    sys.argv = ["builder", *args]
+    error = None
+    try:
+        runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+    except SystemExit as e:
+        error = None if e.code in (None, 0) else f"exit status {e.code}"
+    except BaseException as e:  # noqa: BLE001 - this build's result, the next one still runs
+        error = traceback.format_exception_only(type(e), e)[-1].strip()
+    print("tinyt-build " + json.dumps(error), flush=True)
 """
 
 
 def genai_builder(hf: Path, out: Path, option: str) -> None:
     """GenAI's model builder at precision `option` (int4, int8, fp32), for the CPU, in its own
     virtual environment (it needs another transformers); its error's last line on failure."""
-    run = subprocess.run([str(builder_python()), "-c", _BUILDER,
-                          "-i", str(hf), "-o", str(out), "-p", option, "-e", "cpu",
-                          "-c", str(hf.parent / "builder-cache")],
+    error = genai_builds(hf, [(out, option)])[0]
+    if error is not None:
+        raise BenchError(error)
+
+
+def genai_builds(hf: Path, builds: list[tuple[Path, str]]) -> list[str | None]:
+    """GenAI's model builder's builds of `hf` (each (out, precision)) in one process of its
+    venv: the imports (transformers 5 and torch, ~3.5 CPU-s) once, not once a precision. Each
+    build's error (its last line), or None."""
+    args = [["-i", str(hf), "-o", str(out), "-p", option, "-e", "cpu",
+             "-c", str(hf.parent / "builder-cache")] for out, option in builds]
+    run = subprocess.run([str(builder_python()), "-c", _BUILDER, json.dumps(args)],
                          capture_output=True, text=True)
-    if run.returncode != 0:
-        last = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]
-        raise BenchError(f"GenAI's builder exited {run.returncode}: {last}")
+    done = [json.loads(line.split(" ", 1)[1]) for line in run.stdout.splitlines()
+            if line.startswith("tinyt-build ")]
+    if len(done) == len(builds):
+        return [None if e is None else f"GenAI's builder: {e}" for e in done]
+    last = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1]
+    return done + [f"GenAI's builder exited {run.returncode}: {last}"] * (len(builds) - len(done))
 
 
 def optimum(hf: Path, out: Path, option: str) -> None:

@@ -77,6 +77,9 @@ def prepare_here(artifacts: Path, engines: list[str]) -> dict[str, str]:
     return skipped
 
 
+_GENAI_BUILDER = formats.genai_builder  # its builds of one model run in one process
+
+
 def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None:
     from tinyt.fsutil import sha256_file
 
@@ -86,16 +89,25 @@ def _convert(artifacts: Path, names: list[str], skipped: dict[str, str]) -> None
         from tinyt.hf import to_hf  # (torch: imported only where a conversion runs)
         to_hf(artifacts / "checkpoint", hf)
         (hf / formats.STAMP).write_text(stamp)
+    todo = {}  # name -> (its directory, its stamp) where not fresh
     for name in names:
-        row, out = ENGINES[name], artifacts / ENGINES[name].artifact
-        made = stamp + formats.recipe(row.convert)
-        if formats.stamp(out) == made:
-            continue
-        shutil.rmtree(out, ignore_errors=True)
-        try:
-            row.convert(hf, out, row.option)
-        except Exception as e:  # a peer's converter failing is that peer's result
-            skipped[name] = f"conversion failed: {type(e).__name__}: {e}".splitlines()[0][:300]
+        out = artifacts / ENGINES[name].artifact
+        made = stamp + formats.recipe(ENGINES[name].convert)
+        if formats.stamp(out) != made:
+            shutil.rmtree(out, ignore_errors=True)
+            todo[name] = out, made
+    built = [n for n in todo if ENGINES[n].convert is _GENAI_BUILDER]  # one process for them
+    errors = dict(zip(built, formats.genai_builds(hf, [(todo[n][0], ENGINES[n].option)
+                                                       for n in built]))) if built else {}
+    for name, (out, made) in todo.items():
+        error = errors.get(name)
+        if name not in errors:
+            try:
+                ENGINES[name].convert(hf, out, ENGINES[name].option)
+            except Exception as e:  # a peer's converter failing is that peer's result
+                error = f"{type(e).__name__}: {e}"
+        if error is not None:
+            skipped[name] = f"conversion failed: {error}".splitlines()[0][:300]
             continue
         (out / formats.STAMP).write_text(made)
 

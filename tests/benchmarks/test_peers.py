@@ -559,3 +559,43 @@ def test_a_killed_run_does_not_leave_its_conversion_child(tmp_path):
             raise AssertionError(f"the child {child} outlived its killed parent by 60 s")
     finally:
         parent.kill()
+
+
+def test_the_builders_precisions_of_one_model_are_built_in_one_process(tmp_path, monkeypatch):
+    """prepare hands GenAI's builder every precision it must make of one model in one call of
+    its venv's interpreter (its imports once); each build's failure is that engine's alone."""
+    import importlib
+    import subprocess
+
+    from tinyt.benchmarks.peers import formats
+    from tinyt.fsutil import sha256_file
+
+    prepare = importlib.import_module("tinyt.benchmarks.peers.prepare")
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "peers" / "hf").mkdir(parents=True)
+    (tmp_path / "peers" / "hf" / formats.STAMP).write_text(
+        sha256_file(tmp_path / "checkpoint" / "model.safetensors"))
+    calls = []
+
+    def run(argv, **kwargs):  # the builder's venv: int8's build fails, the others are made
+        builds = json.loads(argv[-1])
+        calls.append([b[b.index("-p") + 1] for b in builds])
+        for b in builds:
+            Path(b[b.index("-o") + 1]).mkdir(parents=True)
+        out = "".join("tinyt-build " + json.dumps(
+            "ValueError: no int8 here" if b[b.index("-p") + 1] == "int8" else None) + "\n"
+            for b in builds)
+        return subprocess.CompletedProcess(argv, 0, "builder chatter\n" + out, "")
+    monkeypatch.setattr(formats.subprocess, "run", run)
+    monkeypatch.setattr(formats, "builder_python", lambda: Path("python"))
+    skipped = {}
+    names = ["genai-builder-int4", "genai-builder-int8", "genai-builder-fp32"]
+    prepare._convert(tmp_path, names, skipped)
+    assert calls == [["int4", "int8", "fp32"]]  # one process
+    assert skipped == {"genai-builder-int8": "conversion failed: GenAI's builder: ValueError: "
+                                             "no int8 here"}
+    assert formats.stamp(tmp_path / "peers" / "genai-builder-int4") is not None
+    assert formats.stamp(tmp_path / "peers" / "genai-builder-int8") is None
+    prepare._convert(tmp_path, names, {})  # the two made are kept: int8 alone again
+    assert calls[-1] == ["int8"]
