@@ -11,6 +11,9 @@ docs/quantization.md's "the pair's weights once" (issue 51).
     .venv/bin/python -m lab.pair_memory memory PEERS/genai-builder-int4 --threads 1
     # the process around a session: imports, then the tokenizer alone (before / after trim)
     .venv/bin/python -m lab.pair_memory parts DIR/tokenizer.json
+    # one ONNX Runtime session alone on DIR's graph (tinyt's options, or plain ones with the
+    # arena off for a GenAI directory): what it adds over the imports, freed heap handed back
+    .venv/bin/python -m lab.pair_memory session DIR --threads 1
     # one Qwen3-0.6B layer's weight matmuls over 128 rows: the qgemm prompt graph's int8 GEMM
     # against the 4-bit MatMulNBits the one graph runs prompts with (lab/step_kernels.py kinds)
     .venv/bin/python -m lab.pair_memory kernels --prompt 128 --rounds 11
@@ -137,6 +140,37 @@ def parts(tokenizer_json: Path) -> dict:
     return out
 
 
+def session(directory: Path, threads: int) -> dict:
+    """What one ONNX Runtime session on DIR's graph holds, nothing else loaded (no tokenizer,
+    no cache, no probe run): a tinyt artifact with the options rt.load gives it
+    (session_options, tune=False), a GenAI directory (genai_config.json) with plain ones
+    (threads, arena off); RSS over the imports once the load's freed heap is handed back."""
+    import onnxruntime as ort
+
+    from tinyt.runtime.session import open_artifact, return_freed_memory, session_options
+
+    imports = memory_mb()
+    if (directory / "genai_config.json").is_file():
+        opts, model, options = ort.SessionOptions(), directory / "model.onnx", "plain"
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        opts.enable_cpu_mem_arena, opts.log_severity_level = False, 3
+    else:
+        artifact = open_artifact(directory)
+        opts = session_options(artifact, threads=threads, spinning=False, level=None)
+        model, options = artifact.path / artifact.model_file, "tinyt"
+    sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+    loaded = memory_mb()
+    return_freed_memory()
+    trimmed = memory_mb()
+    del sess
+    data = model.with_name(model.name + ".data")  # the builder's external weights
+    graph = model.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+    return {"artifact": str(directory), "graph_mb": round(graph / 1e6, 1),
+            "options": options, "threads": threads, "imports": imports, "session": loaded,
+            "session_trimmed": trimmed,
+            "over_imports_mb": round(trimmed["rss"] - imports["rss"], 1)}
+
+
 def speed(dirs: list[Path], threads: int, rounds: int, prompt: int, steps: int) -> dict:
     """Median ms of a `prompt`-token prefill and of one decode step (mean of `steps` after a
     prompt), each artifact loaded with tune=False (prompts through its prompt graph, if it
@@ -208,7 +242,7 @@ def kernels(rows: int, rounds: int, threads: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("memory", "speed", "kernels", "parts"))
+    ap.add_argument("what", choices=("memory", "speed", "kernels", "parts", "session"))
     ap.add_argument("dirs", nargs="*", type=Path)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tune", action="store_true", help="memory: load as rt.load's default "
@@ -223,6 +257,10 @@ def main() -> None:
         if len(args.dirs) != 1:
             ap.error("parts: one tokenizer.json")
         out = parts(args.dirs[0])
+    elif args.what == "session":
+        if len(args.dirs) != 1:
+            ap.error("session: one artifact a process")
+        out = session(args.dirs[0], args.threads)
     elif args.what == "memory":
         if len(args.dirs) != 1:
             ap.error("memory: one artifact a process")
