@@ -252,6 +252,21 @@ def resolve_threads(threads: int | None) -> int:
     return physical_cores() if threads is None else threads
 
 
+SPINNING_ENV = "TINYT_SPINNING"
+
+
+def default_spinning(threads: int) -> bool:
+    """Whether sessions of `threads` threads spin when the caller does not say: on with more
+    than one thread (session_options says why), unless $TINYT_SPINNING says "0" (off) or "1"
+    (on) for every session of the process: a machine shared with other work (a CI runner, a
+    container with a CPU quota, a test suite) wants its cores back between ops."""
+    value = os.environ.get(SPINNING_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"${SPINNING_ENV}={value!r} is invalid: 0 (threads sleep between "
+                          "ops), 1 (they spin), or unset (spin with more than one thread)")
+    return threads > 1 if value == "" else value == "1"
+
+
 PHASES = ("any", "step", "prompt")  # what a session runs: both, decode steps only, prompts only
 
 
@@ -265,7 +280,7 @@ def session_options(artifact: Artifact, *, threads: int, spinning: bool | None,
     # 0.103), and prefilled 127 tokens in 2.62 vs 2.11 ms. The cost is bounded: after a call
     # the workers spin ~40 ms of CPU, then sleep. So spinning is on (None = auto) whenever
     # there is more than one thread; pass spinning=False to give the cores back at once.
-    spin = threads > 1 if spinning is None else spinning
+    spin = default_spinning(threads) if spinning is None else spinning
     recorded = artifact.manifest.options.get("level")
     # An optimized artifact was optimized offline at `recorded`; a portable one must not gain
     # contrib ops at load. Others get ONNX Runtime's extended level.

@@ -7,6 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Threads that wait for work sleep instead of spinning: GNU and Intel OpenMP (torch's and
+# CTranslate2's pools) read OMP_WAIT_POLICY when they load, so it is set before anything imports
+# them, and every process the suite starts inherits it. The README test's commands run with both
+# cores beside the other worker: a spinning thread there holds a core the other needs (measured,
+# the README test alone beside one busy core, back to back: 1,081 s wall and 1,129 CPU-s with
+# libgomp's default, 817 s and 866 CPU-s PASSIVE; `tinyt verify` 19.5 s -> 1.0 s). No test times
+# anything, so the suite does not need spinning's faster wake-up.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# and ONNX Runtime's, in tinyt's sessions (runtime/session.default_spinning): with two threads
+# beside a busy core, a tiny graph's 400 runs took 1.2 s wall and 0.75 CPU-s spinning, 0.8 s and
+# 0.4 CPU-s not
+os.environ.setdefault("TINYT_SPINNING", "0")
+
 # Each xdist worker keeps to one core of its own (before torch or onnxruntime size their thread
 # pools), and everything it runs inherits that: tinyt's default threads are the cores a process
 # may run on (tinyt.hardware.physical_cores), so two workers no longer run 2 + 2 spinning threads

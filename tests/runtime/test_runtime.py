@@ -298,9 +298,10 @@ def test_io_binding_path_gives_the_same_tokens(lm_onnx, lm):
                                                                           max_new_tokens=15)
 
 
-def test_spinning_follows_the_thread_count(lm_onnx):
-    from tinyt.runtime.session import open_artifact, session_options
+def test_spinning_follows_the_thread_count(lm_onnx, monkeypatch):
+    from tinyt.runtime.session import SPINNING_ENV, open_artifact, session_options
 
+    monkeypatch.delenv(SPINNING_ENV, raising=False)  # (tests/conftest.py sets it for the suite)
     art = open_artifact(lm_onnx)
 
     def spin(**kw):
@@ -312,6 +313,19 @@ def test_spinning_follows_the_thread_count(lm_onnx):
     assert spin(threads=2, spinning=False) == "0" and spin(threads=1, spinning=True) == "1"
     opts = session_options(art, threads=2, spinning=None, level=None, phase="prompt")
     assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+    # $TINYT_SPINNING: the process-wide default where the caller leaves it to tinyt
+    monkeypatch.setenv(SPINNING_ENV, "0")
+    assert spin(threads=2, spinning=None) == "0" and spin(threads=2, spinning=True) == "1"
+    monkeypatch.setenv(SPINNING_ENV, "1")
+    assert spin(threads=1, spinning=None) == "1" and spin(threads=1, spinning=False) == "0"
+    monkeypatch.setenv(SPINNING_ENV, "yes")
+    with pytest.raises(ConfigError, match=r"\$TINYT_SPINNING='yes' is invalid: 0 .*, 1 .*unset"):
+        spin(threads=2, spinning=None)
+    monkeypatch.setenv(SPINNING_ENV, "0")  # and rt.load's sessions take it
+    import tinyt.runtime as rt
+    lm = rt.load(lm_onnx, threads=2, tune=False)
+    assert lm.session.get_session_options().get_session_config_entry(
+        "session.intra_op.allow_spinning") == "0"
 
 
 def test_every_session_starts_from_one_set_of_options(lm_onnx, tmp_path):
