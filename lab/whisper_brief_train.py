@@ -264,8 +264,12 @@ def run(artifacts: Path, *, steps: int, size: int, lr: float, warmup: int, held_
     renamed: an interrupted run leaves no half-trained hf/), with ARTIFACTS/training.json."""
     import torch
 
-    from tinyt.benchmarks.whisper_shape import (generation_config, peer_whisper, special_ids,
-                                                whisper_tokenizer)
+    from tinyt.benchmarks.whisper_shape import (
+        generation_config,
+        peer_whisper,
+        special_ids,
+        whisper_tokenizer,
+    )
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
