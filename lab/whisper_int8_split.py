@@ -39,13 +39,12 @@ def split(artifacts: Path, features: Path, int8: list[str], *, windows: int, n: 
           beams: int, steps_from: tuple[str, ...] = (), log=print) -> dict:
     """{artifact: {combination: {greedy, beams: agreement}}} against ARTIFACTS/onnx's tokens."""
     import tinyt.runtime as rt
-    from tinyt.benchmarks.peers.seq2seq_check import _agree
 
     x = np.load(features, allow_pickle=False)[:windows]
     ref_model = rt.load(artifacts / "onnx", threads=1)
     ref = {b: tokens(ref_model, x, n, b) for b in (1, beams)}
     fp32 = rt.load(artifacts / "onnx-opt", threads=1)
-    out = {"onnx-opt": {"fp32": _row(fp32, x, n, beams, ref, _agree)}}
+    out = {"onnx-opt": {"fp32": _row(fp32, x, n, beams, ref)}}
     steps = {s: rt.load(artifacts / s, threads=1).sessions["decoder_with_past"]
              for s in steps_from}
     for name in int8:
@@ -58,13 +57,15 @@ def split(artifacts: Path, features: Path, int8: list[str], *, windows: int, n: 
                 model.sessions[role] = quantized[role] if keep else fp32.sessions[role]
             if combo.startswith("steps"):
                 model.sessions["decoder_with_past"] = steps[combo.split(" ", 1)[1]]
-            rows[combo] = _row(model, x, n, beams, ref, _agree)
+            rows[combo] = _row(model, x, n, beams, ref)
             log(f"{name} {combo}: {rows[combo]}")
         out[name] = rows
     return out
 
 
-def _row(model, x, n, beams, ref, agree) -> dict:
+def _row(model, x, n, beams, ref) -> dict:
+    from tinyt.benchmarks.peers.seq2seq_check import agree  # the peer check's own count
+
     got = {b: tokens(model, x, n, b) for b in (1, beams)}
     return {"greedy": agree(got[1], ref[1]), "beams": agree(got[beams], ref[beams])}
 

@@ -51,7 +51,7 @@ def check(workers: list[Worker], rows: list[PeerEngine], threads: int, plan: dic
     reference = next(w for w in workers if w.name == REFERENCE and w.threads == threads)
     agreement = {}
     for name, got in tokens.items():
-        a = {k: _agree(got[k], ref[k]) for k in ("greedy", "beams")}
+        a = {k: agree(got[k], ref[k]) for k in ("greedy", "beams")}
         if "clip" in got:
             a["clip"] = _clip(got["clip"], ref["clip"])
         a.update(must_equal=REFERENCE if exact[name] else None)
@@ -112,11 +112,11 @@ def _clip(got: dict, ref: dict) -> dict | None:
     are from runtime/audio.log_mel's (None: it keeps them, or takes no clip)."""
     if got["tokens"] is None or ref["tokens"] is None:
         return None
-    return {**_agree([got["tokens"]], [ref["tokens"]]),
+    return {**agree([got["tokens"]], [ref["tokens"]]),
             "features_vs_log_mel": got["features_vs_log_mel"]}
 
 
-def _agree(got: list[list[int]], ref: list[list[int]]) -> dict:
+def agree(got: list[list[int]], ref: list[list[int]]) -> dict:
     """Tokens equal to the reference's position by position (over the reference's tokens), the
     sources whose tokens differ at all, and how many different outputs the sources gave (one:
     weights that ignore their source, which a check cannot tell from a broken encoder)."""
