@@ -85,9 +85,11 @@ def pytest_terminal_summary(terminalreporter):
                    if getattr(r, "when", None) == "call"):
         costs = dict(report.user_properties).get("command_seconds")
         if costs:
-            terminalreporter.write_sep("=", "the README test's slowest commands")
-            for seconds, command in costs[:25]:
-                terminalreporter.write_line(f"{seconds:7.1f} s  {command[:110]}")
+            terminalreporter.write_sep("=", "the README test's costliest commands (CPU-s)")
+            for seconds, cpu, command in sorted(costs, key=lambda c: -c[1])[:25]:
+                terminalreporter.write_line(f"{cpu:7.1f} CPU-s {seconds:7.1f} s  {command[:100]}")
+            terminalreporter.write_line(f"{sum(c[1] for c in costs):7.1f} CPU-s in all, over "
+                                        f"{len(costs)} commands")
 
 
 def _cpu_used() -> float:

@@ -10,8 +10,9 @@ fork shares differs from a fresh interpreter: the modules below are already impo
 same environment the command gets: the test starts this process with it).
 
 Protocol (a line of JSON each way): {"argv", "cwd", "env", "out", "err", "timeout"} in; this
-process forks, waits (killing the child's process group past `timeout`) and answers {"rc"}
-(an exit status as subprocess gives it: -N for signal N, "timeout" when it was killed).
+process forks, waits (killing the child's process group past `timeout`) and answers {"rc",
+"cpu"} (an exit status as subprocess gives it: -N for signal N, "timeout" when it was killed;
+the CPU-seconds the command and the processes it waited for used).
 """
 from __future__ import annotations
 
@@ -81,20 +82,21 @@ def exit_as_python_would(code: int) -> None:
         os._exit(code)
 
 
-def wait(pid: int, timeout: float):
-    """The child's exit status as subprocess reports it, or "timeout" (its group killed)."""
+def wait(pid: int, timeout: float) -> tuple[int | str, float]:
+    """(The child's exit status as subprocess reports it, or "timeout" (its group killed); the
+    CPU-seconds it and the children it waited for used)."""
     deadline = time.monotonic() + timeout
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status)
+            return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
         if time.monotonic() > deadline:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            os.waitpid(pid, 0)
-            return "timeout"
+            _, _, usage = os.wait4(pid, 0)
+            return "timeout", usage.ru_utime + usage.ru_stime
         time.sleep(0.02)
 
 
@@ -107,14 +109,16 @@ def main() -> None:
         pid = os.fork()
         if pid == 0:
             exit_as_python_would(child(req))
-        print(json.dumps({"rc": wait(pid, req["timeout"])}), flush=True)
+        rc, cpu = wait(pid, req["timeout"])
+        print(json.dumps({"rc": rc, "cpu": cpu}), flush=True)
 
 
 class Zygotes:
     """The test's side: one warm interpreter a thread (the README test runs two blocks at a
     time), started with the commands' environment; `run` takes a command as subprocess.run
     would and forks it from there where it is `python -m MODULE` or `python SCRIPT.py` with
-    that environment, else runs it as a subprocess."""
+    that environment, else runs it as a subprocess; either way it answers (the completed
+    process, the CPU-seconds the command used)."""
 
     def __init__(self, scratch: str):
         import threading
@@ -124,24 +128,33 @@ class Zygotes:
     def run(self, argv: list[str], *, cwd, env: dict, timeout: float):
         import subprocess
         import tempfile
-        if not (argv[0] == sys.executable and len(argv) > 2
-                and (argv[1] == "-m" or argv[1].endswith(".py"))):
-            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                                  timeout=timeout)
-        proc = self._zygote(env)
+        forked = argv[0] == sys.executable and len(argv) > 2 and (
+            argv[1] == "-m" or argv[1].endswith(".py"))
         with tempfile.TemporaryDirectory(dir=self._scratch) as tmp:
             out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-            proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "out": out,
-                                         "err": err, "timeout": timeout}) + "\n")
-            proc.stdin.flush()
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the README test's zygote ended (exit {proc.wait()})")
-            rc = json.loads(line)["rc"]
+            if forked:
+                rc, cpu = self._forked(argv, cwd, env, timeout, out, err)
+            else:  # its own session: a timeout kills what it started too
+                with open(out, "w") as o, open(err, "w") as e:
+                    sub = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                           stdout=o, stderr=e, start_new_session=True)
+                rc, cpu = wait(sub.pid, timeout)  # (held: no other Popen's cleanup reaps it)
+                sub.returncode = -9 if rc == "timeout" else rc
             if rc == "timeout":
                 raise subprocess.TimeoutExpired(argv, timeout)
             with open(out, errors="replace") as o, open(err, errors="replace") as e:
-                return subprocess.CompletedProcess(argv, rc, o.read(), e.read())
+                return subprocess.CompletedProcess(argv, rc, o.read(), e.read()), cpu
+
+    def _forked(self, argv, cwd, env: dict, timeout: float, out: str, err: str):
+        proc = self._zygote(env)
+        proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "out": out,
+                                     "err": err, "timeout": timeout}) + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the README test's zygote ended (exit {proc.wait()})")
+        answer = json.loads(line)
+        return answer["rc"], answer["cpu"]
 
     def _zygote(self, env: dict):
         import subprocess

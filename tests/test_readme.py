@@ -540,7 +540,7 @@ def _matches(command: str, table: dict) -> str | None:
     return next((p for p in table if command.startswith(p)), None)
 
 
-COSTS: list[tuple[float, str]] = []  # (seconds, command) of each command run
+COSTS: list[tuple[float, float, str]] = []  # (seconds, CPU-seconds, command) of each command
 # The README's Python commands are forked from warm interpreters that imported torch, ONNX
 # Runtime, transformers... once (tests/readme_zygote.py): each is still its own process with its
 # argv, directory, environment, streams and exit status; what it saves is each command's imports
@@ -559,13 +559,10 @@ def _run_block(commands: list[str], work: Path, env: dict, proven: dict) -> int:
             print(f"  same as before  {command}")
             continue
         start = time.perf_counter()
-        if ZYGOTES:  # forked from a warm interpreter (tests/readme_zygote.py)
-            proc = ZYGOTES[0].run(argv, cwd=work, env=env, timeout=600)
-        else:
-            proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
-                                  timeout=600)
-        COSTS.append((time.perf_counter() - start, command))
-        print(f"{COSTS[-1][0]:6.1f} s  {command}")  # pytest -s shows the costs
+        # forked from a warm interpreter where it is Python (tests/readme_zygote.py)
+        proc, cpu = ZYGOTES[0].run(argv, cwd=work, env=env, timeout=600)
+        COSTS.append((time.perf_counter() - start, cpu, command))
+        print(f"{COSTS[-1][0]:6.1f} s {cpu:6.1f} CPU-s  {command}")  # pytest -s shows them
         expected = FAILS_HERE.get(_matches(command, FAILS_HERE) or "")
         if expected:
             assert proc.returncode == expected[0] and expected[1] in proc.stderr, \
