@@ -19,6 +19,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # beside a busy core, a tiny graph's 400 runs took 1.2 s wall and 0.75 CPU-s spinning, 0.8 s and
 # 0.4 CPU-s not
 os.environ.setdefault("TINYT_SPINNING", "0")
+# Python caches what it compiles (__pycache__) even where the environment says not to: with
+# PYTHONDONTWRITEBYTECODE set (this workplace's shells set it) and a setup that installs with
+# --no-compile (scripts/setup.sh, 113 s saved), every process the suite starts compiled torch's,
+# transformers' and tinyt's sources again on import: 6.5 CPU-s for `import torch, transformers,
+# onnxruntime, tinyt.export, tinyt.runtime` in a fresh clone's .venv, 2.3 once cached. The suite
+# starts hundreds of such processes (CLI runs, peer workers, conversions, xdist's workers).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Each xdist worker keeps to one core of its own (before torch or onnxruntime size their thread
 # pools), and everything it runs inherits that: tinyt's default threads are the cores a process
