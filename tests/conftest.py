@@ -25,8 +25,8 @@ os.environ.setdefault("TINYT_SPINNING", "0")
 # transformers' and tinyt's sources again on import: 6.5 CPU-s for `import torch, transformers,
 # onnxruntime, tinyt.export, tinyt.runtime` in a fresh clone's .venv, 2.3 once cached. The suite
 # starts hundreds of such processes (CLI runs, peer workers, conversions, xdist's workers).
+# (xdist's workers start without it; this process writes from its imports below on)
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
 
 # Each xdist worker keeps to one core of its own (before torch or onnxruntime size their thread
 # pools), and everything it runs inherits that: tinyt's default threads are the cores a process
@@ -42,10 +42,12 @@ if os.environ.get("PYTEST_XDIST_WORKER") and hasattr(os, "sched_setaffinity"):
         _worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
         os.sched_setaffinity(0, {_cpus[_worker % len(_cpus)]})
 
-import numpy as np
-import pytest
+sys.dont_write_bytecode = False
 
-from tinyt.config import ModelConfig, TrainConfig
+import numpy as np  # noqa: E402 - after the environment above, which they read as they load
+import pytest  # noqa: E402
+
+from tinyt.config import ModelConfig, TrainConfig  # noqa: E402
 
 # The suite runs on two workers (pytest-xdist, `-n 2 --dist loadfile` in pyproject.toml): each
 # file whole on one worker, handed out in collection order. The longest files go first, so no
