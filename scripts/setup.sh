@@ -7,6 +7,10 @@
 # 'torch' requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python caches what it compiles as it imports (--no-compile below leaves that to first use): a
+# shell that sets PYTHONDONTWRITEBYTECODE would have every later process compile torch's and
+# transformers' sources again (docs/testing.md, "The suite's time")
+unset PYTHONDONTWRITEBYTECODE
 extras="${1:-cpu,export,dev,optimum,bench,triton,peers,serve,web,eval,audio,ray}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
