@@ -818,3 +818,33 @@ def test_a_pipeline_after_its_directory_s_bench_skips_the_bench(tmp_path):
     assert "--no-bench" not in small("tinyt pipeline --out artifacts", tmp_path)
     (tmp_path / "artifacts" / "bench").mkdir(parents=True)
     assert small("tinyt pipeline --out artifacts", tmp_path)[-1] == "--no-bench"
+
+
+def test_a_readme_subprocess_reports_its_cpu_and_a_timeout_kills_what_it_started(tmp_path):
+    """The README test's non-Python commands (bash scripts, torchrun): their streams, exit
+    status and CPU-seconds (os.wait4), and past the timeout their whole process group killed."""
+    from readme_zygote import Zygotes
+
+    zygotes = Zygotes(str(tmp_path))
+    busy = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"
+    proc, cpu = zygotes.run(["bash", "-c", f"{busy}; echo out; echo err >&2; exit 3"],
+                            cwd=tmp_path, env=dict(os.environ), timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "err\n")
+    assert cpu > 0.05  # the loop's CPU, counted in the child
+    pid_file = tmp_path / "pid"
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygotes.run(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], cwd=tmp_path,
+                    env=dict(os.environ), timeout=1)
+    assert time.monotonic() - start < 30, "the timeout waited for the command's child to end"
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # killed with its group (then reaped by init)
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the command's child {grandchild} outlived its timeout")
+    zygotes.close()
